@@ -26,7 +26,9 @@ if _version_not_supported:
 
 
 class RuntimeServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """Pod sandbox and container lifecycle, exec/attach/port-forward, stats,
+    metrics, events and runtime status.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -212,214 +214,280 @@ class RuntimeServiceStub:
 
 
 class RuntimeServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Pod sandbox and container lifecycle, exec/attach/port-forward, stats,
+    metrics, events and runtime status.
+    """
 
     def Version(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Reports the CRI API version spoken and the runtime's name and version.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RunPodSandbox(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Creates a pod sandbox (its namespaces, network, and for runv its VM) and
+        returns only once it is SANDBOX_READY.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def StopPodSandbox(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Kills every container in the sandbox and frees its network resources;
+        the sandbox record stays until RemovePodSandbox. Idempotent: the kubelet
+        calls it repeatedly, so an already stopped or unknown sandbox is OK.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RemovePodSandbox(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Deletes the sandbox and all its containers, killing any still running.
+        Idempotent: removing an unknown or already removed sandbox is OK.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PodSandboxStatus(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Status of one sandbox; an unknown ID is NOT_FOUND (the kubelet relies
+        on that code).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListPodSandbox(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Sandboxes matching the filter.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def StreamPodSandboxes(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The Stream* RPCs return the same items as their List* counterparts,
+        spread over several responses so large nodes stay under gRPC's message
+        size limit. Each response carries at least one item, no item is sent
+        twice, and the server ends the stream once everything is sent. The
+        kubelet uses the result only if the whole stream finishes in time.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CreateContainer(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Creates (but does not start) a container inside an existing sandbox.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def StartContainer(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Starts a CONTAINER_CREATED container.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def StopContainer(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Sends the stop signal, waits up to timeout seconds, then kills.
+        Idempotent: an exited or unknown container is OK.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RemoveContainer(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Deletes a container, killing it first if it is running.
+        Idempotent: an unknown or already removed container is OK.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListContainers(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Containers matching the filter.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def StreamContainers(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Streaming form of ListContainers (see StreamPodSandboxes).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ContainerStatus(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Status of one container; an unknown ID is NOT_FOUND.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def UpdateContainerResources(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Applies new resource limits to a container before returning; if they
+        cannot all be applied, fail rather than apply part of them.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReopenContainerLog(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Asks the runtime to close and reopen the container's log file, typically
+        after the kubelet rotated it. For a container that is not running the
+        runtime may either recreate the file and succeed or fail; if it fails
+        it must not create the file.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ExecSync(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Runs a command in a running container and returns its output and exit
+        code in the reply (used for exec probes).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Exec(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Exec, Attach and PortForward do no I/O themselves: each returns the URL
+        of a one-off streaming endpoint that the client then connects to for
+        the actual session.
+        Exec: run a new process in the container with interactive stdio.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Attach(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Attach: connect to the stdio of the container's main process.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PortForward(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """PortForward: tunnel TCP to ports inside the sandbox's network namespace.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ContainerStats(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Resource usage of one container; an unknown ID is an error.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListContainerStats(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Resource usage of the running containers matching the filter.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def StreamContainerStats(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Streaming form of ListContainerStats (see StreamPodSandboxes).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PodSandboxStats(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Resource usage of one sandbox and its containers; an unknown ID is an
+        error.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListPodSandboxStats(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Resource usage of the sandboxes matching the filter.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def StreamPodSandboxStats(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Streaming form of ListPodSandboxStats (see StreamPodSandboxes).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def UpdateRuntimeConfig(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Kubelet-to-runtime configuration push (today only the node's pod CIDR).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Status(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Runtime health conditions (RuntimeReady, NetworkReady), the available
+        runtime handlers and the features supported.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CheckpointContainer(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Writes a checkpoint of a container to an archive (CRIU-style); runtimes
+        without support return an error (usually UNIMPLEMENTED).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetContainerEvents(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Long-lived server stream of container lifecycle events (created,
+        started, stopped, deleted), used by the kubelet's evented PLEG.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListMetricDescriptors(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Describes every metric ListPodSandboxMetrics may report. The set must
+        not change while the runtime runs: metrics whose name was not
+        described here are ignored by the kubelet.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListPodSandboxMetrics(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Current metric samples for every sandbox and its containers.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def StreamPodSandboxMetrics(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Streaming form of ListPodSandboxMetrics (see StreamPodSandboxes).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RuntimeConfig(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Runtime-to-kubelet configuration (the opposite direction of
+        UpdateRuntimeConfig), read once at kubelet start-up, so its answer must
+        not change while the node runs.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def UpdatePodSandboxResources(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Tells the runtime about new pod-level resources after the kubelet has
+        already resized the pod cgroups. Best effort: the kubelet goes ahead
+        with the resize even if this fails.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -611,7 +679,9 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class RuntimeService:
-    """Missing associated documentation comment in .proto file."""
+    """Pod sandbox and container lifecycle, exec/attach/port-forward, stats,
+    metrics, events and runtime status.
+    """
 
     @staticmethod
     def Version(request,
@@ -1560,7 +1630,8 @@ class RuntimeService:
 
 
 class ImageServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """Image management on the node.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -1601,40 +1672,49 @@ class ImageServiceStub:
 
 
 class ImageServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Image management on the node.
+    """
 
     def ListImages(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Images matching the filter.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def StreamImages(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Streaming form of ListImages (see RuntimeService.StreamPodSandboxes).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ImageStatus(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Unlike the other *Status RPCs, a missing image is not an error: reply
+        OK with the image field unset.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PullImage(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Fetches an image from its registry, using the given credentials.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RemoveImage(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Deletes an image. Idempotent: a missing image is OK. Removing it by one
+        tag removes the image itself, hence all its other tags too.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ImageFsInfo(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Usage of the filesystem(s) holding images (and container layers).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -1681,7 +1761,8 @@ def add_ImageServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class ImageService:
-    """Missing associated documentation comment in .proto file."""
+    """Image management on the node.
+    """
 
     @staticmethod
     def ListImages(request,
