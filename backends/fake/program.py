@@ -1,0 +1,202 @@
+"""What a fake container "runs": scripted programs and a tiny shell for built-ins.
+
+A program is output lines written over time, then an exit with a code
+after a duration — or, by default, running until stopped. Programs come
+from (first match wins):
+
+1. the container annotation ``fake.cri-shim.io/program``: JSON such as
+   ``{"output": ["hello", {"after": 0.5, "stream": "stderr", "line": "oops"}],
+   "exit_code": 3, "exit_after": 1.0, "ignore_sigterm": false}``;
+2. the handler's ``programs`` table in the config, by image name or repository;
+3. the container's command, when it is made only of built-ins (below);
+4. otherwise: run until stopped, with no output.
+
+Built-ins, for ExecSync and exec as well: ``echo [-n] ...``, ``true``,
+``false``, ``exit N``, ``sleep N``, ``cat`` (copies stdin), ``pwd``,
+``hostname``, ``env``, and ``sh -c "a; b && c"`` chaining them. Anything
+else exits 127 with ``sh: NAME: not found`` on stderr.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+PROGRAM_ANNOTATION = "fake.cri-shim.io/program"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OutputLine:
+    after: float  # seconds after start
+    stream: str
+    line: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Program:
+    output: tuple[OutputLine, ...] = ()
+    exit_code: int = 0
+    exit_after: float | None = None  # None: runs until stopped
+    ignore_sigterm: bool = False
+    term_exit_code: int = 143  # 128 + SIGTERM, as a shell would report
+
+    @property
+    def finite(self) -> bool:
+        return self.exit_after is not None
+
+
+class ProgramError(ValueError):
+    pass
+
+
+def parse_program(data: Any, where: str) -> Program:
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except ValueError as exc:
+            raise ProgramError(f"{where}: not valid JSON: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise ProgramError(f"{where}: expected an object")
+    out: list[OutputLine] = []
+    raw_output = data.get("output", [])
+    if not isinstance(raw_output, list):
+        raise ProgramError(f"{where}: output must be a list")
+    for i, item in enumerate(raw_output):
+        if isinstance(item, str):
+            out.append(OutputLine(0.0, "stdout", item))
+        elif isinstance(item, Mapping):
+            stream = item.get("stream", "stdout")
+            if stream not in ("stdout", "stderr"):
+                raise ProgramError(f"{where}: output[{i}].stream must be stdout or stderr")
+            out.append(OutputLine(float(item.get("after", 0.0)), stream, str(item.get("line", ""))))
+        else:
+            raise ProgramError(f"{where}: output[{i}] must be a string or an object")
+    exit_after = data.get("exit_after")
+    if exit_after is not None and (not isinstance(exit_after, (int, float)) or exit_after < 0):
+        raise ProgramError(f"{where}: exit_after must be a non-negative number")
+    try:
+        return Program(
+            output=tuple(sorted(out, key=lambda o: o.after)),
+            exit_code=int(data.get("exit_code", 0)),
+            exit_after=float(exit_after) if exit_after is not None else None,
+            ignore_sigterm=bool(data.get("ignore_sigterm", False)),
+            term_exit_code=int(data.get("term_exit_code", 143)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise ProgramError(f"{where}: {exc}") from None
+
+
+# --------------------------------------------------------------------------- the tiny shell
+
+
+@dataclasses.dataclass(slots=True)
+class ShellResult:
+    stdout: bytes = b""
+    stderr: bytes = b""
+    exit_code: int = 0
+    sleep: float = 0.0  # total time the commands take
+    reads_stdin: bool = False  # `cat`: the caller copies stdin to stdout
+    known: bool = True
+
+
+def _split_statements(script: str) -> list[tuple[str, list[str]]]:
+    """[(joiner, argv)], where joiner is ';', '&&' or '||' before the statement."""
+    lex = shlex.shlex(script, posix=True, punctuation_chars=";&|")
+    lex.whitespace_split = True
+    statements: list[tuple[str, list[str]]] = []
+    joiner = ";"
+    current: list[str] = []
+    for tok in lex:
+        if tok in (";", "&&", "||", "\n"):
+            if current:
+                statements.append((joiner, current))
+            current = []
+            joiner = tok if tok != "\n" else ";"
+        else:
+            current.append(tok)
+    if current:
+        statements.append((joiner, current))
+    return statements
+
+
+def run_shell(argv: Sequence[str], env: Mapping[str, str] | None = None, hostname: str = "") -> ShellResult:
+    """Interprets argv as the built-ins do; never raises."""
+    if not argv:
+        return ShellResult(exit_code=0)
+    if argv[0] in ("sh", "/bin/sh", "bash", "/bin/bash") and len(argv) >= 3 and argv[1] == "-c":
+        try:
+            statements = _split_statements(argv[2])
+        except ValueError as exc:
+            return ShellResult(stderr=f"sh: syntax error: {exc}\n".encode(), exit_code=2)
+    else:
+        statements = [(";", list(argv))]
+    result = ShellResult()
+    last = 0
+    for joiner, words in statements:
+        if joiner == "&&" and last != 0:
+            continue
+        if joiner == "||" and last == 0:
+            continue
+        name = words[0].rsplit("/", 1)[-1]
+        args = words[1:]
+        if name == "echo":
+            newline = True
+            if args and args[0] == "-n":
+                newline, args = False, args[1:]
+            text = " ".join(args) + ("\n" if newline else "")
+            result.stdout += text.encode()
+            last = 0
+        elif name == "true":
+            last = 0
+        elif name == "false":
+            last = 1
+        elif name == "exit":
+            try:
+                result.exit_code = int(args[0]) & 0xFF if args else last
+            except ValueError:
+                result.stderr += f"sh: exit: {args[0]}: numeric argument required\n".encode()
+                result.exit_code = 2
+            return result
+        elif name == "sleep":
+            try:
+                result.sleep += float(args[0]) if args else 0.0
+                last = 0
+            except ValueError:
+                result.stderr += f"sleep: invalid number '{args[0]}'\n".encode()
+                last = 1
+        elif name == "cat" and not args:
+            result.reads_stdin = True
+            last = 0
+        elif name == "pwd":
+            result.stdout += b"/\n"
+            last = 0
+        elif name == "hostname":
+            result.stdout += f"{hostname}\n".encode()
+            last = 0
+        elif name == "env":
+            result.stdout += "".join(f"{k}={v}\n" for k, v in (env or {}).items()).encode()
+            last = 0
+        else:
+            result.stderr += f"sh: {words[0]}: not found\n".encode()
+            result.known = False
+            last = 127
+    result.exit_code = last
+    return result
+
+
+def program_from_command(argv: Sequence[str], env: Mapping[str, str], hostname: str) -> Program | None:
+    """A finite program when the command is made only of built-ins, else None."""
+    if not argv:
+        return None
+    res = run_shell(argv, env, hostname)
+    if not res.known or res.reads_stdin:
+        return None
+    lines: list[OutputLine] = []
+    for stream, data in (("stdout", res.stdout), ("stderr", res.stderr)):
+        text = data.decode(errors="replace")
+        for line in text.splitlines():
+            lines.append(OutputLine(0.0, stream, line))
+    return Program(output=tuple(lines), exit_code=res.exit_code, exit_after=res.sleep)

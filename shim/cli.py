@@ -1,0 +1,95 @@
+"""The `cri-shim` command: serve, version, config default."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+
+from shim import __version__
+from shim.config import DEFAULT_TOML, Config, ConfigError, load
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cri-shim", description="A Kubernetes CRI v1 shim.")
+    sub = p.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve the CRI on a unix socket")
+    serve.add_argument("--config", help="TOML configuration file (see `cri-shim config default`)")
+    serve.add_argument("--listen", help="unix:///path/to.sock or fd:// (systemd socket activation)")
+    serve.add_argument("--state-dir", help="where records are persisted")
+    serve.add_argument(
+        "--default-handler", help="runtime handler for requests that name none (fake, docker, runv)"
+    )
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-format", choices=["json", "console"])
+    serve.add_argument("--metrics-listen", help="host:port of the Prometheus /metrics endpoint")
+    sub.add_parser("version", help="print the version")
+    cfg = sub.add_parser("config", help="configuration helpers")
+    cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
+    cfg_sub.add_parser("default", help="print the full default configuration with comments")
+    return p
+
+
+def build_config(args: argparse.Namespace) -> Config:
+    cfg = load(args.config)
+    server = cfg.server
+    if args.listen:
+        server = dataclasses.replace(server, listen=args.listen)
+    if args.state_dir:
+        server = dataclasses.replace(server, state_dir=args.state_dir)
+    if args.metrics_listen:
+        server = dataclasses.replace(server, metrics_listen=args.metrics_listen)
+    if args.default_handler:
+        server = dataclasses.replace(server, default_handler=args.default_handler)
+    logging_ = cfg.logging
+    if args.log_level:
+        logging_ = dataclasses.replace(logging_, level=args.log_level)
+    if args.log_format:
+        logging_ = dataclasses.replace(logging_, format=args.log_format)
+    cfg = dataclasses.replace(cfg, server=server, logging=logging_)
+    return cfg.with_handler(server.default_handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "version":
+        print(f"cri-shim {__version__} (CRI runtime API v1)")
+        return 0
+    if args.command == "config":
+        sys.stdout.write(DEFAULT_TOML)
+        return 0
+    try:
+        cfg = build_config(args)
+    except ConfigError as exc:
+        print(f"cri-shim: configuration error: {exc}", file=sys.stderr)
+        return 2
+    from shim.logging import configure
+    from shim.server import Server, ServerError
+
+    configure(cfg.logging.level, cfg.logging.format)
+    server = Server(cfg)
+    try:
+        asyncio.run(_serve(server))
+    except ServerError as exc:
+        print(f"cri-shim: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+async def _serve(server: object) -> None:
+    from shim.server import Server
+
+    assert isinstance(server, Server)
+    metrics_listen = server.config.server.metrics_listen
+    if metrics_listen:
+        from shim import metrics  # type: ignore[attr-defined, unused-ignore]
+
+        server._observer = metrics.start(metrics_listen, server)
+    await server.run_until_signalled()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

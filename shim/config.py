@@ -1,0 +1,242 @@
+"""Configuration: TOML file → validated, frozen settings.
+
+Sections: ``server``, ``handlers``, ``images``, ``streaming``, ``logging``.
+Loading is two steps, as in uvicorn: parse, then validate every key; an
+error names the section and the key (``ConfigError``). Command-line flags
+override the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping
+from typing import Any
+
+BACKEND_TYPES = ("fake", "docker", "runv")
+DEFAULT_LISTEN = "unix:///run/cri-shim/cri-shim.sock"
+DEFAULT_STATE_DIR = "/var/lib/cri-shim"
+
+
+class ConfigError(Exception):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    listen: str = DEFAULT_LISTEN
+    state_dir: str = DEFAULT_STATE_DIR
+    default_handler: str = "fake"
+    socket_mode: int = 0o660
+    socket_group: str = ""
+    max_message_bytes: int = 16 * 1024 * 1024
+    cgroup_driver: str = "cgroupfs"
+    metrics_listen: str = ""
+    shutdown_grace: float = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class HandlerConfig:
+    name: str
+    type: str
+    options: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class ImagesConfig:
+    pause_image: str = "registry.k8s.io/pause:3.10"
+    pull_no_progress_timeout: float = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamingSettings:
+    address: str = "127.0.0.1"
+    port: int = 0
+    tls_cert: str = ""
+    tls_key: str = ""
+    token_ttl: float = 60.0
+    idle_timeout: float = 4 * 3600.0
+    max_streams: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingConfig:
+    level: str = "info"
+    format: str = "console"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    server: ServerConfig = ServerConfig()
+    handlers: Mapping[str, HandlerConfig] = dataclasses.field(
+        default_factory=lambda: {"fake": HandlerConfig("fake", "fake", {})}
+    )
+    images: ImagesConfig = ImagesConfig()
+    streaming: StreamingSettings = StreamingSettings()
+    logging: LoggingConfig = LoggingConfig()
+
+    def with_handler(self, name: str) -> Config:
+        """Adds a handler named after a backend type (e.g. `docker`) with default options."""
+        if name in self.handlers:
+            return self
+        if name not in BACKEND_TYPES:
+            raise ConfigError(
+                f"[handlers] no handler named {name!r} is configured (configured: "
+                f"{', '.join(sorted(self.handlers)) or 'none'}; built-in types: {', '.join(BACKEND_TYPES)})"
+            )
+        handlers = dict(self.handlers)
+        handlers[name] = HandlerConfig(name, name, {})
+        return dataclasses.replace(self, handlers=handlers)
+
+
+DEFAULT_TOML = """\
+# cri-shim configuration. Every key is optional; shown here with its default.
+
+[server]
+# Where the CRI gRPC server listens: unix:///path or fd:// (systemd socket activation).
+listen = "unix:///run/cri-shim/cri-shim.sock"
+# Records of pods and containers, persisted atomically and recovered on start.
+state_dir = "/var/lib/cri-shim"
+# Runtime handler used when a RunPodSandbox request names none ("").
+default_handler = "fake"
+# Permissions and group of the socket file.
+socket_mode = "0660"
+socket_group = ""
+# Largest gRPC message accepted or sent (the kubelet uses 16 MiB).
+max_message_bytes = 16777216
+# Reported by RuntimeConfig; the kubelet's cgroupDriver must match it.
+cgroup_driver = "cgroupfs"
+# host:port for the Prometheus /metrics endpoint; empty disables it.
+metrics_listen = ""
+# Seconds to finish in-flight RPCs on SIGTERM/SIGINT.
+shutdown_grace = 10.0
+
+# One table per runtime handler (RuntimeClass handler name). `type` is one
+# of fake, docker, runv; the other keys are options of that backend.
+[handlers.fake]
+type = "fake"
+# Latency injected per backend method, in seconds, e.g. { run_sandbox = 0.05 }.
+# latency = {}
+# Errors injected per backend method, first in first out, as "CODE: message".
+# errors = { start_container = ["UNAVAILABLE: injected"] }
+# Scripted programs by image name (see backends/fake/README.md).
+# [handlers.fake.programs."busybox"]
+# output = ["hello"]
+# exit_code = 0
+# exit_after = 1.0
+
+# [handlers.docker]
+# type = "docker"
+# endpoint = "unix:///var/run/docker.sock"
+# network = "bridge"
+
+# [handlers.runv]
+# type = "runv"
+
+[images]
+# The sandbox (pause) image of backends that run one.
+pause_image = "registry.k8s.io/pause:3.10"
+# A pull that makes no progress for this many seconds is cancelled.
+pull_no_progress_timeout = 300.0
+
+[streaming]
+# Address and port of the exec/attach/port-forward server (0 = a random port).
+address = "127.0.0.1"
+port = 0
+tls_cert = ""
+tls_key = ""
+# Seconds a streaming URL stays valid unused, and an open session stays idle.
+token_ttl = 60.0
+idle_timeout = 14400.0
+max_streams = 256
+
+[logging]
+# debug, info, warning, error
+level = "info"
+# console or json
+format = "console"
+"""
+
+
+def _check(section: str, data: Mapping[str, Any], cls: type[Any]) -> dict[str, Any]:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        f = fields.get(key)
+        if f is None:
+            raise ConfigError(f"[{section}] unknown key {key!r} (known: {', '.join(sorted(fields))})")
+        default = f.default
+        if key == "socket_mode":
+            try:
+                value = int(value, 8) if isinstance(value, str) else int(value)
+            except ValueError:
+                raise ConfigError(f'[{section}] {key}: {value!r} is not an octal mode like "0660"') from None
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(f"[{section}] {key}: expected true or false, got {value!r}")
+        elif isinstance(default, float):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"[{section}] {key}: expected a non-negative number, got {value!r}")
+            value = float(value)
+        elif isinstance(default, int):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"[{section}] {key}: expected a non-negative integer, got {value!r}")
+        elif isinstance(default, str) and not isinstance(value, str):
+            raise ConfigError(f"[{section}] {key}: expected a string, got {value!r}")
+        out[key] = value
+    return out
+
+
+def parse(data: Mapping[str, Any]) -> Config:
+    known = {"server", "handlers", "images", "streaming", "logging"}
+    for section in data:
+        if section not in known:
+            raise ConfigError(f"unknown section [{section}] (known: {', '.join(sorted(known))})")
+        if not isinstance(data[section], Mapping):
+            raise ConfigError(f"[{section}] must be a table")
+    server = ServerConfig(**_check("server", data.get("server", {}), ServerConfig))
+    images = ImagesConfig(**_check("images", data.get("images", {}), ImagesConfig))
+    streaming = StreamingSettings(**_check("streaming", data.get("streaming", {}), StreamingSettings))
+    logging_ = LoggingConfig(**_check("logging", data.get("logging", {}), LoggingConfig))
+    if logging_.level not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"[logging] level: {logging_.level!r} is not one of debug, info, warning, error")
+    if logging_.format not in ("console", "json"):
+        raise ConfigError(f"[logging] format: {logging_.format!r} is not one of console, json")
+    if server.cgroup_driver not in ("cgroupfs", "systemd"):
+        raise ConfigError(f"[server] cgroup_driver: {server.cgroup_driver!r} is not cgroupfs or systemd")
+    handlers: dict[str, HandlerConfig] = {}
+    raw_handlers = data.get("handlers")
+    if raw_handlers is None:
+        handlers["fake"] = HandlerConfig("fake", "fake", {})
+    else:
+        for name, table in raw_handlers.items():
+            if not isinstance(table, Mapping):
+                raise ConfigError(f"[handlers.{name}] must be a table")
+            opts = dict(table)
+            kind = opts.pop("type", name)
+            if kind not in BACKEND_TYPES:
+                raise ConfigError(
+                    f"[handlers.{name}] type: {kind!r} is not one of {', '.join(BACKEND_TYPES)}"
+                )
+            handlers[name] = HandlerConfig(name, kind, opts)
+    cfg = Config(server=server, handlers=handlers, images=images, streaming=streaming, logging=logging_)
+    if server.default_handler not in handlers:
+        cfg = cfg.with_handler(server.default_handler)
+    return cfg
+
+
+def load(path: str | None) -> Config:
+    if not path:
+        return Config()
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    return parse(data)
+
+
+def default_config() -> Config:
+    return parse(tomllib.loads(DEFAULT_TOML))

@@ -1,0 +1,383 @@
+"""CreateContainer, StartContainer, StopContainer, RemoveContainer, ContainerStatus,
+ListContainers, UpdateContainerResources, ReopenContainerLog, ExecSync, container stats
+and the URLs of Exec, Attach and PortForward."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import structlog
+
+from backends.base import Capability, ContainerRecord, ContainerStatus, ExitInfo, SandboxRecord
+from cri_api import api_pb2 as pb
+from shim import validate
+from shim.context import Shim, container_pb, container_status_pb
+from shim.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnimplementedError,
+)
+from shim.store import container_name, container_to_json
+from shim.wire import ListCache, labels_match
+
+log = structlog.get_logger("container")
+
+# Whatever a command prints, ExecSync answers fit in the kubelet's 16 MiB limit.
+EXEC_OUTPUT_LIMIT = 7 * 1024 * 1024
+
+_STATE_NAMES: dict[int, str] = {
+    pb.CONTAINER_CREATED: "created",
+    pb.CONTAINER_RUNNING: "running",
+    pb.CONTAINER_EXITED: "exited",
+    pb.CONTAINER_UNKNOWN: "unknown",
+}
+
+
+class ContainerService:
+    def __init__(self, shim: Shim) -> None:
+        self.shim = shim
+        self._list_cache: ListCache[ContainerRecord] = ListCache(container_pb)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def create(self, req: pb.CreateContainerRequest) -> pb.CreateContainerResponse:
+        shim = self.shim
+        cfg = req.config
+        validate.container_config(cfg, req.HasField("config"))
+        if not req.pod_sandbox_id:
+            raise InvalidArgumentError("pod_sandbox_id must not be empty")
+        sb = shim.store.sandboxes.resolve(req.pod_sandbox_id)
+        if not sb.committed:
+            raise NotFoundError(f"pod sandbox {req.pod_sandbox_id!r} not found")
+        if not sb.status.ready:
+            raise FailedPreconditionError(f"pod sandbox {sb.id} is not ready; cannot create containers in it")
+        log_path = validate.log_path(sb.config.log_directory, cfg.log_path)
+        backend = shim.backend(sb.backend)
+        cid = shim.fresh_id()
+        name = container_name(sb, cfg.metadata)
+        shim.store.container_names.reserve(name, cid)
+        record = ContainerRecord(
+            id=cid,
+            sandbox_id=sb.id,
+            backend=sb.backend,
+            config=cfg,
+            created_at=shim.clock(),
+            log_path=log_path,
+            image_name=cfg.image.image,
+        )
+        async with shim.locks.hold(cid):
+            try:
+                shim.store.put_container(record)
+                await backend.create_container(record, sb)
+            except BaseException:
+                await _undo_container(shim, record)
+                raise
+            record.committed = True
+            # The creation time is when it became visible, after the backend's work.
+            record.created_at = shim.clock()
+            shim.store.put_container(record)
+        shim.publish(record, pb.CONTAINER_CREATED_EVENT)
+        return pb.CreateContainerResponse(container_id=cid)
+
+    async def start(self, req: pb.StartContainerRequest) -> pb.StartContainerResponse:
+        shim = self.shim
+        c = self._get(req.container_id)
+        async with shim.locks.hold(c.id):
+            if c.status.state != pb.CONTAINER_CREATED:
+                raise FailedPreconditionError(
+                    f"container {c.id} is {_STATE_NAMES[c.status.state]}; only a created container can start"
+                )
+            sb = shim.store.sandboxes.get(c.sandbox_id)
+            if sb is None or not sb.status.ready:
+                raise FailedPreconditionError(f"pod sandbox {c.sandbox_id} of container {c.id} is not ready")
+            backend = shim.backend(c.backend)
+            writer = shim.open_log(c)
+            try:
+                started = await backend.start_container(c, sb, writer or _DiscardLog())
+            except Exception as exc:
+                # As containerd does: a container that failed to start is exited, with the reason.
+                now = shim.clock()
+                c.status = ContainerStatus(
+                    started_at=now, finished_at=now, exit_code=128, reason="StartError", message=str(exc)
+                )
+                shim.store.put_container(c)
+                shim.close_log(c.id)
+                raise
+            if not c.status.finished_at:
+                c.status = ContainerStatus(started_at=started or shim.clock(), pid=c.status.pid)
+            shim.store.put_container(c)
+        shim.publish(c, pb.CONTAINER_STARTED_EVENT)
+        return pb.StartContainerResponse()
+
+    async def stop(self, req: pb.StopContainerRequest) -> pb.StopContainerResponse:
+        shim = self.shim
+        if req.timeout < 0:
+            raise InvalidArgumentError("timeout must not be negative")
+        # Idempotent by the CRI: unknown and already-stopped containers are OK.
+        c = _find(shim, req.container_id)
+        if c is None or c.status.state != pb.CONTAINER_RUNNING:
+            return pb.StopContainerResponse()
+        async with shim.locks.hold(c.id):
+            if c.status.state == pb.CONTAINER_RUNNING:
+                info = await shim.backend(c.backend).stop_container(c, int(req.timeout))
+                shim.record_exit(c, info)
+        return pb.StopContainerResponse()
+
+    async def remove(self, req: pb.RemoveContainerRequest) -> pb.RemoveContainerResponse:
+        shim = self.shim
+        c = _find(shim, req.container_id)
+        if c is None:
+            return pb.RemoveContainerResponse()
+        async with shim.locks.hold(c.id):
+            if shim.store.containers.get(c.id) is None:
+                return pb.RemoveContainerResponse()
+            backend = shim.backend(c.backend)
+            if c.status.state == pb.CONTAINER_RUNNING:
+                # The CRI asks for a forcible removal of a running container.
+                shim.record_exit(c, await backend.stop_container(c, 0))
+            await backend.remove_container(c)
+            shim.store.drop_container(c)
+            shim.close_log(c.id)
+        shim.publish(c, pb.CONTAINER_DELETED_EVENT)
+        return pb.RemoveContainerResponse()
+
+    # ------------------------------------------------------------------ queries
+    async def status(self, req: pb.ContainerStatusRequest) -> pb.ContainerStatusResponse:
+        c = self._get(req.container_id)
+        resp = pb.ContainerStatusResponse(status=container_status_pb(c))
+        if req.verbose:
+            info: dict[str, Any] = container_to_json(c)
+            info.pop("config", None)
+            info["sandboxID"] = c.sandbox_id
+            resp.info["info"] = json.dumps(info)
+        return resp
+
+    def list_(self, req: pb.ListContainersRequest) -> bytes:
+        store = self.shim.store
+        f = req.filter
+        if f.id:
+            c = _find_quiet(self.shim, f.id)
+            candidates = [c] if c is not None else []
+        elif f.pod_sandbox_id:
+            sb = store.sandboxes.get(f.pod_sandbox_id) or _find_sandbox_quiet(self.shim, f.pod_sandbox_id)
+            candidates = store.containers_of(sb.id) if sb is not None else []
+        else:
+            candidates = store.containers.values()
+        want_state = f.state.state if f.HasField("state") else None
+        sandbox_id = f.pod_sandbox_id
+        selector = f.label_selector
+        keep = [
+            c
+            for c in candidates
+            if c.committed
+            and (want_state is None or c.status.state == want_state)
+            and (not sandbox_id or c.sandbox_id.startswith(sandbox_id))
+            and (not selector or labels_match(c.config.labels, selector))
+        ]
+        keep.sort(key=lambda c: c.created_at)
+        return self._list_cache.encode(keep, lambda c: c.status)
+
+    # ------------------------------------------------------------------ changes
+    async def update_resources(
+        self, req: pb.UpdateContainerResourcesRequest
+    ) -> pb.UpdateContainerResourcesResponse:
+        shim = self.shim
+        c = self._get(req.container_id)
+        backend = shim.backend(c.backend)
+        if not backend.capabilities & Capability.UPDATE_RESOURCES:
+            raise UnimplementedError(f"runtime handler {c.backend!r} cannot update container resources")
+        if not req.HasField("linux"):
+            if req.HasField("windows"):
+                raise InvalidArgumentError("windows resources are not supported on this Linux runtime")
+            return pb.UpdateContainerResourcesResponse()
+        validate.linux_resources(req.linux, "linux")
+        async with shim.locks.hold(c.id):
+            if c.status.state not in (pb.CONTAINER_CREATED, pb.CONTAINER_RUNNING):
+                raise FailedPreconditionError(f"container {c.id} is {_STATE_NAMES[c.status.state]}")
+            await backend.update_container_resources(c, req.linux)
+            res = pb.ContainerResources()
+            res.linux.CopyFrom(req.linux)
+            c.resources = res
+            shim.store.put_container(c)
+        return pb.UpdateContainerResourcesResponse()
+
+    async def reopen_log(self, req: pb.ReopenContainerLogRequest) -> pb.ReopenContainerLogResponse:
+        c = self._get(req.container_id)
+        if c.status.state != pb.CONTAINER_RUNNING:
+            raise FailedPreconditionError(f"container {c.id} is not running; its log cannot be reopened")
+        writer = self.shim.logs.get(c.id)
+        if writer is not None:
+            # The file may have been renamed by the kubelet's rotation; reopen in a
+            # thread so a slow disk never stalls the event loop.
+            await asyncio.to_thread(writer.reopen)
+        return pb.ReopenContainerLogResponse()
+
+    async def exec_sync(self, req: pb.ExecSyncRequest) -> pb.ExecSyncResponse:
+        c = self._running_with(req.container_id, Capability.EXEC_SYNC, "ExecSync")
+        if not req.cmd:
+            raise InvalidArgumentError("cmd must not be empty")
+        if req.timeout < 0:
+            raise InvalidArgumentError("timeout must not be negative")
+        result = await self.shim.backend(c.backend).exec_sync(c, list(req.cmd), float(req.timeout))
+        return pb.ExecSyncResponse(
+            stdout=result.stdout[:EXEC_OUTPUT_LIMIT],
+            stderr=result.stderr[:EXEC_OUTPUT_LIMIT],
+            exit_code=result.exit_code,
+        )
+
+    # ------------------------------------------------------------------ streaming URLs
+    def _streaming(self) -> Any:
+        if self.shim.streaming is None:
+            raise UnimplementedError("the streaming server is not enabled")
+        return self.shim.streaming
+
+    async def exec(self, req: pb.ExecRequest) -> pb.ExecResponse:
+        c = self._running_with(req.container_id, Capability.EXEC, "Exec")
+        if not req.cmd:
+            raise InvalidArgumentError("cmd must not be empty")
+        if not (req.stdin or req.stdout or req.stderr):
+            raise InvalidArgumentError("one of stdin, stdout and stderr must be set")
+        if req.tty and req.stderr:
+            raise InvalidArgumentError("tty and stderr cannot both be set: a terminal has one output stream")
+        del c
+        return pb.ExecResponse(url=self._streaming().exec_url(req))
+
+    async def attach(self, req: pb.AttachRequest) -> pb.AttachResponse:
+        self._running_with(req.container_id, Capability.ATTACH, "Attach")
+        if not (req.stdin or req.stdout or req.stderr):
+            raise InvalidArgumentError("one of stdin, stdout and stderr must be set")
+        if req.tty and req.stderr:
+            raise InvalidArgumentError("tty and stderr cannot both be set: a terminal has one output stream")
+        return pb.AttachResponse(url=self._streaming().attach_url(req))
+
+    async def port_forward(self, req: pb.PortForwardRequest) -> pb.PortForwardResponse:
+        sb = self.shim.store.sandboxes.resolve(req.pod_sandbox_id)
+        backend = self.shim.backend(sb.backend)
+        if not backend.capabilities & Capability.PORT_FORWARD:
+            raise UnimplementedError(f"runtime handler {sb.backend!r} does not support PortForward")
+        if not sb.status.ready:
+            raise FailedPreconditionError(f"pod sandbox {sb.id} is not ready")
+        for p in req.port:
+            if not 0 < p <= 65535:
+                raise InvalidArgumentError(f"port {p} is not in 1-65535")
+        return pb.PortForwardResponse(url=self._streaming().portforward_url(req))
+
+    # ------------------------------------------------------------------ stats
+    async def stats(self, req: pb.ContainerStatsRequest) -> pb.ContainerStatsResponse:
+        c = self._get(req.container_id)
+        backend = self.shim.backend(c.backend)
+        if not backend.capabilities & Capability.STATS:
+            raise UnimplementedError(f"runtime handler {c.backend!r} does not report stats")
+        got = await backend.container_stats([c])
+        return pb.ContainerStatsResponse(stats=got.get(c.id) or _empty_stats(c))
+
+    async def list_stats(self, req: pb.ListContainerStatsRequest) -> pb.ListContainerStatsResponse:
+        shim = self.shim
+        f = req.filter
+        if f.id:
+            c = _find_quiet(shim, f.id)
+            candidates = [c] if c is not None else []
+        else:
+            candidates = shim.store.containers.values()
+        keep = [
+            c
+            for c in candidates
+            if c.committed
+            and (not f.pod_sandbox_id or c.sandbox_id.startswith(f.pod_sandbox_id))
+            and (not f.label_selector or labels_match(c.config.labels, f.label_selector))
+        ]
+        by_backend: dict[str, list[ContainerRecord]] = {}
+        for c in keep:
+            by_backend.setdefault(c.backend, []).append(c)
+
+        async def one(name: str, group: list[ContainerRecord]) -> list[pb.ContainerStats]:
+            backend = shim.backend(name)
+            if not backend.capabilities & Capability.STATS:
+                return []
+            got = await backend.container_stats(group)
+            return [got.get(c.id) or _empty_stats(c) for c in group]
+
+        resp = pb.ListContainerStatsResponse()
+        for part in await asyncio.gather(*(one(n, g) for n, g in by_backend.items())):
+            resp.stats.extend(part)
+        return resp
+
+    async def checkpoint(self, req: pb.CheckpointContainerRequest) -> pb.CheckpointContainerResponse:
+        c = self._get(req.container_id)
+        backend = self.shim.backend(c.backend)
+        do = getattr(backend, "checkpoint_container", None)
+        if not backend.capabilities & Capability.CHECKPOINT or do is None:
+            raise UnimplementedError(f"runtime handler {c.backend!r} does not support checkpointing")
+        await do(c, req.location, req.timeout)
+        return pb.CheckpointContainerResponse()
+
+    # ------------------------------------------------------------------ helpers
+    def _get(self, ref: str) -> ContainerRecord:
+        c = self.shim.store.containers.resolve(ref)
+        if not c.committed:
+            raise NotFoundError(f"container {ref!r} not found")
+        return c
+
+    def _running_with(self, ref: str, cap: Capability, what: str) -> ContainerRecord:
+        c = self._get(ref)
+        backend = self.shim.backend(c.backend)
+        if not backend.capabilities & cap:
+            raise UnimplementedError(f"runtime handler {c.backend!r} does not support {what}")
+        if c.status.state != pb.CONTAINER_RUNNING:
+            raise FailedPreconditionError(f"container {c.id} is {_STATE_NAMES[c.status.state]}, not running")
+        return c
+
+
+class _DiscardLog:
+    def write(self, stream: str, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _find(shim: Shim, ref: str) -> ContainerRecord | None:
+    if not ref:
+        raise InvalidArgumentError("container_id must not be empty")
+    return shim.store.containers.find(ref)
+
+
+def _find_quiet(shim: Shim, ref: str) -> ContainerRecord | None:
+    try:
+        return shim.store.containers.find(ref)
+    except InvalidArgumentError:
+        return None
+
+
+def _find_sandbox_quiet(shim: Shim, ref: str) -> SandboxRecord | None:
+    try:
+        return shim.store.sandboxes.find(ref)
+    except InvalidArgumentError:
+        return None
+
+
+def _empty_stats(c: ContainerRecord) -> pb.ContainerStats:
+    st = pb.ContainerStats()
+    st.attributes.id = c.id
+    st.attributes.metadata.CopyFrom(c.config.metadata)
+    st.attributes.labels.update(c.config.labels)
+    st.attributes.annotations.update(c.config.annotations)
+    return st
+
+
+async def _undo_container(shim: Shim, record: ContainerRecord) -> None:
+    backend = shim.backend(record.backend)
+
+    async def undo() -> None:
+        try:
+            await backend.remove_container(record)
+        except Exception as exc:
+            log.error("container.rollback_failed", container_id=record.id, error=str(exc))
+
+    await asyncio.shield(undo())
+    shim.store.drop_container(record)
+
+
+__all__ = ["ContainerService", "ExitInfo"]

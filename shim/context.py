@@ -1,0 +1,246 @@
+"""The CRI layer's shared state: store, backends, events, locks, log writers.
+
+The services (`runtime`, `sandbox`, `container`, `image`) are thin
+modules over one ``Shim``. It also is the backends' ``EventSink``: a
+container that exits on its own is reported here, recorded, persisted and
+published as a CRI event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable
+
+import structlog
+
+from backends.base import Backend, ContainerRecord, ContainerStatus, ExitInfo, SandboxRecord
+from backends.registry import Registry
+from cri_api import api_pb2 as pb
+from shim.config import Config
+from shim.errors import UnavailableError
+from shim.events import EventHub
+from shim.logs import CriLogWriter
+from shim.store import Store, new_id
+
+log = structlog.get_logger("shim")
+
+
+class KeyedLocks:
+    """One asyncio.Lock per ID, dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock_, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock_, users - 1)
+
+
+class Shim:
+    def __init__(
+        self,
+        config: Config,
+        registry: Registry,
+        store: Store,
+        *,
+        clock: Callable[[], int] = time.time_ns,
+        id_factory: Callable[[], str] = new_id,
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.store = store
+        self.clock = clock
+        self.new_id = id_factory
+        self.locks = KeyedLocks()
+        self.events = EventHub()
+        self.logs: dict[str, CriLogWriter] = {}
+        self.pod_cidr = ""
+        self.streaming: object | None = None  # shim.streaming.StreamingServer once wired
+
+    # ------------------------------------------------------------------ lookups
+    def backend(self, name: str) -> Backend:
+        try:
+            return self.registry.get(name)
+        except LookupError:
+            raise UnavailableError(f"backend {name!r} of this record is not configured any more") from None
+
+    def fresh_id(self) -> str:
+        while True:
+            i = self.new_id()
+            if self.store.sandboxes.get(i) is None and self.store.containers.get(i) is None:
+                return i
+
+    # ------------------------------------------------------------------ logs
+    def open_log(self, c: ContainerRecord) -> CriLogWriter | None:
+        if not c.log_path:
+            return None
+        writer = self.logs.get(c.id)
+        if writer is None:
+            writer = CriLogWriter(c.log_path)
+            self.logs[c.id] = writer
+        return writer
+
+    def close_log(self, container_id: str) -> None:
+        writer = self.logs.pop(container_id, None)
+        if writer is not None:
+            writer.close()
+
+    # ------------------------------------------------------------------ EventSink
+    def container_exited(self, container_id: str, info: ExitInfo) -> None:
+        c = self.store.containers.get(container_id)
+        if c is None or c.status.finished_at:
+            return
+        self.record_exit(c, info)
+
+    def sandbox_not_ready(self, sandbox_id: str, reason: str) -> None:
+        sb = self.store.sandboxes.get(sandbox_id)
+        if sb is None or not sb.status.ready:
+            return
+        sb.status = dataclasses.replace(sb.status, ready=False)
+        self.store.put_sandbox(sb)
+        log.warning("sandbox.not_ready", sandbox_id=sandbox_id, reason=reason)
+
+    def log_sink(self, container_id: str) -> CriLogWriter | None:
+        c = self.store.containers.get(container_id)
+        return self.open_log(c) if c is not None else None
+
+    # ------------------------------------------------------------------ state changes
+    def record_exit(self, c: ContainerRecord, info: ExitInfo) -> None:
+        """Move a container to EXITED once, persist it and publish the event."""
+        if c.status.finished_at:
+            return
+        s = c.status
+        c.status = ContainerStatus(
+            started_at=s.started_at or 0,
+            finished_at=max(info.finished_at, s.started_at, c.created_at),
+            exit_code=info.exit_code,
+            reason=info.reason or ("Completed" if info.exit_code == 0 else "Error"),
+            message=info.message,
+            pid=0,
+        )
+        self.store.put_container(c)
+        self.close_log(c.id)
+        self.publish(c, pb.CONTAINER_STOPPED_EVENT)
+
+    def publish(self, c: ContainerRecord, kind: pb.ContainerEventType) -> None:
+        if not self.events.subscriber_count:
+            return
+        event = pb.ContainerEventResponse(
+            container_id=c.id, container_event_type=kind, created_at=self.clock()
+        )
+        sb = self.store.sandboxes.get(c.sandbox_id)
+        if sb is not None:
+            event.pod_sandbox_status.CopyFrom(sandbox_status_pb(sb))
+            for other in self.store.containers_of(sb.id):
+                event.containers_statuses.append(container_status_pb(other))
+        if kind == pb.CONTAINER_DELETED_EVENT:
+            # Already gone from the store; the event still describes it.
+            event.containers_statuses.append(container_status_pb(c))
+        self.events.publish(event)
+
+
+# ---------------------------------------------------------------------- record → CRI messages
+
+
+def sandbox_status_pb(sb: SandboxRecord) -> pb.PodSandboxStatus:
+    cfg = sb.config
+    st = pb.PodSandboxStatus(
+        id=sb.id,
+        metadata=cfg.metadata,
+        state=sb.state,
+        created_at=sb.created_at,
+        runtime_handler=sb.handler,
+    )
+    if sb.status.ip:
+        st.network.ip = sb.status.ip
+        for ip in sb.status.additional_ips:
+            st.network.additional_ips.add(ip=ip)
+    ns = cfg.linux.security_context.namespace_options
+    st.linux.namespaces.options.CopyFrom(ns)
+    st.labels.update(cfg.labels)
+    st.annotations.update(cfg.annotations)
+    return st
+
+
+def sandbox_pb(sb: SandboxRecord) -> pb.PodSandbox:
+    cfg = sb.config
+    out = pb.PodSandbox(
+        id=sb.id, metadata=cfg.metadata, state=sb.state, created_at=sb.created_at, runtime_handler=sb.handler
+    )
+    out.labels.update(cfg.labels)
+    out.annotations.update(cfg.annotations)
+    return out
+
+
+def image_spec_pb(c: ContainerRecord) -> pb.ImageSpec:
+    spec = pb.ImageSpec()
+    spec.CopyFrom(c.config.image)
+    spec.image = c.image_name or c.config.image.image
+    spec.user_specified_image = c.config.image.user_specified_image or c.config.image.image
+    return spec
+
+
+def container_pb(c: ContainerRecord) -> pb.Container:
+    cfg = c.config
+    out = pb.Container(
+        id=c.id,
+        pod_sandbox_id=c.sandbox_id,
+        metadata=cfg.metadata,
+        image=image_spec_pb(c),
+        image_ref=c.image_ref,
+        image_id=c.image_ref,
+        state=c.state,
+        created_at=c.created_at,
+    )
+    out.labels.update(cfg.labels)
+    out.annotations.update(cfg.annotations)
+    return out
+
+
+def container_status_pb(c: ContainerRecord) -> pb.ContainerStatus:
+    cfg = c.config
+    s = c.status
+    out = pb.ContainerStatus(
+        id=c.id,
+        metadata=cfg.metadata,
+        state=s.state,
+        created_at=c.created_at,
+        started_at=s.started_at,
+        finished_at=s.finished_at,
+        exit_code=s.exit_code,
+        image=image_spec_pb(c),
+        image_ref=c.image_ref,
+        image_id=c.image_ref,
+        reason=s.reason,
+        message=s.message,
+        log_path=c.log_path,
+    )
+    out.labels.update(cfg.labels)
+    out.annotations.update(cfg.annotations)
+    out.mounts.extend(cfg.mounts)
+    if c.resources is not None:
+        out.resources.CopyFrom(c.resources)
+    elif cfg.linux.HasField("resources"):
+        out.resources.linux.CopyFrom(cfg.linux.resources)
+    sc = cfg.linux.security_context
+    if sc.HasField("run_as_user") or sc.HasField("run_as_group") or sc.supplemental_groups:
+        user = out.user.linux
+        user.uid = sc.run_as_user.value
+        user.gid = sc.run_as_group.value
+        user.supplemental_groups.extend(sc.supplemental_groups)
+    return out

@@ -1,0 +1,100 @@
+"""Reconcile persisted records with what each backend really has.
+
+Runs once at start, before the socket opens:
+- an uncommitted record is a creation the previous process did not finish:
+  the backend's leftovers are removed and the record dropped;
+- a sandbox the backend lost is NOTREADY; a container it lost is EXITED with
+  reason ``ContainerLost``; one that ended while the shim was down gets its
+  real exit;
+- running containers stay RUNNING with the same IDs, and their output is
+  attached to their log files again by the backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import structlog
+
+from backends.base import ContainerRecord, ExitInfo, SandboxRecord, SandboxStatus
+from cri_api import api_pb2 as pb
+from shim.context import Shim
+
+log = structlog.get_logger("recovery")
+
+LOST_EXIT_CODE = 255
+
+
+async def recover(shim: Shim) -> None:
+    store = shim.store
+    adopted = lost = cleaned = 0
+    for name, backend in shim.registry.items():
+        sandboxes = [s for s in store.sandboxes.values() if s.backend == name]
+        containers = [c for c in store.containers.values() if c.backend == name]
+        if not sandboxes and not containers:
+            with contextlib.suppress(Exception):
+                await backend.recover([], [])
+            continue
+        try:
+            seen_sb, seen_ct = await backend.recover(sandboxes, containers)
+        except Exception as exc:
+            # The runtime is down: keep every record as it is; Status says why.
+            log.error("recovery.backend_unavailable", handler=name, error=str(exc))
+            continue
+        for c in containers:
+            if not c.committed:
+                await _drop_container(shim, c)
+                cleaned += 1
+                continue
+            obs = seen_ct.get(c.id)
+            if obs is None or not obs.exists:
+                if c.status.state in (pb.CONTAINER_RUNNING, pb.CONTAINER_CREATED):
+                    shim.record_exit(
+                        c,
+                        ExitInfo(
+                            exit_code=LOST_EXIT_CODE,
+                            finished_at=shim.clock(),
+                            reason="ContainerLost",
+                            message="the runtime no longer has this container",
+                        ),
+                    )
+                    lost += 1
+                continue
+            if c.status.state == pb.CONTAINER_RUNNING and not obs.running and obs.exit is not None:
+                shim.record_exit(c, obs.exit)
+            elif c.status.state == pb.CONTAINER_RUNNING:
+                adopted += 1
+        for s in sandboxes:
+            if not s.committed:
+                await _drop_sandbox(shim, s)
+                cleaned += 1
+                continue
+            obs = seen_sb.get(s.id)
+            if (obs is None or not obs.exists) and s.status.ready:
+                s.status = SandboxStatus(ready=False, ip=s.status.ip, additional_ips=s.status.additional_ips)
+                store.put_sandbox(s)
+                lost += 1
+            elif obs is not None and obs.status is not None and obs.status != s.status:
+                s.status = obs.status
+                store.put_sandbox(s)
+    log.info("recovery.done", adopted_running=adopted, lost=lost, cleaned=cleaned)
+
+
+async def _drop_container(shim: Shim, c: ContainerRecord) -> None:
+    try:
+        await shim.backend(c.backend).remove_container(c)
+    except Exception as exc:
+        log.warning("recovery.leftover_remove_failed", container_id=c.id, error=str(exc))
+    shim.store.drop_container(c)
+
+
+async def _drop_sandbox(shim: Shim, s: SandboxRecord) -> None:
+    backend = shim.backend(s.backend)
+    try:
+        await backend.stop_sandbox(s)
+        await backend.remove_sandbox(s)
+    except Exception as exc:
+        log.warning("recovery.leftover_remove_failed", sandbox_id=s.id, error=str(exc))
+    for c in shim.store.containers_of(s.id):
+        await _drop_container(shim, c)
+    shim.store.drop_sandbox(s)

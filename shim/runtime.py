@@ -1,0 +1,88 @@
+"""Version, Status, RuntimeConfig, UpdateRuntimeConfig."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from backends.base import Capability
+from cri_api import api_pb2 as pb
+from shim import __version__
+from shim.context import Shim
+
+RUNTIME_NAME = "cri-shim"
+RUNTIME_API_VERSION = "v1"
+# The version the kubelet's old probe expects in VersionResponse.version.
+KUBELET_API_VERSION = "0.1.0"
+
+
+class RuntimeService:
+    def __init__(self, shim: Shim) -> None:
+        self.shim = shim
+
+    async def version(self, req: pb.VersionRequest) -> pb.VersionResponse:
+        return pb.VersionResponse(
+            version=KUBELET_API_VERSION,
+            runtime_name=RUNTIME_NAME,
+            runtime_version=__version__,
+            runtime_api_version=RUNTIME_API_VERSION,
+        )
+
+    async def status(self, req: pb.StatusRequest) -> pb.StatusResponse:
+        shim = self.shim
+        names = shim.registry.names()
+        healths = await asyncio.gather(*(shim.registry.get(n).health() for n in names))
+        by_name = dict(zip(names, healths, strict=True))
+        default = by_name[shim.registry.default]
+        resp = pb.StatusResponse()
+        resp.status.conditions.add(
+            type="RuntimeReady",
+            status=default.runtime_ready,
+            reason="" if default.runtime_ready else (default.reason or "RuntimeNotReady"),
+            message="" if default.runtime_ready else default.message,
+        )
+        resp.status.conditions.add(
+            type="NetworkReady",
+            status=default.network_ready,
+            reason="" if default.network_ready else (default.reason or "NetworkNotReady"),
+            message="" if default.network_ready else default.message,
+        )
+        # The default handler is listed under "" too, as the kubelet looks it up by that name.
+        for name in ["", *names]:
+            backend = shim.registry.get(name)
+            h = resp.runtime_handlers.add(name=name)
+            h.features.recursive_read_only_mounts = bool(
+                backend.capabilities & Capability.RECURSIVE_READ_ONLY_MOUNTS
+            )
+            h.features.user_namespaces = bool(backend.capabilities & Capability.USER_NAMESPACES)
+        if req.verbose:
+            info = {
+                "defaultHandler": shim.registry.default,
+                "handlers": {
+                    n: {
+                        "type": type(shim.registry.get(n)).__name__,
+                        "runtimeReady": h.runtime_ready,
+                        "networkReady": h.network_ready,
+                        "reason": h.reason,
+                        "message": h.message,
+                    }
+                    for n, h in by_name.items()
+                },
+                "podCIDR": shim.pod_cidr,
+                "streaming": shim.streaming is not None,
+            }
+            resp.info["config"] = json.dumps(info)
+        return resp
+
+    async def runtime_config(self, req: pb.RuntimeConfigRequest) -> pb.RuntimeConfigResponse:
+        return self.shim.registry.get("").runtime_config()
+
+    async def update_runtime_config(
+        self, req: pb.UpdateRuntimeConfigRequest
+    ) -> pb.UpdateRuntimeConfigResponse:
+        cidr = req.runtime_config.network_config.pod_cidr
+        if cidr and cidr != self.shim.pod_cidr:
+            self.shim.pod_cidr = cidr
+            if self.shim.store.state is not None:
+                self.shim.store.state.save_runtime({"pod_cidr": cidr})
+        return pb.UpdateRuntimeConfigResponse()

@@ -1,0 +1,248 @@
+"""RunPodSandbox, StopPodSandbox, RemovePodSandbox, PodSandboxStatus, ListPodSandbox
+and the sandbox stats/metrics RPCs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import structlog
+
+from backends.base import Capability, ContainerRecord, ExitInfo, SandboxRecord, SandboxStatus
+from cri_api import api_pb2 as pb
+from shim import validate
+from shim.context import Shim, sandbox_pb, sandbox_status_pb
+from shim.errors import InvalidArgumentError, UnimplementedError
+from shim.store import sandbox_name, sandbox_to_json
+from shim.wire import ListCache, labels_match
+
+log = structlog.get_logger("sandbox")
+
+
+class SandboxService:
+    def __init__(self, shim: Shim) -> None:
+        self.shim = shim
+        self._list_cache: ListCache[SandboxRecord] = ListCache(sandbox_pb)
+
+    async def run(self, req: pb.RunPodSandboxRequest) -> pb.RunPodSandboxResponse:
+        shim = self.shim
+        cfg = req.config
+        validate.sandbox_config(cfg, req.HasField("config"))
+        try:
+            backend_name = shim.registry.resolve_name(req.runtime_handler)
+        except LookupError as exc:
+            raise InvalidArgumentError(f"runtime_handler: {exc}") from None
+        backend = shim.registry.get(backend_name)
+        if cfg.linux.security_context.namespace_options.network == pb.NODE and not (
+            backend.capabilities & Capability.HOST_NETWORK
+        ):
+            raise UnimplementedError(f"runtime handler {backend_name!r} does not support host networking")
+        sid = shim.fresh_id()
+        name = sandbox_name(cfg.metadata)
+        shim.store.sandbox_names.reserve(name, sid)
+        record = SandboxRecord(
+            id=sid,
+            handler=req.runtime_handler,
+            backend=backend_name,
+            config=cfg,
+            created_at=shim.clock(),
+        )
+        async with shim.locks.hold(sid):
+            try:
+                # Persisted before any effect: after a crash, recovery finds the
+                # uncommitted record and removes whatever the backend left.
+                shim.store.put_sandbox(record)
+                net = await backend.run_sandbox(record)
+            except BaseException:
+                await _undo_sandbox(shim, record)
+                raise
+            record.status = SandboxStatus(ready=True, ip=net.ip, additional_ips=net.additional_ips)
+            record.committed = True
+            shim.store.put_sandbox(record)
+        return pb.RunPodSandboxResponse(pod_sandbox_id=sid)
+
+    async def stop(self, req: pb.StopPodSandboxRequest) -> pb.StopPodSandboxResponse:
+        # Idempotent by the CRI: an unknown or already-stopped sandbox is OK.
+        sb = self.shim.store.sandboxes.find(req.pod_sandbox_id)
+        if sb is not None:
+            async with self.shim.locks.hold(sb.id):
+                await stop_sandbox(self.shim, sb)
+        return pb.StopPodSandboxResponse()
+
+    async def remove(self, req: pb.RemovePodSandboxRequest) -> pb.RemovePodSandboxResponse:
+        shim = self.shim
+        sb = shim.store.sandboxes.find(req.pod_sandbox_id)
+        if sb is None:
+            return pb.RemovePodSandboxResponse()
+        async with shim.locks.hold(sb.id):
+            if shim.store.sandboxes.get(sb.id) is None:
+                return pb.RemovePodSandboxResponse()
+            await stop_sandbox(shim, sb)
+            backend = shim.backend(sb.backend)
+            for c in shim.store.containers_of(sb.id):
+                async with shim.locks.hold(c.id):
+                    await backend.remove_container(c)
+                    shim.store.drop_container(c)
+                    shim.close_log(c.id)
+                    shim.publish(c, pb.CONTAINER_DELETED_EVENT)
+            await backend.remove_sandbox(sb)
+            shim.store.drop_sandbox(sb)
+        return pb.RemovePodSandboxResponse()
+
+    async def status(self, req: pb.PodSandboxStatusRequest) -> pb.PodSandboxStatusResponse:
+        sb = self.shim.store.sandboxes.resolve(req.pod_sandbox_id)
+        resp = pb.PodSandboxStatusResponse(status=sandbox_status_pb(sb))
+        if req.verbose:
+            info = sandbox_to_json(sb)
+            info.pop("config", None)
+            resp.info["info"] = json.dumps(info)
+        return resp
+
+    def list_(self, req: pb.ListPodSandboxRequest) -> bytes:
+        f = req.filter
+        store = self.shim.store
+        if f.id:
+            sb = store.sandboxes.get(f.id) or _prefix_or_none(store.sandboxes.find, f.id)
+            candidates = [sb] if sb is not None else []
+        else:
+            candidates = store.sandboxes.values()
+        want_state = f.state.state if f.HasField("state") else None
+        selector = f.label_selector
+        keep = [
+            sb
+            for sb in candidates
+            if sb.committed
+            and (want_state is None or sb.state == want_state)
+            and (not selector or labels_match(sb.config.labels, selector))
+        ]
+        return self._list_cache.encode(keep, lambda sb: sb.status)
+
+    # ------------------------------------------------------------------ stats
+    async def stats(self, req: pb.PodSandboxStatsRequest) -> pb.PodSandboxStatsResponse:
+        sb = self.shim.store.sandboxes.resolve(req.pod_sandbox_id)
+        backend = _stats_backend(self.shim, sb)
+        got = await backend.sandbox_stats([sb], self.shim.store.containers_of(sb.id))
+        return pb.PodSandboxStatsResponse(stats=got.get(sb.id) or _empty_sandbox_stats(self.shim, sb))
+
+    async def list_stats(self, req: pb.ListPodSandboxStatsRequest) -> pb.ListPodSandboxStatsResponse:
+        shim = self.shim
+        f = req.filter
+        sandboxes = [
+            sb
+            for sb in shim.store.sandboxes.values()
+            if sb.committed
+            and (not f.id or sb.id.startswith(f.id))
+            and (not f.label_selector or labels_match(sb.config.labels, f.label_selector))
+        ]
+        resp = pb.ListPodSandboxStatsResponse()
+        by_backend: dict[str, list[SandboxRecord]] = {}
+        for sb in sandboxes:
+            by_backend.setdefault(sb.backend, []).append(sb)
+        results = await asyncio.gather(
+            *(self._backend_stats(name, group) for name, group in by_backend.items())
+        )
+        for got in results:
+            resp.stats.extend(got)
+        return resp
+
+    async def _backend_stats(self, name: str, group: list[SandboxRecord]) -> list[pb.PodSandboxStats]:
+        backend = self.shim.backend(name)
+        if not backend.capabilities & Capability.STATS:
+            return []
+        containers: list[ContainerRecord] = []
+        for sb in group:
+            containers.extend(self.shim.store.containers_of(sb.id))
+        got = await backend.sandbox_stats(group, containers)
+        return [got[sb.id] for sb in group if sb.id in got]
+
+    async def metric_descriptors(
+        self, req: pb.ListMetricDescriptorsRequest
+    ) -> pb.ListMetricDescriptorsResponse:
+        backend = self.shim.registry.get("")
+        if not backend.capabilities & Capability.METRICS:
+            raise UnimplementedError(f"runtime handler {backend.name!r} does not export metrics")
+        describe = getattr(backend, "metric_descriptors", None)
+        resp = pb.ListMetricDescriptorsResponse()
+        if describe is not None:
+            resp.descriptors.extend(await describe())
+        return resp
+
+    async def metrics(self, req: pb.ListPodSandboxMetricsRequest) -> pb.ListPodSandboxMetricsResponse:
+        resp = pb.ListPodSandboxMetricsResponse()
+        for _, backend in self.shim.registry.items():
+            if not backend.capabilities & Capability.METRICS:
+                continue
+            collect = getattr(backend, "sandbox_metrics", None)
+            if collect is None:
+                continue
+            sandboxes = [sb for sb in self.shim.store.sandboxes.values() if sb.backend == backend.name]
+            resp.pod_metrics.extend(await collect(sandboxes))
+        return resp
+
+    async def update_resources(
+        self, req: pb.UpdatePodSandboxResourcesRequest
+    ) -> pb.UpdatePodSandboxResourcesResponse:
+        sb = self.shim.store.sandboxes.resolve(req.pod_sandbox_id)
+        backend = self.shim.backend(sb.backend)
+        update = getattr(backend, "update_sandbox_resources", None)
+        if not backend.capabilities & Capability.UPDATE_SANDBOX_RESOURCES or update is None:
+            raise UnimplementedError(f"runtime handler {sb.backend!r} cannot update pod sandbox resources")
+        await update(sb, req)
+        return pb.UpdatePodSandboxResourcesResponse()
+
+
+def _prefix_or_none(find: object, ref: str) -> SandboxRecord | None:
+    # A filter ID that is ambiguous or unknown simply matches nothing.
+    try:
+        return find(ref)  # type: ignore[operator, no-any-return]
+    except InvalidArgumentError:
+        return None
+
+
+def _stats_backend(shim: Shim, sb: SandboxRecord):  # type: ignore[no-untyped-def]
+    backend = shim.backend(sb.backend)
+    if not backend.capabilities & Capability.STATS:
+        raise UnimplementedError(f"runtime handler {sb.backend!r} does not report stats")
+    return backend
+
+
+def _empty_sandbox_stats(shim: Shim, sb: SandboxRecord) -> pb.PodSandboxStats:
+    st = pb.PodSandboxStats()
+    st.attributes.id = sb.id
+    st.attributes.metadata.CopyFrom(sb.config.metadata)
+    st.attributes.labels.update(sb.config.labels)
+    st.attributes.annotations.update(sb.config.annotations)
+    return st
+
+
+async def stop_sandbox(shim: Shim, sb: SandboxRecord) -> None:
+    """Kill every container of the sandbox, then stop its infrastructure. Caller holds sb's lock."""
+    backend = shim.backend(sb.backend)
+    for c in shim.store.containers_of(sb.id):
+        if c.status.state == pb.CONTAINER_RUNNING:
+            async with shim.locks.hold(c.id):
+                if c.status.state == pb.CONTAINER_RUNNING:
+                    info = await backend.stop_container(c, 0)
+                    shim.record_exit(c, info)
+        elif c.status.state == pb.CONTAINER_CREATED:
+            # Never started: it can no longer start once the sandbox is gone.
+            shim.record_exit(c, ExitInfo(exit_code=0, finished_at=shim.clock(), reason="SandboxStopped"))
+    await backend.stop_sandbox(sb)
+    if sb.status.ready:
+        sb.status = SandboxStatus(ready=False, ip=sb.status.ip, additional_ips=sb.status.additional_ips)
+        shim.store.put_sandbox(sb)
+
+
+async def _undo_sandbox(shim: Shim, record: SandboxRecord) -> None:
+    """Roll back a failed RunPodSandbox: nothing may be left behind."""
+    backend = shim.backend(record.backend)
+
+    async def undo() -> None:
+        try:
+            await backend.stop_sandbox(record)
+            await backend.remove_sandbox(record)
+        except Exception as exc:  # the original error is what the client must see
+            log.error("sandbox.rollback_failed", sandbox_id=record.id, error=str(exc))
+
+    await asyncio.shield(undo())
+    shim.store.drop_sandbox(record)

@@ -1,0 +1,343 @@
+"""The server's life: startup → recover → serve → graceful shutdown.
+
+Startup builds the backends, loads the persisted records, reconciles them
+with what each backend really has, starts the streaming server, and only
+then opens the CRI socket (and tells systemd READY=1), so that no client
+sees a half-recovered shim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import grp
+import os
+import signal
+import socket
+import stat
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from backends.base import Backend, PortStream, StreamIO
+from backends.registry import Registry, create_backend
+from shim.config import Config
+from shim.context import Shim
+from shim.errors import FailedPreconditionError, NotFoundError, UnimplementedError
+from shim.recovery import recover
+from shim.servicer import IMAGE_SERVICE, RUNTIME_SERVICE, CriServicer, RpcObserver
+from shim.store import StateDir, Store, new_id
+
+log = structlog.get_logger("server")
+
+
+class ServerError(Exception):
+    """Startup cannot proceed; the message says why."""
+
+
+class StreamTarget:
+    """What the streaming server calls: CRI IDs → records → the owning backend."""
+
+    def __init__(self, shim: Shim) -> None:
+        self.shim = shim
+
+    def _running(self, container_id: str) -> Any:
+        c = self.shim.store.containers.get(container_id)
+        if c is None:
+            raise NotFoundError(f"container {container_id} not found")
+        return c
+
+    async def exec(self, container_id: str, cmd: Sequence[str], io: StreamIO) -> int:
+        c = self._running(container_id)
+        return await self.shim.backend(c.backend).exec(c, cmd, io)
+
+    async def attach(self, container_id: str, io: StreamIO) -> None:
+        c = self._running(container_id)
+        await self.shim.backend(c.backend).attach(c, io)
+
+    async def port_forward(self, sandbox_id: str, port: int, stream: PortStream) -> None:
+        sb = self.shim.store.sandboxes.get(sandbox_id)
+        if sb is None:
+            raise NotFoundError(f"pod sandbox {sandbox_id} not found")
+        if not sb.status.ready:
+            raise FailedPreconditionError(f"pod sandbox {sandbox_id} is not ready")
+        await self.shim.backend(sb.backend).port_forward(sb, port, stream)
+
+
+def parse_listen(listen: str) -> tuple[str, str]:
+    """("unix", path) or ("fd", "") from unix:///path, /path or fd://."""
+    if listen.startswith("fd://"):
+        return "fd", listen[len("fd://") :]
+    if listen.startswith("unix://"):
+        path = listen[len("unix://") :]
+    elif listen.startswith("/"):
+        path = listen
+    else:
+        raise ServerError(f"--listen {listen!r}: expected unix:///path/to.sock or fd://")
+    if not path.startswith("/"):
+        raise ServerError(f"--listen {listen!r}: the socket path must be absolute")
+    if len(path.encode()) > 107:
+        raise ServerError(f"--listen {listen!r}: a unix socket path is limited to 107 bytes")
+    return "unix", path
+
+
+def prepare_socket_path(path: str) -> None:
+    """Create parent folders; replace a stale socket; refuse one that a live server holds."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ServerError(f"{path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            os.unlink(path)  # nobody listens: a leftover of a killed server
+            return
+        raise ServerError(f"cannot probe the existing socket {path}: {exc}") from None
+    finally:
+        probe.close()
+    raise ServerError(f"another server is listening on {path}; stop it first or choose another --listen")
+
+
+def systemd_fds() -> list[int]:
+    """The sockets systemd passed us (LISTEN_FDS), per sd_listen_fds(3)."""
+    if os.environ.get("LISTEN_PID") not in (None, str(os.getpid())):
+        return []
+    try:
+        n = int(os.environ.get("LISTEN_FDS", "0"))
+    except ValueError:
+        return []
+    for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(var, None)
+    return list(range(3, 3 + n))
+
+
+def sd_notify(message: str) -> None:
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.sendto(message.encode(), addr)
+
+
+class Server:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        backends: Mapping[str, Backend] | None = None,
+        clock: Callable[[], int] | None = None,
+        id_factory: Callable[[], str] | None = None,
+        observer: RpcObserver | None = None,
+    ) -> None:
+        self.config = config
+        self._given_backends = backends
+        self._clock = clock
+        self._id_factory = id_factory
+        self._observer = observer
+        self.shim: Shim | None = None
+        self.grpc: grpc.aio.Server | None = None
+        self.streaming: Any = None
+        self.socket_path = ""
+        self._proxy: asyncio.Server | None = None
+        self._stopped = asyncio.Event()
+
+    def _build_backends(self) -> dict[str, Backend]:
+        if self._given_backends is not None:
+            return dict(self._given_backends)
+        out = {}
+        for name, h in self.config.handlers.items():
+            opts = dict(h.options)
+            opts.setdefault("state_dir", os.path.join(self.config.server.state_dir, "backends", name))
+            opts.setdefault("pause_image", self.config.images.pause_image)
+            opts.setdefault("pull_no_progress_timeout", self.config.images.pull_no_progress_timeout)
+            opts.setdefault("cgroup_driver", self.config.server.cgroup_driver)
+            out[name] = create_backend(h.type, name, opts)
+        return out
+
+    async def start(self) -> None:
+        cfg = self.config.server
+        kind, path = parse_listen(cfg.listen)
+        fds: list[int] = []
+        if kind == "unix":
+            prepare_socket_path(path)
+        else:
+            fds = systemd_fds()
+            if len(fds) != 1:
+                raise ServerError(
+                    f"--listen fd:// needs exactly one socket from systemd (LISTEN_FDS), got {len(fds)}"
+                )
+        try:
+            state = StateDir(cfg.state_dir)
+        except OSError as exc:
+            raise ServerError(f"cannot use state directory {cfg.state_dir}: {exc.strerror}") from None
+        store = Store(state)
+        store.load()
+        registry = Registry(self._build_backends(), cfg.default_handler)
+        shim = Shim(
+            self.config,
+            registry,
+            store,
+            **({"clock": self._clock} if self._clock else {}),
+            id_factory=self._id_factory or new_id,
+        )
+        shim.pod_cidr = state.load_runtime().get("pod_cidr", "")
+        self.shim = shim
+        for name, backend in registry.items():
+            try:
+                await backend.start(shim)
+            except Exception as exc:
+                # A runtime that is down at boot is reported by Status and
+                # recovers later; the shim itself must come up.
+                log.error("backend.start_failed", handler=name, error=str(exc))
+        await recover(shim)
+        await self._start_streaming(shim)
+
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", cfg.max_message_bytes),
+                ("grpc.max_send_message_length", cfg.max_message_bytes),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        servicer = CriServicer(shim, observer=self._observer)
+        server.add_generic_rpc_handlers(servicer.handlers())
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        if kind == "unix":
+            bind_path = path
+        else:
+            bind_path = os.path.join(cfg.state_dir, "grpc.sock")
+            prepare_socket_path(bind_path)
+        if server.add_insecure_port(f"unix://{bind_path}") == 0:
+            raise ServerError(f"cannot listen on {bind_path}")
+        await server.start()
+        self.grpc = server
+        if kind == "unix":
+            self._secure_socket(bind_path)
+            self.socket_path = path
+        else:
+            os.chmod(bind_path, 0o600)
+            self._proxy = await _serve_fd_proxy(fds[0], bind_path)
+            self.socket_path = bind_path
+        for svc in ("", RUNTIME_SERVICE, IMAGE_SERVICE):
+            await health_servicer.set(svc, health_pb2.HealthCheckResponse.SERVING)
+        log.info(
+            "server.ready",
+            listen=cfg.listen,
+            handlers=registry.names(),
+            default_handler=registry.default,
+            sandboxes=len(store.sandboxes),
+            containers=len(store.containers),
+        )
+        sd_notify("READY=1")
+
+    def _secure_socket(self, path: str) -> None:
+        cfg = self.config.server
+        os.chmod(path, cfg.socket_mode)
+        if cfg.socket_group:
+            try:
+                gid = grp.getgrnam(cfg.socket_group).gr_gid
+            except KeyError:
+                raise ServerError(f"[server] socket_group: no group named {cfg.socket_group!r}") from None
+            os.chown(path, -1, gid)
+
+    async def _start_streaming(self, shim: Shim) -> None:
+        try:
+            from shim import streaming  # type: ignore[attr-defined, unused-ignore]
+        except ImportError:
+            log.warning("streaming.unavailable")
+            return
+        s = self.config.streaming
+        conf = streaming.StreamingConfig(
+            address=s.address,
+            port=s.port,
+            tls_cert=s.tls_cert,
+            tls_key=s.tls_key,
+            token_ttl=s.token_ttl,
+            idle_timeout=s.idle_timeout,
+            max_streams=s.max_streams,
+        )
+        self.streaming = streaming.StreamingServer(StreamTarget(shim), conf)
+        await self.streaming.start()
+        shim.streaming = self.streaming
+
+    async def stop(self, grace: float | None = None) -> None:
+        if grace is None:
+            grace = self.config.server.shutdown_grace
+        if self._proxy is not None:
+            self._proxy.close()
+        if self.grpc is not None:
+            await self.grpc.stop(grace)
+        if self.streaming is not None:
+            with contextlib.suppress(Exception):
+                await self.streaming.stop()
+        if self.shim is not None:
+            for _, backend in self.shim.registry.items():
+                try:
+                    await backend.close()
+                except Exception as exc:
+                    log.error("backend.close_failed", handler=backend.name, error=str(exc))
+            for cid in list(self.shim.logs):
+                self.shim.close_log(cid)
+        if self.socket_path and self.config.server.listen.startswith(("unix://", "/")):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket_path)
+        self._stopped.set()
+        log.info("server.stopped")
+
+    async def run_until_signalled(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        await stop.wait()
+        log.info("server.stopping")
+        sd_notify("STOPPING=1")
+        await self.stop()
+
+
+async def _serve_fd_proxy(fd: int, target: str) -> asyncio.Server:
+    """Serve a socket handed over by systemd by relaying each connection to gRPC.
+
+    grpcio cannot adopt a listening descriptor, so it listens on a private
+    socket and every connection accepted on the systemd socket is spliced to it.
+    """
+    listener = socket.socket(fileno=fd)
+    listener.setblocking(False)
+
+    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(256 * 1024):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_unix_connection(target)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+
+    return await asyncio.start_unix_server(relay, sock=listener)
+
+
+__all__ = ["Server", "ServerError", "UnimplementedError"]

@@ -1,0 +1,279 @@
+"""The gRPC edge: one table of RPCs, condition → status code mapping, one log event per RPC.
+
+This is the only module that knows about gRPC servicers. Every RPC of
+RuntimeService and ImageService is registered here, by name, with the
+service method that answers it. Each call:
+
+- is decoded leniently: a request that is not valid protobuf (bad wire
+  data, non-UTF-8 strings) becomes INVALID_ARGUMENT, not INTERNAL;
+- has its CriError mapped to its status code; any other exception is a
+  bug, logged with its traceback and answered UNKNOWN with a short message;
+- is logged once, with method, IDs, duration and code — mutating RPCs at
+  info, polled ones at debug.
+
+The Stream* RPCs (cri-api 0.36) carry the same filter as their List
+twins and the same repeated field 1 in their responses, so each is served
+by its List method and cut into chunks at the wire level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import structlog
+from google.protobuf.message import DecodeError, Message
+
+from cri_api import api_pb2 as pb
+from shim.container import ContainerService
+from shim.context import Shim
+from shim.errors import CriError, InvalidArgumentError
+from shim.image import ImageService
+from shim.runtime import RuntimeService
+from shim.sandbox import SandboxService
+
+log = structlog.get_logger("rpc")
+
+RUNTIME_SERVICE = "runtime.v1.RuntimeService"
+IMAGE_SERVICE = "runtime.v1.ImageService"
+
+STREAM_CHUNK_BYTES = 1024 * 1024
+_ID_FIELDS = ("pod_sandbox_id", "container_id")
+
+RpcObserver = Callable[[str, str, float], None]
+
+
+class BadRequest:
+    """What the lenient deserializer returns for bytes that are not the request type."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _deserializer(cls: type[Message]) -> Callable[[bytes], Message | BadRequest]:
+    def decode(data: bytes) -> Message | BadRequest:
+        try:
+            return cls.FromString(data)
+        except (DecodeError, UnicodeDecodeError, ValueError) as exc:
+            return BadRequest(str(exc) or type(exc).__name__)
+
+    return decode
+
+
+def _serialize(resp: Message | bytes) -> bytes:
+    return resp if isinstance(resp, bytes) else resp.SerializeToString()
+
+
+def _split_entries(data: bytes) -> list[bytes]:
+    """The encoded field-1 elements of a List response, each kept whole."""
+    entries = []
+    pos, n = 0, len(data)
+    while pos < n:
+        start = pos
+        tag = data[pos]
+        pos += 1
+        length = shift = 0
+        while True:
+            b = data[pos]
+            pos += 1
+            length |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+        pos += length
+        if tag == 0x0A:
+            entries.append(data[start:pos])
+    return entries
+
+
+class Rpc:
+    __slots__ = ("fn", "name", "polled", "request", "stream")
+
+    def __init__(
+        self, name: str, request: type[Message], fn: Callable[[Any], Any], polled: bool, stream: bool = False
+    ) -> None:
+        self.name = name
+        self.request = request
+        self.fn = fn
+        self.polled = polled
+        self.stream = stream
+
+
+class CriServicer:
+    def __init__(self, shim: Shim, observer: RpcObserver | None = None) -> None:
+        self.shim = shim
+        self.observer = observer
+        rt = RuntimeService(shim)
+        sb = SandboxService(shim)
+        ct = ContainerService(shim)
+        im = ImageService(shim)
+        self.runtime_rpcs = [
+            Rpc("Version", pb.VersionRequest, rt.version, True),
+            Rpc("Status", pb.StatusRequest, rt.status, True),
+            Rpc("RuntimeConfig", pb.RuntimeConfigRequest, rt.runtime_config, True),
+            Rpc("UpdateRuntimeConfig", pb.UpdateRuntimeConfigRequest, rt.update_runtime_config, False),
+            Rpc("RunPodSandbox", pb.RunPodSandboxRequest, sb.run, False),
+            Rpc("StopPodSandbox", pb.StopPodSandboxRequest, sb.stop, False),
+            Rpc("RemovePodSandbox", pb.RemovePodSandboxRequest, sb.remove, False),
+            Rpc("PodSandboxStatus", pb.PodSandboxStatusRequest, sb.status, True),
+            Rpc("ListPodSandbox", pb.ListPodSandboxRequest, sb.list_, True),
+            Rpc("PodSandboxStats", pb.PodSandboxStatsRequest, sb.stats, True),
+            Rpc("ListPodSandboxStats", pb.ListPodSandboxStatsRequest, sb.list_stats, True),
+            Rpc("ListMetricDescriptors", pb.ListMetricDescriptorsRequest, sb.metric_descriptors, True),
+            Rpc("ListPodSandboxMetrics", pb.ListPodSandboxMetricsRequest, sb.metrics, True),
+            Rpc("UpdatePodSandboxResources", pb.UpdatePodSandboxResourcesRequest, sb.update_resources, False),
+            Rpc("CreateContainer", pb.CreateContainerRequest, ct.create, False),
+            Rpc("StartContainer", pb.StartContainerRequest, ct.start, False),
+            Rpc("StopContainer", pb.StopContainerRequest, ct.stop, False),
+            Rpc("RemoveContainer", pb.RemoveContainerRequest, ct.remove, False),
+            Rpc("ContainerStatus", pb.ContainerStatusRequest, ct.status, True),
+            Rpc("ListContainers", pb.ListContainersRequest, ct.list_, True),
+            Rpc("UpdateContainerResources", pb.UpdateContainerResourcesRequest, ct.update_resources, False),
+            Rpc("ReopenContainerLog", pb.ReopenContainerLogRequest, ct.reopen_log, False),
+            Rpc("ExecSync", pb.ExecSyncRequest, ct.exec_sync, False),
+            Rpc("Exec", pb.ExecRequest, ct.exec, False),
+            Rpc("Attach", pb.AttachRequest, ct.attach, False),
+            Rpc("PortForward", pb.PortForwardRequest, ct.port_forward, False),
+            Rpc("ContainerStats", pb.ContainerStatsRequest, ct.stats, True),
+            Rpc("ListContainerStats", pb.ListContainerStatsRequest, ct.list_stats, True),
+            Rpc("CheckpointContainer", pb.CheckpointContainerRequest, ct.checkpoint, False),
+            Rpc("GetContainerEvents", pb.GetEventsRequest, self._events, True, stream=True),
+            # Stream* twins: served by the List method with the same filter.
+            Rpc("StreamPodSandboxes", pb.ListPodSandboxRequest, sb.list_, True, stream=True),
+            Rpc("StreamContainers", pb.ListContainersRequest, ct.list_, True, stream=True),
+            Rpc("StreamContainerStats", pb.ListContainerStatsRequest, ct.list_stats, True, stream=True),
+            Rpc("StreamPodSandboxStats", pb.ListPodSandboxStatsRequest, sb.list_stats, True, stream=True),
+            Rpc("StreamPodSandboxMetrics", pb.ListPodSandboxMetricsRequest, sb.metrics, True, stream=True),
+        ]
+        self.image_rpcs = [
+            Rpc("PullImage", pb.PullImageRequest, im.pull, False),
+            Rpc("ListImages", pb.ListImagesRequest, im.list_, True),
+            Rpc("ImageStatus", pb.ImageStatusRequest, im.status, True),
+            Rpc("RemoveImage", pb.RemoveImageRequest, im.remove, False),
+            Rpc("ImageFsInfo", pb.ImageFsInfoRequest, im.fs_info, True),
+            Rpc("StreamImages", pb.ListImagesRequest, im.list_, True, stream=True),
+        ]
+
+    # ------------------------------------------------------------------ registration
+    def handlers(self) -> list[grpc.GenericRpcHandler]:
+        return [
+            grpc.method_handlers_generic_handler(RUNTIME_SERVICE, self._table(self.runtime_rpcs)),
+            grpc.method_handlers_generic_handler(IMAGE_SERVICE, self._table(self.image_rpcs)),
+        ]
+
+    def _table(self, rpcs: list[Rpc]) -> dict[str, grpc.RpcMethodHandler]:
+        table = {}
+        for rpc in rpcs:
+            if rpc.stream:
+                table[rpc.name] = grpc.unary_stream_rpc_method_handler(
+                    self._stream_handler(rpc),
+                    request_deserializer=_deserializer(rpc.request),
+                    response_serializer=_serialize,
+                )
+            else:
+                table[rpc.name] = grpc.unary_unary_rpc_method_handler(
+                    self._unary_handler(rpc),
+                    request_deserializer=_deserializer(rpc.request),
+                    response_serializer=_serialize,
+                )
+        return table
+
+    # ------------------------------------------------------------------ calls
+    def _unary_handler(self, rpc: Rpc) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+        async def handle(req: Message | BadRequest, context: grpc.aio.ServicerContext) -> Any:
+            t0 = time.perf_counter()
+            code = grpc.StatusCode.OK
+            detail = ""
+            resp: Any = None
+            try:
+                if isinstance(req, BadRequest):
+                    raise InvalidArgumentError(f"malformed {rpc.name} request: {req.error}")
+                resp = rpc.fn(req)
+                if asyncio.iscoroutine(resp):
+                    resp = await resp
+                return resp
+            except CriError as exc:
+                code, detail = exc.code, exc.message
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except Exception as exc:
+                code = grpc.StatusCode.UNKNOWN
+                detail = f"{rpc.name} failed: {type(exc).__name__}: {exc}"
+                log.exception("rpc.bug", method=rpc.name)
+            finally:
+                self._log(rpc, req, resp, code, detail, time.perf_counter() - t0)
+            await context.abort(code, detail)
+
+        return handle
+
+    def _stream_handler(self, rpc: Rpc) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
+        async def handle(req: Message | BadRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            t0 = time.perf_counter()
+            code = grpc.StatusCode.OK
+            detail = ""
+            try:
+                if isinstance(req, BadRequest):
+                    raise InvalidArgumentError(f"malformed {rpc.name} request: {req.error}")
+                if rpc.name == "GetContainerEvents":
+                    async for event in self.shim.events.subscribe():
+                        yield event
+                    return
+                result = rpc.fn(req)
+                if asyncio.iscoroutine(result):
+                    result = await result
+                chunk: list[bytes] = []
+                size = 0
+                for entry in _split_entries(_serialize(result)):
+                    if chunk and size + len(entry) > STREAM_CHUNK_BYTES:
+                        yield b"".join(chunk)
+                        chunk, size = [], 0
+                    chunk.append(entry)
+                    size += len(entry)
+                if chunk:
+                    yield b"".join(chunk)
+            except CriError as exc:
+                code, detail = exc.code, exc.message
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except Exception as exc:
+                code = grpc.StatusCode.UNKNOWN
+                detail = f"{rpc.name} failed: {type(exc).__name__}: {exc}"
+                log.exception("rpc.bug", method=rpc.name)
+            finally:
+                self._log(rpc, req, None, code, detail, time.perf_counter() - t0)
+            if code != grpc.StatusCode.OK:
+                await context.abort(code, detail)
+
+        return handle
+
+    async def _events(self, req: pb.GetEventsRequest) -> None:
+        # Served directly by the stream handler; present so the table is complete.
+        return None
+
+    def _log(self, rpc: Rpc, req: Any, resp: Any, code: grpc.StatusCode, detail: str, seconds: float) -> None:
+        if self.observer is not None:
+            self.observer(rpc.name, code.name, seconds)
+        polled = rpc.polled and code == grpc.StatusCode.OK
+        logger = log.debug if polled else (log.info if code in _EXPECTED else log.warning)
+        fields: dict[str, Any] = {"method": rpc.name, "code": code.name, "ms": round(seconds * 1000, 3)}
+        if not isinstance(req, BadRequest) and req is not None:
+            for f in _ID_FIELDS:
+                v = getattr(req, f, None)
+                if v:
+                    fields[f] = v
+        if resp is not None and not isinstance(resp, bytes):
+            for f in _ID_FIELDS:
+                v = getattr(resp, f, None)
+                if v:
+                    fields[f] = v
+        if detail:
+            fields["error"] = detail
+        logger("rpc", **fields)
+
+
+_EXPECTED = frozenset({grpc.StatusCode.OK, grpc.StatusCode.NOT_FOUND})

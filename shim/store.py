@@ -1,0 +1,361 @@
+"""Records by ID, unique-prefix lookup, the name registrar, atomic JSON persistence.
+
+Records live in memory and are written, one JSON file per record, under
+``STATE_DIR/{sandboxes,containers}/ID.json``. A write goes to a temporary
+file first and is renamed over the old one, so a SIGKILL at any moment
+leaves either the old or the new record, never a torn one. No fsync: the
+shim must survive its own death, and a node that loses power loses its
+containers as well.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import secrets
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+import structlog
+
+from backends.base import ContainerRecord, ContainerStatus, SandboxRecord, SandboxStatus
+from cri_api import api_pb2 as pb
+from shim.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+
+log = structlog.get_logger("store")
+
+ID_RE = re.compile(r"^[0-9a-f]{64}$")
+RECORD_VERSION = 1
+
+R = TypeVar("R", SandboxRecord, ContainerRecord)
+
+
+def new_id() -> str:
+    return secrets.token_hex(32)
+
+
+class Table(Generic[R]):
+    """One kind of record: by full ID, with unique-prefix lookup."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._by_id: dict[str, R] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __iter__(self) -> Iterator[R]:
+        return iter(list(self._by_id.values()))
+
+    def values(self) -> list[R]:
+        return list(self._by_id.values())
+
+    def get(self, full_id: str) -> R | None:
+        return self._by_id.get(full_id)
+
+    def add(self, record: R) -> None:
+        self._by_id[record.id] = record
+
+    def discard(self, full_id: str) -> None:
+        self._by_id.pop(full_id, None)
+
+    def resolve(self, ref: str) -> R:
+        """The record whose ID is ``ref`` or starts with it (crictl users type short IDs)."""
+        if not ref:
+            raise InvalidArgumentError(f"{self.kind} ID must not be empty")
+        record = self._by_id.get(ref)
+        if record is not None:
+            return record
+        if len(ref) >= 64:
+            raise NotFoundError(f"{self.kind} {ref!r} not found")
+        found = [r for i, r in self._by_id.items() if i.startswith(ref)]
+        if not found:
+            raise NotFoundError(f"{self.kind} {ref!r} not found")
+        if len(found) > 1:
+            raise InvalidArgumentError(
+                f"{self.kind} ID prefix {ref!r} is ambiguous: it matches {len(found)} IDs"
+            )
+        return found[0]
+
+    def find(self, ref: str) -> R | None:
+        """Like resolve, but None when nothing matches (for idempotent Stop/Remove)."""
+        try:
+            return self.resolve(ref)
+        except NotFoundError:
+            return None
+
+
+class NameRegistrar:
+    """Reserves unique names before anything is created; released on failure or removal."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._names: dict[str, str] = {}
+
+    def reserve(self, name: str, owner: str) -> None:
+        current = self._names.get(name)
+        if current is not None and current != owner:
+            raise AlreadyExistsError(f"{self.kind} name {name!r} is already reserved by {current}")
+        self._names[name] = owner
+
+    def release(self, name: str, owner: str) -> None:
+        if self._names.get(name) == owner:
+            del self._names[name]
+
+    def owner(self, name: str) -> str | None:
+        return self._names.get(name)
+
+
+def sandbox_name(meta: pb.PodSandboxMetadata) -> str:
+    # The same tuple the kubelet considers unique for a pod attempt.
+    return f"{meta.name}_{meta.namespace}_{meta.uid}_{meta.attempt}"
+
+
+def container_name(sandbox: SandboxRecord, meta: pb.ContainerMetadata) -> str:
+    smeta = sandbox.config.metadata
+    return f"{meta.name}_{smeta.name}_{smeta.namespace}_{smeta.uid}_{meta.attempt}"
+
+
+# --------------------------------------------------------------------------- serialisation
+
+
+def _b64(msg: Any) -> str:
+    return base64.b64encode(msg.SerializeToString()).decode()
+
+
+def _unb64(cls: Callable[[], Any], data: str) -> Any:
+    msg = cls()
+    msg.ParseFromString(base64.b64decode(data))
+    return msg
+
+
+def sandbox_to_json(r: SandboxRecord) -> dict[str, Any]:
+    return {
+        "v": RECORD_VERSION,
+        "id": r.id,
+        "handler": r.handler,
+        "backend": r.backend,
+        "config": _b64(r.config),
+        "created_at": r.created_at,
+        "ready": r.status.ready,
+        "ip": r.status.ip,
+        "additional_ips": list(r.status.additional_ips),
+        "backend_data": r.backend_data,
+        "committed": r.committed,
+    }
+
+
+def sandbox_from_json(d: dict[str, Any]) -> SandboxRecord:
+    return SandboxRecord(
+        id=d["id"],
+        handler=d["handler"],
+        backend=d["backend"],
+        config=_unb64(pb.PodSandboxConfig, d["config"]),
+        created_at=int(d["created_at"]),
+        status=SandboxStatus(ready=bool(d["ready"]), ip=d["ip"], additional_ips=tuple(d["additional_ips"])),
+        backend_data=dict(d.get("backend_data") or {}),
+        committed=bool(d.get("committed")),
+    )
+
+
+def container_to_json(r: ContainerRecord) -> dict[str, Any]:
+    s = r.status
+    return {
+        "v": RECORD_VERSION,
+        "id": r.id,
+        "sandbox_id": r.sandbox_id,
+        "backend": r.backend,
+        "config": _b64(r.config),
+        "created_at": r.created_at,
+        "log_path": r.log_path,
+        "image_ref": r.image_ref,
+        "image_name": r.image_name,
+        "status": {
+            "started_at": s.started_at,
+            "finished_at": s.finished_at,
+            "exit_code": s.exit_code,
+            "reason": s.reason,
+            "message": s.message,
+            "pid": s.pid,
+            "unknown": s.unknown,
+        },
+        "resources": _b64(r.resources) if r.resources is not None else None,
+        "backend_data": r.backend_data,
+        "committed": r.committed,
+    }
+
+
+def container_from_json(d: dict[str, Any]) -> ContainerRecord:
+    s = d["status"]
+    return ContainerRecord(
+        id=d["id"],
+        sandbox_id=d["sandbox_id"],
+        backend=d["backend"],
+        config=_unb64(pb.ContainerConfig, d["config"]),
+        created_at=int(d["created_at"]),
+        log_path=d["log_path"],
+        image_ref=d.get("image_ref", ""),
+        image_name=d.get("image_name", ""),
+        status=ContainerStatus(
+            started_at=int(s["started_at"]),
+            finished_at=int(s["finished_at"]),
+            exit_code=int(s["exit_code"]),
+            reason=s["reason"],
+            message=s["message"],
+            pid=int(s.get("pid", 0)),
+            unknown=bool(s.get("unknown")),
+        ),
+        resources=_unb64(pb.ContainerResources, d["resources"]) if d.get("resources") else None,
+        backend_data=dict(d.get("backend_data") or {}),
+        committed=bool(d.get("committed")),
+    )
+
+
+class StateDir:
+    """Atomic one-file-per-record persistence."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.sandboxes = os.path.join(root, "sandboxes")
+        self.containers = os.path.join(root, "containers")
+        for d in (self.sandboxes, self.containers):
+            os.makedirs(d, mode=0o700, exist_ok=True)
+
+    @staticmethod
+    def write_atomic(path: str, data: bytes) -> None:
+        tmp = f"{path}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+
+    def save_runtime(self, data: dict[str, Any]) -> None:
+        self.write_atomic(os.path.join(self.root, "runtime.json"), json.dumps(data).encode())
+
+    def load_runtime(self) -> dict[str, Any]:
+        try:
+            with open(os.path.join(self.root, "runtime.json"), "rb") as f:
+                data = json.loads(f.read())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def save_sandbox(self, r: SandboxRecord) -> None:
+        self.write_atomic(
+            os.path.join(self.sandboxes, r.id + ".json"), json.dumps(sandbox_to_json(r)).encode()
+        )
+
+    def save_container(self, r: ContainerRecord) -> None:
+        self.write_atomic(
+            os.path.join(self.containers, r.id + ".json"), json.dumps(container_to_json(r)).encode()
+        )
+
+    def delete_sandbox(self, sandbox_id: str) -> None:
+        _unlink(os.path.join(self.sandboxes, sandbox_id + ".json"))
+
+    def delete_container(self, container_id: str) -> None:
+        _unlink(os.path.join(self.containers, container_id + ".json"))
+
+    def load(self) -> tuple[list[SandboxRecord], list[ContainerRecord]]:
+        sandboxes = [sandbox_from_json(d) for d in self._read_all(self.sandboxes)]
+        containers = [container_from_json(d) for d in self._read_all(self.containers)]
+        return sandboxes, containers
+
+    def _read_all(self, folder: str) -> Iterator[dict[str, Any]]:
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            if name.endswith(".tmp"):
+                # A write that was interrupted before its rename: the old file is authoritative.
+                _unlink(path)
+                continue
+            if not name.endswith(".json") or not ID_RE.match(name[:-5]):
+                continue
+            try:
+                with open(path, "rb") as f:
+                    yield json.loads(f.read())
+            except (OSError, ValueError, KeyError) as exc:
+                # Never refuse to start over one bad file; keep it aside for a human.
+                log.error("state.unreadable_record", path=path, error=str(exc))
+                os.replace(path, path + ".corrupt")
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class Store:
+    """All records of the shim plus their name reservations and persistence."""
+
+    def __init__(self, state: StateDir | None) -> None:
+        self.state = state
+        self.sandboxes: Table[SandboxRecord] = Table("pod sandbox")
+        self.containers: Table[ContainerRecord] = Table("container")
+        self.sandbox_names = NameRegistrar("pod sandbox")
+        self.container_names = NameRegistrar("container")
+        # sandbox ID -> IDs of its containers, for cascading stops/removes and filters.
+        self.by_sandbox: dict[str, set[str]] = {}
+
+    def load(self) -> None:
+        if self.state is None:
+            return
+        sandboxes, containers = self.state.load()
+        for s in sandboxes:
+            self.sandboxes.add(s)
+            self.sandbox_names.reserve(sandbox_name(s.config.metadata), s.id)
+            self.by_sandbox.setdefault(s.id, set())
+        for c in containers:
+            sb = self.sandboxes.get(c.sandbox_id)
+            if sb is None:
+                log.warning("state.orphan_container", container_id=c.id, sandbox_id=c.sandbox_id)
+            self.containers.add(c)
+            if sb is not None:
+                self.container_names.reserve(container_name(sb, c.config.metadata), c.id)
+            self.by_sandbox.setdefault(c.sandbox_id, set()).add(c.id)
+
+    # ---- sandboxes
+    def put_sandbox(self, r: SandboxRecord) -> None:
+        self.sandboxes.add(r)
+        self.by_sandbox.setdefault(r.id, set())
+        if self.state is not None:
+            self.state.save_sandbox(r)
+
+    def drop_sandbox(self, r: SandboxRecord) -> None:
+        self.sandboxes.discard(r.id)
+        self.sandbox_names.release(sandbox_name(r.config.metadata), r.id)
+        if not self.by_sandbox.get(r.id):
+            self.by_sandbox.pop(r.id, None)
+        if self.state is not None:
+            self.state.delete_sandbox(r.id)
+
+    # ---- containers
+    def put_container(self, r: ContainerRecord) -> None:
+        self.containers.add(r)
+        self.by_sandbox.setdefault(r.sandbox_id, set()).add(r.id)
+        if self.state is not None:
+            self.state.save_container(r)
+
+    def drop_container(self, r: ContainerRecord) -> None:
+        self.containers.discard(r.id)
+        sb = self.sandboxes.get(r.sandbox_id)
+        if sb is not None:
+            self.container_names.release(container_name(sb, r.config.metadata), r.id)
+        ids = self.by_sandbox.get(r.sandbox_id)
+        if ids is not None:
+            ids.discard(r.id)
+        if self.state is not None:
+            self.state.delete_container(r.id)
+
+    def containers_of(self, sandbox_id: str) -> list[ContainerRecord]:
+        out = []
+        for cid in self.by_sandbox.get(sandbox_id, ()):
+            c = self.containers.get(cid)
+            if c is not None:
+                out.append(c)
+        return out

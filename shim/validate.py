@@ -1,0 +1,114 @@
+"""Request validation shared by the services. Each error names the bad field."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from cri_api import api_pb2 as pb
+from shim.errors import InvalidArgumentError
+
+MAX_NAME = 253  # DNS subdomain length: what the kubelet itself allows for names
+MAX_LABELS = 1024
+MAX_KEY = 4096
+MAX_VALUE = 256 * 1024
+MAX_ARGS = 65536
+
+
+def require(cond: bool, message: str) -> None:
+    if not cond:
+        raise InvalidArgumentError(message)
+
+
+def name(value: str, field: str) -> None:
+    require(bool(value), f"{field} must not be empty")
+    require(
+        len(value) <= MAX_NAME, f"{field} is {len(value)} characters long; at most {MAX_NAME} are allowed"
+    )
+    require("/" not in value and "\x00" not in value, f"{field} {value!r} must not contain '/' or NUL")
+
+
+def string_map(values: Mapping[str, str], field: str) -> None:
+    require(len(values) <= MAX_LABELS, f"{field} has {len(values)} entries; at most {MAX_LABELS} are allowed")
+    for k, v in values.items():
+        require(bool(k), f"{field} has an empty key")
+        require(len(k) <= MAX_KEY, f"{field} key {k[:40]!r}... is longer than {MAX_KEY} characters")
+        require(len(v) <= MAX_VALUE, f"{field}[{k!r}] is longer than {MAX_VALUE} characters")
+
+
+def sandbox_config(cfg: pb.PodSandboxConfig, present: bool) -> None:
+    require(present, "config is required")
+    require(cfg.HasField("metadata"), "config.metadata is required")
+    name(cfg.metadata.name, "config.metadata.name")
+    name(cfg.metadata.namespace, "config.metadata.namespace")
+    require(bool(cfg.metadata.uid), "config.metadata.uid must not be empty")
+    require(len(cfg.metadata.uid) <= MAX_NAME, "config.metadata.uid is too long")
+    require(cfg.metadata.attempt >= 0, "config.metadata.attempt must not be negative")
+    require(len(cfg.hostname) <= 253, f"config.hostname is {len(cfg.hostname)} characters long; at most 253")
+    if cfg.log_directory:
+        require(
+            os.path.isabs(cfg.log_directory), f"config.log_directory {cfg.log_directory!r} must be absolute"
+        )
+    for i, pm in enumerate(cfg.port_mappings):
+        require(0 < pm.container_port <= 65535, f"config.port_mappings[{i}].container_port must be 1-65535")
+        require(0 <= pm.host_port <= 65535, f"config.port_mappings[{i}].host_port must be 0-65535")
+        require(pm.protocol in (pb.TCP, pb.UDP, pb.SCTP), f"config.port_mappings[{i}].protocol is unknown")
+    string_map(cfg.labels, "config.labels")
+    string_map(cfg.annotations, "config.annotations")
+    ns = cfg.linux.security_context.namespace_options
+    for fld in ("network", "pid", "ipc"):
+        require(
+            getattr(ns, fld) in (pb.POD, pb.CONTAINER, pb.NODE, pb.TARGET),
+            f"config.linux.security_context.namespace_options.{fld} is not a known NamespaceMode",
+        )
+
+
+def container_config(cfg: pb.ContainerConfig, present: bool) -> None:
+    require(present, "config is required")
+    require(cfg.HasField("metadata"), "config.metadata is required")
+    name(cfg.metadata.name, "config.metadata.name")
+    require(cfg.metadata.attempt >= 0, "config.metadata.attempt must not be negative")
+    require(cfg.HasField("image") and bool(cfg.image.image), "config.image.image must not be empty")
+    require(len(cfg.command) + len(cfg.args) <= MAX_ARGS, "config.command and config.args are too long")
+    string_map(cfg.labels, "config.labels")
+    string_map(cfg.annotations, "config.annotations")
+    for i, m in enumerate(cfg.mounts):
+        require(bool(m.container_path), f"config.mounts[{i}].container_path must not be empty")
+        require(os.path.isabs(m.container_path), f"config.mounts[{i}].container_path must be absolute")
+    for i, kv in enumerate(cfg.envs):
+        require(bool(kv.key), f"config.envs[{i}].key must not be empty")
+        require("=" not in kv.key, f"config.envs[{i}].key {kv.key!r} must not contain '='")
+    sc = cfg.linux.security_context
+    require(
+        not (sc.HasField("run_as_group") and not sc.HasField("run_as_user") and not sc.run_as_username),
+        "config.linux.security_context.run_as_group is set without run_as_user or run_as_username",
+    )
+    res = cfg.linux.resources
+    require(
+        res.memory_limit_in_bytes >= 0, "config.linux.resources.memory_limit_in_bytes must not be negative"
+    )
+    require(res.cpu_shares >= 0, "config.linux.resources.cpu_shares must not be negative")
+
+
+def log_path(log_directory: str, path: str) -> str:
+    """log_directory + log_path, refusing a path that escapes the directory."""
+    if not log_directory or not path:
+        return ""
+    require(
+        not os.path.isabs(path), f"config.log_path {path!r} must be relative to the sandbox's log_directory"
+    )
+    require("\x00" not in path, "config.log_path must not contain NUL")
+    base = os.path.normpath(log_directory)
+    full = os.path.normpath(os.path.join(base, path))
+    require(
+        full.startswith(base + os.sep) and full != base,
+        f"config.log_path {path!r} escapes the sandbox's log_directory {log_directory!r}",
+    )
+    return full
+
+
+def linux_resources(res: pb.LinuxContainerResources, field: str) -> None:
+    require(res.memory_limit_in_bytes >= 0, f"{field}.memory_limit_in_bytes must not be negative")
+    require(res.cpu_shares >= 0, f"{field}.cpu_shares must not be negative")
+    require(res.cpu_period >= 0, f"{field}.cpu_period must not be negative")
+    require(res.cpu_quota >= -1, f"{field}.cpu_quota must be -1 or more")
