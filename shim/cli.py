@@ -87,7 +87,7 @@ async def _serve(server: object) -> None:
     if metrics_listen:
         from shim import metrics  # type: ignore[attr-defined, unused-ignore]
 
-        server._observer = metrics.start(metrics_listen, server)
+        metrics.start(metrics_listen, server)
     await server.run_until_signalled()
 
 

@@ -140,12 +140,14 @@ class Server:
         clock: Callable[[], int] | None = None,
         id_factory: Callable[[], str] | None = None,
         observer: RpcObserver | None = None,
+        wrap_backend: Callable[[Backend], Backend] | None = None,
     ) -> None:
         self.config = config
         self._given_backends = backends
         self._clock = clock
         self._id_factory = id_factory
         self._observer = observer
+        self.wrap_backend = wrap_backend
         self.shim: Shim | None = None
         self.grpc: grpc.aio.Server | None = None
         self.streaming: Any = None
@@ -184,7 +186,10 @@ class Server:
             raise ServerError(f"cannot use state directory {cfg.state_dir}: {exc.strerror}") from None
         store = Store(state)
         store.load()
-        registry = Registry(self._build_backends(), cfg.default_handler)
+        backends = self._build_backends()
+        if self.wrap_backend is not None:
+            backends = {name: self.wrap_backend(b) for name, b in backends.items()}
+        registry = Registry(backends, cfg.default_handler)
         shim = Shim(
             self.config,
             registry,
@@ -302,11 +307,34 @@ class Server:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGUSR1, dump_stacks)
         await self.start()
         await stop.wait()
         log.info("server.stopping")
         sd_notify("STOPPING=1")
         await self.stop()
+
+
+def dump_stacks() -> None:
+    """SIGUSR1: every asyncio task's and thread's stack to the log."""
+    import sys
+    import traceback
+
+    tasks = []
+    for task in asyncio.all_tasks():
+        frames = task.get_stack()
+        tasks.append(
+            {
+                "task": task.get_name(),
+                "stack": "".join(
+                    traceback.format_list(traceback.extract_stack(frames[-1]) if frames else [])
+                ),
+            }
+        )
+    threads = {
+        str(tid): "".join(traceback.format_stack(frame)) for tid, frame in sys._current_frames().items()
+    }
+    log.warning("diagnostics.stacks", tasks=tasks, threads=threads)
 
 
 async def _serve_fd_proxy(fd: int, target: str) -> asyncio.Server:

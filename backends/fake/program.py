@@ -104,7 +104,7 @@ class ShellResult:
 
 def _split_statements(script: str) -> list[tuple[str, list[str]]]:
     """[(joiner, argv)], where joiner is ';', '&&' or '||' before the statement."""
-    lex = shlex.shlex(script, posix=True, punctuation_chars=";&|")
+    lex = shlex.shlex(script, posix=True, punctuation_chars=";&|>")
     lex.whitespace_split = True
     statements: list[tuple[str, list[str]]] = []
     joiner = ";"
@@ -120,6 +120,27 @@ def _split_statements(script: str) -> list[tuple[str, list[str]]]:
     if current:
         statements.append((joiner, current))
     return statements
+
+
+def _redirect(words: list[str]) -> tuple[list[str], str]:
+    """Strips `>&2`, `1>&2`, `> /dev/stderr`, `> /dev/null`; returns (words, stdout|stderr|null)."""
+    out: list[str] = []
+    target = "stdout"
+    i = 0
+    while i < len(words):
+        w = words[i]
+        nxt = words[i + 1] if i + 1 < len(words) else ""
+        if w in (">&", "1>&") and nxt == "2":
+            target, i = "stderr", i + 2
+            continue
+        if w == ">" and nxt in ("/dev/stderr", "/dev/null", "/dev/stdout"):
+            target, i = nxt.removeprefix("/dev/"), i + 2
+            continue
+        out.append(w)
+        i += 1
+    if out and out[-1] == "1" and target != "stdout":
+        out.pop()  # the "1" of "1>&2", split off by the tokenizer
+    return out, target
 
 
 def run_shell(argv: Sequence[str], env: Mapping[str, str] | None = None, hostname: str = "") -> ShellResult:
@@ -140,9 +161,14 @@ def run_shell(argv: Sequence[str], env: Mapping[str, str] | None = None, hostnam
             continue
         if joiner == "||" and last == 0:
             continue
-        name = words[0].rsplit("/", 1)[-1]
+        words, target = _redirect(words)
+        name = words[0].rsplit("/", 1)[-1] if words else "true"
         args = words[1:]
-        if name == "echo":
+        if name == "echo" and target != "stdout":
+            if target == "stderr":
+                result.stderr += (" ".join(a for a in args if a != "-n") + "\n").encode()
+            last = 0
+        elif name == "echo":
             newline = True
             if args and args[0] == "-n":
                 newline, args = False, args[1:]

@@ -1,0 +1,67 @@
+"""Fixtures: the CRI layer over a fake backend, in process or behind a real socket."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+
+import grpc
+import pytest
+
+from backends.fake import FakeBackend
+from cri_api import api_pb2_grpc
+from shim.config import Config
+from shim.server import Server
+
+
+def make_ids(seed: str = "test"):  # type: ignore[no-untyped-def]
+    counter = itertools.count(1)
+    return lambda: hashlib.sha256(f"{seed}-{next(counter)}".encode()).hexdigest()
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[str]:
+    # unix socket paths are limited to 107 bytes: pytest's tmp_path is too long.
+    d = tempfile.mkdtemp(prefix="cs-", dir="/tmp")
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def server_config(root: str, **server: object) -> Config:
+    base = Config()
+    return dataclasses.replace(
+        base,
+        server=dataclasses.replace(
+            base.server, listen=f"unix://{root}/cri.sock", state_dir=os.path.join(root, "state"), **server
+        ),
+    )
+
+
+class Running:
+    def __init__(self, server: Server, channel: grpc.aio.Channel, fake: FakeBackend) -> None:
+        self.server = server
+        self.channel = channel
+        self.fake = fake
+        self.rt = api_pb2_grpc.RuntimeServiceStub(channel)
+        self.im = api_pb2_grpc.ImageServiceStub(channel)
+
+
+@pytest.fixture
+async def running(short_tmp: str) -> AsyncIterator[Running]:
+    """A real server on a real unix socket, fake backend, clients through the generated stubs."""
+    fake = FakeBackend("fake", {"state_dir": os.path.join(short_tmp, "fake")})
+    server = Server(server_config(short_tmp), backends={"fake": fake}, id_factory=make_ids())
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock")
+    try:
+        yield Running(server, channel, fake)
+    finally:
+        await channel.close()
+        await server.stop(0)

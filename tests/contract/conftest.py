@@ -1,0 +1,98 @@
+"""One suite, every backend: the same CRI behaviour whatever runs the pods.
+
+Each backend joins by adding a factory to BACKENDS. A backend whose runtime
+is missing on this machine is skipped, except in CI (CI=true), where a
+skipped backend is a failure: CI installs and starts every runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from backends.base import Backend
+from cri_api import api_pb2_grpc
+from shim.server import Server
+from tests.conftest import make_ids, server_config
+
+IN_CI = os.environ.get("CI") == "true"
+
+
+@dataclasses.dataclass
+class Cri:
+    kind: str
+    backend: Backend
+    rt: api_pb2_grpc.RuntimeServiceStub
+    im: api_pb2_grpc.ImageServiceStub
+    image: str  # an image with a POSIX shell, pullable by this backend
+    root: str
+
+
+def _unavailable(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"backend unavailable in CI: {reason}")
+    pytest.skip(reason)
+
+
+def make_fake(root: str) -> tuple[Backend, str]:
+    from backends.fake import FakeBackend
+
+    return FakeBackend("fake", {"state_dir": os.path.join(root, "fake")}), "busybox"
+
+
+def make_docker(root: str) -> tuple[Backend, str]:
+    if importlib.util.find_spec("backends.docker") is None:
+        _unavailable("the docker backend is not built")
+    import docker
+
+    try:
+        docker.APIClient(base_url="unix:///var/run/docker.sock", timeout=5).ping()
+    except Exception as exc:
+        _unavailable(f"no Docker engine on /var/run/docker.sock ({exc}); run scripts/testenv/up")
+    from backends.docker import create
+
+    reg = os.environ.get("CRI_SHIM_TEST_REGISTRY", "127.0.0.1:5000")
+    backend = create(
+        "docker",
+        {"pause_image": f"{reg}/pause:3.10", "state_dir": os.path.join(root, "docker")},
+    )
+    return backend, f"{reg}/busybox:1.36"
+
+
+BACKENDS: dict[str, Callable[[str], tuple[Backend, str]]] = {
+    "fake": make_fake,
+    "docker": make_docker,
+}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+async def cri(request: Any, short_tmp: str) -> AsyncIterator[Cri]:
+    kind = request.param
+    backend, image = BACKENDS[kind](short_tmp)
+    cfg = server_config(short_tmp, default_handler=kind)
+    cfg = dataclasses.replace(cfg, handlers={})
+    server = Server(
+        cfg, backends={kind: backend}, id_factory=make_ids(f"contract-{os.getpid()}-{id(request)}")
+    )
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock")
+    rt = api_pb2_grpc.RuntimeServiceStub(channel)
+    try:
+        yield Cri(kind, backend, rt, api_pb2_grpc.ImageServiceStub(channel), image, short_tmp)
+    finally:
+        # Leave the runtime as we found it, whatever the test did.
+        from cri_api import api_pb2 as pb
+
+        try:
+            pods = await rt.ListPodSandbox(pb.ListPodSandboxRequest())
+            for p in pods.items:
+                await rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=p.id))
+        finally:
+            await channel.close()
+            await server.stop(0)

@@ -1,0 +1,212 @@
+"""The CRI contract, run against every backend (see conftest.BACKENDS)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import grpc
+import pytest
+
+from backends.base import Capability
+from cri_api import api_pb2 as pb
+from tests.contract.conftest import Cri
+from tests.criutil import container_config, sandbox_config
+
+
+async def code_of(call: object) -> grpc.StatusCode:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call  # type: ignore[misc]
+    return info.value.code()
+
+
+async def run_pod(cri: Cri, **kw: object) -> tuple[str, pb.PodSandboxConfig]:
+    await cri.im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=cri.image)))
+    sc = sandbox_config(log_directory=os.path.join(cri.root, "logs"), **kw)  # type: ignore[arg-type]
+    pod = (await cri.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc))).pod_sandbox_id
+    return pod, sc
+
+
+async def create(cri: Cri, pod: str, sc: pb.PodSandboxConfig, command: list[str], **kw: object) -> str:
+    cc = container_config(image=cri.image, command=command, **kw)  # type: ignore[arg-type]
+    req = pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc)
+    return (await cri.rt.CreateContainer(req)).container_id
+
+
+async def wait_state(cri: Cri, cid: str, state: int, seconds: float = 20) -> pb.ContainerStatus:
+    deadline = time.monotonic() + seconds
+    while True:
+        st = (await cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid))).status
+        if st.state == state or time.monotonic() > deadline:
+            return st
+        await asyncio.sleep(0.1)
+
+
+async def test_pod_lifecycle(cri: Cri) -> None:
+    pod, sc = await run_pod(cri, labels={"tier": "x"}, annotations={"note": "kept exactly"})
+    st = (await cri.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod))).status
+    assert st.state == pb.SANDBOX_READY
+    assert st.metadata == sc.metadata
+    assert dict(st.labels) == {"tier": "x"} and dict(st.annotations) == {"note": "kept exactly"}
+    assert st.created_at > 10**18
+    assert st.network.ip
+    await cri.rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod))
+    await cri.rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod))  # idempotent
+    st = (await cri.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod))).status
+    assert st.state == pb.SANDBOX_NOTREADY
+    await cri.rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod))
+    await cri.rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod))  # idempotent
+    code = await code_of(cri.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod)))
+    assert code == grpc.StatusCode.NOT_FOUND
+
+
+async def test_container_exit_code_and_logs(cri: Cri) -> None:
+    pod, sc = await run_pod(cri)
+    cid = await create(cri, pod, sc, ["sh", "-c", "echo hello; echo oops >&2; exit 3"], log_path="c.log")
+    st = (await cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid))).status
+    assert st.state == pb.CONTAINER_CREATED and st.started_at == 0
+    await cri.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    st = await wait_state(cri, cid, pb.CONTAINER_EXITED)
+    assert st.state == pb.CONTAINER_EXITED
+    assert st.exit_code == 3 and st.reason == "Error"
+    assert st.created_at <= st.started_at <= st.finished_at
+    with open(os.path.join(cri.root, "logs", "c.log")) as f:
+        lines = f.read().splitlines()
+    assert any(line.endswith(" stdout F hello") for line in lines), lines
+
+
+async def test_stop_remove_idempotent_and_states(cri: Cri) -> None:
+    pod, sc = await run_pod(cri)
+    cid = await create(cri, pod, sc, ["sleep", "3600"])
+    await cri.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    assert (await wait_state(cri, cid, pb.CONTAINER_RUNNING)).state == pb.CONTAINER_RUNNING
+    code = await code_of(cri.rt.StartContainer(pb.StartContainerRequest(container_id=cid)))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    await cri.rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1))
+    await cri.rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1))
+    assert (await wait_state(cri, cid, pb.CONTAINER_EXITED)).state == pb.CONTAINER_EXITED
+    await cri.rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid))
+    await cri.rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid))
+    code = await code_of(cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid)))
+    assert code == grpc.StatusCode.NOT_FOUND
+
+
+async def test_remove_running_pod_removes_its_containers(cri: Cri) -> None:
+    pod, sc = await run_pod(cri)
+    cid = await create(cri, pod, sc, ["sleep", "3600"])
+    await cri.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    await cri.rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod))
+    assert len((await cri.rt.ListContainers(pb.ListContainersRequest())).containers) == 0
+    assert len((await cri.rt.ListPodSandbox(pb.ListPodSandboxRequest())).items) == 0
+
+
+async def test_already_exists(cri: Cri) -> None:
+    pod, sc = await run_pod(cri)
+    dup = await code_of(cri.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc)))
+    assert dup == grpc.StatusCode.ALREADY_EXISTS
+    await create(cri, pod, sc, ["sleep", "60"], name="c")
+    again = await code_of(create(cri, pod, sc, ["sleep", "60"], name="c"))
+    assert again == grpc.StatusCode.ALREADY_EXISTS
+    await create(cri, pod, sc, ["sleep", "60"], name="c", attempt=1)  # a new attempt is a new name
+    assert len((await cri.rt.ListPodSandbox(pb.ListPodSandboxRequest())).items) == 1
+
+
+async def test_container_filters(cri: Cri) -> None:
+    pod_a, sc_a = await run_pod(cri, name="a")
+    pod_b, sc_b = await run_pod(cri, name="b")
+    c1 = await create(cri, pod_a, sc_a, ["sleep", "60"], name="one", labels={"k": "1"})
+    c2 = await create(cri, pod_a, sc_a, ["sleep", "60"], name="two", labels={"k": "2"})
+    c3 = await create(cri, pod_b, sc_b, ["sleep", "60"], name="three", labels={"k": "1"})
+    await cri.rt.StartContainer(pb.StartContainerRequest(container_id=c2))
+
+    async def ids(**f: object) -> set[str]:
+        resp = await cri.rt.ListContainers(pb.ListContainersRequest(filter=pb.ContainerFilter(**f)))
+        return {c.id for c in resp.containers}
+
+    assert await ids() == {c1, c2, c3}
+    assert await ids(pod_sandbox_id=pod_a) == {c1, c2}
+    assert await ids(pod_sandbox_id=pod_a[:10]) == {c1, c2}
+    assert await ids(id=c3[:8]) == {c3}
+    assert await ids(label_selector={"k": "1"}) == {c1, c3}
+    assert await ids(state=pb.ContainerStateValue(state=pb.CONTAINER_RUNNING)) == {c2}
+    assert await ids(state=pb.ContainerStateValue(state=pb.CONTAINER_CREATED), pod_sandbox_id=pod_a) == {c1}
+    stats = await cri.rt.ListContainerStats(
+        pb.ListContainerStatsRequest(filter=pb.ContainerStatsFilter(label_selector={"k": "2"}))
+    )
+    assert [s.attributes.id for s in stats.stats] == [c2]
+
+
+async def test_prefix_lookup(cri: Cri) -> None:
+    pod, sc = await run_pod(cri)
+    cid = await create(cri, pod, sc, ["sleep", "60"])
+    st = (await cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid[:12]))).status
+    assert st.id == cid
+    sst = (await cri.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod[:6]))).status
+    assert sst.id == pod
+
+
+async def test_exec_sync(cri: Cri) -> None:
+    if not cri.backend.capabilities & Capability.EXEC_SYNC:
+        pytest.skip(f"{cri.kind} declares no ExecSync")
+    pod, sc = await run_pod(cri)
+    cid = await create(cri, pod, sc, ["sleep", "3600"])
+    await cri.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    await wait_state(cri, cid, pb.CONTAINER_RUNNING)
+    out = await cri.rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["sh", "-c", "echo hi; exit 4"]))
+    assert (out.stdout, out.exit_code) == (b"hi\n", 4)
+    code = await code_of(
+        cri.rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["sleep", "10"], timeout=1))
+    )
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_images(cri: Cri) -> None:
+    ref = (await cri.im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=cri.image)))).image_ref
+    assert ref
+    st = await cri.im.ImageStatus(pb.ImageStatusRequest(image=pb.ImageSpec(image=cri.image)))
+    assert st.image.id == ref and st.image.size > 0
+    assert st.image.HasField("uid") or st.image.username
+    by_id = await cri.im.ImageStatus(pb.ImageStatusRequest(image=pb.ImageSpec(image=ref)))
+    assert by_id.image.id == ref
+    listed = await cri.im.ListImages(pb.ListImagesRequest())
+    assert ref in {i.id for i in listed.images}
+    code = await code_of(cri.im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=""))))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_capability_refusals_match_declared(cri: Cri) -> None:
+    pod, sc = await run_pod(cri)
+    cid = await create(cri, pod, sc, ["sleep", "60"])
+    caps = cri.backend.capabilities
+    if not caps & Capability.CHECKPOINT:
+        code = await code_of(cri.rt.CheckpointContainer(pb.CheckpointContainerRequest(container_id=cid)))
+        assert code == grpc.StatusCode.UNIMPLEMENTED
+    if not caps & Capability.UPDATE_SANDBOX_RESOURCES:
+        req = pb.UpdatePodSandboxResourcesRequest(pod_sandbox_id=pod)
+        assert await code_of(cri.rt.UpdatePodSandboxResources(req)) == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_bad_requests_change_nothing(cri: Cri) -> None:
+    pod, sc = await run_pod(cri)
+    before = await cri.rt.ListContainers(pb.ListContainersRequest())
+    bad = container_config(image=cri.image, log_path="../../escape.log")
+    code = await code_of(
+        cri.rt.CreateContainer(pb.CreateContainerRequest(pod_sandbox_id=pod, config=bad, sandbox_config=sc))
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    no_image = container_config(image="")
+    code = await code_of(
+        cri.rt.CreateContainer(pb.CreateContainerRequest(pod_sandbox_id=pod, config=no_image))
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    missing_pod = container_config(image=cri.image)
+    code = await code_of(
+        cri.rt.CreateContainer(pb.CreateContainerRequest(pod_sandbox_id="e" * 64, config=missing_pod))
+    )
+    assert code == grpc.StatusCode.NOT_FOUND
+    after = await cri.rt.ListContainers(pb.ListContainersRequest())
+    assert after == before
+    # A failed create released its name: the same name can be used now.
+    ok = container_config(image=cri.image, command=["sleep", "60"])
+    await cri.rt.CreateContainer(pb.CreateContainerRequest(pod_sandbox_id=pod, config=ok, sandbox_config=sc))

@@ -1,0 +1,164 @@
+"""Bad input: each gets a clear gRPC error, and nothing changes."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from cri_api import api_pb2 as pb
+from tests.conftest import Running
+from tests.criutil import container_config, sandbox_config
+
+IA = grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def error_of(call: object) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call  # type: ignore[misc]
+    return info.value
+
+
+async def assert_nothing_created(r: Running) -> None:
+    assert len((await r.rt.ListPodSandbox(pb.ListPodSandboxRequest())).items) == 0
+    assert len((await r.rt.ListContainers(pb.ListContainersRequest())).containers) == 0
+    assert r.server.shim is not None
+    assert not r.server.shim.store.sandbox_names._names and not r.server.shim.store.container_names._names
+
+
+BAD_SANDBOXES = [
+    ("no config", pb.RunPodSandboxRequest(), "config is required"),
+    ("no metadata", pb.RunPodSandboxRequest(config=pb.PodSandboxConfig(hostname="x")), "config.metadata"),
+    (
+        "empty name",
+        pb.RunPodSandboxRequest(config=sandbox_config(name="")),
+        "config.metadata.name",
+    ),
+    ("empty namespace", pb.RunPodSandboxRequest(config=sandbox_config(namespace="")), "namespace"),
+    ("empty uid", pb.RunPodSandboxRequest(config=sandbox_config(uid="")), "uid"),
+    ("huge name", pb.RunPodSandboxRequest(config=sandbox_config(name="n" * 10_000)), "at most 253"),
+    ("relative log dir", pb.RunPodSandboxRequest(config=sandbox_config(log_directory="logs")), "absolute"),
+    (
+        "bad port",
+        pb.RunPodSandboxRequest(
+            config=sandbox_config(port_mappings=[pb.PortMapping(container_port=70000, host_port=80)])
+        ),
+        "container_port",
+    ),
+    (
+        "unknown handler",
+        pb.RunPodSandboxRequest(config=sandbox_config(), runtime_handler="nonesuch"),
+        "runtime_handler",
+    ),
+    (
+        "too many labels",
+        pb.RunPodSandboxRequest(config=sandbox_config(labels={f"k{i}": "v" for i in range(5000)})),
+        "config.labels",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("req", "needle"), [(r, n) for _, r, n in BAD_SANDBOXES], ids=[i for i, _, _ in BAD_SANDBOXES]
+)
+async def test_bad_sandbox_requests(running: Running, req: pb.RunPodSandboxRequest, needle: str) -> None:
+    err = await error_of(running.rt.RunPodSandbox(req))
+    assert err.code() == IA
+    assert needle in (err.details() or "")
+    await assert_nothing_created(running)
+
+
+async def test_bad_container_requests(running: Running, short_tmp: str) -> None:
+    r = running
+    await r.im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image="busybox")))
+    sc = sandbox_config(log_directory=f"{short_tmp}/logs")
+    pod = (await r.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc))).pod_sandbox_id
+    cases = [
+        (pb.CreateContainerRequest(pod_sandbox_id=pod), "config is required"),
+        (pb.CreateContainerRequest(pod_sandbox_id=pod, config=pb.ContainerConfig()), "config.metadata"),
+        (
+            pb.CreateContainerRequest(pod_sandbox_id=pod, config=container_config(image="")),
+            "config.image.image",
+        ),
+        (
+            pb.CreateContainerRequest(pod_sandbox_id=pod, config=container_config(log_path="/abs.log")),
+            "relative",
+        ),
+        (
+            pb.CreateContainerRequest(pod_sandbox_id=pod, config=container_config(log_path="a/../../x")),
+            "escapes",
+        ),
+        (pb.CreateContainerRequest(config=container_config()), "pod_sandbox_id"),
+    ]
+    for req, needle in cases:
+        err = await error_of(r.rt.CreateContainer(req))
+        assert err.code() == IA, (needle, err)
+        assert needle in (err.details() or ""), (needle, err.details())
+    assert len((await r.rt.ListContainers(pb.ListContainersRequest())).containers) == 0
+
+
+async def test_ambiguous_prefix(running: Running) -> None:
+    r = running
+    ids = []
+    for i in range(40):
+        resp = await r.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sandbox_config(name=f"p{i}")))
+        ids.append(resp.pod_sandbox_id)
+    # With 40 IDs, some one-character prefix is shared.
+    first = {i[0] for i in ids}
+    shared = next(c for c in first if sum(1 for i in ids if i.startswith(c)) > 1)
+    err = await error_of(r.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=shared)))
+    assert err.code() == IA and "ambiguous" in (err.details() or "")
+    err = await error_of(r.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id="")))
+    assert err.code() == IA
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\xff\xff\xff",  # not protobuf at all
+        b"\x0a\x05\x0a\x03\xff\xfe\xfd",  # config.metadata.name as invalid UTF-8
+        b"\x0a\xff\xff\xff\xff\x0f",  # a length far past the end
+    ],
+    ids=["garbage", "non-utf8-name", "truncated"],
+)
+async def test_malformed_bytes(running: Running, raw: bytes) -> None:
+    call = running.channel.unary_unary(
+        "/runtime.v1.RuntimeService/RunPodSandbox",
+        request_serializer=lambda b: b,
+        response_deserializer=lambda b: b,
+    )
+    err = await error_of(call(raw))
+    assert err.code() == IA and "malformed RunPodSandbox request" in (err.details() or "")
+    await assert_nothing_created(running)
+
+
+async def test_unknown_method_is_unimplemented(running: Running) -> None:
+    call = running.channel.unary_unary("/runtime.v1.RuntimeService/NoSuchThing")
+    err = await error_of(call(b""))
+    assert err.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_injected_backend_failure_rolls_back(running: Running) -> None:
+    from shim.errors import UnavailableError
+
+    r = running
+    r.fake.inject_error("run_sandbox", UnavailableError("engine went away"))
+    sc = sandbox_config()
+    err = await error_of(r.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc)))
+    assert err.code() == grpc.StatusCode.UNAVAILABLE and "engine went away" in (err.details() or "")
+    await assert_nothing_created(r)
+    # The name was released: the kubelet's retry succeeds.
+    await r.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc))
+
+
+async def test_backend_bug_is_unknown_without_traceback(running: Running) -> None:
+    r = running
+    r.fake.inject_error("create_container", RuntimeError("kaboom"))
+    await r.im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image="busybox")))
+    sc = sandbox_config()
+    pod = (await r.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc))).pod_sandbox_id
+    err = await error_of(
+        r.rt.CreateContainer(pb.CreateContainerRequest(pod_sandbox_id=pod, config=container_config()))
+    )
+    assert err.code() == grpc.StatusCode.UNKNOWN
+    assert "kaboom" in (err.details() or "") and "Traceback" not in (err.details() or "")
+    assert len((await r.rt.ListContainers(pb.ListContainersRequest())).containers) == 0

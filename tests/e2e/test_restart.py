@@ -1,0 +1,180 @@
+"""Restarts: a graceful one, and SIGKILL of the real `cri-shim serve` process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+
+from backends.fake import FakeBackend
+from cri_api import api_pb2 as pb
+from cri_api import api_pb2_grpc
+from shim.server import Server
+from tests.conftest import make_ids, server_config
+from tests.criutil import container_config, sandbox_config
+
+
+async def populate(
+    rt: api_pb2_grpc.RuntimeServiceStub, im: api_pb2_grpc.ImageServiceStub, n: int
+) -> dict[str, int]:
+    await im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image="busybox:1.36")))
+    await im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image="example.com/app:2")))
+    states: dict[str, int] = {}
+    for i in range(n):
+        sc = sandbox_config(name=f"pod{i}", labels={"i": str(i)})
+        pod = (await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc))).pod_sandbox_id
+        states[pod] = pb.SANDBOX_READY
+        for j, cmd in enumerate((["sleep", "3600"], ["sh", "-c", "exit 2"], ["sleep", "3600"])):
+            cc = container_config(name=f"c{j}", image="busybox:1.36", command=cmd)
+            req = pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc)
+            cid = (await rt.CreateContainer(req)).container_id
+            if j < 2:
+                await rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+            states[cid] = [pb.CONTAINER_RUNNING, pb.CONTAINER_EXITED, pb.CONTAINER_CREATED][j]
+        if i == 0:
+            await rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod))
+            states[pod] = pb.SANDBOX_NOTREADY
+            for c in (
+                await rt.ListContainers(
+                    pb.ListContainersRequest(filter=pb.ContainerFilter(pod_sandbox_id=pod))
+                )
+            ).containers:
+                states[c.id] = pb.CONTAINER_EXITED
+    await asyncio.sleep(0.2)  # let `exit 2` finish
+    return states
+
+
+async def snapshot(
+    rt: api_pb2_grpc.RuntimeServiceStub, im: api_pb2_grpc.ImageServiceStub
+) -> tuple[dict[str, int], set[str], dict[str, tuple[int, int, int]]]:
+    states: dict[str, int] = {}
+    times: dict[str, tuple[int, int, int]] = {}
+    for p in (await rt.ListPodSandbox(pb.ListPodSandboxRequest())).items:
+        states[p.id] = p.state
+    for c in (await rt.ListContainers(pb.ListContainersRequest())).containers:
+        states[c.id] = c.state
+        st = (await rt.ContainerStatus(pb.ContainerStatusRequest(container_id=c.id))).status
+        times[c.id] = (st.created_at, st.started_at, st.exit_code)
+    images = {t for i in (await im.ListImages(pb.ListImagesRequest())).images for t in i.repo_tags}
+    return states, images, times
+
+
+async def test_graceful_restart_preserves_everything(short_tmp: str) -> None:
+    cfg = server_config(short_tmp)
+    fake_dir = os.path.join(short_tmp, "fake")
+    server = Server(
+        cfg, backends={"fake": FakeBackend("fake", {"state_dir": fake_dir})}, id_factory=make_ids("g")
+    )
+    await server.start()
+    async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
+        rt, im = api_pb2_grpc.RuntimeServiceStub(ch), api_pb2_grpc.ImageServiceStub(ch)
+        expected = await populate(rt, im, 4)
+        before = await snapshot(rt, im)
+    await server.stop(0)
+    assert before[0] == expected
+
+    server = Server(
+        cfg, backends={"fake": FakeBackend("fake", {"state_dir": fake_dir})}, id_factory=make_ids("g2")
+    )
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
+            rt, im = api_pb2_grpc.RuntimeServiceStub(ch), api_pb2_grpc.ImageServiceStub(ch)
+            after = await snapshot(rt, im)
+            assert after == before
+            # Names survive too: the same pod cannot be created twice.
+            sc = sandbox_config(name="pod1")
+            sc.metadata.uid = "x"
+            await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc))
+    finally:
+        await server.stop(0)
+
+
+def start_process(root: str) -> subprocess.Popen[bytes]:
+    """`cri-shim serve` in a child process, returned once it answers Version."""
+    sock = f"{root}/cri.sock"
+    with open(f"{root}/server.log", "ab") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "shim.cli",
+                "serve",
+                "--listen",
+                f"unix://{sock}",
+                "--state-dir",
+                f"{root}/state",
+                "--log-level",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    deadline = time.monotonic() + 30
+    while True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            with open(f"{root}/server.log") as f:
+                raise AssertionError(f"server did not start: {f.read()}")
+        if os.path.exists(sock):
+            with grpc.insecure_channel(f"unix://{sock}") as ch:
+                try:
+                    api_pb2_grpc.RuntimeServiceStub(ch).Version(pb.VersionRequest(), timeout=1)
+                    return proc
+                except grpc.RpcError:
+                    pass
+        time.sleep(0.05)
+
+
+async def test_sigkill_and_restart_lose_nothing(short_tmp: str) -> None:
+    proc = start_process(short_tmp)
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
+            rt, im = api_pb2_grpc.RuntimeServiceStub(ch), api_pb2_grpc.ImageServiceStub(ch)
+            expected = await populate(rt, im, 5)
+            before = await snapshot(rt, im)
+        assert before[0] == expected
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        assert os.path.exists(f"{short_tmp}/cri.sock")  # left behind, stale
+        proc = start_process(short_tmp)  # replaces the stale socket
+        async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
+            rt, im = api_pb2_grpc.RuntimeServiceStub(ch), api_pb2_grpc.ImageServiceStub(ch)
+            after = await snapshot(rt, im)
+        assert after == before
+        assert {"docker.io/library/busybox:1.36", "example.com/app:2"} <= after[1]
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+async def test_live_socket_is_refused(short_tmp: str) -> None:
+    proc = start_process(short_tmp)
+    try:
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "shim.cli",
+                "serve",
+                "--listen",
+                f"unix://{short_tmp}/cri.sock",
+                "--state-dir",
+                f"{short_tmp}/state2",
+            ],
+            capture_output=True,
+            timeout=30,
+        )
+        assert second.returncode == 1
+        assert b"another server is listening" in second.stderr
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    assert not os.path.exists(f"{short_tmp}/cri.sock")  # a graceful stop removes its socket

@@ -1,0 +1,53 @@
+"""Config: defaults, TOML parsing, errors that name section and key."""
+
+import tomllib
+
+import pytest
+
+from shim.cli import main
+from shim.config import DEFAULT_TOML, Config, ConfigError, default_config, parse
+
+
+def test_default_toml_is_the_default_config() -> None:
+    assert default_config() == Config()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[server]\nlisten = 3", "[server] listen: expected a string"),
+        ("[server]\nnope = 1", "[server] unknown key 'nope'"),
+        ("[bogus]\n", "unknown section [bogus]"),
+        ("[logging]\nlevel = 'loud'", "[logging] level"),
+        ("[handlers.x]\ntype = 'lxc'", "[handlers.x] type"),
+        ("[server]\nsocket_mode = 'rwx'", "[server] socket_mode"),
+        ("[streaming]\nport = -1", "[streaming] port"),
+        ("[server]\ndefault_handler = 'gvisor'", "[handlers] no handler named 'gvisor'"),
+    ],
+    ids=["type", "unknown-key", "section", "level", "backend-type", "mode", "negative", "handler"],
+)
+def test_errors_name_section_and_key(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse(tomllib.loads(text))
+    assert message in str(info.value)
+
+
+def test_handler_table_and_default() -> None:
+    cfg = parse(
+        tomllib.loads("[server]\ndefault_handler='docker'\n[handlers.fast]\ntype='fake'\nlatency={x=1}")
+    )
+    assert cfg.handlers["fast"].type == "fake" and cfg.handlers["fast"].options == {"latency": {"x": 1}}
+    assert cfg.handlers["docker"].type == "docker"
+
+
+def test_cli_config_default(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "default"]) == 0
+    assert capsys.readouterr().out == DEFAULT_TOML
+
+
+def test_cli_bad_config_file(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    path = f"{tmp_path}/c.toml"
+    with open(path, "w") as f:
+        f.write("[server]\nlisten = [1]\n")
+    assert main(["serve", "--config", path]) == 2
+    assert "[server] listen" in capsys.readouterr().err

@@ -1,0 +1,82 @@
+"""Records, prefix lookup, the registrar and atomic persistence."""
+
+import os
+
+import pytest
+
+from backends.base import ContainerRecord, ContainerStatus, SandboxRecord, SandboxStatus
+from cri_api import api_pb2 as pb
+from shim.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from shim.store import StateDir, Store
+from tests.criutil import container_config, sandbox_config
+
+
+def sandbox(i: str) -> SandboxRecord:
+    return SandboxRecord(
+        id=i,
+        handler="",
+        backend="fake",
+        config=sandbox_config(),
+        created_at=1,
+        status=SandboxStatus(ready=True, ip="10.0.0.2"),
+        committed=True,
+    )
+
+
+def test_prefix_lookup() -> None:
+    s = Store(None)
+    s.put_sandbox(sandbox("ab" + "0" * 62))
+    s.put_sandbox(sandbox("ac" + "0" * 62))
+    assert s.sandboxes.resolve("ab").id.startswith("ab")
+    with pytest.raises(InvalidArgumentError, match="ambiguous"):
+        s.sandboxes.resolve("a")
+    with pytest.raises(NotFoundError):
+        s.sandboxes.resolve("ff")
+    assert s.sandboxes.find("ff") is None
+
+
+def test_registrar() -> None:
+    s = Store(None)
+    s.sandbox_names.reserve("n", "id1")
+    s.sandbox_names.reserve("n", "id1")  # the owner may reserve again
+    with pytest.raises(AlreadyExistsError):
+        s.sandbox_names.reserve("n", "id2")
+    s.sandbox_names.release("n", "id2")  # not the owner: no effect
+    assert s.sandbox_names.owner("n") == "id1"
+    s.sandbox_names.release("n", "id1")
+    s.sandbox_names.reserve("n", "id2")
+
+
+def test_persistence_round_trip(tmp_path: object) -> None:
+    root = str(tmp_path)
+    s = Store(StateDir(root))
+    sb = sandbox("a" * 64)
+    s.put_sandbox(sb)
+    c = ContainerRecord(
+        id="b" * 64,
+        sandbox_id=sb.id,
+        backend="fake",
+        config=container_config(labels={"x": "y"}),
+        created_at=5,
+        log_path="/l",
+        status=ContainerStatus(started_at=6, finished_at=7, exit_code=3, reason="Error"),
+        backend_data={"engine_id": "e"},
+        committed=True,
+    )
+    s.put_container(c)
+    # An interrupted write leaves a .tmp beside the real file; it is ignored.
+    with open(os.path.join(root, "containers", "c" * 64 + ".json.tmp"), "w") as f:
+        f.write("{truncated")
+    with open(os.path.join(root, "containers", "d" * 64 + ".json"), "w") as f:
+        f.write("not json")
+    s2 = Store(StateDir(root))
+    s2.load()
+    got = s2.containers.get(c.id)
+    assert got is not None
+    assert got.status == c.status and got.config == c.config and got.backend_data == {"engine_id": "e"}
+    assert got.status.state == pb.CONTAINER_EXITED
+    assert s2.sandboxes.get(sb.id).status == sb.status  # type: ignore[union-attr]
+    assert len(s2.containers) == 1
+    assert os.path.exists(os.path.join(root, "containers", "d" * 64 + ".json.corrupt"))
+    with pytest.raises(AlreadyExistsError):
+        s2.sandbox_names.reserve("pod_default_" + sb.config.metadata.uid + "_0", "other")
