@@ -147,7 +147,7 @@ async def main() -> None:
                 flt = pb.ListContainersRequest(filter=pb.ContainerFilter(label_selector={"app": "a3"}))
                 show(
                     f"ListContainers label filter @ {size * args.per_pod}",
-                    await timed(lambda: rt.ListContainers(flt), n),
+                    await timed(lambda flt=flt: rt.ListContainers(flt), n),  # type: ignore[misc]
                 )
                 print(f"{f'RSS at {size} pods':<44} {rss_mib(proc.pid):8.1f} MiB")
     finally:
