@@ -283,7 +283,7 @@ class FakeBackend:
         if found is None:
             raise errors.NotFoundError(f"image {image!r} is not present; pull it first")
         container.image_ref = found.id
-        container.image_name = found.repo_tags[0] if found.repo_tags else image
+        container.image_name = self._display_name(image, found)
         self._program_for(container)  # a bad program annotation fails the create, not the start
         self._containers.add(container.id)
 
@@ -586,6 +586,17 @@ class FakeBackend:
         if dref not in img.repo_digests:
             img.repo_digests.append(dref)
         return img
+
+    @staticmethod
+    def _display_name(requested: str, img: FakeImage) -> str:
+        """The image as the client named it, normalised, when that name is one of the image's."""
+        try:
+            name = parse(requested).name
+        except BadReference:
+            name = ""
+        if name in img.repo_tags or name in img.repo_digests:
+            return name
+        return img.repo_tags[0] if img.repo_tags else requested
 
     def _find_image(self, name: str) -> FakeImage | None:
         img = self._images.get(name) or self._images.get("sha256:" + name)
