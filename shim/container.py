@@ -176,7 +176,6 @@ class ContainerService:
             and (not sandbox_id or c.sandbox_id.startswith(sandbox_id))
             and (not selector or labels_match(c.config.labels, selector))
         ]
-        keep.sort(key=lambda c: c.created_at)
         return self._list_cache.encode(keep, lambda c: c.status)
 
     # ------------------------------------------------------------------ changes

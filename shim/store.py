@@ -306,6 +306,9 @@ class Store:
         if self.state is None:
             return
         sandboxes, containers = self.state.load()
+        # Tables keep insertion order, which List* answers follow: oldest first.
+        sandboxes.sort(key=lambda r: r.created_at)
+        containers.sort(key=lambda r: r.created_at)
         for s in sandboxes:
             self.sandboxes.add(s)
             self.sandbox_names.reserve(sandbox_name(s.config.metadata), s.id)
