@@ -60,7 +60,7 @@ class SandboxStatus:
     additional_ips: tuple[str, ...] = ()
 
 
-@dataclasses.dataclass(slots=True, eq=False, weakref_slot=True)
+@dataclasses.dataclass(slots=True, eq=False)
 class SandboxRecord:
     id: str
     handler: str  # runtime handler name as the client asked for it ("" resolved)
@@ -72,6 +72,8 @@ class SandboxRecord:
     # Set once the backend's run_sandbox returned; a record without it at
     # recovery is a half-created leftover.
     committed: bool = False
+    # The shim's encoded List entry and the status it was built from (shim/wire.py).
+    wire: tuple[object, bytes] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def state(self) -> pb.PodSandboxState:
@@ -104,7 +106,7 @@ class ContainerStatus:
         return pb.CONTAINER_CREATED
 
 
-@dataclasses.dataclass(slots=True, eq=False, weakref_slot=True)
+@dataclasses.dataclass(slots=True, eq=False)
 class ContainerRecord:
     id: str
     sandbox_id: str
@@ -118,6 +120,7 @@ class ContainerRecord:
     resources: pb.ContainerResources | None = None  # after UpdateContainerResources
     backend_data: dict[str, Any] = dataclasses.field(default_factory=dict)
     committed: bool = False
+    wire: tuple[object, bytes] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def state(self) -> pb.ContainerState:

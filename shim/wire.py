@@ -11,12 +11,8 @@ a valid encoding of the response message.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
-
-T = TypeVar("T")
-
+from typing import Any, Generic, Protocol, TypeVar
 
 def _varint(n: int) -> bytes:
     out = bytearray()
@@ -35,24 +31,31 @@ def field1_entry(payload: bytes) -> bytes:
     return b"\x0a" + _varint(len(payload)) + payload
 
 
-class ListCache(Generic[T]):
-    """Entries keyed weakly by record: a removed record's entry goes with it."""
+class Encoded(Protocol):
+    id: str
+    wire: tuple[object, bytes] | None
 
-    def __init__(self, build: Callable[[T], Any]) -> None:
+
+R = TypeVar("R", bound=Encoded)
+
+
+class ListCache(Generic[R]):
+    """Keeps each record's entry on the record itself, so it dies with the record."""
+
+    def __init__(self, build: Callable[[R], Any]) -> None:
         self._build = build
-        self._cache: weakref.WeakKeyDictionary[Any, tuple[object, bytes]] = weakref.WeakKeyDictionary()
 
-    def encode(self, records: Sequence[T], version: Callable[[T], object]) -> bytes:
+    def encode(self, records: Sequence[R], version: Callable[[R], object]) -> bytes:
         parts = []
-        cache = self._cache
+        build = self._build
         for r in records:
             v = version(r)
-            hit = cache.get(r)
+            hit = r.wire
             if hit is not None and hit[0] is v:
                 parts.append(hit[1])
                 continue
-            entry = field1_entry(self._build(r).SerializeToString())
-            cache[r] = (v, entry)
+            entry = field1_entry(build(r).SerializeToString())
+            r.wire = (v, entry)
             parts.append(entry)
         return b"".join(parts)
 
