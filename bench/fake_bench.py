@@ -144,6 +144,15 @@ async def main() -> None:
                     f"ListContainers @ {size * args.per_pod} containers",
                     await timed(lambda: rt.ListContainers(pb.ListContainersRequest()), n),
                 )
+                raw = ch.unary_unary(
+                    "/runtime.v1.RuntimeService/ListContainers",
+                    request_serializer=lambda b: b,
+                    response_deserializer=lambda b: b,
+                )
+                show(
+                    f"ListContainers @ {size * args.per_pod}, undecoded",
+                    await timed(lambda raw=raw: raw(b""), n),
+                )  # type: ignore[misc]
                 flt = pb.ListContainersRequest(filter=pb.ContainerFilter(label_selector={"app": "a3"}))
                 show(
                     f"ListContainers label filter @ {size * args.per_pod}",
