@@ -558,8 +558,11 @@ class FakeBackend:
         rule = self._rule(ref)
         if "id" in rule:
             return str(rule["id"])
-        # All tags of one repository are one image unless a rule says otherwise.
-        return "sha256:" + hashlib.sha256(ref.repository.encode()).hexdigest()
+        # All tags of one repository are one image unless a rule says otherwise,
+        # and so is the same path on another registry (a mirror, as
+        # registry.k8s.io/pause and k8s.gcr.io/pause are).
+        path = ref.repository.split("/", 1)[1]
+        return "sha256:" + hashlib.sha256(path.encode()).hexdigest()
 
     def _rule(self, ref: ImageRef) -> dict[str, Any]:
         return self._image_rules.get(ref.tagged) or self._image_rules.get(ref.repository) or {}
