@@ -45,6 +45,7 @@ from backends.fake.program import (
     PROGRAM_ANNOTATION,
     Program,
     ProgramError,
+    ShellContext,
     parse_program,
     program_from_command,
     run_shell,
@@ -305,10 +306,31 @@ class FakeBackend:
         if prog is not None:
             return prog
         argv = list(c.config.command) + list(c.config.args)
-        env = _env(c.config.envs)
-        sb = self._sandboxes.get(c.sandbox_id)
-        derived = program_from_command(argv, env, sb.config.hostname if sb else "")
+        derived = program_from_command(argv, self._shell_context(c))
         return derived or Program()
+
+    def _shell_context(self, c: ContainerRecord) -> ShellContext:
+        sb = self._sandboxes.get(c.sandbox_id)
+        hostname = (sb.config.hostname if sb else "") or c.sandbox_id[:12]
+        files = {
+            "/etc/hostname": hostname + "\n",
+            "/etc/hosts": f"127.0.0.1\tlocalhost\n{sb.status.ip if sb else ''}\t{hostname}\n",
+        }
+        sysctls: dict[str, str] = {}
+        if sb is not None:
+            dns = sb.config.dns_config
+            resolv = "".join(f"nameserver {s}\n" for s in dns.servers)
+            if dns.searches:
+                resolv += "search " + " ".join(dns.searches) + "\n"
+            if dns.options:
+                resolv += "options " + " ".join(dns.options) + "\n"
+            files["/etc/resolv.conf"] = resolv
+            sysctls = dict(sb.config.linux.sysctls)
+        argv = list(c.config.command) + list(c.config.args)
+        processes = [os.path.basename(argv[0])] if argv and c.id in self._running else []
+        return ShellContext(
+            env=_env(c.config.envs), hostname=hostname, files=files, sysctls=sysctls, processes=processes
+        )
 
     async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord, logs: LogSink) -> int:
         await self._enter("start_container", container.id)
@@ -322,7 +344,7 @@ class FakeBackend:
         for o in immediate:
             logs.write(o.stream, o.line.encode() + b"\n")
         later = [o for o in program.output if o.after > 0]
-        if later or program.finite:
+        if later or program.finite or program.repeat_every:
             run.task = asyncio.get_running_loop().create_task(self._play(container.id, run, later, logs))
         return started
 
@@ -333,6 +355,14 @@ class FakeBackend:
             logs.write(o.stream, o.line.encode() + b"\n")
             for io in run.attached:
                 await _send(io, o.stream, o.line.encode() + b"\n")
+        period = run.program.repeat_every
+        while period:
+            t0 += period
+            await asyncio.sleep(max(0.0, t0 - time.monotonic()))
+            for o in run.program.output:
+                logs.write(o.stream, o.line.encode() + b"\n")
+                for io in run.attached:
+                    await _send(io, o.stream, o.line.encode() + b"\n")
         if run.program.exit_after is None:
             return
         await asyncio.sleep(max(0.0, t0 + run.program.exit_after - time.monotonic()))
@@ -396,9 +426,7 @@ class FakeBackend:
                 rule_cmd[-1] == "*" and list(cmd[: len(rule_cmd) - 1]) == rule_cmd[:-1]
             ):
                 return res, delay
-        env = _env(container.config.envs)
-        sb = self._sandboxes.get(container.sandbox_id)
-        r = run_shell(cmd, env, sb.config.hostname if sb else "")
+        r = run_shell(cmd, self._shell_context(container))
         return ExecResult(exit_code=r.exit_code, stdout=r.stdout, stderr=r.stderr), r.sleep
 
     async def update_container_resources(
@@ -485,8 +513,7 @@ class FakeBackend:
         if interactive:
             return await self._interactive_shell(container, io)
         result, delay = self._exec(container, cmd)
-        env = _env(container.config.envs)
-        shell = run_shell(cmd, env)
+        shell = run_shell(cmd, self._shell_context(container))
         if result.stdout:
             await _send(io, "stdout", result.stdout)
         if result.stderr:

@@ -12,15 +12,20 @@ from (first match wins):
 4. otherwise: run until stopped, with no output.
 
 Built-ins, for ExecSync and exec as well: ``echo [-n] ...``, ``true``,
-``false``, ``exit N``, ``sleep N``, ``cat`` (copies stdin), ``pwd``,
-``hostname``, ``env``, and ``sh -c "a; b && c"`` chaining them. Anything
-else exits 127 with ``sh: NAME: not found`` on stderr.
+``false``, ``exit N``, ``sleep N``, ``cat`` (copies stdin), ``cat FILE``
+(the container's simulated files: /etc/hostname, /etc/resolv.conf from the
+pod's DNS config, /etc/hosts), ``pwd``, ``hostname``, ``env``,
+``sysctl -n KEY`` (the pod's sysctls), ``pgrep NAME`` (the container's own
+program is its only process), ``sh -c "a; b && c || d"`` chaining them,
+and ``while true; do ...; done`` (a program that repeats its output every
+period it sleeps). Anything else exits 127 with ``sh: NAME: not found``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -42,6 +47,7 @@ class Program:
     exit_after: float | None = None  # None: runs until stopped
     ignore_sigterm: bool = False
     term_exit_code: int = 143  # 128 + SIGTERM, as a shell would report
+    repeat_every: float | None = None  # the output is written again every this many seconds
 
     @property
     def finite(self) -> bool:
@@ -84,12 +90,24 @@ def parse_program(data: Any, where: str) -> Program:
             exit_after=float(exit_after) if exit_after is not None else None,
             ignore_sigterm=bool(data.get("ignore_sigterm", False)),
             term_exit_code=int(data.get("term_exit_code", 143)),
+            repeat_every=float(data["repeat_every"]) if data.get("repeat_every") else None,
         )
     except (TypeError, ValueError) as exc:
         raise ProgramError(f"{where}: {exc}") from None
 
 
 # --------------------------------------------------------------------------- the tiny shell
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ShellContext:
+    """What the built-ins can see of their container."""
+
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    hostname: str = ""
+    files: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    sysctls: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    processes: Sequence[str] = ()  # command names of the running processes
 
 
 @dataclasses.dataclass(slots=True)
@@ -143,8 +161,9 @@ def _redirect(words: list[str]) -> tuple[list[str], str]:
     return out, target
 
 
-def run_shell(argv: Sequence[str], env: Mapping[str, str] | None = None, hostname: str = "") -> ShellResult:
+def run_shell(argv: Sequence[str], ctx: ShellContext | None = None) -> ShellResult:
     """Interprets argv as the built-ins do; never raises."""
+    ctx = ctx or ShellContext()
     if not argv:
         return ShellResult(exit_code=0)
     if argv[0] in ("sh", "/bin/sh", "bash", "/bin/bash") and len(argv) >= 3 and argv[1] == "-c":
@@ -196,14 +215,33 @@ def run_shell(argv: Sequence[str], env: Mapping[str, str] | None = None, hostnam
         elif name == "cat" and not args:
             result.reads_stdin = True
             last = 0
+        elif name == "cat":
+            last = 0
+            for path in args:
+                if path in ctx.files:
+                    result.stdout += ctx.files[path].encode()
+                else:
+                    result.stderr += f"cat: can't open '{path}': No such file or directory\n".encode()
+                    last = 1
+        elif name == "sysctl" and len(args) == 2 and args[0] == "-n":
+            if args[1] in ctx.sysctls:
+                result.stdout += f"{ctx.sysctls[args[1]]}\n".encode()
+                last = 0
+            else:
+                result.stderr += f"sysctl: error: '{args[1]}' is an unknown key\n".encode()
+                last = 1
+        elif name == "pgrep" and len(args) == 1:
+            pids = [str(i + 1) for i, p in enumerate(ctx.processes) if args[0] in p]
+            result.stdout += "".join(f"{p}\n" for p in pids).encode()
+            last = 0 if pids else 1
         elif name == "pwd":
             result.stdout += b"/\n"
             last = 0
         elif name == "hostname":
-            result.stdout += f"{hostname}\n".encode()
+            result.stdout += f"{ctx.hostname}\n".encode()
             last = 0
         elif name == "env":
-            result.stdout += "".join(f"{k}={v}\n" for k, v in (env or {}).items()).encode()
+            result.stdout += "".join(f"{k}={v}\n" for k, v in ctx.env.items()).encode()
             last = 0
         else:
             result.stderr += f"sh: {words[0]}: not found\n".encode()
@@ -213,11 +251,21 @@ def run_shell(argv: Sequence[str], env: Mapping[str, str] | None = None, hostnam
     return result
 
 
-def program_from_command(argv: Sequence[str], env: Mapping[str, str], hostname: str) -> Program | None:
-    """A finite program when the command is made only of built-ins, else None."""
+_LOOP_RE = re.compile(r"^\s*while\s+(?:true|:)\s*;\s*do\s+(?P<body>.*?);?\s*done\s*$", re.S)
+
+
+def program_from_command(argv: Sequence[str], ctx: ShellContext | None = None) -> Program | None:
+    """A program when the command is made only of built-ins, else None (run until stopped)."""
     if not argv:
         return None
-    res = run_shell(argv, env, hostname)
+    if len(argv) == 3 and argv[0] in ("sh", "/bin/sh") and argv[1] == "-c":
+        loop = _LOOP_RE.match(argv[2])
+        if loop:
+            body = program_from_command(["sh", "-c", loop.group("body")], ctx)
+            if body is None or not body.exit_after:
+                return None  # a loop without a pause would only spin
+            return dataclasses.replace(body, exit_after=None, repeat_every=body.exit_after)
+    res = run_shell(argv, ctx)
     if not res.known or res.reads_stdin:
         return None
     lines: list[OutputLine] = []

@@ -2,7 +2,7 @@
 
 import pytest
 
-from backends.fake.program import ProgramError, parse_program, program_from_command, run_shell
+from backends.fake.program import ProgramError, ShellContext, parse_program, program_from_command, run_shell
 
 
 @pytest.mark.parametrize(
@@ -29,9 +29,25 @@ def test_sleep_accumulates() -> None:
 
 
 def test_program_from_command() -> None:
-    p = program_from_command(["sh", "-c", "echo hi; exit 2"], {}, "h")
+    p = program_from_command(["sh", "-c", "echo hi; exit 2"])
     assert p is not None and p.exit_code == 2 and p.exit_after == 0 and p.output[0].line == "hi"
-    assert program_from_command(["nginx"], {}, "h") is None  # unknown: runs until stopped
+    assert program_from_command(["nginx"]) is None  # unknown: runs until stopped
+    loop = program_from_command(["sh", "-c", "while true; do echo tick; sleep 2; done"])
+    assert loop is not None and loop.repeat_every == 2 and loop.exit_after is None
+    assert program_from_command(["sh", "-c", "while true; do echo spin; done"]) is None
+
+
+def test_context_builtins() -> None:
+    ctx = ShellContext(
+        files={"/etc/resolv.conf": "nameserver 8.8.8.8\n"},
+        sysctls={"kernel.shm_rmid_forced": "1"},
+        processes=["sleep"],
+    )
+    assert run_shell(["cat", "/etc/resolv.conf"], ctx).stdout == b"nameserver 8.8.8.8\n"
+    assert run_shell(["cat", "/nope"], ctx).exit_code == 1
+    assert run_shell(["sysctl", "-n", "kernel.shm_rmid_forced"], ctx).stdout == b"1\n"
+    assert run_shell(["sh", "-c", "pgrep sleep || true"], ctx).stdout == b"1\n"
+    assert run_shell(["sh", "-c", "pgrep top || true"], ctx).stdout == b""
 
 
 def test_parse_program() -> None:
