@@ -27,6 +27,8 @@ log = structlog.get_logger("container")
 
 # Whatever a command prints, ExecSync answers fit in the kubelet's 16 MiB limit.
 EXEC_OUTPUT_LIMIT = 7 * 1024 * 1024
+# Longer timeouts than this are taken as "wait forever"; event loop timers overflow otherwise.
+MAX_TIMEOUT = 365 * 24 * 3600
 
 _STATE_NAMES: dict[int, str] = {
     pb.CONTAINER_CREATED: "created",
@@ -121,7 +123,7 @@ class ContainerService:
             return pb.StopContainerResponse()
         async with shim.locks.hold(c.id):
             if c.status.state == pb.CONTAINER_RUNNING:
-                info = await shim.backend(c.backend).stop_container(c, int(req.timeout))
+                info = await shim.backend(c.backend).stop_container(c, min(int(req.timeout), MAX_TIMEOUT))
                 shim.record_exit(c, info)
         return pb.StopContainerResponse()
 
@@ -219,7 +221,8 @@ class ContainerService:
             raise InvalidArgumentError("cmd must not be empty")
         if req.timeout < 0:
             raise InvalidArgumentError("timeout must not be negative")
-        result = await self.shim.backend(c.backend).exec_sync(c, list(req.cmd), float(req.timeout))
+        timeout = float(min(req.timeout, MAX_TIMEOUT))
+        result = await self.shim.backend(c.backend).exec_sync(c, list(req.cmd), timeout)
         return pb.ExecSyncResponse(
             stdout=result.stdout[:EXEC_OUTPUT_LIMIT],
             stderr=result.stderr[:EXEC_OUTPUT_LIMIT],
