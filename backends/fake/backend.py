@@ -154,6 +154,8 @@ class FakeBackend:
         self._containers: set[str] = set()
         self._images: dict[str, FakeImage] = {}
         self._state_dir = str(options.get("state_dir", ""))
+        # A pull takes a little time, as a real one does, so that client deadlines mean something.
+        self._pull_seconds = float(options.get("pull_seconds", 0.01))
         self._pause_image = str(options.get("pause_image", ""))
         self._cgroup_driver = str(options.get("cgroup_driver", "cgroupfs"))
         self._network = ipaddress.ip_network(str(options.get("pod_cidr", "10.88.0.0/16")))
@@ -585,11 +587,12 @@ class FakeBackend:
         rule = self._rule(ref)
         if "id" in rule:
             return str(rule["id"])
-        # All tags of one repository are one image unless a rule says otherwise,
-        # and so is the same path on another registry (a mirror, as
-        # registry.k8s.io/pause and k8s.gcr.io/pause are).
+        # One image per repository path and tag (or digest), the same on every
+        # registry: a mirror such as k8s.gcr.io/pause serves registry.k8s.io/pause.
+        # A rule with an `id` makes several tags one image.
         path = ref.repository.split("/", 1)[1]
-        return "sha256:" + hashlib.sha256(path.encode()).hexdigest()
+        version = f"@{ref.digest}" if ref.digest else f":{ref.tag or 'latest'}"
+        return "sha256:" + hashlib.sha256((path + version).encode()).hexdigest()
 
     def _rule(self, ref: ImageRef) -> dict[str, Any]:
         return self._image_rules.get(ref.tagged) or self._image_rules.get(ref.repository) or {}
@@ -656,6 +659,8 @@ class FakeBackend:
     ) -> str:
         await self._enter("pull_image", image.image)
         self.pulls.append((image.image, auth))
+        if self._pull_seconds:
+            await asyncio.sleep(self._pull_seconds)
         try:
             ref = parse(image.image)
         except BadReference as exc:
