@@ -8,7 +8,7 @@ import json
 
 import structlog
 
-from backends.base import Capability, ContainerRecord, ExitInfo, SandboxRecord, SandboxStatus
+from backends.base import Backend, Capability, ContainerRecord, ExitInfo, SandboxRecord, SandboxStatus
 from cri_api import api_pb2 as pb
 from shim import validate
 from shim.context import Shim, sandbox_pb, sandbox_status_pb
@@ -102,7 +102,7 @@ class SandboxService:
         f = req.filter
         store = self.shim.store
         if f.id:
-            sb = store.sandboxes.get(f.id) or _prefix_or_none(store.sandboxes.find, f.id)
+            sb = store.sandboxes.get(f.id) or _find_quiet(self.shim, f.id)
             candidates = [sb] if sb is not None else []
         else:
             candidates = store.sandboxes.values()
@@ -191,15 +191,15 @@ class SandboxService:
         return pb.UpdatePodSandboxResourcesResponse()
 
 
-def _prefix_or_none(find: object, ref: str) -> SandboxRecord | None:
+def _find_quiet(shim: Shim, ref: str) -> SandboxRecord | None:
     # A filter ID that is ambiguous or unknown simply matches nothing.
     try:
-        return find(ref)  # type: ignore[operator, no-any-return]
+        return shim.store.sandboxes.find(ref)
     except InvalidArgumentError:
         return None
 
 
-def _stats_backend(shim: Shim, sb: SandboxRecord):  # type: ignore[no-untyped-def]
+def _stats_backend(shim: Shim, sb: SandboxRecord) -> Backend:
     backend = shim.backend(sb.backend)
     if not backend.capabilities & Capability.STATS:
         raise UnimplementedError(f"runtime handler {sb.backend!r} does not report stats")
