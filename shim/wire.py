@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
+
 def _varint(n: int) -> bytes:
     out = bytearray()
     while True:

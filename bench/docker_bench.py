@@ -1,0 +1,584 @@
+"""Side-by-side benchmark: cri-shim (docker backend) vs the raw engine vs containerd-CRI.
+
+Runs the same pod + container lifecycle N times through
+- cri-shim with the docker backend, started here as a child process on a
+  temporary socket, state directory and config;
+- the raw Docker Engine through the docker SDK, doing the equivalent work:
+  pause container create+start on the engine's network, an app container
+  created in the pause container's network and IPC namespaces, start,
+  inspect (as the status calls), list, stop, remove, then stop+remove pause;
+- containerd's CRI plugin, when its socket answers (scripts/testenv/containerd-up).
+The runtimes take turns inside each iteration, so machine noise (this machine
+is shared) falls on all of them alike. Then ListContainerStats is measured with
+100 running containers through cri-shim (and containerd).
+
+It prints p50/p90 per operation and the ratios cri-shim/raw engine and
+cri-shim/containerd. Figures only: nothing is asserted. Everything it creates
+is removed at the end, also on failure or Ctrl-C.
+
+Run as root (the engine's and containerd's sockets), with the registry of
+scripts/testenv/up holding the images:
+    .venv/bin/python bench/docker_bench.py [-n 20] [--stats-containers 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import docker
+import grpc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from cri_api import api_pb2 as pb  # noqa: E402
+from cri_api import api_pb2_grpc  # noqa: E402
+
+BUSYBOX = "127.0.0.1:5000/busybox:1.36"
+PAUSE = "127.0.0.1:5000/pause:3.10"
+DOCKER_SOCK = "unix:///var/run/docker.sock"
+CONTAINERD_SOCK = "/run/containerd-cri/containerd.sock"
+# Stop grace of the app container: sleep as PID 1 ignores SIGTERM, so any
+# grace would be spent waiting; 0 measures the stop path itself (SIGKILL).
+APP_STOP_TIMEOUT = 0
+# Grace the docker backend gives the pause container (backends/docker/backend.py
+# _STOP_PAUSE_TIMEOUT); pause exits at once on SIGTERM, so it is never waited for.
+PAUSE_STOP_TIMEOUT = 10
+# Label on every raw-engine container of this run, for the cleanup.
+RAW_LABEL = "cri-shim-bench.run"
+
+OPS = [
+    "RunPodSandbox",
+    "CreateContainer",
+    "StartContainer",
+    "ContainerStatus",
+    "PodSandboxStatus",
+    "ListContainers",
+    "StopContainer",
+    "RemoveContainer",
+    "StopPodSandbox",
+    "RemovePodSandbox",
+]
+# What the raw engine does for each operation.
+RAW_WORK = {
+    "RunPodSandbox": "create+start pause",
+    "CreateContainer": "create (container: net+ipc)",
+    "StartContainer": "start",
+    "ContainerStatus": "inspect app",
+    "PodSandboxStatus": "inspect pause",
+    "ListContainers": "list (label filter)",
+    "StopContainer": f"stop (t={APP_STOP_TIMEOUT})",
+    "RemoveContainer": "remove",
+    "StopPodSandbox": "stop pause",
+    "RemovePodSandbox": "remove pause",
+}
+
+Samples = dict[str, list[float]]
+
+
+def pct(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    if not samples:
+        return math.nan
+    s = sorted(samples)
+    return s[max(0, math.ceil(q * len(s)) - 1)]
+
+
+@contextlib.contextmanager
+def clock(samples: Samples, op: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    yield
+    samples.setdefault(op, []).append((time.perf_counter() - t0) * 1000)
+
+
+# ---------------------------------------------------------------- CRI (cri-shim and containerd)
+
+
+class Cri:
+    """One CRI endpoint; remembers the pods it made so that they can be removed."""
+
+    def __init__(self, name: str, sock: str, run_id: str, log_dir: str) -> None:
+        self.name = name
+        self.sock = sock
+        self.run_id = run_id
+        self.log_dir = log_dir
+        self.channel = grpc.insecure_channel(f"unix://{sock}")
+        # The generated stubs carry no annotations.
+        self.rt = api_pb2_grpc.RuntimeServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.im = api_pb2_grpc.ImageServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.pods: set[str] = set()
+        self.seq = 0
+
+    def wait_ready(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                self.rt.Version(pb.VersionRequest(), timeout=2)
+                return
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def answers(self) -> bool:
+        if not os.path.exists(self.sock):
+            return False
+        try:
+            self.rt.Version(pb.VersionRequest(), timeout=3)
+            return True
+        except grpc.RpcError:
+            return False
+
+    def pull(self) -> None:
+        """Pull the app image unless the runtime has it (untimed: others share the engine and may remove it)."""
+        spec = pb.ImageSpec(image=BUSYBOX)
+        if not self.im.ImageStatus(pb.ImageStatusRequest(image=spec), timeout=60).HasField("image"):
+            self.im.PullImage(pb.PullImageRequest(image=spec), timeout=300)
+
+    def pod_config(self) -> pb.PodSandboxConfig:
+        self.seq += 1
+        name = f"bench-{self.seq}"
+        pod_dir = os.path.join(self.log_dir, f"{self.name}-{self.seq}")
+        os.makedirs(pod_dir, exist_ok=True)
+        return pb.PodSandboxConfig(
+            metadata=pb.PodSandboxMetadata(
+                name=name, namespace=f"cri-shim-bench-{self.run_id}", uid=f"{self.run_id}-{self.seq}"
+            ),
+            hostname=name,
+            log_directory=pod_dir,
+            labels={"cri-shim-bench": self.run_id},
+            linux=pb.LinuxPodSandboxConfig(
+                security_context=pb.LinuxSandboxSecurityContext(
+                    namespace_options=pb.NamespaceOption(pid=pb.CONTAINER)
+                )
+            ),
+        )
+
+    def container_config(self, name: str) -> pb.ContainerConfig:
+        return pb.ContainerConfig(
+            metadata=pb.ContainerMetadata(name=name),
+            image=pb.ImageSpec(image=BUSYBOX),
+            command=["sleep", "3600"],
+            log_path=f"{name}.log",
+            labels={"cri-shim-bench": self.run_id},
+            linux=pb.LinuxContainerConfig(
+                security_context=pb.LinuxContainerSecurityContext(
+                    namespace_options=pb.NamespaceOption(pid=pb.CONTAINER)
+                )
+            ),
+        )
+
+    def run_pod(self, sc: pb.PodSandboxConfig) -> str:
+        pod = str(self.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc), timeout=120).pod_sandbox_id)
+        self.pods.add(pod)
+        return pod
+
+    def create(self, pod: str, sc: pb.PodSandboxConfig, name: str) -> str:
+        req = pb.CreateContainerRequest(
+            pod_sandbox_id=pod, config=self.container_config(name), sandbox_config=sc
+        )
+        return str(self.rt.CreateContainer(req, timeout=120).container_id)
+
+    def lifecycle(self, samples: Samples, repeat: int) -> None:
+        rt = self.rt
+        sc = self.pod_config()
+        with clock(samples, "RunPodSandbox"):
+            pod = self.run_pod(sc)
+        req = pb.CreateContainerRequest(
+            pod_sandbox_id=pod, config=self.container_config("app"), sandbox_config=sc
+        )
+        with clock(samples, "CreateContainer"):
+            cid = rt.CreateContainer(req, timeout=120).container_id
+        with clock(samples, "StartContainer"):
+            rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+        flt = pb.ListContainersRequest(filter=pb.ContainerFilter(pod_sandbox_id=pod))
+        for _ in range(repeat):
+            with clock(samples, "ContainerStatus"):
+                rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=30)
+            with clock(samples, "PodSandboxStatus"):
+                rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod), timeout=30)
+            with clock(samples, "ListContainers"):
+                rt.ListContainers(flt, timeout=30)
+        with clock(samples, "StopContainer"):
+            rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=APP_STOP_TIMEOUT), timeout=120)
+        with clock(samples, "RemoveContainer"):
+            rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=120)
+        with clock(samples, "StopPodSandbox"):
+            rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod), timeout=120)
+        with clock(samples, "RemovePodSandbox"):
+            rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod), timeout=120)
+        self.pods.discard(pod)
+
+    def start_many(self, count: int, per_pod: int) -> None:
+        """`count` running containers, `per_pod` to a pod."""
+        made = 0
+        while made < count:
+            sc = self.pod_config()
+            pod = self.run_pod(sc)
+            for j in range(min(per_pod, count - made)):
+                cid = self.create(pod, sc, f"c{j}")
+                self.rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+                made += 1
+
+    def running_containers(self) -> int:
+        flt = pb.ContainerFilter(state=pb.ContainerStateValue(state=pb.CONTAINER_RUNNING))
+        return len(self.rt.ListContainers(pb.ListContainersRequest(filter=flt), timeout=30).containers)
+
+    def cleanup(self) -> None:
+        """Remove the pods of this run (RemovePodSandbox takes their containers along)."""
+        with contextlib.suppress(grpc.RpcError):
+            listed = self.rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items
+            for p in listed:
+                if p.labels.get("cri-shim-bench") == self.run_id:
+                    self.pods.add(p.id)
+        for pod in sorted(self.pods):
+            for call, req in (
+                (self.rt.StopPodSandbox, pb.StopPodSandboxRequest(pod_sandbox_id=pod)),
+                (self.rt.RemovePodSandbox, pb.RemovePodSandboxRequest(pod_sandbox_id=pod)),
+            ):
+                try:
+                    call(req, timeout=120)
+                except grpc.RpcError as exc:
+                    print(
+                        f"  cleanup {self.name}: {pod[:12]}: {exc.code().name} {exc.details()}",
+                        file=sys.stderr,
+                    )
+        self.pods.clear()
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+# ---------------------------------------------------------------- raw engine
+
+
+class Raw:
+    """The same lifecycle straight through the docker SDK (low-level API client)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.api = docker.APIClient(base_url=DOCKER_SOCK, version="auto", timeout=120)
+        self.run_id = run_id
+        self.seq = 0
+
+    def pull(self) -> None:
+        """Pull what is missing (untimed: others share the engine and may remove images)."""
+        for image in (PAUSE, BUSYBOX):
+            try:
+                self.api.inspect_image(image)
+            except docker.errors.ImageNotFound:
+                repo, tag = image.rsplit(":", 1)
+                self.api.pull(repo, tag=tag)
+
+    def lifecycle(self, samples: Samples, repeat: int) -> None:
+        api = self.api
+        self.seq += 1
+        labels = {RAW_LABEL: self.run_id}
+        name = f"cri-shim-bench-{self.run_id}-{self.seq}"
+        with clock(samples, "RunPodSandbox"):
+            pause = api.create_container(
+                PAUSE,
+                name=f"{name}-pause",
+                hostname=f"bench-{self.seq}",
+                labels=labels,
+                host_config=api.create_host_config(network_mode="bridge", ipc_mode="shareable"),
+            )["Id"]
+            api.start(pause)
+        joined = f"container:{pause}"
+        with clock(samples, "CreateContainer"):
+            app = api.create_container(
+                BUSYBOX,
+                command=["sleep", "3600"],
+                name=f"{name}-app",
+                labels=labels,
+                host_config=api.create_host_config(network_mode=joined, ipc_mode=joined),
+            )["Id"]
+        with clock(samples, "StartContainer"):
+            api.start(app)
+        for _ in range(repeat):
+            with clock(samples, "ContainerStatus"):
+                api.inspect_container(app)
+            with clock(samples, "PodSandboxStatus"):
+                api.inspect_container(pause)
+            with clock(samples, "ListContainers"):
+                api.containers(all=True, filters={"label": f"{RAW_LABEL}={self.run_id}"})
+        with clock(samples, "StopContainer"):
+            api.stop(app, timeout=APP_STOP_TIMEOUT)
+        with clock(samples, "RemoveContainer"):
+            api.remove_container(app, v=True)
+        with clock(samples, "StopPodSandbox"):
+            api.stop(pause, timeout=PAUSE_STOP_TIMEOUT)
+        with clock(samples, "RemovePodSandbox"):
+            api.remove_container(pause, v=True)
+
+    def cleanup(self) -> None:
+        for row in self.api.containers(all=True, filters={"label": f"{RAW_LABEL}={self.run_id}"}):
+            with contextlib.suppress(docker.errors.APIError):
+                self.api.remove_container(row["Id"], v=True, force=True)
+
+    def close(self) -> None:
+        self.api.close()
+
+
+# ---------------------------------------------------------------- cri-shim child process
+
+
+class Shim:
+    """`cri-shim serve` with the docker backend, on a temporary socket and state."""
+
+    def __init__(self, tmp: str) -> None:
+        self.tmp = tmp
+        self.sock = f"{tmp}/cri-shim.sock"
+        self.state_dir = f"{tmp}/state"
+        self.config = f"{tmp}/cri-shim.toml"
+        with open(self.config, "w") as f:
+            f.write(
+                "[server]\n"
+                f'listen = "unix://{self.sock}"\n'
+                f'state_dir = "{self.state_dir}"\n'
+                'default_handler = "docker"\n'
+                "\n[handlers.docker]\n"
+                'type = "docker"\n'
+                f'endpoint = "{DOCKER_SOCK}"\n'
+                f'pause_image = "{PAUSE}"\n'
+            )
+        self.log = open(f"{tmp}/cri-shim.log", "wb")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "shim.cli",
+                "serve",
+                "--config",
+                self.config,
+                "--default-handler",
+                "docker",
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def engine_leftovers(self) -> list[str]:
+        """Engine containers of this shim instance (the backend labels them with it)."""
+        from backends.docker import _instance_of
+        from backends.docker import labels as lbl
+
+        instance = _instance_of("docker", self.state_dir)
+        api = docker.APIClient(base_url=DOCKER_SOCK, version="auto", timeout=60)
+        try:
+            rows = api.containers(all=True, filters={"label": f"{lbl.INSTANCE}={instance}"})
+            return [str(r["Id"]) for r in rows]
+        finally:
+            api.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+
+
+# ---------------------------------------------------------------- report
+
+
+def table(
+    title: str, cols: list[tuple[str, Samples]], ops: list[str], ratios: list[tuple[str, int, int]]
+) -> None:
+    print(f"\n{title}")
+    head = f"{'operation':<18}"
+    for name, _ in cols:
+        head += f" | {name + ' p50':>14} {'p90':>8}"
+    for label, _, _ in ratios:
+        head += f" | {label:>11}"
+    print(head)
+    print("-" * len(head))
+    for op in ops:
+        line = f"{op:<18}"
+        for _, s in cols:
+            v = s.get(op, [])
+            line += f" | {pct(v, 0.5):14.2f} {pct(v, 0.9):8.2f}"
+        for _, a, b in ratios:
+            x, y = pct(cols[a][1].get(op, []), 0.5), pct(cols[b][1].get(op, []), 0.5)
+            line += f" | {x / y:10.2f}x" if y and not math.isnan(x + y) else f" | {'-':>11}"
+        print(line)
+
+
+def timed_calls(call: Callable[[], Any], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        call()
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", "--iterations", type=int, default=20, help="lifecycles per runtime (20)")
+    ap.add_argument(
+        "--status-repeat", type=int, default=5, help="status/list calls per lifecycle iteration (5)"
+    )
+    ap.add_argument("--stats-containers", type=int, default=100, help="running containers for stats (100)")
+    ap.add_argument("--per-pod", type=int, default=10, help="containers per pod for the stats part (10)")
+    ap.add_argument("--stats-samples", type=int, default=20, help="ListContainerStats calls timed (20)")
+    ap.add_argument("--containerd", default=CONTAINERD_SOCK, help="containerd CRI socket path")
+    ap.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (shim log) for inspection")
+    args = ap.parse_args()
+
+    run_id = uuid.uuid4().hex[:8]
+    tmp = tempfile.mkdtemp(prefix="cri-shim-bench-", dir="/tmp")
+    logs = f"{tmp}/pod-logs"
+    os.makedirs(logs)
+    shim: Shim | None = None
+    cris: list[Cri] = []
+    raw: Raw | None = None
+    failed = False
+    # SIGTERM cleans up like Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        shim = Shim(tmp)
+        sh = Cri("cri-shim", shim.sock, run_id, logs)
+        cris.append(sh)
+        try:
+            sh.wait_ready(60)
+        except grpc.RpcError:
+            print(f"cri-shim did not answer on {shim.sock}; its log: {tmp}/cri-shim.log", file=sys.stderr)
+            args.keep_tmp = True
+            raise
+        raw = Raw(run_id)
+        ctrd: Cri | None = Cri("containerd", args.containerd, run_id, logs)
+        assert ctrd is not None
+        if ctrd.answers():
+            cris.append(ctrd)
+            ver = ctrd.rt.Version(pb.VersionRequest(), timeout=5)
+            ctrd_desc = f"{ver.runtime_name} {ver.runtime_version}"
+        else:
+            print(
+                f"containerd-CRI: skipped, nothing answers on unix://{args.containerd} "
+                "(start one with: sudo scripts/testenv/containerd-up)"
+            )
+            ctrd.close()
+            ctrd = None
+            ctrd_desc = "skipped"
+        eng = raw.api.version()
+        print(
+            f"run {run_id}: {args.iterations} lifecycles per runtime, {os.cpu_count()} CPUs, "
+            f"python {sys.version.split()[0]}, engine {eng.get('Version')}, containerd-CRI {ctrd_desc}"
+        )
+
+        # Images in place, and one untimed lifecycle each (first-use costs).
+        raw.pull()
+        sh.pull()
+        if ctrd:
+            ctrd.pull()
+        warm: Samples = {}
+        sh.lifecycle(warm, 1)
+        raw.lifecycle(warm, 1)
+        if ctrd:
+            ctrd.lifecycle(warm, 1)
+
+        res_shim: Samples = {}
+        res_raw: Samples = {}
+        res_ctrd: Samples = {}
+        for _ in range(args.iterations):
+            # The pause image of cri-shim is the engine's too: raw.pull covers both.
+            raw.pull()
+            sh.pull()
+            sh.lifecycle(res_shim, args.status_repeat)
+            raw.pull()
+            raw.lifecycle(res_raw, args.status_repeat)
+            if ctrd:
+                ctrd.lifecycle(res_ctrd, args.status_repeat)
+
+        cols: list[tuple[str, Samples]] = [("cri-shim", res_shim), ("raw engine", res_raw)]
+        ratios = [("shim/raw", 0, 1)]
+        if ctrd:
+            cols.append(("containerd", res_ctrd))
+            ratios.append(("shim/ctrd", 0, 2))
+        n_status = args.iterations * args.status_repeat
+        table(
+            f"Pod + container lifecycle, ms (n={args.iterations}; status/list calls n={n_status})",
+            cols,
+            OPS,
+            ratios,
+        )
+        print("raw engine work per operation: " + "; ".join(f"{k}: {v}" for k, v in RAW_WORK.items()))
+
+        # ListContainerStats with many running containers.
+        stats_rows: list[tuple[str, str, list[float]]] = []
+        for c in cris:
+            raw.pull()
+            c.pull()
+            t0 = time.perf_counter()
+            c.start_many(args.stats_containers, args.per_pod)
+            made = time.perf_counter() - t0
+            running = c.running_containers()
+            req = pb.ListContainerStatsRequest()
+            c.rt.ListContainerStats(req, timeout=60)  # first call primes any caches
+            call = functools.partial(c.rt.ListContainerStats, req, timeout=60)
+            took = timed_calls(call, args.stats_samples)
+            print(
+                f"{c.name}: started {args.stats_containers} containers in {made:.1f} s; "
+                f"{running} running while measuring"
+            )
+            stats_rows.append((c.name, f"ListContainerStats@{running}", took))
+            c.cleanup()
+        for name, op, v in stats_rows:
+            print(f"{name:<12} {op:<24} p50 {pct(v, 0.5):8.2f} ms   p90 {pct(v, 0.9):8.2f} ms   (n={len(v)})")
+    except KeyboardInterrupt:
+        failed = True
+        print("interrupted; cleaning up", file=sys.stderr)
+    except Exception:
+        failed = True
+        raise
+    finally:
+        for c in cris:
+            c.cleanup()
+            c.close()
+        if raw is not None:
+            raw.cleanup()
+            raw.close()
+        if shim is not None:
+            # Whatever the shim did not remove through CRI (e.g. it died): straight from the engine.
+            with contextlib.suppress(Exception):
+                leftovers = shim.engine_leftovers()
+                if leftovers:
+                    print(f"removing {len(leftovers)} engine leftovers of cri-shim", file=sys.stderr)
+                    api = docker.APIClient(base_url=DOCKER_SOCK, version="auto", timeout=60)
+                    for eid in leftovers:
+                        with contextlib.suppress(docker.errors.APIError):
+                            api.remove_container(eid, v=True, force=True)
+                    api.close()
+            shim.stop()
+        if args.keep_tmp:
+            print(f"kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
