@@ -32,6 +32,7 @@ class Cri:
     im: api_pb2_grpc.ImageServiceStub
     image: str  # an image with a POSIX shell, pullable by this backend
     root: str
+    channel: grpc.aio.Channel
 
 
 def _unavailable(reason: str) -> None:
@@ -84,7 +85,7 @@ async def cri(request: Any, short_tmp: str) -> AsyncIterator[Cri]:
     channel = grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock")
     rt = api_pb2_grpc.RuntimeServiceStub(channel)
     try:
-        yield Cri(kind, backend, rt, api_pb2_grpc.ImageServiceStub(channel), image, short_tmp)
+        yield Cri(kind, backend, rt, api_pb2_grpc.ImageServiceStub(channel), image, short_tmp, channel)
     finally:
         # Leave the runtime as we found it, whatever the test did.
         from cri_api import api_pb2 as pb

@@ -1,0 +1,74 @@
+"""The ``docker`` backend: CRI pods and containers on a Docker Engine, through the docker SDK."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import structlog
+
+from shim.errors import InvalidArgumentError
+
+from .backend import DockerBackend
+
+__all__ = ["DockerBackend", "create"]
+
+log = structlog.get_logger(__name__)
+
+
+def _instance_of(name: str, state_dir: object) -> str:
+    # The shim's state directory identifies the shim whose records these
+    # are: two shims (or test runs) with their own state never share one.
+    if not state_dir:
+        return name
+    digest = hashlib.sha256(os.path.abspath(str(state_dir)).encode()).hexdigest()[:12]
+    return f"{name}-{digest}"
+
+
+def create(name: str, config: dict[str, Any]) -> DockerBackend:
+    """Build the backend from its config table.
+
+    Keys: ``endpoint`` (unix:///var/run/docker.sock), ``pause_image``
+    (registry.k8s.io/pause:3.10), ``network`` (bridge), ``runtime`` (runtime
+    handler -> engine runtime), ``pull_no_progress_timeout`` (s, 120; 0 disables),
+    ``cgroup_parent`` (""), ``call_timeout`` (s, 60), ``instance``: a label
+    value that scopes recovery, so that several shims (or test runs) can share
+    one engine without removing each other's containers; by default the
+    handler name, qualified by a hash of ``state_dir`` when that is given.
+    ``cgroup_driver`` is what RuntimeConfig reports until the engine has said
+    which driver it uses.
+    """
+    known = {
+        "cgroup_driver",
+        "instance",
+        "state_dir",
+        "endpoint",
+        "pause_image",
+        "network",
+        "runtime",
+        "pull_no_progress_timeout",
+        "cgroup_parent",
+        "call_timeout",
+    }
+    unknown = set(config) - known - {"type"}
+    if unknown:
+        # A misspelt key must be visible, yet not keep the node from starting.
+        log.warning("docker backend: unknown settings ignored", handler=name, keys=sorted(unknown))
+    runtimes = config.get("runtime") or {}
+    if not isinstance(runtimes, dict) or not all(isinstance(v, str) for v in runtimes.values()):
+        raise InvalidArgumentError(
+            f"docker backend {name!r}: 'runtime' must map handler names to runtime names"
+        )
+    return DockerBackend(
+        name,
+        endpoint=str(config.get("endpoint", "unix:///var/run/docker.sock")),
+        pause_image=str(config.get("pause_image", "registry.k8s.io/pause:3.10")),
+        network=str(config.get("network", "bridge")),
+        runtimes={str(k): v for k, v in runtimes.items()},
+        pull_no_progress_timeout=float(config.get("pull_no_progress_timeout", 120)),
+        cgroup_parent=str(config.get("cgroup_parent", "")),
+        call_timeout=float(config.get("call_timeout", 60)),
+        instance=str(config.get("instance") or _instance_of(name, config.get("state_dir"))),
+        cgroup_driver=str(config.get("cgroup_driver", "")),
+    )

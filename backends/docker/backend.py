@@ -1,0 +1,987 @@
+"""DockerBackend: CRI pods and containers on a Docker Engine.
+
+A sandbox is a pause container; app containers join its network, IPC and
+UTS namespaces. The engine container ID of each record is kept in
+``record.backend_data["engine_id"]`` and every engine container carries
+its CRI ID in a label (see :mod:`.labels`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import contextlib
+import dataclasses
+import functools
+import json
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+
+from backends.base import (
+    Capability,
+    ContainerRecord,
+    EventSink,
+    ExecResult,
+    ExitInfo,
+    Health,
+    LogSink,
+    Observed,
+    PortStream,
+    SandboxNetwork,
+    SandboxRecord,
+    SandboxStatus,
+    StreamIO,
+    TerminalSize,
+)
+from cri_api import api_pb2 as pb
+from shim.errors import (
+    AlreadyExistsError,
+    CriError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    NotFoundError,
+)
+
+from . import cgroups, convert, streams
+from . import labels as lbl
+from .engine import EngineClient
+from .images import Images
+from .netns import NetnsSocketFactory
+
+log = structlog.get_logger(__name__)
+
+ENGINE_ID = "engine_id"
+PID = "pid"
+RESOLV = "resolv_conf"
+UPPER_DIR = "upper_dir"
+
+_STOP_PAUSE_TIMEOUT = 10  # s; pause exits at once on SIGTERM
+_LOG_DRAIN_WAIT = 2.0  # s to let a follower write the last output before an exit is reported
+
+
+def parse_time(value: str | None) -> int:
+    """Engine RFC 3339 time (nanosecond precision, UTC) -> ns since the epoch; 0 for the zero time."""
+    if not value or value.startswith("0001-"):
+        return 0
+    value = value.rstrip("Z")
+    for sign in ("+", "-"):
+        idx = value.rfind(sign)
+        if idx > 10:
+            value = value[:idx]  # the engine reports UTC; a "+00:00" suffix carries nothing
+    main, _, frac = value.partition(".")
+    secs = calendar.timegm(time.strptime(main, "%Y-%m-%dT%H:%M:%S"))
+    return secs * 1_000_000_000 + int((frac + "000000000")[:9] or 0)
+
+
+def exit_info(state: dict[str, Any]) -> ExitInfo:
+    code = int(state.get("ExitCode") or 0)
+    if state.get("OOMKilled"):
+        reason = "OOMKilled"
+    elif code == 0:
+        reason = "Completed"
+    else:
+        reason = "Error"
+    finished = parse_time(state.get("FinishedAt")) or time.time_ns()
+    # The engine stamps StartedAt after the process runs, so a very short one
+    # can seem to finish before it started.
+    finished = max(finished, parse_time(state.get("StartedAt")))
+    return ExitInfo(
+        exit_code=code,
+        finished_at=finished,
+        reason=reason,
+        message=str(state.get("Error") or ""),
+    )
+
+
+def _engine_id(record: SandboxRecord | ContainerRecord) -> str:
+    eid = record.backend_data.get(ENGINE_ID)
+    if not eid:
+        kind = "sandbox" if isinstance(record, SandboxRecord) else "container"
+        raise NotFoundError(f"{kind} {record.id} has no engine container")
+    return str(eid)
+
+
+class DockerBackend:
+    """The ``docker`` runtime handler."""
+
+    capabilities = (
+        Capability.EXEC_SYNC
+        | Capability.EXEC
+        | Capability.ATTACH
+        | Capability.PORT_FORWARD
+        | Capability.STATS
+        | Capability.UPDATE_RESOURCES
+        | Capability.IMAGES
+        | Capability.HOST_NETWORK
+    )
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        endpoint: str = "unix:///var/run/docker.sock",
+        pause_image: str = "registry.k8s.io/pause:3.10",
+        network: str = "bridge",
+        runtimes: dict[str, str] | None = None,
+        pull_no_progress_timeout: float = 120.0,
+        cgroup_parent: str = "",
+        call_timeout: float = 60.0,
+        instance: str = "",
+        cgroup_driver: str = "",
+    ) -> None:
+        self.name = name
+        self.instance = instance or name
+        self.network = network
+        self.runtimes = dict(runtimes or {})
+        self.cgroup_parent = cgroup_parent
+        self.engine = EngineClient(endpoint, call_timeout=call_timeout)
+        self.images = Images(self.engine, pause_image, pull_no_progress_timeout)
+        self.facts = convert.probe_host()
+        self._cgroups = cgroups.CgroupReader()
+        self._netns = NetnsSocketFactory()
+        self._events: EventSink | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._followers: dict[str, asyncio.Task[None]] = {}  # CRI container ID -> its output pump
+        self._oom: set[str] = set()  # CRI IDs the engine reported an OOM kill in
+        self._stopping: set[str] = set()  # CRI IDs being stopped on request: their exits are not events
+        self._watched: dict[str, str] = {}  # CRI ID -> engine ID of running objects, to catch missed exits
+        self._cpu_prev: dict[str, tuple[int, int]] = {}  # CRI ID -> (timestamp, cpu ns)
+        self._layer_usage: dict[str, tuple[float, int, int]] = {}  # CRI ID -> (when, bytes, inodes)
+        self._cgroup_driver = pb.SYSTEMD if cgroup_driver == "systemd" else pb.CGROUPFS
+        self._pause_present = (
+            False  # checked (pulled if needed) once, then trusted until a create says otherwise
+        )
+        self._closed = False
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self, events: EventSink) -> None:
+        self._events = events
+        with contextlib.suppress(CriError):
+            info = await self.engine.call(self.engine.api.info, deadline=10)
+            driver = info.get("CgroupDriver")
+            if driver in ("systemd", "cgroupfs"):
+                self._cgroup_driver = pb.SYSTEMD if driver == "systemd" else pb.CGROUPFS
+        self._spawn(self._watch_events())
+
+    async def close(self) -> None:
+        self._closed = True
+        for f in list(self._followers.values()):
+            f.cancel()
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, *self._followers.values(), return_exceptions=True)
+        self._followers.clear()
+        self._netns.close()
+        self.engine.close()
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def health(self) -> Health:
+        try:
+            await self.engine.call(self.engine.api.ping, deadline=5)
+        except CriError as exc:
+            return Health(False, False, reason="DockerDaemonNotReady", message=exc.message)
+        return Health(True, True)
+
+    def runtime_config(self) -> pb.RuntimeConfigResponse:
+        return pb.RuntimeConfigResponse(linux=pb.LinuxRuntimeConfiguration(cgroup_driver=self._cgroup_driver))
+
+    def _runtime(self, handler: str) -> str | None:
+        return self.runtimes.get(handler) or self.runtimes.get("") or None
+
+    # ---------------------------------------------------------------- engine helpers
+
+    async def _inspect(self, engine_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.engine.call(self.engine.api.inspect_container, engine_id)
+        return result
+
+    async def _remove(self, engine_id: str) -> None:
+        with contextlib.suppress(NotFoundError):
+            await self.engine.call(self.engine.api.remove_container, engine_id, v=True, force=True)
+
+    async def _create(self, name: str, cfg: dict[str, Any]) -> str:
+        """Create an engine container; a leftover of the same name (a crash mid-create) is replaced."""
+        api = self.engine.api
+        try:
+            created = await self.engine.call(api.create_container_from_config, cfg, name)
+        except AlreadyExistsError:
+            await self._remove(name)
+            created = await self.engine.call(api.create_container_from_config, cfg, name)
+        return str(created["Id"])
+
+    async def _ours(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = await self.engine.call(
+            self.engine.api.containers, all=True, filters=lbl.ours(self.instance)
+        )
+        return rows
+
+    # ---------------------------------------------------------------- recovery
+
+    async def recover(
+        self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
+    ) -> tuple[dict[str, Observed], dict[str, Observed]]:
+        rows = await self._ours()
+        by_id = {(r.get("Labels") or {}).get(lbl.ID, ""): r for r in rows}
+        records: dict[str, SandboxRecord | ContainerRecord] = {r.id: r for r in sandboxes}
+        records.update((r.id, r) for r in containers)
+        # Leftovers: engine objects no record claims, or whose record was never committed.
+        for cri_id, row in by_id.items():
+            rec = records.get(cri_id)
+            if rec is None or not rec.committed:
+                log.info("removing leftover engine container", cri_id=cri_id, engine_id=row["Id"][:12])
+                await self._remove(row["Id"])
+        claimed = [r for r in records.values() if r.committed and r.id in by_id]
+        found = await asyncio.gather(
+            *(self._inspect(by_id[r.id]["Id"]) for r in claimed), return_exceptions=True
+        )
+        infos: dict[str, dict[str, Any]] = {}
+        for rec, info in zip(claimed, found, strict=True):
+            if isinstance(info, NotFoundError):
+                continue  # removed between the list and the inspect
+            if isinstance(info, BaseException):
+                raise info
+            rec.backend_data[ENGINE_ID] = info["Id"]
+            infos[rec.id] = info
+        sb_seen: dict[str, Observed] = {}
+        for sb in sandboxes:
+            info = infos.get(sb.id, {})
+            if not info:
+                sb_seen[sb.id] = Observed(exists=False)
+                continue
+            running = bool(info["State"].get("Running"))
+            if running:
+                sb.backend_data[PID] = int(info["State"].get("Pid") or 0)
+                self._watched[sb.id] = info["Id"]
+            sb_seen[sb.id] = Observed(
+                exists=True,
+                running=running,
+                started_at=parse_time(info["State"].get("StartedAt")),
+                status=SandboxStatus(
+                    ready=running,
+                    ip=sb.status.ip or ("" if convert.sandbox_host_network(sb.config) else self._ip_of(info)),
+                    additional_ips=sb.status.additional_ips,
+                ),
+            )
+        ct_seen: dict[str, Observed] = {}
+        for ct in containers:
+            info = infos.get(ct.id, {})
+            if not info:
+                ct_seen[ct.id] = Observed(exists=False)
+                continue
+            state = info["State"]
+            running = bool(state.get("Running"))
+            started = parse_time(state.get("StartedAt"))
+            exited = exit_info(state) if not running and started else None
+            if running:
+                ct.backend_data[PID] = int(state.get("Pid") or 0)
+                self._watched[ct.id] = info["Id"]
+                sink = self._events.log_sink(ct.id) if self._events else None
+                if sink is not None and ct.id not in self._followers:
+                    # Resume after the last record the shim wrote before it went
+                    # down; with none, all of the output is still to be written.
+                    since = await self.engine.run(functools.partial(_last_log_time, ct.log_path))
+                    tty = bool(info["Config"].get("Tty"))
+                    self._follow(ct.id, info["Id"], tty, sink, since=since)
+            ct_seen[ct.id] = Observed(exists=True, running=running, exit=exited, started_at=started)
+        return sb_seen, ct_seen
+
+    # ---------------------------------------------------------------- sandboxes
+
+    def _ip_of(self, info: dict[str, Any]) -> str:
+        settings = info.get("NetworkSettings") or {}
+        networks = settings.get("Networks") or {}
+        net: dict[str, Any] = networks.get(self.network) or next(iter(networks.values()), {})
+        return str((net or {}).get("IPAddress") or settings.get("IPAddress") or "")
+
+    async def run_sandbox(self, sandbox: SandboxRecord) -> SandboxNetwork:
+        config = sandbox.config
+        image = self.images.pause_image
+        if not self._pause_present:
+            await self.images.ensure(image)
+            self._pause_present = True
+        cfg = convert.sandbox_config(
+            sandbox.id,
+            sandbox.handler,
+            sandbox.created_at,
+            config,
+            image=image,
+            network=self.network,
+            runtime=self._runtime(sandbox.handler),
+            cgroup_parent=self.cgroup_parent,
+            instance=self.instance,
+        )
+        name = lbl.sandbox_name(sandbox.id, config)
+        try:
+            engine_id = await self._create(name, cfg)
+        except NotFoundError:
+            # The pause image was removed since we last looked.
+            await self.images.ensure(image)
+            engine_id = await self._create(name, cfg)
+        sandbox.backend_data[ENGINE_ID] = engine_id
+        try:
+            await self.engine.call(self.engine.api.start, engine_id)
+            info = await self._inspect(engine_id)
+            if config.HasField("dns_config"):
+                path = str(info.get("ResolvConfPath") or "")
+                if path:
+                    content = convert.resolv_conf(config.dns_config)
+                    await self.engine.run(lambda: _write_file(path, content))
+                    sandbox.backend_data[RESOLV] = path
+            sandbox.backend_data[PID] = int(info["State"].get("Pid") or 0)
+            host_net = convert.sandbox_host_network(config)
+            ip = "" if host_net else self._ip_of(info)
+        except BaseException:
+            await asyncio.shield(self._remove(engine_id))
+            sandbox.backend_data.pop(ENGINE_ID, None)
+            raise
+        self._watched[sandbox.id] = engine_id
+        return SandboxNetwork(ip=ip)
+
+    async def stop_sandbox(self, sandbox: SandboxRecord) -> None:
+        eid = sandbox.backend_data.get(ENGINE_ID)
+        if not eid:
+            return
+        self._stopping.add(sandbox.id)
+        self._watched.pop(sandbox.id, None)
+        try:
+            await self._stop_engine(str(eid), _STOP_PAUSE_TIMEOUT)
+        except NotFoundError:
+            pass
+        finally:
+            self._stopping.discard(sandbox.id)
+
+    async def _stop_engine(self, engine_id: str, grace: int) -> None:
+        # The SDK waits timeout + its own call timeout for the answer; so do we.
+        grace = max(0, grace)
+        await self.engine.call(
+            self.engine.api.stop, engine_id, timeout=grace, deadline=grace + self.engine.call_timeout + 5
+        )
+
+    async def remove_sandbox(self, sandbox: SandboxRecord) -> None:
+        eid = sandbox.backend_data.get(ENGINE_ID)
+        self._watched.pop(sandbox.id, None)
+        if eid:
+            await self._remove(str(eid))
+
+    # ---------------------------------------------------------------- containers
+
+    async def _engine_id_of(self, cri_id: str) -> str:
+        rows: list[dict[str, Any]] = await self.engine.call(
+            self.engine.api.containers,
+            all=True,
+            filters={"label": [f"{lbl.ID}={cri_id}", f"{lbl.INSTANCE}={self.instance}"]},
+        )
+        return str(rows[0]["Id"]) if rows else ""
+
+    async def create_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> None:
+        config = container.config
+        ref = container.image_ref or config.image.image
+        try:
+            container.image_ref = await self.images.resolve(ref)
+        except NotFoundError as exc:
+            raise NotFoundError(f"image {ref!r} not found") from exc
+        pause_id = sandbox.backend_data.get(ENGINE_ID)
+        if not pause_id:
+            raise FailedPreconditionError(f"sandbox {sandbox.id} has no pause container")
+        ns = config.linux.security_context.namespace_options
+        target = await self._engine_id_of(ns.target_id) if ns.pid == pb.TARGET and ns.target_id else ""
+        cfg = convert.container_config(
+            container.id,
+            container.sandbox_id,
+            container.created_at,
+            config,
+            sandbox.config,
+            image_id=container.image_ref,
+            image_name=container.image_name or config.image.image,
+            log_path=container.log_path,
+            pause_engine_id=str(pause_id),
+            target_engine_id=target,
+            runtime=self._runtime(sandbox.handler),
+            cgroup_parent=self.cgroup_parent,
+            facts=self.facts,
+            instance=self.instance,
+        )
+        resolv = sandbox.backend_data.get(RESOLV)
+        if resolv and convert.sandbox_host_network(sandbox.config):
+            # With the host's network each container gets its own copy of the
+            # host's resolv.conf; the pod's DNS config lives in the pause one.
+            cfg["HostConfig"]["Binds"].append(f"{resolv}:/etc/resolv.conf:ro")
+        engine_id = await self._create(lbl.container_name(container.id, config), cfg)
+        container.backend_data[ENGINE_ID] = engine_id
+
+    async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord, logs: LogSink) -> int:
+        eid = _engine_id(container)
+        await self.engine.call(self.engine.api.start, eid)
+        info = await self._inspect(eid)
+        state = info["State"]
+        container.backend_data[PID] = int(state.get("Pid") or 0)
+        # Informational, kept by the shim across the status it sets next.
+        container.status = dataclasses.replace(container.status, pid=container.backend_data[PID])
+        upper = ((info.get("GraphDriver") or {}).get("Data") or {}).get("UpperDir")
+        if upper:
+            container.backend_data[UPPER_DIR] = upper
+        started = parse_time(state.get("StartedAt")) or time.time_ns()
+        self._watched[container.id] = eid
+        self._follow(container.id, eid, bool(info["Config"].get("Tty")), logs, since=None)
+        if not state.get("Running") and parse_time(state.get("FinishedAt")):
+            # Exited before we looked: the die event may have come before we watched it.
+            self._spawn(self._report_exit(container.id, eid))
+        return started
+
+    async def stop_container(self, container: ContainerRecord, timeout: int) -> ExitInfo:
+        eid = _engine_id(container)
+        self._stopping.add(container.id)
+        try:
+            with contextlib.suppress(NotFoundError):
+                await self._stop_engine(eid, timeout)
+            try:
+                info = await self._inspect(eid)
+            except NotFoundError:
+                return ExitInfo(exit_code=137, finished_at=time.time_ns(), reason="Error", message="gone")
+            await self._drain_logs(container.id)
+            return exit_info(info["State"])
+        finally:
+            self._watched.pop(container.id, None)
+            self._stopping.discard(container.id)
+
+    async def remove_container(self, container: ContainerRecord) -> None:
+        f = self._followers.pop(container.id, None)
+        if f is not None:
+            f.cancel()
+        self._watched.pop(container.id, None)
+        self._oom.discard(container.id)
+        self._cpu_prev.pop(container.id, None)
+        self._layer_usage.pop(container.id, None)
+        eid = container.backend_data.get(ENGINE_ID)
+        if eid:
+            await self._remove(str(eid))
+
+    async def update_container_resources(
+        self, container: ContainerRecord, resources: pb.LinuxContainerResources
+    ) -> None:
+        eid = _engine_id(container)
+        res = convert.resources(resources)
+        await self.engine.call(
+            self.engine.api.update_container,
+            eid,
+            cpu_period=res["CpuPeriod"] or None,
+            cpu_quota=res["CpuQuota"] or None,
+            cpu_shares=res["CpuShares"] or None,
+            mem_limit=res["Memory"] or None,
+            memswap_limit=res.get("MemorySwap") or None,
+            cpuset_cpus=res["CpusetCpus"] or None,
+            cpuset_mems=res["CpusetMems"] or None,
+        )
+
+    # ---------------------------------------------------------------- exec
+
+    async def _exec_create(self, eid: str, cmd: Sequence[str], stdin: bool, tty: bool, stderr: bool) -> str:
+        created = await self.engine.call(
+            self.engine.api.exec_create, eid, list(cmd), stdout=True, stderr=stderr, stdin=stdin, tty=tty
+        )
+        return str(created["Id"])
+
+    async def _exec_exit(self, exec_id: str) -> int:
+        for _ in range(50):
+            info = await self.engine.call(self.engine.api.exec_inspect, exec_id)
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                return int(info["ExitCode"])
+            await asyncio.sleep(0.02)
+        return int(info.get("ExitCode") or 0)
+
+    async def _exec_kill(self, exec_id: str) -> None:
+        with contextlib.suppress(CriError):
+            info = await self.engine.call(self.engine.api.exec_inspect, exec_id)
+            pid = int(info.get("Pid") or 0)
+            if info.get("Running") and pid:
+                await self.engine.run(lambda: streams.kill_tree(pid))
+
+    async def exec_sync(
+        self,
+        container: ContainerRecord,
+        cmd: Sequence[str],
+        timeout: float,
+    ) -> ExecResult:
+        eid = _engine_id(container)
+        exec_id = await self._exec_create(eid, cmd, stdin=False, tty=False, stderr=True)
+        resp = await self.engine.stream(
+            "POST", f"/exec/{exec_id}/start", body={"Detach": False, "Tty": False}, upgrade=True
+        )
+        out, err = bytearray(), bytearray()
+
+        async def collect() -> None:
+            async for stream, data in resp.frames(False):
+                (err if stream == "stderr" else out).extend(data)
+
+        try:
+            await asyncio.wait_for(collect(), timeout if timeout > 0 else None)
+        except TimeoutError as exc:
+            await self._exec_kill(exec_id)
+            raise DeadlineExceededError(f"command {list(cmd)!r} timed out after {timeout}s") from exc
+        except BaseException:
+            await asyncio.shield(self._exec_kill(exec_id))
+            raise
+        finally:
+            resp.close()
+        return ExecResult(exit_code=await self._exec_exit(exec_id), stdout=bytes(out), stderr=bytes(err))
+
+    async def exec(self, container: ContainerRecord, cmd: Sequence[str], io: StreamIO) -> int:
+        eid = _engine_id(container)
+        exec_id = await self._exec_create(
+            eid, cmd, stdin=io.stdin, tty=io.tty, stderr=io.stderr and not io.tty
+        )
+        resp = await self.engine.stream(
+            "POST", f"/exec/{exec_id}/start", body={"Detach": False, "Tty": io.tty}, upgrade=True
+        )
+
+        async def resize(size: TerminalSize) -> None:
+            await self.engine.call(self.engine.api.exec_resize, exec_id, height=size.height, width=size.width)
+
+        try:
+            await streams.pump(resp, io, resize)
+        except BaseException:
+            # The client went away: the process must not outlive its session.
+            await asyncio.shield(self._exec_kill(exec_id))
+            raise
+        finally:
+            resp.close()
+        return await self._exec_exit(exec_id)
+
+    async def attach(self, container: ContainerRecord, io: StreamIO) -> None:
+        eid = _engine_id(container)
+        query = {
+            "stream": 1,
+            "stdin": int(io.stdin),
+            "stdout": int(io.stdout),
+            "stderr": int(io.stderr),
+            "logs": 0,
+        }
+        resp = await self.engine.stream("POST", f"/containers/{eid}/attach", query=query, upgrade=True)
+
+        async def resize(size: TerminalSize) -> None:
+            await self.engine.call(self.engine.api.resize, eid, height=size.height, width=size.width)
+
+        tty = bool((await self._inspect(eid))["Config"].get("Tty"))
+        io_view = _TtyView(io, tty)
+        try:
+            await streams.pump(resp, io_view, resize)
+        finally:
+            resp.close()
+
+    async def port_forward(self, sandbox: SandboxRecord, port: int, stream: PortStream) -> None:
+        eid = _engine_id(sandbox)
+        pid = int(sandbox.backend_data.get(PID) or 0)
+        if not pid or not await self.engine.run(lambda: os.path.exists(f"/proc/{pid}/ns/net")):
+            info = await self._inspect(eid)
+            pid = int(info["State"].get("Pid") or 0)
+            if not pid:
+                raise FailedPreconditionError(f"sandbox {sandbox.id} is not running")
+            sandbox.backend_data[PID] = pid
+        sock = await asyncio.wrap_future(self._netns.submit(pid))
+        loop = asyncio.get_running_loop()
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, ("127.0.0.1", port))
+        except OSError as exc:
+            sock.close()
+            raise FailedPreconditionError(
+                f"port {port} in sandbox {sandbox.id}: {exc.strerror or exc}"
+            ) from exc
+        reader, writer = await asyncio.open_connection(sock=sock)
+
+        async def to_pod() -> None:
+            while data := await stream.read():
+                writer.write(data)
+                await writer.drain()
+            if writer.can_write_eof():
+                writer.write_eof()
+
+        async def from_pod() -> None:
+            while data := await reader.read(65536):
+                await stream.write(data)
+
+        up = asyncio.create_task(to_pod())
+        try:
+            await from_pod()
+        finally:
+            if not up.done():
+                up.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await up
+            writer.close()
+
+    # ---------------------------------------------------------------- stats
+
+    def _sample(self, cri_id: str, record: ContainerRecord | SandboxRecord) -> cgroups.Sample | None:
+        pid = int(record.backend_data.get(PID) or 0)
+        eid = str(record.backend_data.get(ENGINE_ID) or "")
+        if not pid or not eid:
+            return None
+        return self._cgroups.sample(pid, expect=eid)
+
+    def _layer(self, container: ContainerRecord, now: int) -> pb.FilesystemUsage | None:
+        upper = container.backend_data.get(UPPER_DIR)
+        if not upper:
+            return None
+        cached = self._layer_usage.get(container.id)
+        if cached is None or time.monotonic() - cached[0] > 30:
+            used, inodes = cgroups.tree_usage(str(upper))
+            cached = (time.monotonic(), used, inodes)
+            self._layer_usage[container.id] = cached
+        return pb.FilesystemUsage(
+            timestamp=now,
+            fs_id=pb.FilesystemIdentifier(mountpoint=str(upper)),
+            used_bytes=pb.UInt64Value(value=cached[1]),
+            inodes_used=pb.UInt64Value(value=cached[2]),
+        )
+
+    def _container_stats(self, ct: ContainerRecord) -> tuple[pb.ContainerStats, cgroups.Sample | None]:
+        cfg = ct.config
+        st = pb.ContainerStats(
+            attributes=pb.ContainerAttributes(
+                id=ct.id, metadata=cfg.metadata, labels=dict(cfg.labels), annotations=dict(cfg.annotations)
+            )
+        )
+        now = time.time_ns()
+        sample = None if ct.status.finished_at else self._sample(ct.id, ct)
+        if sample is not None:
+            _fill_cpu_mem(st.cpu, st.memory, sample, self._cpu_prev.get(ct.id))
+            if sample.cpu_ns is not None:
+                self._cpu_prev[ct.id] = (sample.timestamp, sample.cpu_ns)
+        else:
+            st.cpu.timestamp = now
+            st.memory.timestamp = now
+        layer = self._layer(ct, now)
+        if layer is not None:
+            st.writable_layer.CopyFrom(layer)
+        return st, sample
+
+    async def container_stats(self, containers: Sequence[ContainerRecord]) -> dict[str, pb.ContainerStats]:
+        def work() -> dict[str, pb.ContainerStats]:
+            return {ct.id: self._container_stats(ct)[0] for ct in containers}
+
+        return await self.engine.run(work)
+
+    async def sandbox_stats(
+        self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
+    ) -> dict[str, pb.PodSandboxStats]:
+        def work() -> dict[str, pb.PodSandboxStats]:
+            out: dict[str, pb.PodSandboxStats] = {}
+            for sb in sandboxes:
+                md = sb.config.metadata
+                ps = pb.PodSandboxStats(
+                    attributes=pb.PodSandboxAttributes(
+                        id=sb.id,
+                        metadata=md,
+                        labels=dict(sb.config.labels),
+                        annotations=dict(sb.config.annotations),
+                    )
+                )
+                now = time.time_ns()
+                linux = ps.linux
+                samples = []
+                pause = self._sample(sb.id, sb) if sb.status.ready else None
+                if pause is not None:
+                    samples.append(pause)
+                for ct in containers:
+                    if ct.sandbox_id != sb.id:
+                        continue
+                    cs, sample = self._container_stats(ct)
+                    linux.containers.append(cs)
+                    if sample is not None:
+                        samples.append(sample)
+                total = _sum_samples(samples, now)
+                _fill_cpu_mem(linux.cpu, linux.memory, total, self._cpu_prev.get(sb.id))
+                if total.cpu_ns is not None:
+                    self._cpu_prev[sb.id] = (total.timestamp, total.cpu_ns)
+                linux.process.timestamp = now
+                linux.process.process_count.value = total.pids or 0
+                pid = int(sb.backend_data.get(PID) or 0)
+                if pause is not None and pid and not convert.sandbox_host_network(sb.config):
+                    ifaces = cgroups.net_interfaces(pid)
+                    linux.network.timestamp = now
+                    for i in ifaces:
+                        nu = pb.NetworkInterfaceUsage(
+                            name=i.name,
+                            rx_bytes=pb.UInt64Value(value=i.rx_bytes),
+                            rx_errors=pb.UInt64Value(value=i.rx_errors),
+                            tx_bytes=pb.UInt64Value(value=i.tx_bytes),
+                            tx_errors=pb.UInt64Value(value=i.tx_errors),
+                        )
+                        linux.network.interfaces.append(nu)
+                        if i.name == "eth0":
+                            linux.network.default_interface.CopyFrom(nu)
+                out[sb.id] = ps
+            return out
+
+        return await self.engine.run(work)
+
+    # ---------------------------------------------------------------- images
+
+    async def pull_image(
+        self, image: pb.ImageSpec, auth: pb.AuthConfig | None, sandbox_config: pb.PodSandboxConfig | None
+    ) -> str:
+        return await self.images.pull(image.image, auth)
+
+    async def list_images(self) -> list[pb.Image]:
+        return await self.images.list()
+
+    async def image_status(self, image: pb.ImageSpec) -> pb.Image | None:
+        return await self.images.status(image.image)
+
+    async def remove_image(self, image: pb.ImageSpec) -> None:
+        await self.images.remove(image.image)
+
+    async def image_fs_info(self) -> pb.ImageFsInfoResponse:
+        return await self.images.fs_info()
+
+    # ---------------------------------------------------------------- output
+
+    def _follow(self, cri_id: str, engine_id: str, tty: bool, sink: LogSink, since: float | None) -> None:
+        old = self._followers.pop(cri_id, None)
+        if old is not None:
+            old.cancel()
+        task = asyncio.create_task(self._pump_logs(cri_id, engine_id, tty, sink, since))
+        self._followers[cri_id] = task
+
+    async def _pump_logs(
+        self, cri_id: str, engine_id: str, tty: bool, sink: LogSink, since: float | None
+    ) -> None:
+        """Copy the container's output into its sink until it exits; resume if the stream breaks."""
+        last = since
+        try:
+            while True:
+                query: dict[str, Any] = {"follow": 1, "stdout": 1, "stderr": 1, "timestamps": int(not tty)}
+                if last is not None:
+                    query["since"] = f"{last:.9f}"
+                try:
+                    resp = await self.engine.stream("GET", f"/containers/{engine_id}/logs", query=query)
+                except NotFoundError:
+                    return
+                except CriError:
+                    await asyncio.sleep(1)
+                    continue
+                try:
+                    async for stream, data in resp.frames(tty):
+                        if not tty:
+                            # "RFC3339Nano content": keep the time to resume without repeating.
+                            stamp, _, data = data.partition(b" ")
+                            with contextlib.suppress(ValueError):
+                                last = parse_time(stamp.decode()) / 1e9 + 1e-9
+                        sink.write(stream, data)
+                finally:
+                    resp.close()
+                try:
+                    info = await self._inspect(engine_id)
+                except NotFoundError:
+                    return
+                except CriError:
+                    await asyncio.sleep(1)
+                    continue
+                if not info["State"].get("Running"):
+                    return
+                if tty:
+                    last = time.time()
+        finally:
+            with contextlib.suppress(Exception):
+                sink.close()
+
+    async def _drain_logs(self, cri_id: str) -> None:
+        f = self._followers.get(cri_id)
+        if f is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(f), _LOG_DRAIN_WAIT)
+
+    # ---------------------------------------------------------------- events
+
+    async def _watch_events(self) -> None:
+        """Follow the engine's events; reconnect (catching up) when dockerd comes back.
+
+        Container deaths become exits; image changes invalidate the image-ID
+        cache, which is only trusted while this stream is connected.
+        """
+        since: float | None = None
+        filters = json.dumps(
+            {
+                "type": ["container", "image"],
+                "event": ["die", "oom", "tag", "untag", "delete", "pull", "import", "load"],
+            }
+        )
+        while not self._closed:
+            try:
+                query: dict[str, Any] = {"filters": filters}
+                if since is not None:
+                    query["since"] = f"{since:.9f}"
+                resp = await self.engine.stream("GET", "/events", query=query)
+            except CriError:
+                await asyncio.sleep(1)
+                continue
+            self.images.trust_cache(True)
+            # Anything that died while we were not listening.
+            self._spawn(self._check_watched())
+            try:
+                async for ev in resp.json_lines():
+                    since = int(ev.get("timeNano") or time.time_ns()) / 1e9
+                    if ev.get("Type") == "image":
+                        self.images.trust_cache(True)  # drops what it held
+                        continue
+                    attrs = (ev.get("Actor") or {}).get("Attributes") or {}
+                    cri_id = attrs.get(lbl.ID, "")
+                    if attrs.get(lbl.INSTANCE) != self.instance or not cri_id:
+                        continue
+                    if ev.get("Action", ev.get("status")) == "oom":
+                        self._oom.add(cri_id)
+                    elif cri_id not in self._stopping and cri_id in self._watched:
+                        self._spawn(self._report_exit(cri_id, str(ev.get("id") or "")))
+            finally:
+                resp.close()
+                self.images.trust_cache(False)
+            await asyncio.sleep(0.2)
+
+    async def _check_watched(self) -> None:
+        for cri_id, eid in list(self._watched.items()):
+            try:
+                info = await self._inspect(eid)
+            except NotFoundError:
+                info = {
+                    "State": {
+                        "Running": False,
+                        "ExitCode": 137,
+                        "Error": "container vanished from the engine",
+                    }
+                }
+            except CriError:
+                return
+            if not info["State"].get("Running"):
+                await self._report_exit(cri_id, eid, info)
+
+    async def _report_exit(self, cri_id: str, engine_id: str, info: dict[str, Any] | None = None) -> None:
+        if cri_id not in self._watched or cri_id in self._stopping or self._events is None:
+            return
+        self._watched.pop(cri_id, None)
+        try:
+            if info is None:
+                info = await self._inspect(engine_id)
+            kind = (info.get("Config") or {}).get("Labels", {}).get(lbl.KIND, lbl.CONTAINER)
+        except CriError:
+            return
+        if kind == lbl.SANDBOX:
+            self._events.sandbox_not_ready(cri_id, "pause container exited")
+            return
+        await self._drain_logs(cri_id)
+        self._events.container_exited(cri_id, await self._exit_of(cri_id, info["State"]))
+
+    async def _exit_of(self, cri_id: str, state: dict[str, Any]) -> ExitInfo:
+        """How it ended, OOM included: the engine's OOMKilled flag loses a race
+        with the exit when the OOM event comes second, the oom event does not."""
+        info = exit_info(state)
+        if info.exit_code == 137 and info.reason != "OOMKilled":
+            for _ in range(4):
+                if cri_id in self._oom:
+                    break
+                await asyncio.sleep(0.05)
+            if cri_id in self._oom:
+                info = dataclasses.replace(info, reason="OOMKilled")
+        self._oom.discard(cri_id)
+        return info
+
+
+class _TtyView:
+    """A StreamIO whose tty flag is the container's (attach follows how it was created)."""
+
+    def __init__(self, io: StreamIO, tty: bool) -> None:
+        self._io = io
+        self.stdin = io.stdin
+        self.stdout = io.stdout
+        self.stderr = io.stderr
+        self.tty = tty
+
+    async def read_stdin(self) -> bytes:
+        return await self._io.read_stdin()
+
+    async def write_stdout(self, data: bytes) -> None:
+        await self._io.write_stdout(data)
+
+    async def write_stderr(self, data: bytes) -> None:
+        await self._io.write_stderr(data)
+
+    def resizes(self) -> Any:
+        return self._io.resizes()
+
+
+def _sum_samples(samples: list[cgroups.Sample], now: int) -> cgroups.Sample:
+    def total(attr: str) -> int | None:
+        values = [getattr(s, attr) for s in samples if getattr(s, attr) is not None]
+        return sum(values) if values else None
+
+    return cgroups.Sample(
+        timestamp=now,
+        cpu_ns=total("cpu_ns"),
+        memory_usage=total("memory_usage"),
+        working_set=total("working_set"),
+        rss=total("rss"),
+        page_faults=total("page_faults"),
+        major_page_faults=total("major_page_faults"),
+        pids=total("pids"),
+    )
+
+
+def _fill_cpu_mem(
+    cpu: pb.CpuUsage, mem: pb.MemoryUsage, s: cgroups.Sample, prev: tuple[int, int] | None
+) -> None:
+    cpu.timestamp = s.timestamp
+    mem.timestamp = s.timestamp
+    if s.cpu_ns is not None:
+        cpu.usage_core_nano_seconds.value = s.cpu_ns
+        if prev is not None and s.timestamp > prev[0] and s.cpu_ns >= prev[1]:
+            cpu.usage_nano_cores.value = (s.cpu_ns - prev[1]) * 1_000_000_000 // (s.timestamp - prev[0])
+    if s.working_set is not None:
+        mem.working_set_bytes.value = s.working_set
+    if s.memory_usage is not None:
+        mem.usage_bytes.value = s.memory_usage
+    if s.rss is not None:
+        mem.rss_bytes.value = s.rss
+    if s.page_faults is not None:
+        mem.page_faults.value = s.page_faults
+    if s.major_page_faults is not None:
+        mem.major_page_faults.value = s.major_page_faults
+    avail = cgroups.available(s)
+    if avail is not None:
+        mem.available_bytes.value = avail
+
+
+def _last_log_time(path: str) -> float | None:
+    """The time (s) of the last record in a CRI log file, just past it; None without one."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 65536))
+            tail = f.read()
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        stamp = line.split(b" ", 1)[0]
+        try:
+            return parse_time(stamp.decode()) / 1e9 + 1e-9
+        except (ValueError, UnicodeDecodeError):
+            continue
+    return None
+
+
+def _write_file(path: str, content: str) -> None:
+    tmp = f"{path}.crishim"
+    with open(tmp, "w") as f:
+        f.write(content)
+    os.replace(tmp, path)

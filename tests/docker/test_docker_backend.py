@@ -1,0 +1,646 @@
+"""The docker backend against a real engine: sandboxes, containers, logs, exec, stats, recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from backends.base import Backend, SandboxStatus, TerminalSize
+from backends.docker import create
+from backends.docker import labels as lbl
+from cri_api import api_pb2 as pb
+from shim.errors import CriError, DeadlineExceededError, NotFoundError, UnavailableError
+from shim.logs import CriLogWriter
+from tests.docker.dockerkit import (
+    BUSYBOX,
+    ENDPOINT,
+    INSTANCE,
+    PAUSE,
+    Events,
+    Harness,
+    container_record,
+    new_backend,
+    sandbox_record,
+)
+
+pytestmark = pytest.mark.docker
+
+
+def log_records(path: Path) -> list[tuple[str, str, str]]:
+    out = []
+    for line in path.read_text().splitlines():
+        _ts, stream, tag, content = line.split(" ", 3)
+        out.append((stream, tag, content))
+    return out
+
+
+async def test_is_a_backend(harness: Harness) -> None:
+    assert isinstance(harness.backend, Backend)
+    health = await harness.backend.health()
+    assert health.runtime_ready and health.network_ready
+    assert harness.backend.runtime_config().linux.cgroup_driver in (pb.CGROUPFS, pb.SYSTEMD)
+
+
+async def test_sandbox_run_stop_remove(harness: Harness) -> None:
+    sb = sandbox_record(
+        "web",
+        dns_config=pb.DNSConfig(servers=["10.0.0.10"], searches=["svc.local"], options=["ndots:5"]),
+        port_mappings=[pb.PortMapping(protocol=pb.TCP, container_port=80, host_port=0)],
+    )
+    await harness.run_sandbox(sb)
+    assert sb.status.ip.count(".") == 3, sb.status.ip
+    eid = sb.backend_data["engine_id"]
+    info = harness.engine.inspect_container(eid)
+    assert info["State"]["Running"]
+    assert info["Config"]["Labels"][lbl.ID] == sb.id
+    assert info["Config"]["Hostname"] == "web"
+    assert lbl.decode_sandbox_config(info["Config"]["Labels"][lbl.CONFIG]) == sb.config
+    resolv = await asyncio.to_thread(Path(info["ResolvConfPath"]).read_text)
+    assert "nameserver 10.0.0.10" in resolv and "search svc.local" in resolv and "options ndots:5" in resolv
+
+    await harness.backend.stop_sandbox(sb)
+    assert not harness.engine.inspect_container(eid)["State"]["Running"]
+    await harness.backend.stop_sandbox(sb)  # idempotent
+    await harness.backend.remove_sandbox(sb)
+    with pytest.raises(docker.errors.NotFound):
+        harness.engine.inspect_container(eid)
+    await harness.backend.remove_sandbox(sb)  # idempotent
+    assert sb.id not in harness.events.not_ready
+
+
+async def test_container_exit_code_and_logs(harness: Harness, tmp_path: Path) -> None:
+    sb = await harness.run_sandbox()
+    ct = await harness.create(
+        container_record(
+            sb,
+            ["sh", "-c", "echo out; echo err >&2; printf tail; hostname; exit 3"],
+            envs=[pb.KeyValue(key="X", value=b"1")],
+        ),
+        sb,
+    )
+    assert ct.image_ref.startswith("sha256:")
+    log_path = tmp_path / "c.log"
+    started = await harness.backend.start_container(ct, sb, CriLogWriter(str(log_path)))
+    assert abs(started - time.time_ns()) < 30e9
+    exit_info = await harness.events.exit_of(ct.id)
+    assert exit_info.exit_code == 3
+    assert exit_info.reason == "Error"
+    assert exit_info.finished_at >= started
+    records = log_records(log_path)
+    assert ("stdout", "F", "out") in records
+    assert ("stderr", "F", "err") in records
+    # The pod's hostname is the container's: it shares the pause container's UTS.
+    assert ("stdout", "F", "tailpod") in records
+
+
+async def test_container_completed_reason(harness: Harness, tmp_path: Path) -> None:
+    sb = await harness.run_sandbox()
+    ct = await harness.create(container_record(sb, ["true"]), sb)
+    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    info = await harness.events.exit_of(ct.id)
+    assert (info.exit_code, info.reason) == (0, "Completed")
+
+
+async def test_stop_timeout_kills(harness: Harness, tmp_path: Path) -> None:
+    sb = await harness.run_sandbox()
+    ct = await harness.create(
+        container_record(sb, ["sh", "-c", "trap '' TERM; touch /tmp/ready; sleep 1000 & wait; sleep 1000"]),
+        sb,
+    )
+    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    # A TERM that came before the trap was set would end it at once.
+    await harness.backend.exec_sync(ct, ["sh", "-c", "until [ -e /tmp/ready ]; do sleep 0.05; done"], 10)
+    t0 = time.monotonic()
+    info = await harness.backend.stop_container(ct, 1)
+    elapsed = time.monotonic() - t0
+    assert 0.9 <= elapsed < 10, elapsed
+    assert info.exit_code == 137
+    await asyncio.sleep(0.5)
+    assert ct.id not in harness.events.exits  # a requested stop is not an event
+
+
+async def test_exec_sync_and_timeout(harness: Harness, tmp_path: Path) -> None:
+    sb = await harness.run_sandbox()
+    ct = await harness.create(container_record(sb, ["sleep", "1000"]), sb)
+    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    res = await harness.backend.exec_sync(ct, ["sh", "-c", "echo hi; echo oops >&2; exit 7"], 10)
+    assert (res.exit_code, res.stdout, res.stderr) == (7, b"hi\n", b"oops\n")
+
+    t0 = time.monotonic()
+    with pytest.raises(DeadlineExceededError):
+        await harness.backend.exec_sync(ct, ["sleep", "57"], 1)
+    assert time.monotonic() - t0 < 5
+    ps = await harness.backend.exec_sync(ct, ["ps", "-o", "args"], 10)
+    assert b"sleep 57" not in ps.stdout, ps.stdout
+    assert b"sleep 1000" in ps.stdout
+
+
+async def test_stats(harness: Harness, tmp_path: Path) -> None:
+    sb = await harness.run_sandbox()
+    ct = await harness.create(container_record(sb, ["sh", "-c", "while :; do :; done"]), sb)
+    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await asyncio.sleep(0.3)
+    first = (await harness.backend.container_stats([ct]))[ct.id]
+    await asyncio.sleep(0.3)
+    stats = (await harness.backend.container_stats([ct]))[ct.id]
+    assert stats.attributes.id == ct.id and stats.attributes.labels["role"] == "c"
+    assert stats.cpu.usage_core_nano_seconds.value > first.cpu.usage_core_nano_seconds.value > 0
+    assert stats.cpu.usage_nano_cores.value > 100_000_000  # a busy loop uses a good part of a core
+    assert stats.memory.working_set_bytes.value > 0
+    pod = (await harness.backend.sandbox_stats([sb], [ct]))[sb.id]
+    assert pod.attributes.id == sb.id
+    assert [c.attributes.id for c in pod.linux.containers] == [ct.id]
+    assert pod.linux.process.process_count.value >= 2  # pause + the loop
+    assert pod.linux.network.default_interface.name == "eth0"
+    assert pod.linux.cpu.usage_core_nano_seconds.value >= stats.cpu.usage_core_nano_seconds.value
+
+
+class Session:
+    """A StreamIO for tests: scripted stdin, recorded output."""
+
+    def __init__(self, stdin: bytes | None, tty: bool = False) -> None:
+        self.stdin = stdin is not None
+        self.stdout = True
+        self.stderr = not tty
+        self.tty = tty
+        self._in = [stdin] if stdin else []
+        self.out = bytearray()
+        self.err = bytearray()
+
+    async def read_stdin(self) -> bytes:
+        await asyncio.sleep(0.05)
+        return self._in.pop(0) if self._in else b""
+
+    async def write_stdout(self, data: bytes) -> None:
+        self.out += data
+
+    async def write_stderr(self, data: bytes) -> None:
+        self.err += data
+
+    async def resizes(self) -> AsyncIterator[TerminalSize]:
+        yield TerminalSize(100, 30)
+
+
+async def test_streaming_exec_stdin_half_close(harness: Harness, tmp_path: Path) -> None:
+    sb = await harness.run_sandbox()
+    ct = await harness.create(container_record(sb, ["sleep", "1000"]), sb)
+    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    io = Session(b"hello\nworld\n")
+    code = await harness.backend.exec(ct, ["sh", "-c", "cat; echo done >&2; exit 4"], io)
+    assert (code, bytes(io.out), bytes(io.err)) == (4, b"hello\nworld\n", b"done\n")
+    tty = Session(None, tty=True)
+    code = await harness.backend.exec(ct, ["sh", "-c", "sleep 0.3; stty size"], tty)
+    assert code == 0 and b"30 100" in tty.out
+
+
+async def test_port_forward_into_pod(harness: Harness, tmp_path: Path) -> None:
+    sb = await harness.run_sandbox()
+    ct = await harness.create(
+        container_record(sb, ["sh", "-c", "echo pong > /tmp/index.html; httpd -f -p 127.0.0.1:8080 -h /tmp"]),
+        sb,
+    )
+    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await harness.backend.exec_sync(
+        ct,
+        ["sh", "-c", "until wget -q -O /dev/null http://127.0.0.1:8080/index.html; do sleep 0.1; done"],
+        10,
+    )
+
+    class Conn:
+        def __init__(self) -> None:
+            self.sent = [b"GET /index.html HTTP/1.0\r\n\r\n"]
+            self.got = bytearray()
+
+        async def read(self) -> bytes:
+            return self.sent.pop(0) if self.sent else b""
+
+        async def write(self, data: bytes) -> None:
+            self.got += data
+
+    conn = Conn()
+    # 127.0.0.1:8080 exists only inside the pod's network namespace.
+    await asyncio.wait_for(harness.backend.port_forward(sb, 8080, conn), 10)
+    assert conn.got.startswith(b"HTTP/1.") and conn.got.endswith(b"pong\n"), bytes(conn.got)
+
+
+async def test_recover_after_restart(harness: Harness, tmp_path: Path) -> None:
+    sb = await harness.run_sandbox()
+    running = await harness.create(container_record(sb, ["sleep", "1000"], name="run"), sb)
+    await harness.backend.start_container(running, sb, CriLogWriter(str(tmp_path / "a.log")))
+    exited = await harness.create(container_record(sb, ["sh", "-c", "exit 5"], name="ex"), sb)
+    await harness.backend.start_container(exited, sb, CriLogWriter(str(tmp_path / "b.log")))
+    await harness.events.exit_of(exited.id)
+    leftover = await harness.create(container_record(sb, ["true"], name="left"), sb)
+    left_eid = leftover.backend_data["engine_id"]
+    await harness.backend.close()
+
+    events = Events()
+    events.sinks[running.id] = CriLogWriter(str(tmp_path / "a.log"))
+    harness.backend = await new_backend(events)
+    harness.events = events
+    # The shim's records as persisted: the leftover's record was never committed.
+    leftover.committed = False
+    kept = [running, exited, leftover]
+    sandboxes, containers = await harness.backend.recover([sb], kept)
+    assert sandboxes[sb.id].exists and sandboxes[sb.id].running
+    assert sandboxes[sb.id].status == SandboxStatus(ready=True, ip=sb.status.ip)
+    assert containers[running.id].exists and containers[running.id].running
+    assert containers[running.id].started_at > 0
+    ex = containers[exited.id]
+    assert ex.exists and not ex.running and ex.exit is not None and ex.exit.exit_code == 5
+    assert not containers[leftover.id].exists
+    with pytest.raises(docker.errors.NotFound):
+        harness.engine.inspect_container(left_eid)
+
+    # The recovered backend still sees exits it did not ask for.
+    harness.engine.kill(running.backend_data["engine_id"], "SIGKILL")
+    info = await events.exit_of(running.id)
+    assert (info.exit_code, info.reason) == (137, "Error")
+
+
+def push_own_image(engine: docker.APIClient) -> str:
+    """An image of this test run alone (its own ID), in the registry and not local.
+
+    The shared busybox may be in use by other containers on the engine,
+    which the engine refuses to delete by ID.
+    """
+    repo = "127.0.0.1:5000/crishim-test"
+    ref = f"{repo}:{INSTANCE}"
+    dockerfile = f"FROM {BUSYBOX}\nLABEL io.cri-shim.test={INSTANCE}\n".encode()
+    for _ in engine.build(fileobj=io.BytesIO(dockerfile), tag=ref, rm=True, pull=False, decode=True):
+        pass
+    for line in engine.push(repo, tag=INSTANCE, stream=True, decode=True):
+        assert "error" not in line, line
+    engine.remove_image(ref)
+    return ref
+
+
+async def test_images_pull_list_status_remove(harness: Harness) -> None:
+    backend = harness.backend
+    ref = await asyncio.to_thread(push_own_image, harness.engine)
+    assert await backend.image_status(pb.ImageSpec(image=ref)) is None
+    image_id = await backend.pull_image(pb.ImageSpec(image=ref), None, None)
+    assert image_id.startswith("sha256:")
+    listed = {i.id: i for i in await backend.list_images()}
+    assert ref in listed[image_id].repo_tags
+    status = await backend.image_status(pb.ImageSpec(image=ref))
+    assert status is not None and status.id == image_id and status.size > 0
+    assert any(d.startswith("127.0.0.1:5000/crishim-test@sha256:") for d in status.repo_digests)
+    by_digest = await backend.image_status(pb.ImageSpec(image=status.repo_digests[0]))
+    assert by_digest is not None and by_digest.id == image_id
+    pause = await backend.image_status(pb.ImageSpec(image=PAUSE))
+    assert pause is not None and pause.uid.value == 65535 and pause.pinned
+
+    fs = await backend.image_fs_info()
+    assert fs.image_filesystems[0].used_bytes.value > 0
+    assert fs.image_filesystems[0].fs_id.mountpoint
+
+    extra = f"127.0.0.1:5000/crishim-test:{INSTANCE}-extra"
+    harness.engine.tag(ref, extra)
+    # Concurrent removals of one image all succeed, and it is gone when each
+    # returns (critest's "simultaneous RemoveImage").
+    removals = [backend.remove_image(pb.ImageSpec(image=r)) for r in (ref, image_id, ref, image_id)]
+    await asyncio.gather(*removals)
+    assert await backend.image_status(pb.ImageSpec(image=image_id)) is None
+    assert await backend.image_status(pb.ImageSpec(image=ref)) is None
+    assert await backend.image_status(pb.ImageSpec(image=extra)) is None  # every tag went
+    await backend.remove_image(pb.ImageSpec(image=ref))  # absent: no error
+    with pytest.raises(NotFoundError):
+        await backend.pull_image(pb.ImageSpec(image="127.0.0.1:5000/nothing-here:1"), None, None)
+    again = await asyncio.gather(*(backend.pull_image(pb.ImageSpec(image=ref), None, None) for _ in range(3)))
+    assert again == [image_id] * 3
+    await backend.remove_image(pb.ImageSpec(image=image_id))
+
+
+async def test_create_with_missing_image_is_not_found(harness: Harness) -> None:
+    sb = await harness.run_sandbox()
+    ct = container_record(sb, ["true"])
+    ct.config.image.image = "127.0.0.1:5000/absent:0"
+    with pytest.raises(NotFoundError):
+        await harness.backend.create_container(ct, sb)
+
+
+async def test_attach_stdin_once(harness: Harness, tmp_path: Path) -> None:
+    sb = await harness.run_sandbox()
+    ct = await harness.create(
+        container_record(
+            sb, ["sh", "-c", "read line; echo got:$line; echo bye >&2"], stdin=True, stdin_once=True
+        ),
+        sb,
+    )
+    log_path = tmp_path / "l.log"
+    await harness.backend.start_container(ct, sb, CriLogWriter(str(log_path)))
+    io = Session(b"ping\n")
+    await asyncio.wait_for(harness.backend.attach(ct, io), 10)
+    assert bytes(io.out) == b"got:ping\n" and bytes(io.err) == b"bye\n"
+    assert (await harness.events.exit_of(ct.id)).exit_code == 0
+    assert ("stdout", "F", "got:ping") in log_records(log_path)
+
+
+async def test_published_port_and_security_settings(harness: Harness, tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        host_port = s.getsockname()[1]
+    sb = await harness.run_sandbox(
+        sandbox_record(
+            "pub",
+            port_mappings=[
+                pb.PortMapping(protocol=pb.TCP, container_port=8080, host_port=host_port, host_ip="127.0.0.1")
+            ],
+            linux=pb.LinuxPodSandboxConfig(sysctls={"net.ipv4.ip_unprivileged_port_start": "0"}),
+        )
+    )
+    sc = pb.LinuxContainerSecurityContext(
+        run_as_user=pb.Int64Value(value=33),
+        run_as_group=pb.Int64Value(value=33),
+        supplemental_groups=[50],
+        readonly_rootfs=True,
+        capabilities=pb.Capability(drop_capabilities=["ALL"], add_capabilities=["NET_BIND_SERVICE"]),
+        no_new_privs=True,
+    )
+    ct = await harness.create(
+        container_record(
+            sb,
+            ["sh", "-c", "httpd -f -p 8080 -h /etc"],
+            linux=pb.LinuxContainerConfig(
+                security_context=sc,
+                resources=pb.LinuxContainerResources(memory_limit_in_bytes=64 << 20, oom_score_adj=-500),
+            ),
+        ),
+        sb,
+    )
+    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    res = await harness.backend.exec_sync(
+        ct, ["sh", "-c", "id; cat /proc/sys/net/ipv4/ip_unprivileged_port_start; touch /x"], 10
+    )
+    assert b"uid=33" in res.stdout and b"gid=33" in res.stdout and b"50" in res.stdout, res.stdout
+    assert res.stdout.splitlines()[1] == b"0"
+    assert res.exit_code != 0 and b"Read-only file system" in res.stderr
+    host = harness.engine.inspect_container(ct.backend_data["engine_id"])["HostConfig"]
+    assert host["Memory"] == 64 << 20
+    assert "no-new-privileges" in host["SecurityOpt"]
+
+    async def fetch() -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", host_port)
+        writer.write(b"GET /passwd HTTP/1.0\r\n\r\n")
+        data = await reader.read()
+        writer.close()
+        await writer.wait_closed()
+        return data
+
+    for _ in range(50):
+        try:
+            body = await fetch()
+            if body:
+                break
+        except OSError:
+            pass
+        await asyncio.sleep(0.1)
+    assert b"www-data" in body
+
+
+async def test_engine_down_is_unavailable(tmp_path: Path) -> None:
+    events = Events()
+    backend = create("docker", {"endpoint": f"unix://{tmp_path}/absent.sock"})
+    await backend.start(events)
+    try:
+        health = await backend.health()
+        assert not health.runtime_ready and health.reason == "DockerDaemonNotReady"
+        with pytest.raises(UnavailableError):
+            await backend.list_images()
+        with pytest.raises(UnavailableError):
+            await backend.run_sandbox(sandbox_record())
+    finally:
+        await backend.close()
+
+
+async def test_recover_resumes_output_without_repeats(harness: Harness, tmp_path: Path) -> None:
+    sb = await harness.run_sandbox()
+    ct = await harness.create(
+        container_record(
+            sb, ["sh", "-c", "i=0; while [ $i -lt 40 ]; do echo $i; i=$((i+1)); sleep 0.05; done"]
+        ),
+        sb,
+    )
+    log_path = tmp_path / "c.log"
+    ct.log_path = str(log_path)
+    await harness.backend.start_container(ct, sb, CriLogWriter(str(log_path)))
+    await asyncio.sleep(0.6)
+    await harness.backend.close()  # the shim goes down while the container keeps printing
+    await asyncio.sleep(0.4)
+
+    events = Events()
+    events.sinks[ct.id] = CriLogWriter(str(log_path))
+    harness.backend = await new_backend(events)
+    harness.events = events
+    _, seen = await harness.backend.recover([sb], [ct])
+    assert seen[ct.id].running
+    await events.exit_of(ct.id)
+    numbers = [int(content) for stream, _tag, content in log_records(log_path) if stream == "stdout"]
+    assert numbers == list(range(40))
+
+
+async def test_exec_client_gone_ends_process(harness: Harness, tmp_path: Path) -> None:
+    sb = await harness.run_sandbox()
+    ct = await harness.create(container_record(sb, ["sleep", "1000"]), sb)
+    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    session = asyncio.create_task(harness.backend.exec(ct, ["sleep", "301"], Session(None)))
+    await asyncio.sleep(0.5)
+    ps = await harness.backend.exec_sync(ct, ["ps", "-o", "args"], 10)
+    assert b"sleep 301" in ps.stdout
+    session.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await session
+    ps = await harness.backend.exec_sync(ct, ["ps", "-o", "args"], 10)
+    assert b"sleep 301" not in ps.stdout, ps.stdout
+
+
+class EngineProxy:
+    """A unix-socket relay to the real engine that can be cut, to play dockerd going away and back."""
+
+    def __init__(self, path: Path, target: str) -> None:
+        self.path = path
+        self.target = target.removeprefix("unix://")
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def up(self) -> None:
+        self._server = await asyncio.start_unix_server(self._relay, path=str(self.path))
+
+    async def down(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for w in list(self._writers):
+            w.close()
+        await self._server.wait_closed()
+        self.path.unlink(missing_ok=True)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_unix_connection(self.target)
+        self._writers |= {writer, up_writer}
+
+        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except OSError:
+                pass
+            finally:
+                dst.close()
+
+        try:
+            await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
+        finally:
+            self._writers -= {writer, up_writer}
+
+
+async def test_engine_outage_and_return(engine: docker.APIClient, tmp_path: Path) -> None:
+    proxy = EngineProxy(tmp_path / "engine.sock", ENDPOINT)
+    await proxy.up()
+    events = Events()
+    backend = create(
+        "docker", {"endpoint": f"unix://{proxy.path}", "pause_image": PAUSE, "instance": INSTANCE}
+    )
+    await backend.start(events)
+    h = Harness(backend, events, engine)
+    try:
+        sb = await h.run_sandbox()
+        ct = await h.create(container_record(sb, ["sleep", "1000"]), sb)
+        await backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+
+        await proxy.down()
+        health = await backend.health()
+        assert not health.runtime_ready and health.reason
+        with pytest.raises(UnavailableError):
+            await backend.list_images()
+        with pytest.raises(UnavailableError):
+            await backend.exec_sync(ct, ["true"], 5)
+        # It dies while the shim cannot hear the engine.
+        engine.kill(ct.backend_data["engine_id"], "SIGKILL")
+        await asyncio.sleep(0.5)
+
+        await proxy.up()
+        for _ in range(50):
+            if (await backend.health()).runtime_ready:
+                break
+            await asyncio.sleep(0.1)
+        assert (await backend.health()).runtime_ready
+        info = await events.exit_of(ct.id, timeout=15)
+        assert info.exit_code == 137
+        assert [i.id for i in await backend.list_images()]
+    finally:
+        await h.cleanup()
+        await backend.close()
+        await proxy.down()
+
+
+async def test_pod_dns_and_oom_killed(harness: Harness, tmp_path: Path) -> None:
+    sb = await harness.run_sandbox(
+        sandbox_record(
+            "dns", dns_config=pb.DNSConfig(servers=["10.96.0.10"], searches=["ns.svc.cluster.local"])
+        )
+    )
+    ct = await harness.create(
+        container_record(
+            sb,
+            ["sh", "-c", "cat /etc/resolv.conf; head -c 200000000 /dev/zero | tail > /dev/null"],
+            linux=pb.LinuxContainerConfig(
+                resources=pb.LinuxContainerResources(memory_limit_in_bytes=16 << 20)
+            ),
+        ),
+        sb,
+    )
+    log_path = tmp_path / "c.log"
+    await harness.backend.start_container(ct, sb, CriLogWriter(str(log_path)))
+    info = await harness.events.exit_of(ct.id, timeout=60)
+    assert (info.exit_code, info.reason) == (137, "OOMKilled")
+    out = [content for stream, _tag, content in log_records(log_path) if stream == "stdout"]
+    assert "nameserver 10.96.0.10" in out and "search ns.svc.cluster.local" in out
+
+
+async def test_pause_image_pulled_again_when_removed(harness: Harness) -> None:
+    await harness.run_sandbox()
+    # The first sandbox's pause keeps the image; only its tag goes, and the backend must notice.
+    harness.engine.remove_image(PAUSE, force=True)
+    sb = await harness.run_sandbox()
+    assert sb.status.ip
+    assert await harness.backend.image_status(pb.ImageSpec(image=PAUSE)) is not None
+
+
+async def test_image_id_cache_follows_retags(harness: Harness) -> None:
+    images = harness.backend.images
+    moving = f"127.0.0.1:5000/crishim-moving:{INSTANCE}"
+    busybox_id = harness.engine.inspect_image(BUSYBOX)["Id"]
+    pause_id = harness.engine.inspect_image(PAUSE)["Id"]
+    harness.engine.tag(BUSYBOX, moving)
+    try:
+        await asyncio.sleep(0.3)  # the event stream is up and the tag event went by
+        assert await images.resolve(moving) == busybox_id
+        assert await images.resolve(moving) == busybox_id  # now from the cache
+        harness.engine.tag(PAUSE, moving)
+        for _ in range(50):
+            if await images.resolve(moving) == pause_id:
+                break
+            await asyncio.sleep(0.05)
+        assert await images.resolve(moving) == pause_id
+    finally:
+        harness.engine.remove_image(moving)
+    with pytest.raises(NotFoundError):
+        for _ in range(50):
+            await images.resolve(moving)
+            await asyncio.sleep(0.05)
+
+
+async def test_failed_sandbox_leaves_nothing(harness: Harness) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mapping = [pb.PortMapping(protocol=pb.TCP, container_port=80, host_port=port, host_ip="127.0.0.1")]
+    await harness.run_sandbox(sandbox_record("first", port_mappings=mapping))
+    second = sandbox_record("second", port_mappings=mapping)
+    with pytest.raises(CriError):
+        await harness.backend.run_sandbox(second)
+    assert "engine_id" not in second.backend_data
+    rows = harness.engine.containers(all=True, filters={"label": f"io.cri-shim.id={second.id}"})
+    assert rows == []
+
+
+async def test_long_line_split_into_partial_records(harness: Harness, tmp_path: Path) -> None:
+    sb = await harness.run_sandbox()
+    ct = await harness.create(
+        container_record(sb, ["sh", "-c", "head -c 40000 /dev/zero | tr '\\0' a; echo; echo next"]), sb
+    )
+    log_path = tmp_path / "c.log"
+    await harness.backend.start_container(ct, sb, CriLogWriter(str(log_path)))
+    await harness.events.exit_of(ct.id)
+    records = log_records(log_path)
+    assert [(tag, len(content)) for _s, tag, content in records] == [
+        ("P", 16384),
+        ("P", 16384),
+        ("F", 40000 - 2 * 16384),
+        ("F", 4),
+    ]
+    assert "".join(c for _s, _t, c in records[:3]) == "a" * 40000
+
+
+async def test_masked_and_readonly_paths(harness: Harness, tmp_path: Path) -> None:
+    sb = await harness.run_sandbox()
+    sc = pb.LinuxContainerSecurityContext(masked_paths=["/bin/ls"], readonly_paths=["/tmp"])
+    ct = await harness.create(
+        container_record(sb, ["sleep", "1000"], linux=pb.LinuxContainerConfig(security_context=sc)), sb
+    )
+    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    masked = await harness.backend.exec_sync(ct, ["/bin/ls", "/"], 10)
+    assert masked.exit_code != 0  # /bin/ls is /dev/null now
+    shell = await harness.backend.exec_sync(ct, ["sh", "-c", "echo alive"], 10)
+    assert shell.stdout == b"alive\n"  # busybox itself is not masked with it
+    ro = await harness.backend.exec_sync(ct, ["touch", "/tmp/x"], 10)
+    assert ro.exit_code != 0 and b"Read-only file system" in ro.stderr
