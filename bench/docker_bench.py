@@ -338,8 +338,11 @@ class Raw:
 class Shim:
     """`cri-shim serve` with the docker backend, on a temporary socket and state."""
 
-    def __init__(self, tmp: str) -> None:
+    def __init__(self, tmp: str, run_id: str) -> None:
         self.tmp = tmp
+        # The backend labels every engine container with its instance: naming
+        # it here lets the cleanup find what the shim left behind if it died.
+        self.instance = f"cri-shim-bench-{run_id}"
         self.sock = f"{tmp}/cri-shim.sock"
         self.state_dir = f"{tmp}/state"
         self.config = f"{tmp}/cri-shim.toml"
@@ -353,6 +356,7 @@ class Shim:
                 'type = "docker"\n'
                 f'endpoint = "{DOCKER_SOCK}"\n'
                 f'pause_image = "{PAUSE}"\n'
+                f'instance = "{self.instance}"\n'
             )
         self.log = open(f"{tmp}/cri-shim.log", "wb")
         self.proc = subprocess.Popen(
@@ -374,14 +378,12 @@ class Shim:
         )
 
     def engine_leftovers(self) -> list[str]:
-        """Engine containers of this shim instance (the backend labels them with it)."""
-        from backends.docker import _instance_of
+        """Engine containers of this shim instance."""
         from backends.docker import labels as lbl
 
-        instance = _instance_of("docker", self.state_dir)
         api = docker.APIClient(base_url=DOCKER_SOCK, version="auto", timeout=60)
         try:
-            rows = api.containers(all=True, filters={"label": f"{lbl.INSTANCE}={instance}"})
+            rows = api.containers(all=True, filters={"label": f"{lbl.INSTANCE}={self.instance}"})
             return [str(r["Id"]) for r in rows]
         finally:
             api.close()
@@ -459,7 +461,7 @@ def main() -> int:
     # SIGTERM cleans up like Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        shim = Shim(tmp)
+        shim = Shim(tmp, run_id)
         sh = Cri("cri-shim", shim.sock, run_id, logs)
         cris.append(sh)
         try:
@@ -562,6 +564,7 @@ def main() -> int:
             raw.cleanup()
             raw.close()
         if shim is not None:
+            shim.stop()
             # Whatever the shim did not remove through CRI (e.g. it died): straight from the engine.
             with contextlib.suppress(Exception):
                 leftovers = shim.engine_leftovers()
@@ -572,7 +575,6 @@ def main() -> int:
                         with contextlib.suppress(docker.errors.APIError):
                             api.remove_container(eid, v=True, force=True)
                     api.close()
-            shim.stop()
         if args.keep_tmp:
             print(f"kept {tmp}", file=sys.stderr)
         else:

@@ -17,8 +17,9 @@ REGISTRY=127.0.0.1:5000
 BUSYBOX_REF=$REGISTRY/busybox:1.36
 PAUSE_REF=$REGISTRY/pause:3.10
 
-# systemd brings systemd-socket-activate (deploy tests); openssl makes the streaming TLS test certificate.
-APT_PACKAGES="docker.io docker-registry busybox-static gcc libc6-dev iptables curl procps ca-certificates systemd openssl"
+# systemd brings systemd-socket-activate (deploy tests); openssl makes the streaming TLS test
+# certificate; runc runs the containers inside runv VMs.
+APT_PACKAGES="docker.io docker-registry busybox-static gcc libc6-dev iptables curl procps ca-certificates systemd openssl runc"
 
 say() { echo "testenv: $*" >&2; }
 fail() { say "error: $*"; exit 1; }

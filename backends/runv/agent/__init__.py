@@ -1,0 +1,1 @@
+"""The guest agent of the runv backend and its wire protocol (see PROTOCOL.md)."""

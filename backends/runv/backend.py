@@ -1,0 +1,798 @@
+"""The runv backend: one VM per pod, containers inside it through the guest agent."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from backends import base
+from backends.runv.agent.client import AgentClient
+from backends.runv.agent.protocol import Ch, ConnectionLost, Stream
+from backends.runv.hypervisor import MIB, VM, Fault, Hypervisor, VMSpec
+from backends.runv.images.store import Credentials, Image, ImageStore
+from backends.runv.stub import StubHypervisor, vm_size
+from cri_api import api_pb2 as pb
+from shim import errors
+
+VM_CRASH_EXIT = 255
+VM_CRASH_REASON = "VMCrashed"
+
+
+@dataclasses.dataclass(eq=False)
+class _Pod:
+    sandbox_id: str
+    vm: VM
+    agent: AgentClient | None = None
+    containers: set[str] = dataclasses.field(default_factory=set)
+    stopping: bool = False
+    dead: bool = False
+    monitor: asyncio.Task[None] | None = None
+    pumps: dict[str, asyncio.Task[None]] = dataclasses.field(default_factory=dict)
+
+
+def _vm_id(sandbox_id: str) -> str:
+    # Short: the agent socket path under the run dir must fit in sun_path.
+    return sandbox_id[:16]
+
+
+def _signal_number(sig: int) -> int:
+    """CRI Signal enum to the host signal number (0 = runtime default)."""
+    if sig == 0:
+        return int(signal.SIGTERM)
+    name = pb.Signal.Name(sig)
+    return int(getattr(signal, name, signal.SIGTERM))
+
+
+class RunvBackend:
+    capabilities = (
+        base.Capability.EXEC_SYNC
+        | base.Capability.EXEC
+        | base.Capability.ATTACH
+        | base.Capability.PORT_FORWARD
+        | base.Capability.STATS
+        | base.Capability.UPDATE_RESOURCES
+        | base.Capability.IMAGES
+    )
+
+    def __init__(self, name: str, config: dict[str, Any], hypervisor: Hypervisor | None = None) -> None:
+        self.name = name
+        self.config = config
+        self.root = str(config.get("root", "/var/lib/cri-shim/runv"))
+        stub_config = dict(config.get("stub") or {})
+        stub_config.setdefault("run_dir", str(config.get("run_dir", "/run/cri-shim/runv")))
+        self.hv: Hypervisor = hypervisor or StubHypervisor(stub_config)
+        self.agent_timeout = float(config.get("agent_timeout", 10.0))
+        self.overhead_vcpus = float(config.get("overhead_vcpus", 0.0))
+        self.overhead_memory = int(config.get("overhead_memory_mib", 32)) * MIB
+        self.images = ImageStore(os.path.join(self.root, "images"), config.get("insecure_registries"))
+        self._containers_dir = os.path.join(self.root, "containers")
+        self._pods: dict[str, _Pod] = {}
+        self._owner: dict[str, str] = {}  # container ID -> sandbox ID
+        self._reported: set[str] = set()  # containers whose exit was sent to the shim
+        self._events: base.EventSink | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, events: base.EventSink) -> None:
+        self._events = events
+        os.makedirs(self._containers_dir, exist_ok=True)
+
+    async def close(self) -> None:
+        # VMs keep running (recovered on the next start); only our side goes away.
+        tasks: list[asyncio.Task[None]] = []
+        for pod in self._pods.values():
+            tasks += [t for t in (pod.monitor, *pod.pumps.values()) if t is not None]
+            if pod.agent is not None:
+                await pod.agent.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._pods.clear()
+
+    async def health(self) -> base.Health:
+        if shutil.which(str(self.config.get("stub", {}).get("runc", "runc"))) is None:
+            return base.Health(False, True, "RuncMissing", "runc is not installed")
+        return base.Health(True, True)
+
+    def runtime_config(self) -> pb.RuntimeConfigResponse:
+        return pb.RuntimeConfigResponse(linux=pb.LinuxRuntimeConfiguration(cgroup_driver=pb.CGROUPFS))
+
+    # ------------------------------------------------------------------ agent plumbing
+    def _pod(self, sandbox_id: str) -> _Pod:
+        pod = self._pods.get(sandbox_id)
+        if pod is None:
+            raise errors.NotFoundError(f"VM of sandbox {sandbox_id} is not running")
+        if pod.dead:
+            raise errors.FailedPreconditionError(f"VM of sandbox {sandbox_id} crashed")
+        return pod
+
+    def _agent(self, pod: _Pod) -> AgentClient:
+        if pod.agent is None or pod.agent.closed:
+            raise errors.UnavailableError(f"agent of sandbox {pod.sandbox_id} is not connected")
+        return pod.agent
+
+    def _pod_of(self, container: base.ContainerRecord) -> _Pod:
+        return self._pod(container.sandbox_id)
+
+    async def _connect(self, pod: _Pod) -> None:
+        reader, writer = await self.hv.connect(pod.vm)
+        pod.agent = AgentClient(reader, writer, lambda n, b: self._on_event(pod, n, b), self.agent_timeout)
+        await pod.agent.call("hello")
+
+    def _on_event(self, pod: _Pod, name: str, body: dict[str, Any]) -> None:
+        if name == "exit":
+            cid = str(body.get("id", ""))
+            self._report_exit(
+                cid,
+                base.ExitInfo(
+                    exit_code=int(body.get("exit_code", 0)),
+                    finished_at=int(body.get("finished_at", 0)) or time.time_ns(),
+                    reason=str(body.get("reason", "")),
+                ),
+            )
+
+    def _report_exit(self, cid: str, info: base.ExitInfo) -> None:
+        if cid in self._reported:
+            return
+        self._reported.add(cid)
+        if self._events is not None:
+            self._events.container_exited(cid, info)
+
+    def _watch(self, pod: _Pod) -> None:
+        async def monitor() -> None:
+            await self.hv.wait(pod.vm)
+            if pod.stopping:
+                return
+            pod.dead = True
+            now = time.time_ns()
+            msg = f"the VM of the pod exited unexpectedly: {self.hv.console(pod.vm)[-200:].strip()}"
+            for cid in sorted(pod.containers):
+                self._report_exit(cid, base.ExitInfo(VM_CRASH_EXIT, now, VM_CRASH_REASON, msg))
+            if self._events is not None:
+                self._events.sandbox_not_ready(pod.sandbox_id, VM_CRASH_REASON)
+
+        pod.monitor = asyncio.get_running_loop().create_task(monitor())
+
+    # ------------------------------------------------------------------ recovery
+    async def recover(
+        self, sandboxes: Sequence[base.SandboxRecord], containers: Sequence[base.ContainerRecord]
+    ) -> tuple[dict[str, base.Observed], dict[str, base.Observed]]:
+        sb_obs: dict[str, base.Observed] = {}
+        ct_obs: dict[str, base.Observed] = {}
+        agent_states: dict[str, dict[str, Any]] = {}
+        known: set[str] = set()
+        for sb in sandboxes:
+            data = sb.backend_data.get("vm")
+            if not data:
+                sb_obs[sb.id] = base.Observed(exists=False)
+                continue
+            vm = VM.from_dict(data)
+            known.add(vm.id)
+            if not sb.committed or not await self.hv.adopt(vm):
+                await self.hv.destroy(vm)
+                sb_obs[sb.id] = base.Observed(exists=False)
+                continue
+            pod = _Pod(sb.id, vm)
+            self._pods[sb.id] = pod
+            try:
+                await self._connect(pod)
+                assert pod.agent is not None
+                listing = await pod.agent.call("list")
+            except errors.CriError:
+                sb_obs[sb.id] = base.Observed(
+                    exists=True, running=False, status=base.SandboxStatus(ready=False)
+                )
+                self._watch(pod)
+                continue
+            for c in listing.get("containers", []):
+                agent_states[str(c["id"])] = c
+            self._watch(pod)
+            sb_obs[sb.id] = base.Observed(exists=True, running=True, status=sb.status)
+        for ct in containers:
+            state = agent_states.get(ct.id)
+            owner = self._pods.get(ct.sandbox_id)
+            if state is None or owner is None:
+                ct_obs[ct.id] = base.Observed(exists=False)
+                continue
+            self._owner[ct.id] = ct.sandbox_id
+            owner.containers.add(ct.id)
+            if state["status"] == "exited":
+                info = base.ExitInfo(int(state["exit_code"]), int(state["finished_at"]), str(state["reason"]))
+                self._reported.add(ct.id)
+                ct_obs[ct.id] = base.Observed(True, False, info, int(state["started_at"]))
+            else:
+                running = state["status"] == "running"
+                ct_obs[ct.id] = base.Observed(True, running, None, int(state["started_at"]))
+                sink = self._events.log_sink(ct.id) if self._events is not None else None
+                if running and sink is not None:
+                    await self._pump_logs(owner, ct.id, sink)
+        for vm in self.hv.leftovers(known):
+            await self.hv.destroy(vm)
+        return sb_obs, ct_obs
+
+    # ------------------------------------------------------------------ sandboxes
+    async def run_sandbox(self, sandbox: base.SandboxRecord) -> base.SandboxNetwork:
+        cfg = sandbox.config
+        res = cfg.linux.resources
+        over = cfg.linux.overhead
+        vcpus, memory = vm_size(
+            res.cpu_quota,
+            res.cpu_period or 100_000,
+            res.memory_limit_in_bytes,
+            self.overhead_vcpus
+            + (over.cpu_quota / (over.cpu_period or 100_000) if over.cpu_quota > 0 else 0),
+            self.overhead_memory + max(over.memory_limit_in_bytes, 0),
+        )
+        try:
+            vm = await self.hv.create(VMSpec(_vm_id(sandbox.id), vcpus, memory, cfg.hostname))
+        except errors.CriError:
+            raise
+        except Exception as exc:  # BootError and friends: the VM is already gone
+            raise errors.UnavailableError(f"VM boot failed: {exc}") from exc
+        pod = _Pod(sandbox.id, vm)
+        try:
+            await self._connect(pod)
+            assert pod.agent is not None
+            dns = cfg.dns_config
+            await pod.agent.call(
+                "setup",
+                hostname=cfg.hostname or sandbox.id[:12],
+                dns={
+                    "servers": list(dns.servers),
+                    "searches": list(dns.searches),
+                    "options": list(dns.options),
+                },
+                sysctls=dict(cfg.linux.sysctls),
+            )
+        except BaseException:
+            if pod.agent is not None:
+                await pod.agent.close()
+            await self.hv.destroy(vm)
+            raise
+        sandbox.backend_data["vm"] = vm.to_dict()
+        self._pods[sandbox.id] = pod
+        self._watch(pod)
+        return base.SandboxNetwork()
+
+    async def stop_sandbox(self, sandbox: base.SandboxRecord) -> None:
+        pod = self._pods.get(sandbox.id)
+        if pod is None:
+            data = sandbox.backend_data.get("vm")
+            if data:  # adopted but never connected, or a leftover
+                await self.hv.destroy(VM.from_dict(data))
+            return
+        pod.stopping = True
+        if pod.agent is not None and not pod.agent.closed and not pod.dead:
+            try:
+                await pod.agent.call("shutdown", timeout=min(self.agent_timeout, 5.0))
+                graceful = True
+            except errors.CriError:
+                graceful = False  # a hung or lost agent: no point waiting for a power-off
+            await pod.agent.close()
+            if graceful:
+                await self.hv.stop(pod.vm, timeout=5.0)
+            else:
+                await self.hv.destroy(pod.vm)
+        else:
+            if pod.agent is not None:
+                await pod.agent.close()
+            await self.hv.destroy(pod.vm)
+        if pod.monitor is not None:
+            pod.monitor.cancel()
+        now = time.time_ns()
+        for cid in sorted(pod.containers):
+            self._report_exit(cid, base.ExitInfo(137, now, "Error", "the pod's VM was stopped"))
+        for task in pod.pumps.values():
+            task.cancel()
+        del self._pods[sandbox.id]
+
+    async def remove_sandbox(self, sandbox: base.SandboxRecord) -> None:
+        await self.stop_sandbox(sandbox)
+        for cid, sid in list(self._owner.items()):
+            if sid == sandbox.id:
+                self._forget(cid)
+
+    def _forget(self, cid: str) -> None:
+        self._owner.pop(cid, None)
+        self._reported.discard(cid)
+        shutil.rmtree(os.path.join(self._containers_dir, cid), ignore_errors=True)
+
+    # ------------------------------------------------------------------ containers
+    async def _image(self, ref: str, names: Sequence[str]) -> Image:
+        img = self.images.resolve(ref)
+        if img is not None:
+            return img
+        # Pulled through another handler's store (e.g. docker as the default handler):
+        # fetch it into ours by name, so one `crictl pull` serves every handler. The
+        # image ID (config digest) is the same in both stores.
+        for name in (ref, *names):
+            if not name or re.fullmatch(r"(sha256:)?[0-9a-f]{12,64}", name):
+                continue
+            with contextlib.suppress(errors.NotFoundError, errors.InvalidArgumentError):
+                image_id = await self.images.pull(name)
+                if ref in (name, image_id) or image_id.removeprefix("sha256:").startswith(
+                    ref.removeprefix("sha256:")
+                ):
+                    return self.images.images[image_id]
+        raise errors.NotFoundError(f"image {ref!r} not found")
+
+    async def create_container(self, container: base.ContainerRecord, sandbox: base.SandboxRecord) -> None:
+        pod = self._pod(sandbox.id)
+        agent = self._agent(pod)
+        cfg = container.config
+        img = await self._image(cfg.image.image, [container.image_name, cfg.image.user_specified_image])
+        container.image_ref = img.id
+        host_dir = os.path.join(self._containers_dir, container.id)
+        upper, work = os.path.join(host_dir, "upper"), os.path.join(host_dir, "work")
+        os.makedirs(upper, exist_ok=True)
+        os.makedirs(work, exist_ok=True)
+        try:
+            rw = await self.hv.attach_share(pod.vm, f"ct-{container.id[:12]}", host_dir, readonly=False)
+            lowers = []
+            for layer in self.images.lowers(img):
+                tag = "layer-" + os.path.basename(os.path.dirname(layer))[:12]
+                lowers.append(await self.hv.attach_share(pod.vm, tag, layer, readonly=True))
+            mounts: list[dict[str, Any]] = []
+            for m in cfg.mounts:
+                if not m.host_path:
+                    continue
+                if not os.path.exists(m.host_path):  # noqa: ASYNC240 - one stat
+                    raise errors.InvalidArgumentError(f"mount source {m.host_path} does not exist")
+                guest = await self.hv.attach_share(
+                    pod.vm, f"mnt-{container.id[:12]}-{len(mounts)}", m.host_path, m.readonly
+                )
+                mounts.append({"source": guest, "destination": m.container_path, "readonly": m.readonly})
+            spec = _process_spec(cfg, img)
+            spec["rootfs"] = {
+                "lowers": lowers,
+                "upper": os.path.join(rw, "upper"),
+                "work": os.path.join(rw, "work"),
+            }
+            spec["mounts"] = mounts
+            await agent.call("create", id=container.id, spec=spec)
+        except BaseException:
+            shutil.rmtree(host_dir, ignore_errors=True)
+            raise
+        self._owner[container.id] = sandbox.id
+        pod.containers.add(container.id)
+        container.backend_data["vm"] = pod.vm.id
+
+    async def _pump_logs(self, pod: _Pod, cid: str, logs: base.LogSink) -> None:
+        agent = self._agent(pod)
+        stream = agent.stream()
+        await agent.call("output", id=cid, stream=stream.id)
+
+        async def pump() -> None:
+            try:
+                while True:
+                    ch, data = await stream.read()
+                    if not data:
+                        if ch == Ch.STDOUT:
+                            break
+                        continue
+                    logs.write("stderr" if ch == Ch.STDERR else "stdout", data)
+            finally:
+                stream.forget()
+                logs.close()
+                pod.pumps.pop(cid, None)
+
+        pod.pumps[cid] = asyncio.get_running_loop().create_task(pump())
+
+    async def start_container(
+        self, container: base.ContainerRecord, sandbox: base.SandboxRecord, logs: base.LogSink
+    ) -> int:
+        pod = self._pod(sandbox.id)
+        agent = self._agent(pod)
+        await self._pump_logs(pod, container.id, logs)
+        state = await agent.call("start", id=container.id)
+        return int(state.get("started_at") or time.time_ns())
+
+    async def stop_container(self, container: base.ContainerRecord, timeout: int) -> base.ExitInfo:
+        pod = self._pods.get(container.sandbox_id)
+        if pod is None or pod.dead:
+            return base.ExitInfo(VM_CRASH_EXIT, time.time_ns(), VM_CRASH_REASON, "the pod's VM is gone")
+        agent = self._agent(pod)
+        state = await agent.call("state", id=container.id)
+        if state["status"] == "running":
+            sig = _signal_number(int(container.config.stop_signal))
+            await agent.call("signal", id=container.id, signal=sig)
+            try:
+                state = await agent.call("wait", id=container.id, timeout=max(timeout, 0) or 0.01)
+            except errors.UnavailableError:
+                await agent.call("signal", id=container.id, signal=int(signal.SIGKILL))
+                state = await agent.call("wait", id=container.id)
+        elif state["status"] == "created":
+            return base.ExitInfo(0, time.time_ns(), "Completed")
+        info = base.ExitInfo(int(state["exit_code"]), int(state["finished_at"]), str(state["reason"]))
+        self._report_exit(container.id, info)
+        return info
+
+    async def remove_container(self, container: base.ContainerRecord) -> None:
+        pod = self._pods.get(container.sandbox_id)
+        if pod is not None and not pod.dead and pod.agent is not None and not pod.agent.closed:
+            await pod.agent.call("remove", id=container.id)
+            await self.hv.detach_share(pod.vm, f"ct-{container.id[:12]}")
+        if pod is not None:
+            pod.containers.discard(container.id)
+            task = pod.pumps.pop(container.id, None)
+            if task is not None:
+                task.cancel()
+        self._forget(container.id)
+
+    async def update_container_resources(
+        self, container: base.ContainerRecord, resources: pb.LinuxContainerResources
+    ) -> None:
+        pod = self._pod_of(container)
+        agent = self._agent(pod)
+        # Hot-plug: the VM grows to fit the container's new limits (it never shrinks under them).
+        if resources.cpu_quota > 0 and resources.cpu_period > 0:
+            need = -(-resources.cpu_quota // resources.cpu_period)
+            if need > pod.vm.vcpus:
+                await self.hv.set_vcpus(pod.vm, need)
+        if resources.memory_limit_in_bytes > pod.vm.memory_bytes:
+            await self.hv.set_memory(pod.vm, resources.memory_limit_in_bytes + self.overhead_memory)
+        await agent.call("update", id=container.id, resources=_resources(resources))
+
+    # ------------------------------------------------------------------ exec
+    async def _exec(
+        self,
+        container: base.ContainerRecord,
+        cmd: Sequence[str],
+        stdin: bool,
+        tty: bool,
+        on_output: Any,
+        stdin_source: Any = None,
+        resizes: Any = None,
+        timeout: float = 0,
+    ) -> int:
+        pod = self._pod_of(container)
+        agent = self._agent(pod)
+        stream = agent.stream()
+        call = asyncio.ensure_future(
+            agent.call(
+                "exec", timeout=None, id=container.id, stream=stream.id, args=list(cmd), stdin=stdin, tty=tty
+            )
+        )
+        helpers: list[asyncio.Task[None]] = []
+
+        async def read_output() -> None:
+            while True:
+                ch, data = await stream.read()
+                if not data:
+                    if ch == Ch.STDOUT:
+                        return
+                    continue
+                await on_output(ch, data)
+
+        if stdin_source is not None:
+
+            async def feed() -> None:
+                while data := await stdin_source():
+                    await stream.write(Ch.STDIN, data)
+                await stream.close(Ch.STDIN)
+
+            helpers.append(asyncio.ensure_future(feed()))
+        if resizes is not None:
+
+            async def resize() -> None:
+                async for size in resizes:
+                    with contextlib.suppress(errors.CriError):
+                        await agent.call("resize", stream=stream.id, width=size.width, height=size.height)
+
+            helpers.append(asyncio.ensure_future(resize()))
+        reader = asyncio.ensure_future(read_output())
+        try:
+            async with asyncio.timeout(timeout or None):
+                result = await call
+                await reader
+            return int(result["exit_code"])
+        except TimeoutError:
+            with contextlib.suppress(errors.CriError):
+                await agent.call("exec_kill", id=container.id, stream=stream.id)
+            raise errors.DeadlineExceededError(f"command {list(cmd)} timed out after {timeout}s") from None
+        finally:
+            for task in (*helpers, reader, call):
+                task.cancel()
+            await asyncio.gather(*helpers, reader, call, return_exceptions=True)
+            stream.forget()
+
+    async def exec_sync(
+        self, container: base.ContainerRecord, cmd: Sequence[str], timeout: float
+    ) -> base.ExecResult:
+        out = bytearray()
+        err = bytearray()
+
+        async def collect(ch: int, data: bytes) -> None:
+            (err if ch == Ch.STDERR else out).extend(data)
+
+        code = await self._exec(container, cmd, False, False, collect, timeout=timeout)
+        return base.ExecResult(code, bytes(out), bytes(err))
+
+    async def exec(self, container: base.ContainerRecord, cmd: Sequence[str], io: base.StreamIO) -> int:
+        async def forward(ch: int, data: bytes) -> None:
+            if ch == Ch.STDERR and not io.tty:
+                await io.write_stderr(data)
+            else:
+                await io.write_stdout(data)
+
+        return await self._exec(
+            container,
+            cmd,
+            io.stdin,
+            io.tty,
+            forward,
+            io.read_stdin if io.stdin else None,
+            io.resizes() if io.tty else None,
+        )
+
+    async def attach(self, container: base.ContainerRecord, io: base.StreamIO) -> None:
+        pod = self._pod_of(container)
+        agent = self._agent(pod)
+        stream = agent.stream()
+        await agent.call("attach", id=container.id, stream=stream.id, stdin=io.stdin)
+        tasks: list[asyncio.Task[None]] = []
+        if io.stdin:
+
+            async def feed() -> None:
+                while data := await io.read_stdin():
+                    await stream.write(Ch.STDIN, data)
+                await stream.close(Ch.STDIN)
+
+            tasks.append(asyncio.ensure_future(feed()))
+        if io.tty:
+
+            async def resize() -> None:
+                async for size in io.resizes():
+                    await agent.call("resize", id=container.id, width=size.width, height=size.height)
+
+            tasks.append(asyncio.ensure_future(resize()))
+        try:
+            while True:
+                ch, data = await stream.read()
+                if not data:
+                    if ch == Ch.STDOUT:
+                        return
+                    continue
+                if ch == Ch.STDERR and io.stderr:
+                    await io.write_stderr(data)
+                elif io.stdout:
+                    await io.write_stdout(data)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            stream.forget()
+
+    async def port_forward(self, sandbox: base.SandboxRecord, port: int, stream: base.PortStream) -> None:
+        pod = self._pod(sandbox.id)
+        agent = self._agent(pod)
+        st: Stream = agent.stream()
+        await agent.call("port_forward", port=port, stream=st.id)
+
+        async def upstream() -> None:
+            try:
+                while data := await stream.read():
+                    await st.write(Ch.STDIN, data)
+                await st.close(Ch.STDIN)
+            except ConnectionLost:
+                pass
+
+        up = asyncio.ensure_future(upstream())
+        try:
+            while True:
+                ch, data = await st.read()
+                if not data:
+                    if ch == Ch.STDOUT:
+                        break
+                    continue
+                await stream.write(data)
+        finally:
+            up.cancel()
+            await asyncio.gather(up, return_exceptions=True)
+            st.forget()
+
+    # ------------------------------------------------------------------ stats
+    async def container_stats(
+        self, containers: Sequence[base.ContainerRecord]
+    ) -> dict[str, pb.ContainerStats]:
+        out: dict[str, pb.ContainerStats] = {}
+        for ct in containers:
+            pod = self._pods.get(ct.sandbox_id)
+            if pod is None or pod.dead or pod.agent is None or pod.agent.closed:
+                continue
+            try:
+                s = await pod.agent.call("stats", id=ct.id)
+            except errors.CriError:
+                continue
+            now = time.time_ns()
+            out[ct.id] = pb.ContainerStats(
+                attributes=pb.ContainerAttributes(
+                    id=ct.id,
+                    metadata=ct.config.metadata,
+                    labels=dict(ct.config.labels),
+                    annotations=dict(ct.config.annotations),
+                ),
+                cpu=pb.CpuUsage(
+                    timestamp=now, usage_core_nano_seconds=pb.UInt64Value(value=int(s["cpu_ns"]))
+                ),
+                memory=pb.MemoryUsage(
+                    timestamp=now,
+                    working_set_bytes=pb.UInt64Value(value=int(s["working_set_bytes"])),
+                    usage_bytes=pb.UInt64Value(value=int(s["memory_bytes"])),
+                ),
+                writable_layer=pb.FilesystemUsage(
+                    timestamp=now,
+                    fs_id=pb.FilesystemIdentifier(mountpoint=self._containers_dir),
+                    used_bytes=pb.UInt64Value(value=_du(os.path.join(self._containers_dir, ct.id, "upper"))),
+                ),
+            )
+        return out
+
+    async def sandbox_stats(
+        self, sandboxes: Sequence[base.SandboxRecord], containers: Sequence[base.ContainerRecord]
+    ) -> dict[str, pb.PodSandboxStats]:
+        per_ct = await self.container_stats(containers)
+        out: dict[str, pb.PodSandboxStats] = {}
+        for sb in sandboxes:
+            pod = self._pods.get(sb.id)
+            if pod is None or pod.dead:
+                continue
+            cpu, mem = self.hv.usage(pod.vm)
+            now = time.time_ns()
+            out[sb.id] = pb.PodSandboxStats(
+                attributes=pb.PodSandboxAttributes(
+                    id=sb.id,
+                    metadata=sb.config.metadata,
+                    labels=dict(sb.config.labels),
+                    annotations=dict(sb.config.annotations),
+                ),
+                linux=pb.LinuxPodSandboxStats(
+                    cpu=pb.CpuUsage(timestamp=now, usage_core_nano_seconds=pb.UInt64Value(value=cpu)),
+                    memory=pb.MemoryUsage(
+                        timestamp=now,
+                        working_set_bytes=pb.UInt64Value(value=mem),
+                        usage_bytes=pb.UInt64Value(value=mem),
+                        available_bytes=pb.UInt64Value(value=max(pod.vm.memory_bytes - mem, 0)),
+                    ),
+                    containers=[s for cid, s in per_ct.items() if self._owner.get(cid) == sb.id],
+                ),
+            )
+        return out
+
+    # ------------------------------------------------------------------ images
+    async def pull_image(
+        self, image: pb.ImageSpec, auth: pb.AuthConfig | None, sandbox_config: pb.PodSandboxConfig | None
+    ) -> str:
+        creds = None
+        if auth is not None:
+            creds = Credentials(
+                auth.username, auth.password, auth.auth, auth.identity_token, auth.registry_token
+            )
+        return await self.images.pull(image.image, creds)
+
+    def _to_pb(self, img: Image) -> pb.Image:
+        msg = pb.Image(
+            id=img.id,
+            repo_tags=img.repo_tags,
+            repo_digests=img.repo_digests,
+            size=max(img.size, 1),
+            spec=pb.ImageSpec(image=img.id),
+            pinned=img.pinned,
+        )
+        user = str(img.config.get("User") or "").split(":")[0]
+        if user.isdigit():
+            msg.uid.value = int(user)
+        elif user:
+            msg.username = user
+        return msg
+
+    async def list_images(self) -> list[pb.Image]:
+        return [self._to_pb(i) for i in self.images.all()]
+
+    async def image_status(self, image: pb.ImageSpec) -> pb.Image | None:
+        img = self.images.resolve(image.image)
+        return None if img is None else self._to_pb(img)
+
+    async def remove_image(self, image: pb.ImageSpec) -> None:
+        await asyncio.to_thread(self.images.remove, image.image)
+
+    async def image_fs_info(self) -> pb.ImageFsInfoResponse:
+        used, inodes = await asyncio.to_thread(self.images.usage)
+        return pb.ImageFsInfoResponse(
+            image_filesystems=[
+                pb.FilesystemUsage(
+                    timestamp=time.time_ns(),
+                    fs_id=pb.FilesystemIdentifier(mountpoint=self.images.root),
+                    used_bytes=pb.UInt64Value(value=used),
+                    inodes_used=pb.UInt64Value(value=inodes),
+                )
+            ]
+        )
+
+    # ------------------------------------------------------------------ test hooks
+    def inject(self, fault: Fault, sandbox_id: str | None = None) -> None:
+        """Inject a hypervisor fault, into the VM of ``sandbox_id`` when given."""
+        self.hv.inject(fault, self._pods[sandbox_id].vm if sandbox_id else None)
+
+
+# ---------------------------------------------------------------------- translation
+
+
+def _resources(res: pb.LinuxContainerResources) -> dict[str, int]:
+    return {
+        "cpu_quota": res.cpu_quota,
+        "cpu_period": res.cpu_period,
+        "cpu_shares": res.cpu_shares,
+        "memory": res.memory_limit_in_bytes,
+    }
+
+
+def _process_spec(cfg: pb.ContainerConfig, img: Image) -> dict[str, Any]:
+    """The neutral container description the agent turns into an OCI config."""
+    icfg = img.config
+    entry = list(cfg.command) or list(icfg.get("Entrypoint") or [])
+    if cfg.args:
+        cmd = list(cfg.args)
+    elif cfg.command:
+        cmd = []  # an explicit command drops the image's Cmd, as the kubelet expects
+    else:
+        cmd = list(icfg.get("Cmd") or [])
+    args = entry + cmd
+    if not args:
+        raise errors.InvalidArgumentError("no command given and the image has none")
+    env = [str(e) for e in icfg.get("Env") or []]
+    keys = {kv.key for kv in cfg.envs}
+    env = [e for e in env if e.split("=", 1)[0] not in keys] + [
+        f"{kv.key}={kv.value.decode(errors='replace')}" for kv in cfg.envs
+    ]
+    sc = cfg.linux.security_context
+    user: dict[str, Any] = {}
+    if sc.HasField("run_as_user"):
+        user["uid"] = sc.run_as_user.value
+    elif sc.run_as_username:
+        user["name"] = sc.run_as_username
+    else:
+        image_user = str(icfg.get("User") or "")
+        name, _, group = image_user.partition(":")
+        if name.isdigit():
+            user["uid"] = int(name)
+        elif name:
+            user["name"] = name
+        if group.isdigit():
+            user["gid"] = int(group)
+        elif group:
+            user["group"] = group
+    if sc.HasField("run_as_group"):
+        user["gid"] = sc.run_as_group.value
+    return {
+        "args": args,
+        "env": env,
+        "cwd": cfg.working_dir or str(icfg.get("WorkingDir") or "/"),
+        "user": user,
+        "supplemental_groups": list(sc.supplemental_groups),
+        "tty": cfg.tty,
+        "stdin": cfg.stdin,
+        "stdin_once": cfg.stdin_once,
+        "privileged": sc.privileged,
+        "readonly_rootfs": sc.readonly_rootfs,
+        "no_new_privs": sc.no_new_privs,
+        "add_caps": ["CAP_" + c.upper().removeprefix("CAP_") for c in sc.capabilities.add_capabilities],
+        "drop_caps": ["CAP_" + c.upper().removeprefix("CAP_") for c in sc.capabilities.drop_capabilities],
+        "resources": _resources(cfg.linux.resources),
+    }
+
+
+def _du(path: str) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+    return total

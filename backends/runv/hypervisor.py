@@ -1,0 +1,121 @@
+"""The hypervisor driver interface of the runv backend.
+
+A driver boots VMs whose guest runs the agent (``backends.runv.agent``) and
+gives the host a byte channel to it (virtio-serial style). Everything else
+(containers, exec, stats) goes through that channel, so drivers stay small:
+the stub (default) and a QEMU driver plug in behind the same protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+from typing import Any, Protocol, runtime_checkable
+
+MIB = 1024 * 1024
+
+
+class Fault(enum.Enum):
+    """Faults a driver can inject, for tests and chaos runs."""
+
+    BOOT_FAILURE = "boot_failure"  # the next boot fails
+    AGENT_HANG = "agent_hang"  # the agent stops answering (VM alive)
+    CRASH = "crash"  # the VM dies now
+
+
+class BootError(Exception):
+    """The VM did not come up (its console says why)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class VMSpec:
+    id: str
+    vcpus: int
+    memory_bytes: int
+    hostname: str = ""
+
+
+@dataclasses.dataclass(slots=True)
+class VM:
+    """A running VM as the host knows it; ``to_dict`` survives a shim restart."""
+
+    id: str
+    driver: str
+    pid: int  # host PID of the VM process (the hypervisor)
+    vcpus: int
+    memory_bytes: int
+    state_dir: str  # host directory holding the VM's console, channel and state
+    channel: str  # address of the agent channel (a unix socket path for the stub)
+    started_at: int = 0  # ns; with pid it identifies the process across PID reuse
+    shares: dict[str, str] = dataclasses.field(default_factory=dict)  # tag -> guest path
+    devices: dict[str, str] = dataclasses.field(default_factory=dict)  # host path -> guest path
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VM:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+
+@runtime_checkable
+class Hypervisor(Protocol):
+    name: str
+
+    async def create(self, spec: VMSpec) -> VM:
+        """Create and boot a VM; return once its agent channel accepts connections.
+
+        Raises ResourceExhaustedError when the node has no room, BootError when
+        the guest fails to come up; either way nothing is left behind.
+        """
+
+    async def stop(self, vm: VM, timeout: float) -> None:
+        """Wait up to ``timeout`` s for a guest that was asked to power off, then destroy it."""
+
+    async def destroy(self, vm: VM) -> None:
+        """Kill the VM and release everything it held. Idempotent."""
+
+    def alive(self, vm: VM) -> bool: ...
+
+    async def wait(self, vm: VM) -> None:
+        """Return when the VM process has exited (for whatever reason)."""
+
+    async def adopt(self, vm: VM) -> bool:
+        """Take over a VM booted by an earlier shim process; False if it is gone."""
+
+    def leftovers(self, known: set[str]) -> list[VM]:
+        """VMs of this driver on the node whose ID is not in ``known``."""
+
+    # ---- hot-plug
+    async def set_vcpus(self, vm: VM, vcpus: int) -> None: ...
+
+    async def set_memory(self, vm: VM, memory_bytes: int) -> None: ...
+
+    # ---- shared directories and devices
+    async def attach_share(self, vm: VM, tag: str, host_path: str, readonly: bool) -> str:
+        """Expose a host directory to the guest (virtio-fs/9p style); return its guest path."""
+
+    async def detach_share(self, vm: VM, tag: str) -> None: ...
+
+    async def attach_device(self, vm: VM, host_path: str) -> str:
+        """Pass a host device through; return its guest path."""
+
+    async def detach_device(self, vm: VM, host_path: str) -> None: ...
+
+    # ---- console and agent channel
+    def console(self, vm: VM) -> str:
+        """The VM's console output so far (boot messages, agent crashes)."""
+
+    async def connect(self, vm: VM) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Open the byte channel to the guest agent."""
+
+    # ---- observability and faults
+    def usage(self, vm: VM) -> tuple[int, int]:
+        """(cpu ns, memory bytes) the VM used, as the host measures it."""
+
+    def capacity(self) -> tuple[int, int, int, int]:
+        """(vCPUs used, vCPUs total, memory used, memory total) on this node."""
+
+    def inject(self, fault: Fault, vm: VM | None = None) -> None: ...

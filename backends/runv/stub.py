@@ -1,0 +1,446 @@
+# ruff: noqa: ASYNC221, ASYNC240, ASYNC110
+# Spawning the VM process and touching cgroupfs/procfs files is quick and bounded;
+# polling is how a VM that is not our child is watched without pidfd.
+"""The stub hypervisor: a "VM" is a host process in its own namespaces running the real agent.
+
+Each VM is ``unshare --pid --fork --mount --uts --ipc --net --mount-proc
+--kill-child python -m backends.runv.agent``: the agent is PID 1 of its PID
+namespace, so killing the VM process takes every process of the VM with
+it, and the VM's mounts (container rootfs overlays) vanish with its mount
+namespace. Its size is enforced with a cgroup on the VM process, which the
+containers' cgroups nest under. The agent channel is a unix socket in the
+VM's state directory (the stub's virtio-serial port).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from typing import Any
+
+from backends.runv.hypervisor import MIB, VM, BootError, Fault, VMSpec
+from shim.errors import InvalidArgumentError, ResourceExhaustedError
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+CPU_PERIOD = 100_000
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(value)
+
+
+def _read_int(path: str) -> int:
+    try:
+        with open(path) as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _mem_total() -> int:
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class Cgroup:
+    """The VM's cgroup on v1 (one directory per controller) or v2."""
+
+    V1_CONTROLLERS = ("memory", "cpu", "cpuacct", "pids")
+
+    def __init__(self, rel: str) -> None:
+        self.rel = rel.strip("/")
+        self.v2 = os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers"))
+
+    def dirs(self) -> list[str]:
+        if self.v2:
+            return [os.path.join(CGROUP_ROOT, self.rel)]
+        return [os.path.join(CGROUP_ROOT, c, self.rel) for c in self.V1_CONTROLLERS]
+
+    def all_dirs(self) -> list[str]:
+        """Every hierarchy, including ones runc creates container cgroups in."""
+        if self.v2:
+            return self.dirs()
+        out = []
+        for entry in sorted(os.listdir(CGROUP_ROOT)):
+            base = os.path.join(CGROUP_ROOT, entry)
+            if os.path.isdir(base) and not os.path.islink(base):
+                out.append(os.path.join(base, self.rel))
+        return out
+
+    def create(self) -> None:
+        for d in self.dirs():
+            os.makedirs(d, exist_ok=True)
+
+    def procs_files(self) -> list[str]:
+        return [os.path.join(d, "cgroup.procs") for d in self.dirs()]
+
+    def set_limits(self, vcpus: int, memory: int) -> None:
+        if self.v2:
+            d = self.dirs()[0]
+            _write(os.path.join(d, "cpu.max"), f"{vcpus * CPU_PERIOD} {CPU_PERIOD}")
+            _write(os.path.join(d, "memory.max"), str(memory))
+            return
+        cpu = os.path.join(CGROUP_ROOT, "cpu", self.rel)
+        _write(os.path.join(cpu, "cpu.cfs_period_us"), str(CPU_PERIOD))
+        _write(os.path.join(cpu, "cpu.cfs_quota_us"), str(vcpus * CPU_PERIOD))
+        _write(os.path.join(CGROUP_ROOT, "memory", self.rel, "memory.limit_in_bytes"), str(memory))
+
+    def usage(self) -> tuple[int, int]:
+        if self.v2:
+            d = self.dirs()[0]
+            cpu = 0
+            with contextlib.suppress(OSError):
+                with open(os.path.join(d, "cpu.stat")) as fh:
+                    for line in fh:
+                        if line.startswith("usage_usec"):
+                            cpu = int(line.split()[1]) * 1000
+            return cpu, _read_int(os.path.join(d, "memory.current"))
+        return (
+            _read_int(os.path.join(CGROUP_ROOT, "cpuacct", self.rel, "cpuacct.usage")),
+            _read_int(os.path.join(CGROUP_ROOT, "memory", self.rel, "memory.usage_in_bytes")),
+        )
+
+    def pids(self) -> list[int]:
+        out: list[int] = []
+        for d in self.all_dirs():
+            for root, _dirs, files in os.walk(d):
+                if "cgroup.procs" in files:
+                    with contextlib.suppress(OSError), open(os.path.join(root, "cgroup.procs")) as fh:
+                        out += [int(x) for x in fh.read().split()]
+        return out
+
+    def remove(self) -> None:
+        """rmdir bottom-up; a cgroup with live processes stays (and is reported by pids())."""
+        for d in self.all_dirs():
+            if not os.path.isdir(d):
+                continue
+            for root, dirs, _files in os.walk(d, topdown=False):
+                for sub in dirs:
+                    with contextlib.suppress(OSError):
+                        os.rmdir(os.path.join(root, sub))
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+
+
+def _proc_start(pid: int) -> int:
+    """Start time of a live process in clock ticks since boot (0 if gone), to detect PID reuse."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    if fields[0] in ("Z", "X"):
+        # A zombie: dead. Reap it if it is ours (a VM booted by this process before a "restart").
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        return 0
+    return int(fields[19])
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(x) for x in fh.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+class StubHypervisor:
+    name = "stub"
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.run_dir = str(config.get("run_dir", "/run/cri-shim/runv"))
+        self.cgroup_parent = str(config.get("cgroup_parent", "cri-shim-runv")).strip("/")
+        self.boot_latency = float(config.get("boot_latency", 0.0))
+        self.shutdown_latency = float(config.get("shutdown_latency", 0.0))
+        self.boot_timeout = float(config.get("boot_timeout", 20.0))
+        self.python = str(config.get("python", sys.executable))
+        self.runc = str(config.get("runc", "runc"))
+        self.unshare = str(config.get("unshare", "unshare"))
+        cpus = os.cpu_count() or 1
+        self.total_vcpus = int(config.get("capacity_vcpus", cpus * int(config.get("cpu_overcommit", 16))))
+        self.total_memory = int(config.get("capacity_memory", _mem_total()))
+        self._reserved: dict[str, tuple[int, int]] = {}
+        self._faults: set[Fault] = set()
+        self._lock = asyncio.Lock()
+
+    # ---- helpers
+    def _cgroup(self, vm_id: str) -> Cgroup:
+        return Cgroup(f"{self.cgroup_parent}/{vm_id}")
+
+    def _agent_pid(self, vm: VM) -> int:
+        kids = _children(vm.pid)
+        return kids[0] if kids else 0
+
+    def capacity(self) -> tuple[int, int, int, int]:
+        vcpus = sum(v for v, _ in self._reserved.values())
+        mem = sum(m for _, m in self._reserved.values())
+        return vcpus, self.total_vcpus, mem, self.total_memory
+
+    def _reserve(self, vm_id: str, vcpus: int, memory: int) -> None:
+        others = {k: v for k, v in self._reserved.items() if k != vm_id}
+        used_c = sum(v for v, _ in others.values())
+        used_m = sum(m for _, m in others.values())
+        if used_c + vcpus > self.total_vcpus or used_m + memory > self.total_memory:
+            raise ResourceExhaustedError(
+                f"node capacity exceeded: VM needs {vcpus} vCPU/{memory // MIB} MiB, "
+                f"free {self.total_vcpus - used_c} vCPU/{(self.total_memory - used_m) // MIB} MiB"
+            )
+        self._reserved[vm_id] = (vcpus, memory)
+
+    # ---- lifecycle
+    async def create(self, spec: VMSpec) -> VM:
+        if spec.vcpus < 1 or spec.memory_bytes < 32 * MIB:
+            raise InvalidArgumentError(f"VM size {spec.vcpus} vCPU/{spec.memory_bytes} B is too small")
+        async with self._lock:
+            self._reserve(spec.id, spec.vcpus, spec.memory_bytes)
+        state_dir = os.path.join(self.run_dir, spec.id)
+        vm = VM(
+            id=spec.id,
+            driver=self.name,
+            pid=0,
+            vcpus=spec.vcpus,
+            memory_bytes=spec.memory_bytes,
+            state_dir=state_dir,
+            channel=os.path.join(state_dir, "agent.sock"),
+        )
+        try:
+            await self._boot(vm)
+        except BaseException:
+            await self.destroy(vm)
+            raise
+        return vm
+
+    async def _boot(self, vm: VM) -> None:
+        if len(vm.channel.encode()) > 107:
+            raise InvalidArgumentError(f"agent socket path too long: {vm.channel}")
+        os.makedirs(vm.state_dir, exist_ok=True)
+        cg = self._cgroup(vm.id)
+        cg.create()
+        cg.set_limits(vm.vcpus, vm.memory_bytes)
+        if self.boot_latency:
+            await asyncio.sleep(self.boot_latency)  # firmware + kernel boot
+        fail = Fault.BOOT_FAILURE in self._faults
+        self._faults.discard(Fault.BOOT_FAILURE)
+        agent = [self.python, "-m", "backends.runv.agent", "--socket", vm.channel, "--state", vm.state_dir]
+        agent += ["--cgroup-parent", f"/{cg.rel}", "--runc", self.runc]
+        if fail:
+            agent.append("--fail-boot")
+        # The shell joins the cgroup before exec'ing unshare, so the whole VM is inside it.
+        script = 'for f in $RUNV_CGROUP_PROCS; do echo $$ > "$f" || exit 97; done; exec "$@"'
+        argv = [
+            "sh",
+            "-c",
+            script,
+            "sh",
+            self.unshare,
+            "--pid",
+            "--fork",
+            "--mount",
+            "--uts",
+            "--ipc",
+            "--net",
+        ]
+        argv += ["--mount-proc", "--kill-child", *agent]
+        env = dict(os.environ, RUNV_CGROUP_PROCS=" ".join(cg.procs_files()))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
+        console = os.path.join(vm.state_dir, "console.log")
+        actions = [
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, console, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ]
+        # posix_spawn rather than Popen: the VM must outlive this process (recovery), so it is
+        # watched by PID like an adopted VM, and setsid keeps it out of the shim's process group.
+        vm.pid = os.posix_spawnp("sh", argv, env, file_actions=actions, setsid=True)
+        vm.started_at = _proc_start(vm.pid)
+        deadline = time.monotonic() + self.boot_timeout
+        while True:
+            if not self.alive(vm):
+                raise BootError(f"VM {vm.id} exited during boot: {self.console(vm)[-500:].strip()}")
+            if os.path.exists(vm.channel):
+                try:
+                    _r, w = await asyncio.open_unix_connection(vm.channel)
+                except OSError:
+                    pass
+                else:
+                    w.close()
+                    with contextlib.suppress(OSError):
+                        await w.wait_closed()
+                    return
+            if time.monotonic() > deadline:
+                raise BootError(f"VM {vm.id} did not boot within {self.boot_timeout}s")
+            await asyncio.sleep(0.02)
+
+    def alive(self, vm: VM) -> bool:
+        return vm.pid > 0 and _proc_start(vm.pid) == vm.started_at and vm.started_at != 0
+
+    async def wait(self, vm: VM) -> None:
+        try:
+            fd = os.pidfd_open(vm.pid)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            loop = asyncio.get_running_loop()
+            done: asyncio.Future[None] = loop.create_future()
+
+            def ready() -> None:
+                if not done.done():
+                    done.set_result(None)
+
+            loop.add_reader(fd, ready)
+            try:
+                if self.alive(vm):
+                    await done
+            finally:
+                loop.remove_reader(fd)
+                os.close(fd)
+        while self.alive(vm):
+            await asyncio.sleep(0.05)
+
+    async def stop(self, vm: VM, timeout: float) -> None:
+        if self.shutdown_latency:
+            await asyncio.sleep(self.shutdown_latency)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wait(vm), timeout)
+        await self.destroy(vm)
+
+    async def destroy(self, vm: VM) -> None:
+        if self.alive(vm):
+            agent = self._agent_pid(vm)
+            if agent:
+                # A stopped (hung) agent must be able to die.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(agent, signal.SIGCONT)
+            # unshare ignores TERM while it waits; KILL makes --kill-child take the VM down.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(vm.pid, signal.SIGKILL)
+            await self.wait(vm)
+        cg = self._cgroup(vm.id)
+        # The PID namespace dies with its init; give the kernel a moment to empty the cgroups.
+        for _ in range(100):
+            cg.remove()
+            if not any(os.path.isdir(d) for d in cg.all_dirs()):
+                break
+            await asyncio.sleep(0.02)
+        shutil.rmtree(vm.state_dir, ignore_errors=True)
+        async with self._lock:
+            self._reserved.pop(vm.id, None)
+
+    async def adopt(self, vm: VM) -> bool:
+        if not self.alive(vm):
+            return False
+        async with self._lock:
+            self._reserved[vm.id] = (vm.vcpus, vm.memory_bytes)
+        return True
+
+    def leftovers(self, known: set[str]) -> list[VM]:
+        out: list[VM] = []
+        if not os.path.isdir(self.run_dir):
+            return out
+        for entry in os.listdir(self.run_dir):
+            if entry in known or not os.path.isdir(os.path.join(self.run_dir, entry)):
+                continue
+            pid = 0
+            for cand in Cgroup(f"{self.cgroup_parent}/{entry}").pids():
+                pid = cand
+                break
+            vm = VM(entry, self.name, 0, 0, 0, os.path.join(self.run_dir, entry), "")
+            if pid:
+                # Find the VM process: the topmost process of the cgroup.
+                while True:
+                    try:
+                        with open(f"/proc/{pid}/stat") as fh:
+                            ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+                    except (OSError, ValueError):
+                        break
+                    if ppid not in Cgroup(f"{self.cgroup_parent}/{entry}").pids():
+                        break
+                    pid = ppid
+                vm.pid = pid
+                vm.started_at = _proc_start(pid)
+            out.append(vm)
+        return out
+
+    # ---- hot-plug
+    async def set_vcpus(self, vm: VM, vcpus: int) -> None:
+        async with self._lock:
+            self._reserve(vm.id, vcpus, vm.memory_bytes)
+        self._cgroup(vm.id).set_limits(vcpus, vm.memory_bytes)
+        vm.vcpus = vcpus
+
+    async def set_memory(self, vm: VM, memory_bytes: int) -> None:
+        async with self._lock:
+            self._reserve(vm.id, vm.vcpus, memory_bytes)
+        self._cgroup(vm.id).set_limits(vm.vcpus, memory_bytes)
+        vm.memory_bytes = memory_bytes
+
+    # ---- shares and devices: the stub guest sees the host's filesystem through its mount namespace
+    async def attach_share(self, vm: VM, tag: str, host_path: str, readonly: bool) -> str:
+        vm.shares[tag] = host_path
+        return host_path
+
+    async def detach_share(self, vm: VM, tag: str) -> None:
+        vm.shares.pop(tag, None)
+
+    async def attach_device(self, vm: VM, host_path: str) -> str:
+        vm.devices[host_path] = host_path
+        return host_path
+
+    async def detach_device(self, vm: VM, host_path: str) -> None:
+        vm.devices.pop(host_path, None)
+
+    def console(self, vm: VM) -> str:
+        try:
+            with open(os.path.join(vm.state_dir, "console.log"), "rb") as fh:
+                return fh.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    async def connect(self, vm: VM) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_unix_connection(vm.channel, limit=1024 * 1024)
+
+    def usage(self, vm: VM) -> tuple[int, int]:
+        return self._cgroup(vm.id).usage()
+
+    def inject(self, fault: Fault, vm: VM | None = None) -> None:
+        if fault is Fault.BOOT_FAILURE:
+            self._faults.add(fault)
+            return
+        if vm is None:
+            raise ValueError(f"fault {fault.value} needs a VM")
+        if fault is Fault.CRASH:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(vm.pid, signal.SIGKILL)
+        elif fault is Fault.AGENT_HANG:
+            agent = self._agent_pid(vm)
+            if agent:
+                os.kill(agent, signal.SIGSTOP)
+
+
+def _package_root() -> str:
+    # backends/runv/stub.py -> the directory holding the ``backends`` package
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def vm_size(
+    cpu_quota: int, cpu_period: int, memory_limit: int, overhead_vcpus: float, overhead_memory: int
+) -> tuple[int, int]:
+    """vCPUs and memory of a pod's VM: its limits plus overhead, 1 vCPU/128 MiB without limits."""
+    vcpus = 1
+    if cpu_quota > 0 and cpu_period > 0:
+        vcpus = max(1, math.ceil(cpu_quota / cpu_period + overhead_vcpus))
+    memory = 128 * MIB
+    if memory_limit > 0:
+        memory = memory_limit + overhead_memory
+    return vcpus, memory

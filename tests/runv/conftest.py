@@ -1,0 +1,86 @@
+"""Fixtures for the runv backend: a busybox rootfs, a backend on private dirs and cgroups."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backends.runv.backend import RunvBackend
+from backends.runv.stub import Cgroup
+from tests.runv.helpers import BUSYBOX, Events
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def busybox_rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("busybox") / "rootfs"
+    (root / "bin").mkdir(parents=True)
+    (root / "etc").mkdir()
+    (root / "tmp").mkdir()
+    if BUSYBOX is not None:
+        shutil.copy2(BUSYBOX, root / "bin" / "busybox")
+        for applet in (
+            "sh",
+            "echo",
+            "cat",
+            "sleep",
+            "id",
+            "hostname",
+            "ls",
+            "nc",
+            "true",
+            "kill",
+            "ps",
+            "head",
+        ):
+            (root / "bin" / applet).symlink_to("busybox")
+    for name in ("passwd", "group"):
+        shutil.copy2(REPO / "images" / "busybox" / name, root / "etc" / name)
+    return root
+
+
+@pytest.fixture
+def runv_config(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    tag = uuid.uuid4().hex[:8]
+    run_dir = f"/tmp/rv-{tag}"  # short: agent socket paths must fit in sun_path
+    cfg: dict[str, Any] = {
+        "root": str(tmp_path / "root"),
+        "run_dir": run_dir,
+        "agent_timeout": 5.0,
+        "stub": {
+            "cgroup_parent": f"cri-shim-runv-test-{tag}",
+            "capacity_vcpus": 4,
+            "capacity_memory": 1 << 30,
+        },
+    }
+    yield cfg
+    with open("/proc/self/mountinfo") as fh:
+        mounts = [line for line in fh if run_dir in line or cfg["root"] in line]
+    assert not mounts, f"mounts leaked to the host: {mounts}"
+    parent = Cgroup(cfg["stub"]["cgroup_parent"])
+    leaked = parent.pids()
+    parent.remove()
+    shutil.rmtree(run_dir, ignore_errors=True)
+    assert not leaked, f"processes left in the test cgroup: {leaked}"
+
+
+@pytest.fixture
+async def runv(
+    runv_config: dict[str, Any], busybox_rootfs: Path
+) -> AsyncIterator[tuple[RunvBackend, Events]]:
+    backend = RunvBackend("runv", runv_config)
+    events = Events()
+    await backend.start(events)
+    backend.images.import_dir("test/busybox:1", str(busybox_rootfs), {"Env": ["IMAGE_ENV=1"]})
+    try:
+        yield backend, events
+    finally:
+        for pod in list(backend._pods.values()):
+            await backend.hv.destroy(pod.vm)
+        await backend.close()

@@ -1,0 +1,120 @@
+"""Helpers for the runv tests: support checks, an event recorder, records, a log sink."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from backends import base
+from backends.runv.stub import CGROUP_ROOT
+from cri_api import api_pb2 as pb
+
+BUSYBOX = shutil.which("busybox")
+
+
+def vm_support() -> str:
+    """Why VM tests cannot run here, or "" when they can."""
+    if os.geteuid() != 0:
+        return "needs root (namespaces, cgroups, runc)"
+    for tool in ("runc", "unshare"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt-get install {'runc' if tool == 'runc' else 'util-linux'})"
+    if BUSYBOX is None:
+        return "no static busybox for the test rootfs (apt-get install busybox-static)"
+    if not os.access(os.path.join(CGROUP_ROOT, "memory") if not _v2() else CGROUP_ROOT, os.W_OK):
+        return "cgroupfs is not writable"
+    return ""
+
+
+def _v2() -> bool:
+    return os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers"))
+
+
+needs_vm = pytest.mark.skipif(bool(vm_support()), reason=vm_support() or "ok")
+
+
+class Events:
+    """An EventSink that records what the backend reports."""
+
+    def __init__(self) -> None:
+        self.exits: dict[str, base.ExitInfo] = {}
+        self.not_ready: dict[str, str] = {}
+        self.sinks: dict[str, base.LogSink] = {}
+        self.changed = asyncio.Event()
+
+    def container_exited(self, container_id: str, info: base.ExitInfo) -> None:
+        self.exits[container_id] = info
+        self.changed.set()
+
+    def sandbox_not_ready(self, sandbox_id: str, reason: str) -> None:
+        self.not_ready[sandbox_id] = reason
+        self.changed.set()
+
+    def log_sink(self, container_id: str) -> base.LogSink | None:
+        return self.sinks.get(container_id)
+
+    async def wait_for(self, cond: Any, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            self.changed.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError("timed out waiting for an event")
+            try:
+                await asyncio.wait_for(self.changed.wait(), left)
+            except TimeoutError:
+                pass
+
+
+class MemorySink:
+    def __init__(self) -> None:
+        self.data: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+        self.closed = asyncio.Event()
+
+    def write(self, stream: str, data: bytes) -> None:
+        self.data[stream] += data
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def sandbox_record(name: str = "pod", **linux: Any) -> base.SandboxRecord:
+    cfg = pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name=name, uid=name + "-uid", namespace="default"),
+        hostname=name,
+        dns_config=pb.DNSConfig(servers=["10.0.0.10"], searches=["svc.local"]),
+    )
+    if linux:
+        cfg.linux.resources.CopyFrom(pb.LinuxContainerResources(**linux))
+    return base.SandboxRecord(
+        id=uuid.uuid4().hex + uuid.uuid4().hex,
+        handler="runv",
+        backend="runv",
+        config=cfg,
+        created_at=time.time_ns(),
+    )
+
+
+def container_record(
+    sandbox: base.SandboxRecord, image: str, command: list[str], name: str = "c", **kw: Any
+) -> base.ContainerRecord:
+    cfg = pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name=name),
+        image=pb.ImageSpec(image=image),
+        command=command,
+        **kw,
+    )
+    return base.ContainerRecord(
+        id=uuid.uuid4().hex + uuid.uuid4().hex,
+        sandbox_id=sandbox.id,
+        backend="runv",
+        config=cfg,
+        created_at=time.time_ns(),
+        log_path="",
+    )

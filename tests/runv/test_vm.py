@@ -1,0 +1,345 @@
+"""The runv backend end to end through the stub driver: real VM processes, agent and runc."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from backends.base import TerminalSize
+from backends.runv.backend import VM_CRASH_REASON, RunvBackend
+from backends.runv.hypervisor import MIB, Fault
+from cri_api import api_pb2 as pb
+from shim import errors
+from tests.runv.helpers import Events, MemorySink, container_record, needs_vm, sandbox_record
+
+pytestmark = needs_vm
+
+IMAGE = "test/busybox:1"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def test_pod_lifecycle(runv: tuple[RunvBackend, Events]) -> None:
+    backend, events = runv
+    sb = sandbox_record("life")
+    net = await backend.run_sandbox(sb)
+    assert net.ip == ""
+    vm = backend._pods[sb.id].vm
+    assert (vm.vcpus, vm.memory_bytes) == (1, 128 * MIB)
+    assert sb.backend_data["vm"]["pid"] == vm.pid
+
+    script = (
+        "trap 'echo bye; exit 0' TERM; echo hello; echo oops >&2; hostname; cat /etc/resolv.conf;"
+        " echo $IMAGE_ENV; sleep 30 & wait"
+    )
+    ct = container_record(sb, IMAGE, ["sh", "-c", script])
+    await backend.create_container(ct, sb)
+    assert ct.image_ref.startswith("sha256:")
+    sink = MemorySink()
+    started = await backend.start_container(ct, sb, sink)
+    assert started > 0
+
+    res = await backend.exec_sync(ct, ["sh", "-c", "echo out; echo err >&2; exit 7"], timeout=10)
+    assert (res.exit_code, res.stdout, res.stderr) == (7, b"out\n", b"err\n")
+    with pytest.raises(errors.DeadlineExceededError):
+        await backend.exec_sync(ct, ["sleep", "20"], timeout=0.5)
+
+    stats = await backend.container_stats([ct])
+    assert stats[ct.id].memory.working_set_bytes.value > 0
+    sb_stats = await backend.sandbox_stats([sb], [ct])
+    assert sb_stats[sb.id].linux.memory.usage_bytes.value > 0
+
+    for _ in range(50):
+        if b"svc.local" in sink.data["stdout"]:
+            break
+        await asyncio.sleep(0.1)
+    out = bytes(sink.data["stdout"])
+    assert out.startswith(b"hello\nlife\n"), out
+    assert b"nameserver 10.0.0.10" in out and b"\n1\n" in out
+    assert sink.data["stderr"] == b"oops\n"
+
+    info = await backend.stop_container(ct, timeout=5)
+    assert (info.exit_code, info.reason) == (0, "Completed")  # the TERM trap ran
+    await asyncio.wait_for(sink.closed.wait(), 5)
+    assert events.exits[ct.id].exit_code == 0
+    assert sink.data["stdout"].endswith(b"bye\n")
+    await backend.remove_container(ct)
+    assert not os.path.exists(os.path.join(backend.root, "containers", ct.id))
+
+    await backend.stop_sandbox(sb)
+    assert not _alive(vm.pid)
+    await backend.remove_sandbox(sb)
+    assert not os.path.exists(vm.state_dir)
+
+
+async def test_exit_code_and_event(runv: tuple[RunvBackend, Events]) -> None:
+    backend, events = runv
+    sb = sandbox_record("exit")
+    await backend.run_sandbox(sb)
+    ct = container_record(sb, IMAGE, ["sh", "-c", "exit 3"])
+    await backend.create_container(ct, sb)
+    await backend.start_container(ct, sb, MemorySink())
+    await events.wait_for(lambda: ct.id in events.exits)
+    assert events.exits[ct.id].exit_code == 3
+    assert events.exits[ct.id].reason == "Error"
+    await backend.stop_sandbox(sb)
+
+
+async def test_vm_crash_exits_containers(runv: tuple[RunvBackend, Events]) -> None:
+    backend, events = runv
+    sb = sandbox_record("crash")
+    await backend.run_sandbox(sb)
+    ct = container_record(sb, IMAGE, ["sleep", "60"])
+    await backend.create_container(ct, sb)
+    await backend.start_container(ct, sb, MemorySink())
+    ct_pid = (await backend._pods[sb.id].agent.call("state", id=ct.id))["pid"]  # type: ignore[union-attr]
+    vm_pid = backend._pods[sb.id].vm.pid
+
+    backend.inject(Fault.CRASH, sb.id)
+    await events.wait_for(lambda: ct.id in events.exits and sb.id in events.not_ready)
+    assert events.exits[ct.id].reason == VM_CRASH_REASON
+    assert events.not_ready[sb.id] == VM_CRASH_REASON
+    assert not _alive(vm_pid)
+    del ct_pid  # a PID inside the VM's namespace; the cgroup check in the fixture covers it
+    with pytest.raises(errors.FailedPreconditionError):
+        await backend.exec_sync(ct, ["true"], timeout=5)
+    await backend.stop_sandbox(sb)  # cleans up the dead VM's cgroup and state
+    await backend.remove_container(ct)
+
+
+async def test_capacity_exhausted(runv: tuple[RunvBackend, Events]) -> None:
+    backend, _ = runv
+    big = sandbox_record("big", memory_limit_in_bytes=2 << 30)  # node has 1 GiB in this test
+    with pytest.raises(errors.ResourceExhaustedError):
+        await backend.run_sandbox(big)
+    assert backend.hv.capacity()[0] == 0
+    pods = [sandbox_record(f"p{i}", cpu_quota=200_000, cpu_period=100_000) for i in range(3)]
+    await backend.run_sandbox(pods[0])
+    await backend.run_sandbox(pods[1])  # 2 + 2 vCPUs = the node's 4
+    with pytest.raises(errors.ResourceExhaustedError):
+        await backend.run_sandbox(pods[2])
+    await backend.stop_sandbox(pods[0])
+    await backend.run_sandbox(pods[2])  # room again
+    for p in pods[1:]:
+        await backend.stop_sandbox(p)
+    assert backend.hv.capacity()[0] == 0
+
+
+async def test_boot_failure_leaves_nothing(runv: tuple[RunvBackend, Events]) -> None:
+    backend, _ = runv
+    backend.inject(Fault.BOOT_FAILURE)
+    sb = sandbox_record("noboot")
+    with pytest.raises(errors.UnavailableError, match="boot"):
+        await backend.run_sandbox(sb)
+    assert "vm" not in sb.backend_data
+    assert backend.hv.capacity()[0] == 0
+    assert os.listdir(backend.hv.run_dir) == []  # type: ignore[attr-defined]
+
+
+async def test_agent_hang(runv: tuple[RunvBackend, Events]) -> None:
+    backend, _ = runv
+    backend.agent_timeout = 0.5
+    sb = sandbox_record("hang")
+    await backend.run_sandbox(sb)
+    ct = container_record(sb, IMAGE, ["sleep", "60"])
+    backend._pods[sb.id].agent.timeout = 0.5  # type: ignore[union-attr]
+    backend.inject(Fault.AGENT_HANG, sb.id)
+    with pytest.raises(errors.UnavailableError, match="did not answer"):
+        await backend.create_container(ct, sb)
+    vm_pid = backend._pods[sb.id].vm.pid
+    await backend.stop_sandbox(sb)  # a hung agent is killed with its VM
+    assert not _alive(vm_pid)
+
+
+async def test_recover_after_restart(runv_config: dict[str, object], busybox_rootfs: Path) -> None:
+    first = RunvBackend("runv", dict(runv_config))
+    ev1 = Events()
+    await first.start(ev1)
+    first.images.import_dir(IMAGE, str(busybox_rootfs))
+    sb = sandbox_record("recover")
+    await first.run_sandbox(sb)
+    sb.committed = True
+    ct = container_record(sb, IMAGE, ["sh", "-c", "while true; do echo tick; sleep 0.2; done"])
+    await first.create_container(ct, sb)
+    await first.start_container(ct, sb, MemorySink())
+    ct.committed = True
+    vm_pid = first._pods[sb.id].vm.pid
+    await first.close()  # the shim goes away; the VM stays
+    assert _alive(vm_pid)
+
+    second = RunvBackend("runv", dict(runv_config))
+    ev2 = Events()
+    sink = MemorySink()
+    ev2.sinks[ct.id] = sink
+    await second.start(ev2)
+    try:
+        sb_obs, ct_obs = await second.recover([sb], [ct])
+        assert sb_obs[sb.id].exists and sb_obs[sb.id].running
+        assert ct_obs[ct.id].exists and ct_obs[ct.id].running
+        res = await second.exec_sync(ct, ["echo", "back"], timeout=5)
+        assert res.stdout == b"back\n"
+        for _ in range(30):
+            if b"tick" in sink.data["stdout"]:
+                break
+            await asyncio.sleep(0.1)
+        assert b"tick" in sink.data["stdout"]  # output re-attached after the restart
+        await second.stop_sandbox(sb)
+        assert not _alive(vm_pid)
+    finally:
+        for pod in list(second._pods.values()):
+            await second.hv.destroy(pod.vm)
+        await second.close()
+
+
+def _registry_up() -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:5000/v2/", timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(
+    not _registry_up(), reason="no local registry on 127.0.0.1:5000 (scripts/testenv/up starts one)"
+)
+async def test_pulled_image_runs_in_vm(runv: tuple[RunvBackend, Events]) -> None:
+    backend, _ = runv
+    ref = "127.0.0.1:5000/busybox:1.36"
+    image_id = await backend.pull_image(pb.ImageSpec(image=ref), None, None)
+    status = await backend.image_status(pb.ImageSpec(image=ref))
+    assert status is not None and status.id == image_id and ref in status.repo_tags
+    sb = sandbox_record("pulled")
+    await backend.run_sandbox(sb)
+    ct = container_record(sb, ref, ["sleep", "30"])
+    await backend.create_container(ct, sb)
+    assert ct.image_ref == image_id
+    await backend.start_container(ct, sb, MemorySink())
+    res = await backend.exec_sync(ct, ["sh", "-c", "touch /new && ls / && grep -c . /etc/passwd"], timeout=10)
+    assert res.exit_code == 0 and b"new" in res.stdout, res
+    await backend.stop_sandbox(sb)
+    await backend.remove_container(ct)
+
+
+class FakeIO:
+    """A StreamIO with scripted stdin."""
+
+    def __init__(self, stdin: list[bytes] | None, tty: bool = False) -> None:
+        self.stdin = stdin is not None
+        self.stdout = True
+        self.stderr = not tty
+        self.tty = tty
+        self._in = list(stdin or [])
+        self.out = bytearray()
+        self.err = bytearray()
+
+    async def read_stdin(self) -> bytes:
+        return self._in.pop(0) if self._in else b""
+
+    async def write_stdout(self, data: bytes) -> None:
+        self.out += data
+
+    async def write_stderr(self, data: bytes) -> None:
+        self.err += data
+
+    async def resizes(self) -> AsyncIterator[TerminalSize]:
+        yield TerminalSize(100, 40)
+
+
+class FakePort:
+    def __init__(self, request: bytes) -> None:
+        self._in = [request]
+        self.got = bytearray()
+
+    async def read(self) -> bytes:
+        return self._in.pop(0) if self._in else b""
+
+    async def write(self, data: bytes) -> None:
+        self.got += data
+
+
+async def test_streaming_exec_port_forward_and_hotplug(runv: tuple[RunvBackend, Events]) -> None:
+    backend, _ = runv
+    sb = sandbox_record("stream")
+    await backend.run_sandbox(sb)
+    # A one-shot TCP server inside the VM's network namespace.
+    ct = container_record(sb, IMAGE, ["sh", "-c", "echo pong | nc -l -p 8080; sleep 30"])
+    await backend.create_container(ct, sb)
+    await backend.start_container(ct, sb, MemorySink())
+
+    io = FakeIO([b"line1\n", b"line2\n"])
+    code = await backend.exec(ct, ["sh", "-c", "cat; echo e >&2; exit 4"], io)
+    assert (code, bytes(io.out), bytes(io.err)) == (4, b"line1\nline2\n", b"e\n")
+
+    tty = FakeIO(None, tty=True)
+    code = await backend.exec(ct, ["sh", "-c", "stty size 2>/dev/null || echo nostty; [ -t 1 ]"], tty)
+    assert code == 0, bytes(tty.out)
+
+    for _ in range(50):  # nc may not listen yet
+        port = FakePort(b"ping\n")
+        try:
+            await backend.port_forward(sb, 8080, port)
+        except errors.CriError:
+            await asyncio.sleep(0.1)
+            continue
+        break
+    assert bytes(port.got) == b"pong\n"
+
+    res = pb.LinuxContainerResources(cpu_quota=300_000, cpu_period=100_000, memory_limit_in_bytes=256 * MIB)
+    await backend.update_container_resources(ct, res)
+    vm = backend._pods[sb.id].vm
+    assert vm.vcpus == 3 and vm.memory_bytes >= 256 * MIB  # hot-plugged
+    with open(f"/sys/fs/cgroup/memory/{backend.hv.cgroup_parent}/{vm.id}/memory.limit_in_bytes") as fh:  # type: ignore[attr-defined]
+        assert int(fh.read()) == vm.memory_bytes
+    with pytest.raises(errors.ResourceExhaustedError):  # the test node has 4 vCPUs
+        await backend.update_container_resources(
+            ct, pb.LinuxContainerResources(cpu_quota=900_000, cpu_period=100_000)
+        )
+    await backend.stop_sandbox(sb)
+
+
+async def test_attach_feeds_stdin(runv: tuple[RunvBackend, Events]) -> None:
+    backend, events = runv
+    sb = sandbox_record("attach")
+    await backend.run_sandbox(sb)
+    ct = container_record(sb, IMAGE, ["sh", "-c", "read line; echo got:$line"], stdin=True, stdin_once=True)
+    await backend.create_container(ct, sb)
+    sink = MemorySink()
+    await backend.start_container(ct, sb, sink)
+    io = FakeIO([b"hi\n"])
+    await asyncio.wait_for(backend.attach(ct, io), 10)
+    assert bytes(io.out) == b"got:hi\n"
+    assert sink.data["stdout"] == b"got:hi\n"  # the log sees what the attached client sees
+    await events.wait_for(lambda: ct.id in events.exits)
+    assert events.exits[ct.id].exit_code == 0
+    await backend.stop_sandbox(sb)
+
+
+@pytest.mark.skipif(
+    not _registry_up(), reason="no local registry on 127.0.0.1:5000 (scripts/testenv/up starts one)"
+)
+async def test_image_pulled_elsewhere_is_fetched_by_name(runv: tuple[RunvBackend, Events]) -> None:
+    backend, _ = runv
+    ref = "127.0.0.1:5000/busybox:1.36"
+    assert await backend.image_status(pb.ImageSpec(image=ref)) is None
+    sb = sandbox_record("byname")
+    await backend.run_sandbox(sb)
+    ct = container_record(sb, ref, ["true"])
+    await backend.create_container(ct, sb)  # e.g. `crictl pull` went to the docker handler
+    status = await backend.image_status(pb.ImageSpec(image=ref))
+    assert status is not None and ct.image_ref == status.id
+    with pytest.raises(errors.NotFoundError):
+        await backend.create_container(container_record(sb, "sha256:" + "e" * 64, ["true"]), sb)
+    await backend.stop_sandbox(sb)
+    await backend.remove_container(ct)
