@@ -77,7 +77,11 @@ class SandboxService:
         async with shim.locks.hold(sb.id):
             if shim.store.sandboxes.get(sb.id) is None:
                 return pb.RemovePodSandboxResponse()
-            await stop_sandbox(shim, sb)
+            running = any(c.status.state == pb.CONTAINER_RUNNING for c in shim.store.containers_of(sb.id))
+            if sb.status.ready or running:
+                # The kubelet stops before it removes; a second stop would only cost
+                # a round trip to the runtime. remove_sandbox cleans up either way.
+                await stop_sandbox(shim, sb)
             backend = shim.backend(sb.backend)
             for c in shim.store.containers_of(sb.id):
                 async with shim.locks.hold(c.id):

@@ -443,12 +443,15 @@ class DockerBackend:
         try:
             with contextlib.suppress(NotFoundError):
                 await self._stop_engine(eid, timeout)
-            try:
-                info = await self._inspect(eid)
-            except NotFoundError:
+            # The exit status and the end of the output are awaited together.
+            inspected, _ = await asyncio.gather(
+                self._inspect(eid), self._drain_logs(container.id), return_exceptions=True
+            )
+            if isinstance(inspected, NotFoundError):
                 return ExitInfo(exit_code=137, finished_at=time.time_ns(), reason="Error", message="gone")
-            await self._drain_logs(container.id)
-            return exit_info(info["State"])
+            if isinstance(inspected, BaseException):
+                raise inspected
+            return exit_info(inspected["State"])
         finally:
             self._watched.pop(container.id, None)
             self._stopping.discard(container.id)
@@ -780,6 +783,8 @@ class DockerBackend:
                         sink.write(stream, data)
                 finally:
                     resp.close()
+                if cri_id in self._stopping:
+                    return  # stopped by us: the stream ended because the container did
                 try:
                     info = await self._inspect(engine_id)
                 except NotFoundError:
