@@ -66,9 +66,36 @@ def make_docker(root: str) -> tuple[Backend, str]:
     return backend, f"{reg}/busybox:1.36"
 
 
+def make_runv(root: str) -> tuple[Backend, str]:
+    from tests.runv.helpers import vm_support
+
+    why = vm_support()
+    if why:
+        _unavailable(f"runv VMs cannot run here: {why}")
+    reg = os.environ.get("CRI_SHIM_TEST_REGISTRY", "127.0.0.1:5000")
+    from backends.runv import create
+
+    tag = os.path.basename(root)[-8:]
+    backend = create(
+        "runv",
+        {
+            "root": os.path.join(root, "runv"),
+            "run_dir": f"/tmp/rvc-{tag}",
+            "agent_timeout": 10.0,
+            "stub": {
+                "cgroup_parent": f"cri-shim-contract-{tag}",
+                "capacity_vcpus": 16,
+                "capacity_memory": 4 << 30,
+            },
+        },
+    )
+    return backend, f"{reg}/busybox:1.36"
+
+
 BACKENDS: dict[str, Callable[[str], tuple[Backend, str]]] = {
     "fake": make_fake,
     "docker": make_docker,
+    "runv": make_runv,
 }
 
 

@@ -26,6 +26,7 @@ ALLOWED = {
     grpc.StatusCode.UNIMPLEMENTED,
     grpc.StatusCode.DEADLINE_EXCEEDED,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.UNAVAILABLE,  # e.g. a random image name on a registry this machine cannot reach
 }
 STRINGS = [
     "",
