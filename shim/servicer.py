@@ -19,8 +19,9 @@ by its List method and cut into chunks at the wire level.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
@@ -63,6 +64,11 @@ def _deserializer(cls: type[Message]) -> Callable[[bytes], Message | BadRequest]
     return decode
 
 
+def _require_valid(rpc: Rpc, req: Message | BadRequest) -> None:
+    if isinstance(req, BadRequest):
+        raise InvalidArgumentError(f"malformed {rpc.name} request: {req.error}")
+
+
 def _serialize(resp: Message | bytes) -> bytes:
     return resp if isinstance(resp, bytes) else resp.SerializeToString()
 
@@ -87,6 +93,17 @@ def _split_entries(data: bytes) -> list[bytes]:
         if tag == 0x0A:
             entries.append(data[start:pos])
     return entries
+
+
+class Outcome:
+    """How one call ended, filled in by CriServicer._outcome."""
+
+    __slots__ = ("code", "detail", "response")
+
+    def __init__(self) -> None:
+        self.code = grpc.StatusCode.OK
+        self.detail = ""
+        self.response: Any = None
 
 
 class Rpc:
@@ -182,42 +199,42 @@ class CriServicer:
         return table
 
     # ------------------------------------------------------------------ calls
+    @contextlib.contextmanager
+    def _outcome(self, rpc: Rpc, req: Message | BadRequest) -> Iterator[Outcome]:
+        """Runs one call: maps its condition to a code (swallowing it) and logs it once."""
+        out = Outcome()
+        t0 = time.perf_counter()
+        try:
+            yield out
+        except CriError as exc:
+            out.code, out.detail = exc.code, exc.message
+        except asyncio.CancelledError:
+            out.code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception as exc:
+            out.code = grpc.StatusCode.UNKNOWN
+            out.detail = f"{rpc.name} failed: {type(exc).__name__}: {exc}"
+            log.exception("rpc.bug", method=rpc.name)
+        finally:
+            self._log(rpc, req, out.response, out.code, out.detail, time.perf_counter() - t0)
+
     def _unary_handler(self, rpc: Rpc) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
         async def handle(req: Message | BadRequest, context: grpc.aio.ServicerContext) -> Any:
-            t0 = time.perf_counter()
-            code = grpc.StatusCode.OK
-            detail = ""
-            resp: Any = None
-            try:
-                if isinstance(req, BadRequest):
-                    raise InvalidArgumentError(f"malformed {rpc.name} request: {req.error}")
+            with self._outcome(rpc, req) as out:
+                _require_valid(rpc, req)
                 resp = rpc.fn(req)
                 if asyncio.iscoroutine(resp):
                     resp = await resp
+                out.response = resp
                 return resp
-            except CriError as exc:
-                code, detail = exc.code, exc.message
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
-                raise
-            except Exception as exc:
-                code = grpc.StatusCode.UNKNOWN
-                detail = f"{rpc.name} failed: {type(exc).__name__}: {exc}"
-                log.exception("rpc.bug", method=rpc.name)
-            finally:
-                self._log(rpc, req, resp, code, detail, time.perf_counter() - t0)
-            await context.abort(code, detail)
+            await context.abort(out.code, out.detail)
 
         return handle
 
     def _stream_handler(self, rpc: Rpc) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
         async def handle(req: Message | BadRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            t0 = time.perf_counter()
-            code = grpc.StatusCode.OK
-            detail = ""
-            try:
-                if isinstance(req, BadRequest):
-                    raise InvalidArgumentError(f"malformed {rpc.name} request: {req.error}")
+            with self._outcome(rpc, req) as out:
+                _require_valid(rpc, req)
                 if rpc.name == "GetContainerEvents":
                     async for event in self.shim.events.subscribe():
                         yield event
@@ -235,19 +252,8 @@ class CriServicer:
                     size += len(entry)
                 if chunk:
                     yield b"".join(chunk)
-            except CriError as exc:
-                code, detail = exc.code, exc.message
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
-                raise
-            except Exception as exc:
-                code = grpc.StatusCode.UNKNOWN
-                detail = f"{rpc.name} failed: {type(exc).__name__}: {exc}"
-                log.exception("rpc.bug", method=rpc.name)
-            finally:
-                self._log(rpc, req, None, code, detail, time.perf_counter() - t0)
-            if code != grpc.StatusCode.OK:
-                await context.abort(code, detail)
+            if out.code != grpc.StatusCode.OK:
+                await context.abort(out.code, out.detail)
 
         return handle
 
