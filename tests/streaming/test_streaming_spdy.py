@@ -180,12 +180,15 @@ async def test_server_opens_the_window_as_it_reads(server: StreamingServer) -> N
     client, _ = await SpdyClient.connect(server.exec_url(exec_req(["cat"], stdin=True)), [V4])
     ids = await open_exec(client, stdin=True)
     await client.until(lambda: ids["stdin"] in client.replies)
-    for _ in range(8):
+    # The server announced a 1 MiB window for streams and for the session.
+    settings = [f for f in client.other if isinstance(f, spdy.SettingsFrame)]
+    assert (0, spdy.Setting.INITIAL_WINDOW_SIZE, session_module.RECV_WINDOW) in settings[0].entries
+    for _ in range(48):
         client.write(ids["stdin"], b"y" * 16 * 1024)
-    await client.until(lambda: len(client.got(ids["stdout"])) == 128 * 1024)
+    await client.until(lambda: len(client.got(ids["stdout"])) == 768 * 1024)
     updates = [f for f in client.other if isinstance(f, spdy.WindowUpdateFrame)]
     assert {f.stream_id for f in updates} == {0, ids["stdin"]}
-    assert sum(f.delta for f in updates if f.stream_id == ids["stdin"]) >= 64 * 1024
+    assert sum(f.delta for f in updates if f.stream_id == ids["stdin"]) >= session_module.RECV_WINDOW // 2
     await client.close()
 
 
