@@ -157,6 +157,7 @@ class FakeBackend:
         # A pull takes a little time, as a real one does, so that client deadlines mean something.
         self._pull_seconds = float(options.get("pull_seconds", 0.01))
         self._pause_image = str(options.get("pause_image", ""))
+        self._pause_ref = ""
         self._cgroup_driver = str(options.get("cgroup_driver", "cgroupfs"))
         self._network = ipaddress.ip_network(str(options.get("pod_cidr", "10.88.0.0/16")))
         self._next_ip = 2
@@ -216,6 +217,7 @@ class FakeBackend:
                 ref = parse(self._pause_image)
             except BadReference:
                 return
+            self._pause_ref = ref.tagged
             img = self._images.get(self._image_id(ref)) or self._add_image(ref)
             img.pinned = True
 
@@ -328,6 +330,8 @@ class FakeBackend:
                 resolv += "options " + " ".join(dns.options) + "\n"
             files["/etc/resolv.conf"] = resolv
             sysctls = dict(sb.config.linux.sysctls)
+            for key, value in sysctls.items():
+                files["/proc/sys/" + key.replace(".", "/")] = value + "\n"
         argv = list(c.config.command) + list(c.config.args)
         processes = [os.path.basename(argv[0])] if argv and c.id in self._running else []
         return ShellContext(
@@ -587,12 +591,14 @@ class FakeBackend:
         rule = self._rule(ref)
         if "id" in rule:
             return str(rule["id"])
-        # One image per repository path and tag (or digest), the same on every
-        # registry: a mirror such as k8s.gcr.io/pause serves registry.k8s.io/pause.
-        # A rule with an `id` makes several tags one image.
+        # All tags of one repository path are one image, on every registry (a
+        # mirror such as k8s.gcr.io/pause serves registry.k8s.io/pause), except
+        # the pinned sandbox image, which stays apart from other tags of its
+        # repository. A rule with an `id` decides otherwise.
+        if ref.tagged == self._pause_ref:
+            return "sha256:" + hashlib.sha256(ref.tagged.encode()).hexdigest()
         path = ref.repository.split("/", 1)[1]
-        version = f"@{ref.digest}" if ref.digest else f":{ref.tag or 'latest'}"
-        return "sha256:" + hashlib.sha256((path + version).encode()).hexdigest()
+        return "sha256:" + hashlib.sha256(path.encode()).hexdigest()
 
     def _rule(self, ref: ImageRef) -> dict[str, Any]:
         return self._image_rules.get(ref.tagged) or self._image_rules.get(ref.repository) or {}
