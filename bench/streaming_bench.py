@@ -37,7 +37,6 @@ import shutil
 import signal
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -59,9 +58,10 @@ from cri_api import api_pb2 as pb  # noqa: E402
 from cri_api import api_pb2_grpc  # noqa: E402
 from shim.streaming import spdy  # noqa: E402
 
-BUSYBOX = "127.0.0.1:5000/busybox:1.36"
-PAUSE = "127.0.0.1:5000/pause:3.10"
-DOCKER_SOCK = "unix:///var/run/docker.sock"
+# The same child-process shim (docker backend, own socket, state and instance label).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from docker_bench import BUSYBOX, DOCKER_SOCK, PAUSE, Shim  # noqa: E402
+
 ECHO_PORT = 8080
 SOURCE_PORT = 8081
 CHUNK = 32 * 1024  # DATA frame / write size of the client (io.Copy's buffer in the Go client)
@@ -194,52 +194,6 @@ class SpdyConn:
 
 
 # ---------------------------------------------------------------- cri-shim child process
-
-
-class Shim:
-    """`cri-shim serve` with the docker backend, on a temporary socket and state."""
-
-    def __init__(self, tmp: str, run_id: str) -> None:
-        # Every engine container of this shim carries this instance label: the
-        # cleanup finds what the shim left behind even if it died.
-        self.instance = f"cri-shim-sbench-{run_id}"
-        self.sock = f"{tmp}/cri-shim.sock"
-        config = f"{tmp}/cri-shim.toml"
-        with open(config, "w") as f:
-            f.write(
-                "[server]\n"
-                f'listen = "unix://{self.sock}"\n'
-                f'state_dir = "{tmp}/state"\n'
-                'default_handler = "docker"\n'
-                "\n[handlers.docker]\n"
-                'type = "docker"\n'
-                f'endpoint = "{DOCKER_SOCK}"\n'
-                f'pause_image = "{PAUSE}"\n'
-                f'instance = "{self.instance}"\n'
-            )
-        self.log_path = f"{tmp}/cri-shim.log"
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shim.cli", "serve", "--config", config, "--log-level", "warning"],
-            cwd=ROOT,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
-
-    def remove_leftovers(self, api: docker.APIClient) -> None:
-        for row in api.containers(all=True, filters={"label": f"{lbl.INSTANCE}={self.instance}"}):
-            with contextlib.suppress(docker.errors.APIError):
-                api.remove_container(row["Id"], v=True, force=True)
 
 
 class Pod:
@@ -475,7 +429,7 @@ async def run(args: argparse.Namespace, tmp: str, run_id: str, cleanups: list[Ca
             api.pull(repo, tag=tag)
 
     shim = Shim(tmp, run_id)
-    cleanups.append(lambda: shim.remove_leftovers(api))
+    cleanups.append(lambda: [api.remove_container(c, v=True, force=True) for c in shim.engine_leftovers()])
     cleanups.append(shim.stop)
     channel = grpc.insecure_channel(f"unix://{shim.sock}")
     cleanups.append(channel.close)
@@ -490,7 +444,7 @@ async def run(args: argparse.Namespace, tmp: str, run_id: str, cleanups: list[Ca
         except grpc.RpcError:
             if time.monotonic() > deadline or shim.proc.poll() is not None:
                 args.keep_tmp = True
-                raise RuntimeError(f"cri-shim did not answer; its log: {shim.log_path}") from None
+                raise RuntimeError(f"cri-shim did not answer; its log: {shim.tmp}/cri-shim.log") from None
             await asyncio.sleep(0.1)
 
     os.makedirs(f"{tmp}/pod-logs")
