@@ -2,9 +2,11 @@
 
 ``create`` is the factory the backend registry calls for handler type ``runv``.
 Config keys: ``root``, ``run_dir``, ``agent_timeout``, ``overhead_vcpus``,
-``overhead_memory_mib``, ``insecure_registries`` and a ``stub`` table
+``overhead_memory_mib``, ``insecure_registries``, ``log_drain_timeout`` and a ``stub`` table
 (``boot_latency``, ``shutdown_latency``, ``capacity_vcpus``, ``capacity_memory``,
-``cpu_overcommit``, ``runc``, ``cgroup_parent``).
+``cpu_overcommit``, ``runc``, ``cgroup_parent``, ``ip``) and a ``network``
+table (``bridge``, ``subnet``, ``gateway``, ``mtu``, ``ipam_dir``,
+``hostport_chain``, ``ip``, ``iptables``; see README.md).
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -18,6 +20,7 @@ from backends.runv.agent.client import AgentClient
 from backends.runv.agent.protocol import Ch, ConnectionLost, Stream
 from backends.runv.hypervisor import MIB, VM, Fault, Hypervisor, VMSpec
 from backends.runv.images.store import Credentials, Image, ImageStore
+from backends.runv.network import PodNetwork, host_ports
 from backends.runv.stub import StubHypervisor, vm_size
 from cri_api import api_pb2 as pb
 from shim import errors
@@ -60,6 +63,7 @@ class RunvBackend:
         | base.Capability.STATS
         | base.Capability.UPDATE_RESOURCES
         | base.Capability.IMAGES
+        | base.Capability.HOST_NETWORK
     )
 
     def __init__(self, name: str, config: dict[str, Any], hypervisor: Hypervisor | None = None) -> None:
@@ -74,10 +78,15 @@ class RunvBackend:
         self.overhead_memory = int(config.get("overhead_memory_mib", 32)) * MIB
         self.images = ImageStore(os.path.join(self.root, "images"), config.get("insecure_registries"))
         self._containers_dir = os.path.join(self.root, "containers")
+        net_config = dict(config.get("network") or {})
+        net_config.setdefault("owner", hashlib.sha256(os.path.abspath(self.root).encode()).hexdigest()[:12])
+        self.net = PodNetwork(net_config)
         self._pods: dict[str, _Pod] = {}
         self._owner: dict[str, str] = {}  # container ID -> sandbox ID
         self._reported: set[str] = set()  # containers whose exit was sent to the shim
         self._events: base.EventSink | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self.log_drain_timeout = float(config.get("log_drain_timeout", 2.0))
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, events: base.EventSink) -> None:
@@ -86,7 +95,7 @@ class RunvBackend:
 
     async def close(self) -> None:
         # VMs keep running (recovered on the next start); only our side goes away.
-        tasks: list[asyncio.Task[None]] = []
+        tasks: list[asyncio.Task[None]] = list(self._background)
         for pod in self._pods.values():
             tasks += [t for t in (pod.monitor, *pod.pumps.values()) if t is not None]
             if pod.agent is not None:
@@ -94,6 +103,8 @@ class RunvBackend:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if not self._pods:
+            self.hv.tidy()  # no VM left: drop the empty run dir and cgroup parent
         self._pods.clear()
 
     async def health(self) -> base.Health:
@@ -129,14 +140,25 @@ class RunvBackend:
     def _on_event(self, pod: _Pod, name: str, body: dict[str, Any]) -> None:
         if name == "exit":
             cid = str(body.get("id", ""))
-            self._report_exit(
-                cid,
-                base.ExitInfo(
-                    exit_code=int(body.get("exit_code", 0)),
-                    finished_at=int(body.get("finished_at", 0)) or time.time_ns(),
-                    reason=str(body.get("reason", "")),
-                ),
+            info = base.ExitInfo(
+                exit_code=int(body.get("exit_code", 0)),
+                finished_at=int(body.get("finished_at", 0)) or time.time_ns(),
+                reason=str(body.get("reason", "")),
             )
+            # A client that sees the exit reads the log next: report it once the output is in.
+            task = asyncio.get_running_loop().create_task(self._exit_after_logs(pod, cid, info))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _drain_logs(self, pod: _Pod, cid: str) -> None:
+        """Wait (bounded) until the log pump of an exited container has written everything."""
+        task = pod.pumps.get(cid)
+        if task is not None and not task.done():
+            await asyncio.wait({task}, timeout=self.log_drain_timeout)
+
+    async def _exit_after_logs(self, pod: _Pod, cid: str, info: base.ExitInfo) -> None:
+        await self._drain_logs(pod, cid)
+        self._report_exit(cid, info)
 
     def _report_exit(self, cid: str, info: base.ExitInfo) -> None:
         if cid in self._reported:
@@ -177,8 +199,12 @@ class RunvBackend:
             known.add(vm.id)
             if not sb.committed or not await self.hv.adopt(vm):
                 await self.hv.destroy(vm)
+                await self._unplumb(sb)
                 sb_obs[sb.id] = base.Observed(exists=False)
                 continue
+            net = sb.backend_data.get("net")
+            if net:
+                self.net.reserve(sb.id, str(net["ip"]))
             pod = _Pod(sb.id, vm)
             self._pods[sb.id] = pod
             try:
@@ -215,6 +241,13 @@ class RunvBackend:
                     await self._pump_logs(owner, ct.id, sink)
         for vm in self.hv.leftovers(known):
             await self.hv.destroy(vm)
+        with_net = {sb.id for sb in sandboxes if sb.backend_data.get("net")}
+        for sb in sandboxes:
+            if sb.id in with_net and not sb_obs.get(sb.id, base.Observed(exists=False)).exists:
+                with_net.discard(sb.id)
+        self.net.release_unknown(with_net)
+        with contextlib.suppress(errors.CriError):
+            await self.net.remove_unknown_host_ports(with_net)
         return sb_obs, ct_obs
 
     # ------------------------------------------------------------------ sandboxes
@@ -230,16 +263,25 @@ class RunvBackend:
             + (over.cpu_quota / (over.cpu_period or 100_000) if over.cpu_quota > 0 else 0),
             self.overhead_memory + max(over.memory_limit_in_bytes, 0),
         )
+        host_net = cfg.linux.security_context.namespace_options.network == pb.NODE
+        if host_net:
+            bad = sorted(k for k in cfg.linux.sysctls if k.startswith("net."))
+            if bad:
+                raise errors.InvalidArgumentError(f"sysctls {bad} are not allowed with host networking")
+        ports = [] if host_net else host_ports(cfg.port_mappings)
         try:
-            vm = await self.hv.create(VMSpec(_vm_id(sandbox.id), vcpus, memory, cfg.hostname))
+            vm = await self.hv.create(VMSpec(_vm_id(sandbox.id), vcpus, memory, cfg.hostname, host_net))
         except errors.CriError:
             raise
         except Exception as exc:  # BootError and friends: the VM is already gone
             raise errors.UnavailableError(f"VM boot failed: {exc}") from exc
         pod = _Pod(sandbox.id, vm)
+        ip = ""
         try:
             await self._connect(pod)
             assert pod.agent is not None
+            if not host_net:
+                ip = await self._plumb(sandbox, pod, ports)
             dns = cfg.dns_config
             await pod.agent.call(
                 "setup",
@@ -255,11 +297,47 @@ class RunvBackend:
             if pod.agent is not None:
                 await pod.agent.close()
             await self.hv.destroy(vm)
+            await self._unplumb(sandbox)
             raise
         sandbox.backend_data["vm"] = vm.to_dict()
         self._pods[sandbox.id] = pod
         self._watch(pod)
-        return base.SandboxNetwork()
+        return base.SandboxNetwork(ip=ip)
+
+    async def _plumb(self, sandbox: base.SandboxRecord, pod: _Pod, ports: list[Any]) -> str:
+        """Give the VM its pod IP on the bridge and publish its host ports; return the IP."""
+        agent = self._agent(pod)
+        ip = self.net.allocate(sandbox.id)
+        host_if, peer = self.net.veth_names(pod.vm.id)
+        # Recorded first: whatever exists of it is undone by _unplumb, now or after a restart.
+        sandbox.backend_data["net"] = {
+            "ip": ip,
+            "host_if": host_if,
+            "bridge": self.net.bridge,
+            "ports": [p.to_dict() for p in ports],
+        }
+        await self.net.create_veth(pod.vm.id)
+        guest_if = await self.hv.attach_interface(pod.vm, peer)
+        await agent.call(
+            "network",
+            interface=guest_if,
+            name="eth0",
+            address=f"{ip}/{self.net.prefix}",
+            gateway=self.net.gateway,
+            mtu=self.net.mtu,
+        )
+        await self.net.add_host_ports(sandbox.id, ip, ports)
+        return ip
+
+    async def _unplumb(self, sandbox: base.SandboxRecord) -> None:
+        """Release the pod's network: host-port rules, veth, IP. Idempotent."""
+        data = sandbox.backend_data.get("net")
+        if not data:
+            return
+        await self.net.remove_host_ports(sandbox.id)
+        await self.net.delete_veth(str(data.get("host_if", "")))
+        self.net.release(str(data.get("ip", "")), sandbox.id)
+        sandbox.backend_data.pop("net", None)
 
     async def stop_sandbox(self, sandbox: base.SandboxRecord) -> None:
         pod = self._pods.get(sandbox.id)
@@ -267,6 +345,7 @@ class RunvBackend:
             data = sandbox.backend_data.get("vm")
             if data:  # adopted but never connected, or a leftover
                 await self.hv.destroy(VM.from_dict(data))
+            await self._unplumb(sandbox)
             return
         pod.stopping = True
         if pod.agent is not None and not pod.agent.closed and not pod.dead:
@@ -292,6 +371,7 @@ class RunvBackend:
         for task in pod.pumps.values():
             task.cancel()
         del self._pods[sandbox.id]
+        await self._unplumb(sandbox)
 
     async def remove_sandbox(self, sandbox: base.SandboxRecord) -> None:
         await self.stop_sandbox(sandbox)
@@ -348,7 +428,17 @@ class RunvBackend:
                 guest = await self.hv.attach_share(
                     pod.vm, f"mnt-{container.id[:12]}-{len(mounts)}", m.host_path, m.readonly
                 )
-                mounts.append({"source": guest, "destination": m.container_path, "readonly": m.readonly})
+                mounts.append(
+                    {
+                        "source": guest,
+                        "destination": m.container_path,
+                        "readonly": m.readonly,
+                        # Host mounts reach the VM (a slave of the host), and from there a
+                        # HOST_TO_CONTAINER mount; nothing propagates back out of a VM, so
+                        # BIDIRECTIONAL is served as HOST_TO_CONTAINER.
+                        "propagation": "rprivate" if m.propagation == pb.PROPAGATION_PRIVATE else "rslave",
+                    }
+                )
             spec = _process_spec(cfg, img)
             spec["rootfs"] = {
                 "lowers": lowers,
@@ -411,6 +501,7 @@ class RunvBackend:
         elif state["status"] == "created":
             return base.ExitInfo(0, time.time_ns(), "Completed")
         info = base.ExitInfo(int(state["exit_code"]), int(state["finished_at"]), str(state["reason"]))
+        await self._drain_logs(pod, container.id)
         self._report_exit(container.id, info)
         return info
 
@@ -418,6 +509,9 @@ class RunvBackend:
         pod = self._pods.get(container.sandbox_id)
         if pod is not None and not pod.dead and pod.agent is not None and not pod.agent.closed:
             await pod.agent.call("remove", id=container.id)
+        if pod is not None:
+            for tag in [t for t in pod.vm.shares if t.startswith(f"mnt-{container.id[:12]}-")]:
+                await self.hv.detach_share(pod.vm, tag)
             await self.hv.detach_share(pod.vm, f"ct-{container.id[:12]}")
         if pod is not None:
             pod.containers.discard(container.id)
@@ -783,10 +877,44 @@ def _process_spec(cfg: pb.ContainerConfig, img: Image) -> dict[str, Any]:
         "privileged": sc.privileged,
         "readonly_rootfs": sc.readonly_rootfs,
         "no_new_privs": sc.no_new_privs,
+        "seccomp": _seccomp(sc),
+        "pid_mode": {pb.POD: "pod", pb.NODE: "node"}.get(sc.namespace_options.pid, "container"),
+        "masked_paths": list(sc.masked_paths),
+        "readonly_paths": list(sc.readonly_paths),
         "add_caps": ["CAP_" + c.upper().removeprefix("CAP_") for c in sc.capabilities.add_capabilities],
         "drop_caps": ["CAP_" + c.upper().removeprefix("CAP_") for c in sc.capabilities.drop_capabilities],
         "resources": _resources(cfg.linux.resources),
     }
+
+
+def _seccomp(sc: pb.LinuxContainerSecurityContext) -> dict[str, Any] | None:
+    """The container's seccomp: None (unconfined), the runtime default, or a localhost profile."""
+    if sc.privileged:
+        return None  # privileged containers run unconfined, as with runc/containerd
+    if sc.HasField("seccomp"):
+        kind = sc.seccomp.profile_type
+        ref = sc.seccomp.localhost_ref
+        if kind == pb.SecurityProfile.Unconfined:
+            return None
+        if kind == pb.SecurityProfile.RuntimeDefault:
+            return {"default": True}
+    else:
+        path = sc.seccomp_profile_path  # the deprecated string form; empty means unconfined
+        if path in ("", "unconfined"):
+            return None
+        if path in ("runtime/default", "docker/default"):
+            return {"default": True}
+        if not path.startswith("localhost/"):
+            raise errors.InvalidArgumentError(f"unknown seccomp profile {path!r}")
+        ref = path.removeprefix("localhost/")
+    try:
+        with open(ref) as fh:
+            profile = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise errors.InvalidArgumentError(f"seccomp profile {ref!r}: {exc}") from None
+    if not isinstance(profile, dict):
+        raise errors.InvalidArgumentError(f"seccomp profile {ref!r} is not a JSON object")
+    return {"profile": profile}
 
 
 def _du(path: str) -> int:

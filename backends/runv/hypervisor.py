@@ -34,6 +34,7 @@ class VMSpec:
     vcpus: int
     memory_bytes: int
     hostname: str = ""
+    host_network: bool = False  # share the host's network (stub only; a real VM cannot)
 
 
 @dataclasses.dataclass(slots=True)
@@ -48,7 +49,8 @@ class VM:
     state_dir: str  # host directory holding the VM's console, channel and state
     channel: str  # address of the agent channel (a unix socket path for the stub)
     started_at: int = 0  # ns; with pid it identifies the process across PID reuse
-    shares: dict[str, str] = dataclasses.field(default_factory=dict)  # tag -> guest path
+    host_network: bool = False
+    shares: dict[str, str] = dataclasses.field(default_factory=dict)  # tag -> host path
     devices: dict[str, str] = dataclasses.field(default_factory=dict)  # host path -> guest path
 
     def to_dict(self) -> dict[str, Any]:
@@ -88,6 +90,9 @@ class Hypervisor(Protocol):
     def leftovers(self, known: set[str]) -> list[VM]:
         """VMs of this driver on the node whose ID is not in ``known``."""
 
+    def tidy(self) -> None:
+        """Remove the node-level directories and cgroups the driver made, if no VM uses them."""
+
     # ---- hot-plug
     async def set_vcpus(self, vm: VM, vcpus: int) -> None: ...
 
@@ -103,6 +108,14 @@ class Hypervisor(Protocol):
         """Pass a host device through; return its guest path."""
 
     async def detach_device(self, vm: VM, host_path: str) -> None: ...
+
+    # ---- network
+    async def attach_interface(self, vm: VM, host_ifname: str) -> str:
+        """Hot-plug a host network interface into the guest; return its name there.
+
+        The stub moves a veth peer into the VM's network namespace; a QEMU
+        driver would add a tap-backed virtio-net NIC.
+        """
 
     # ---- console and agent channel
     def console(self, vm: VM) -> str:

@@ -167,6 +167,7 @@ class StubHypervisor:
         self.python = str(config.get("python", sys.executable))
         self.runc = str(config.get("runc", "runc"))
         self.unshare = str(config.get("unshare", "unshare"))
+        self.ip = str(config.get("ip", "ip"))
         cpus = os.cpu_count() or 1
         self.total_vcpus = int(config.get("capacity_vcpus", cpus * int(config.get("cpu_overcommit", 16))))
         self.total_memory = int(config.get("capacity_memory", _mem_total()))
@@ -213,6 +214,7 @@ class StubHypervisor:
             memory_bytes=spec.memory_bytes,
             state_dir=state_dir,
             channel=os.path.join(state_dir, "agent.sock"),
+            host_network=spec.host_network,
         )
         try:
             await self._boot(vm)
@@ -225,6 +227,7 @@ class StubHypervisor:
         if len(vm.channel.encode()) > 107:
             raise InvalidArgumentError(f"agent socket path too long: {vm.channel}")
         os.makedirs(vm.state_dir, exist_ok=True)
+        os.makedirs(_shares_dir(vm), exist_ok=True)
         cg = self._cgroup(vm.id)
         cg.create()
         cg.set_limits(vm.vcpus, vm.memory_bytes)
@@ -249,9 +252,12 @@ class StubHypervisor:
             "--mount",
             "--uts",
             "--ipc",
-            "--net",
         ]
-        argv += ["--mount-proc", "--kill-child", *agent]
+        if not vm.host_network:
+            argv.append("--net")
+        # A slave of the host's mounts: what the host mounts under a shared directory later
+        # shows in the VM (as virtio-fs would), and nothing the VM mounts leaks out.
+        argv += ["--propagation", "slave", "--mount-proc", "--kill-child", *agent]
         env = dict(os.environ, RUNV_CGROUP_PROCS=" ".join(cg.procs_files()))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
         console = os.path.join(vm.state_dir, "console.log")
@@ -333,6 +339,9 @@ class StubHypervisor:
             if not any(os.path.isdir(d) for d in cg.all_dirs()):
                 break
             await asyncio.sleep(0.02)
+        if _mounts_under(vm.state_dir):
+            # Never delete through a mount: that would delete host data it shows.
+            raise BootError(f"VM {vm.id}: mounts left under {vm.state_dir}: {_mounts_under(vm.state_dir)}")
         shutil.rmtree(vm.state_dir, ignore_errors=True)
         async with self._lock:
             self._reserved.pop(vm.id, None)
@@ -372,6 +381,14 @@ class StubHypervisor:
             out.append(vm)
         return out
 
+    def tidy(self) -> None:
+        # Only empty ones go: rmdir fails on a cgroup with processes or a non-empty directory.
+        parent = Cgroup(self.cgroup_parent)
+        if not parent.pids():
+            parent.remove()
+        with contextlib.suppress(OSError):
+            os.rmdir(self.run_dir)
+
     # ---- hot-plug
     async def set_vcpus(self, vm: VM, vcpus: int) -> None:
         async with self._lock:
@@ -385,13 +402,47 @@ class StubHypervisor:
         self._cgroup(vm.id).set_limits(vm.vcpus, memory_bytes)
         vm.memory_bytes = memory_bytes
 
-    # ---- shares and devices: the stub guest sees the host's filesystem through its mount namespace
+    # ---- shares (virtio-fs style): the host directory's mount tree is cloned into the VM's mount
+    # namespace (see inject.py), so mounts made on the host after boot are seen at attach time,
+    # host mounts under a shared host directory keep propagating in, and nothing pins host
+    # directories in the host's namespace. Read-only is enforced by the agent's bind mounts.
     async def attach_share(self, vm: VM, tag: str, host_path: str, readonly: bool) -> str:
+        if "/" in tag or tag in ("", ".", ".."):
+            raise InvalidArgumentError(f"invalid share tag {tag!r}")
+        guest = os.path.join(_shares_dir(vm), tag)
+        if vm.shares.get(tag) == host_path:
+            return guest  # image layers are shared by the pod's containers
+        if tag in vm.shares:
+            await self.detach_share(vm, tag)
+        os.makedirs(guest, exist_ok=True)
+        await self._inject("attach", host_path, str(vm.pid), guest)
         vm.shares[tag] = host_path
-        return host_path
+        return guest
 
     async def detach_share(self, vm: VM, tag: str) -> None:
+        guest = os.path.join(_shares_dir(vm), tag)
+        if tag in vm.shares and self.alive(vm):
+            await self._inject("detach", str(vm.pid), guest)
+        with contextlib.suppress(OSError):
+            os.rmdir(guest)
         vm.shares.pop(tag, None)
+
+    async def _inject(self, *args: str) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
+        proc = await asyncio.create_subprocess_exec(
+            self.python,
+            "-m",
+            "backends.runv.inject",
+            *args,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise BootError(f"share {args[0]} failed: {out.decode(errors='replace').strip()}")
 
     async def attach_device(self, vm: VM, host_path: str) -> str:
         vm.devices[host_path] = host_path
@@ -399,6 +450,31 @@ class StubHypervisor:
 
     async def detach_device(self, vm: VM, host_path: str) -> None:
         vm.devices.pop(host_path, None)
+
+    async def attach_interface(self, vm: VM, host_ifname: str) -> str:
+        if vm.host_network:
+            raise InvalidArgumentError(f"VM {vm.id} shares the host network: no interface to attach")
+        if not self.alive(vm):
+            raise BootError(f"VM {vm.id} is not running")
+        # The unshare process (vm.pid) made the VM's network namespace and lives in it.
+        proc = await asyncio.create_subprocess_exec(
+            self.ip,
+            "link",
+            "set",
+            "dev",
+            host_ifname,
+            "netns",
+            str(vm.pid),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise BootError(
+                f"cannot move {host_ifname} into VM {vm.id}: {out.decode(errors='replace').strip()}"
+            )
+        return host_ifname
 
     def console(self, vm: VM) -> str:
         try:
@@ -426,6 +502,21 @@ class StubHypervisor:
             agent = self._agent_pid(vm)
             if agent:
                 os.kill(agent, signal.SIGSTOP)
+
+
+def _shares_dir(vm: VM) -> str:
+    return os.path.join(vm.state_dir, "shares")
+
+
+def _mount_points() -> list[str]:
+    with open("/proc/self/mountinfo") as fh:
+        # Field 5 is the mount point, octal-escaped.
+        return [line.split()[4].encode().decode("unicode_escape") for line in fh]
+
+
+def _mounts_under(path: str) -> list[str]:
+    root = os.path.abspath(path)
+    return [m for m in _mount_points() if m == root or m.startswith(root + "/")]
 
 
 def _package_root() -> str:

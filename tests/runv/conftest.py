@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import shutil
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -53,6 +55,13 @@ def runv_config(tmp_path: Path) -> Iterator[dict[str, Any]]:
         "root": str(tmp_path / "root"),
         "run_dir": run_dir,
         "agent_timeout": 5.0,
+        # A bridge, subnet, chain and IPAM directory of this test only.
+        "network": {
+            "bridge": f"rvt{tag}",
+            "subnet": f"10.93.{random.randrange(256)}.0/24",
+            "ipam_dir": str(tmp_path / "ipam"),
+            "hostport_chain": f"CRISHIM-T-{tag}",
+        },
         "stub": {
             "cgroup_parent": f"cri-shim-runv-test-{tag}",
             "capacity_vcpus": 4,
@@ -60,6 +69,26 @@ def runv_config(tmp_path: Path) -> Iterator[dict[str, Any]]:
         },
     }
     yield cfg
+    net = cfg["network"]
+    subprocess.run(["ip", "link", "del", net["bridge"]], capture_output=True, check=False)
+    for hook, rule in (
+        ("PREROUTING", ["-m", "addrtype", "--dst-type", "LOCAL", "-j", net["hostport_chain"]]),
+        ("OUTPUT", ["-m", "addrtype", "--dst-type", "LOCAL", "-j", net["hostport_chain"]]),
+        ("POSTROUTING", ["-s", "127.0.0.0/8", "-o", net["bridge"], "-j", "MASQUERADE"]),
+    ):
+        while (
+            subprocess.run(
+                ["iptables", "-w", "5", "-t", "nat", "-D", hook, *rule], capture_output=True
+            ).returncode
+            == 0
+        ):
+            pass
+    subprocess.run(
+        ["iptables", "-w", "5", "-t", "nat", "-F", net["hostport_chain"]], capture_output=True, check=False
+    )
+    subprocess.run(
+        ["iptables", "-w", "5", "-t", "nat", "-X", net["hostport_chain"]], capture_output=True, check=False
+    )
     with open("/proc/self/mountinfo") as fh:
         mounts = [line for line in fh if run_dir in line or cfg["root"] in line]
     assert not mounts, f"mounts leaked to the host: {mounts}"

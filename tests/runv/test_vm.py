@@ -33,7 +33,7 @@ async def test_pod_lifecycle(runv: tuple[RunvBackend, Events]) -> None:
     backend, events = runv
     sb = sandbox_record("life")
     net = await backend.run_sandbox(sb)
-    assert net.ip == ""
+    assert net.ip == sb.backend_data["net"]["ip"] != ""
     vm = backend._pods[sb.id].vm
     assert (vm.vcpus, vm.memory_bytes) == (1, 128 * MIB)
     assert sb.backend_data["vm"]["pid"] == vm.pid

@@ -22,6 +22,94 @@ DEFAULT_CAPS = [
     "CAP_AUDIT_WRITE",
 ]
 
+# Every capability of Linux 5.9+ (runc ignores those the kernel lacks), for privileged and "ALL".
+ALL_CAPS = [
+    "CAP_" + n
+    for n in (
+        "CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP LINUX_IMMUTABLE "
+        "NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER SYS_MODULE SYS_RAWIO "
+        "SYS_CHROOT SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE SYS_RESOURCE SYS_TIME "
+        "SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP MAC_OVERRIDE MAC_ADMIN SYSLOG "
+        "WAKE_ALARM BLOCK_SUSPEND AUDIT_READ PERFMON BPF CHECKPOINT_RESTORE"
+    ).split()
+]
+
+
+def available_caps() -> set[str]:
+    """Capabilities this process (the agent, root of the VM) can hand out: its bounding set.
+
+    A container cannot get more; asking runc for more fails ("unable to apply caps").
+    """
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("CapBnd:"):
+                    mask = int(line.split()[1], 16)
+                    return {c for i, c in enumerate(ALL_CAPS) if mask >> i & 1}
+    except (OSError, ValueError):
+        pass
+    return set(ALL_CAPS)
+
+
+DEFAULT_MASKED = ["/proc/kcore", "/proc/keys", "/proc/timer_list"]
+DEFAULT_READONLY = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys"]
+
+# The runtime default seccomp profile: allow, but deny (EPERM) what a container must not do
+# to its kernel. A denylist, smaller than Docker's allowlist; the calls that CAP_SYS_ADMIN
+# legitimately needs are only denied without that capability.
+DENIED_SYSCALLS = (
+    "acct add_key bpf clock_adjtime clock_settime create_module delete_module finit_module "
+    "get_kernel_syms init_module ioperm iopl kcmp kexec_file_load kexec_load keyctl "
+    "lookup_dcookie nfsservctl open_by_handle_at perf_event_open ptrace query_module quotactl "
+    "reboot request_key settimeofday stime swapon swapoff sysfs _sysctl uselib userfaultfd "
+    "ustat vm86 vm86old process_vm_readv process_vm_writev"
+).split()
+DENIED_WITHOUT_SYS_ADMIN = "mount umount umount2 unshare setns pivot_root name_to_handle_at".split()
+EPERM = 1
+_SECCOMP_KEYS = ("defaultAction", "defaultErrnoRet", "architectures", "flags", "listenerPath")
+
+
+def seccomp_config(seccomp: dict[str, Any] | None, caps: list[str]) -> dict[str, Any] | None:
+    """OCI linux.seccomp from the agent spec's seccomp (runtime default or a Docker-format profile)."""
+    if not seccomp:
+        return None
+    if seccomp.get("default"):
+        names = list(DENIED_SYSCALLS)
+        if "CAP_SYS_ADMIN" not in caps:
+            names += DENIED_WITHOUT_SYS_ADMIN
+        return {
+            "defaultAction": "SCMP_ACT_ALLOW",
+            "syscalls": [{"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM}],
+        }
+    profile = dict(seccomp["profile"])
+    out: dict[str, Any] = {k: profile[k] for k in _SECCOMP_KEYS if k in profile}
+    out.setdefault("defaultAction", "SCMP_ACT_ALLOW")
+    if "archMap" in profile and "architectures" not in out:
+        arches: list[str] = []
+        for entry in profile["archMap"] or []:
+            arches += [entry["architecture"], *(entry.get("subArchitectures") or [])]
+        out["architectures"] = arches
+    rules = []
+    for rule in profile.get("syscalls") or []:
+        names = list(rule.get("names") or ([rule["name"]] if rule.get("name") else []))
+        inc = rule.get("includes") or {}
+        exc = rule.get("excludes") or {}
+        # Docker-format conditions on capabilities: keep the rule only where it applies.
+        if inc.get("caps") and not set(inc["caps"]) <= set(caps):
+            continue
+        if exc.get("caps") and set(exc["caps"]) & set(caps):
+            continue
+        if not names:
+            continue
+        oci_rule = {"names": names, "action": rule.get("action", "SCMP_ACT_ERRNO")}
+        for key in ("errnoRet", "args"):
+            if rule.get(key) is not None:
+                oci_rule[key] = rule[key]
+        rules.append(oci_rule)
+    out["syscalls"] = rules
+    return out
+
+
 _BASE_MOUNTS: list[dict[str, Any]] = [
     {"destination": "/proc", "type": "proc", "source": "proc"},
     {
@@ -100,10 +188,19 @@ def build_config(
     spec: dict[str, Any], rootfs: str, etc_files: dict[str, str], cgroup_path: str
 ) -> dict[str, Any]:
     uid, gid = resolve_user(rootfs, spec.get("user") or {})
-    caps = [c for c in DEFAULT_CAPS if c not in set(spec.get("drop_caps") or [])]
-    caps += [c for c in spec.get("add_caps") or [] if c not in caps]
+    privileged = bool(spec.get("privileged"))
+    drop = set(spec.get("drop_caps") or [])
+    add = list(spec.get("add_caps") or [])
+    if privileged or "CAP_ALL" in add:
+        caps = list(ALL_CAPS)
+    else:
+        caps = [c for c in DEFAULT_CAPS if "CAP_ALL" not in drop] + [c for c in add if c != "CAP_ALL"]
+    usable = available_caps()
+    caps = [c for c in dict.fromkeys(caps) if (privileged or c not in drop) and c in usable]
     mounts = list(_BASE_MOUNTS)
-    if not spec.get("privileged"):
+    if privileged:
+        mounts = [dict(m, options=[o for o in m.get("options", []) if o != "ro"]) for m in mounts]
+    else:
         mounts.append(
             {
                 "destination": "/sys/fs/cgroup",
@@ -119,11 +216,11 @@ def build_config(
                 {"destination": dest, "type": "bind", "source": src, "options": ["rbind", "rprivate"]}
             )
     for m in spec.get("mounts") or []:
-        opts = ["rbind", "rprivate", "ro" if m.get("readonly") else "rw"]
+        opts = ["rbind", str(m.get("propagation") or "rprivate"), "ro" if m.get("readonly") else "rw"]
         mounts.append(
             {"destination": m["destination"], "type": "bind", "source": m["source"], "options": opts}
         )
-    resources: dict[str, Any] = {"devices": [{"allow": False, "access": "rwm"}]}
+    resources: dict[str, Any] = {"devices": [{"allow": privileged, "access": "rwm"}]}
     res = spec.get("resources") or {}
     if res.get("memory"):
         resources["memory"] = {"limit": int(res["memory"])}
@@ -141,6 +238,25 @@ def build_config(
     if spec.get("tty") and not any(e.startswith("TERM=") for e in env):
         env.append("TERM=xterm")
     capset = {"bounding": caps, "effective": caps, "permitted": caps}
+    # CONTAINER: a PID namespace of its own; POD: the pod's (pid_ns_path, made by the agent);
+    # NODE: the VM's (the "host" of a container in a VM is its guest).
+    namespaces: list[dict[str, str]] = [{"type": "mount"}]
+    if spec.get("pid_ns_path"):
+        namespaces.insert(0, {"type": "pid", "path": str(spec["pid_ns_path"])})
+    elif spec.get("pid_mode", "container") == "container":
+        namespaces.insert(0, {"type": "pid"})
+    masked = spec.get("masked_paths") or DEFAULT_MASKED
+    readonly = spec.get("readonly_paths") or DEFAULT_READONLY
+    linux: dict[str, Any] = {
+        "namespaces": namespaces,
+        "cgroupsPath": cgroup_path,
+        "resources": resources,
+        "maskedPaths": [] if privileged else masked,
+        "readonlyPaths": [] if privileged else readonly,
+    }
+    seccomp = None if privileged else seccomp_config(spec.get("seccomp"), caps)
+    if seccomp is not None:
+        linux["seccomp"] = seccomp
     return {
         "ociVersion": "1.0.2",
         "process": {
@@ -154,16 +270,6 @@ def build_config(
         },
         "root": {"path": rootfs, "readonly": bool(spec.get("readonly_rootfs"))},
         "mounts": mounts,
-        "linux": {
-            # net, ipc and uts are the VM's, shared by the pod's containers.
-            "namespaces": [{"type": "pid"}, {"type": "mount"}],
-            "cgroupsPath": cgroup_path,
-            "resources": resources,
-            "maskedPaths": []
-            if spec.get("privileged")
-            else ["/proc/kcore", "/proc/keys", "/proc/timer_list"],
-            "readonlyPaths": []
-            if spec.get("privileged")
-            else ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys"],
-        },
+        # net, ipc and uts are the VM's, shared by the pod's containers.
+        "linux": linux,
     }

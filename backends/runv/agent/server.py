@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import struct
+import sys
 import termios
 import time
 from typing import Any
@@ -44,6 +45,43 @@ def _exit_reason(code: int) -> str:
     return "Completed" if code == 0 else "Error"
 
 
+# PID 1 of a pod's shared PID namespace: reaps whatever is orphaned in it, like pause.
+POD_INIT = """
+import os, signal
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+while True:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+    signal.sigtimedwait({signal.SIGCHLD}, 60)
+"""
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(x) for x in fh.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _oom_killed(cgroup: str) -> bool:
+    """Whether the kernel OOM-killed a process of the container's memory cgroup (v1 or v2)."""
+    rel = cgroup.strip("/")
+    for path in (f"/sys/fs/cgroup/memory/{rel}/memory.oom_control", f"/sys/fs/cgroup/{rel}/memory.events"):
+        try:
+            with open(path) as fh:
+                for line in fh:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill" and int(value) > 0:
+                        return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
 def _as_exit_code(code: int) -> int:
     """waitstatus code (negative = signal) to the shell convention the CRI reports."""
     return 128 - code if code < 0 else code
@@ -69,6 +107,7 @@ class Container:
         self.open_outputs = 0
         self.exited = asyncio.Event()
         self.readers: list[proc.PipeReader] = []
+        self.shared_pid = False  # in the VM's PID namespace: its processes outlive its init
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -125,8 +164,35 @@ class Agent:
         self.host: Channel | None = None
         self.etc_dir = os.path.join(state_dir, "etc")
         self.stopping = asyncio.Event()
+        self.pod_init = 0  # PID 1 of the pod's shared PID namespace, once a container needs it
 
     # ---- helpers
+    async def _pod_pid_ns(self) -> str:
+        """The pod's shared PID namespace (as a pause container gives): PID 1 is a reaper.
+
+        Separate from the VM's own, so the pod's containers do not see the agent and runc.
+        """
+        if self.pod_init and os.path.exists(f"/proc/{self.pod_init}/ns/pid"):
+            return f"/proc/{self.pod_init}/ns/pid"
+        devnull = os.open(os.devnull, os.O_RDWR)
+        try:
+            holder = proc.spawn(
+                ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", POD_INIT],
+                devnull,
+                devnull,
+                devnull,
+            )
+        finally:
+            os.close(devnull)
+        self.reaper.wait(holder)  # reaped whenever it ends (with the VM)
+        for _ in range(500):
+            kids = _children(holder)
+            if kids:
+                self.pod_init = kids[0]
+                return f"/proc/{self.pod_init}/ns/pid"
+            await asyncio.sleep(0.01)
+        raise AgentError("failed", "the pod PID namespace did not come up")
+
     def _runc(self, *args: str) -> list[str]:
         return [self.runc, "--root", os.path.join(self.state_dir, "runc"), *args]
 
@@ -188,6 +254,27 @@ class Agent:
                 raise AgentError("invalid", f"sysctl {key}: {exc.strerror}") from None
         return {}
 
+    async def op_network(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Configure a NIC the host hot-plugged: rename, address, up, default route."""
+        iface = str(args["interface"])
+        name = str(args.get("name") or iface)
+        steps = []
+        if name != iface:
+            steps.append(["ip", "link", "set", "dev", iface, "name", name])
+        if args.get("mtu"):
+            steps.append(["ip", "link", "set", "dev", name, "mtu", str(int(args["mtu"]))])
+        steps += [
+            ["ip", "addr", "replace", str(args["address"]), "dev", name],
+            ["ip", "link", "set", "dev", name, "up"],
+        ]
+        if args.get("gateway"):
+            steps.append(["ip", "route", "replace", "default", "via", str(args["gateway"]), "dev", name])
+        for argv in steps:
+            code, _, err = await proc.run(self.reaper, argv)
+            if code != 0:
+                raise AgentError("failed", f"{' '.join(argv)}: {err.decode(errors='replace').strip()}")
+        return {"name": name}
+
     async def op_shutdown(self, args: dict[str, Any]) -> dict[str, Any]:
         for c in list(self.containers.values()):
             if c.status == "running":
@@ -206,6 +293,7 @@ class Agent:
         rootfs = os.path.join(bundle, "rootfs")
         os.makedirs(rootfs, exist_ok=True)
         container = Container(cid, bundle, bool(spec.get("tty")))
+        container.shared_pid = spec.get("pid_mode", "container") != "container"
         try:
             src = spec["rootfs"]
             if src.get("lowers"):
@@ -222,6 +310,8 @@ class Agent:
                 for n in ("hosts", "hostname", "resolv.conf")
                 if os.path.exists(os.path.join(self.etc_dir, n))
             }
+            if spec.get("pid_mode") == "pod":
+                spec["pid_ns_path"] = await self._pod_pid_ns()
             config = oci.build_config(spec, rootfs, etc, f"{self.cgroup_parent}/{cid}")
             with open(os.path.join(bundle, "config.json"), "w") as fh:
                 json.dump(config, fh)
@@ -281,13 +371,23 @@ class Agent:
         c.status = "exited"
         c.exit_code = _as_exit_code(code)
         c.finished_at = time.time_ns()
+        if not c.reason and c.exit_code != 0 and _oom_killed(f"{self.cgroup_parent}/{c.id}"):
+            c.reason = "OOMKilled"
         c.reason = c.reason or _exit_reason(c.exit_code)
         c.exited.set()
         if c.stdin_w is not None:
             with contextlib.suppress(OSError):
                 os.close(c.stdin_w)
             c.stdin_w = None
+        if c.shared_pid:
+            # Without a PID namespace of its own, the container's other processes survive its
+            # init (and hold its output open): end them, as a container runtime shim does.
+            _spawn(self._kill_rest(c))
         _spawn(self.send_event("exit", c.describe()))
+
+    async def _kill_rest(self, c: Container) -> None:
+        with contextlib.suppress(AgentError):
+            await self._runc_ok("kill", "--all", c.id, "KILL")
 
     async def op_start(self, args: dict[str, Any]) -> dict[str, Any]:
         c = self._get(args)
@@ -505,6 +605,11 @@ class Agent:
             return {}
         with contextlib.suppress(ProcessLookupError):
             os.kill(entry[0], signal.SIGKILL)
+        # Answer once it is reaped: a client checking right after the timeout must not see it.
+        for _ in range(200):
+            if not os.path.exists(f"/proc/{entry[0]}"):
+                break
+            await asyncio.sleep(0.01)
         return {}
 
     async def op_resize(self, args: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,90 @@
+"""Put a host directory into a stub VM's mount namespace, and take it out (virtio-fs style shares).
+
+Run as a short-lived helper process (``python -m backends.runv.inject``): joining a mount
+namespace needs a single-threaded process. ``attach`` clones the host directory's mount tree
+(open_tree, recursive) in the host namespace, joins the VM's mount namespace and attaches the
+clone there (move_mount), as a recursive slave: host mounts under a shared host directory keep
+reaching the guest, and nothing the guest does propagates back. The mounts exist only in the
+VM, so they never pin host directories (a host rmdir detaches them) and die with the VM.
+
+    python -m backends.runv.inject attach HOST_PATH VM_PID TARGET
+    python -m backends.runv.inject detach VM_PID TARGET
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+SYS_SETNS = 308
+SYS_OPEN_TREE = 428
+SYS_MOVE_MOUNT = 429
+AT_FDCWD = -100
+AT_RECURSIVE = 0x8000
+OPEN_TREE_CLONE = 1
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+CLONE_NEWNS = 0x20000
+MS_REC = 0x4000
+MS_SLAVE = 1 << 19
+MNT_DETACH = 2
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def _check(ret: int, what: str) -> int:
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return ret
+
+
+def _enter(pid: int) -> None:
+    fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _check(_libc.syscall(SYS_SETNS, fd, CLONE_NEWNS), "setns")
+    finally:
+        os.close(fd)
+    os.chdir("/")
+
+
+def attach(host_path: str, pid: int, target: str) -> None:
+    tree = _check(
+        _libc.syscall(
+            SYS_OPEN_TREE, AT_FDCWD, host_path.encode(), OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC
+        ),
+        f"open_tree {host_path}",
+    )
+    _enter(pid)
+    _check(
+        _libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target.encode(), MOVE_MOUNT_F_EMPTY_PATH),
+        f"move_mount {target}",
+    )
+    _check(_libc.mount(None, target.encode(), None, MS_SLAVE | MS_REC, None), f"make-rslave {target}")
+
+
+def detach(pid: int, target: str) -> None:
+    _enter(pid)
+    if _libc.umount2(target.encode(), MNT_DETACH) != 0 and ctypes.get_errno() not in (22, 2):
+        # EINVAL: not a mount point (already detached); ENOENT: gone.
+        _check(-1, f"umount {target}")
+
+
+def main(argv: list[str]) -> int:
+    try:
+        if argv[:1] == ["attach"] and len(argv) == 4:
+            attach(argv[1], int(argv[2]), argv[3])
+        elif argv[:1] == ["detach"] and len(argv) == 3:
+            detach(int(argv[1]), argv[2])
+        else:
+            print(__doc__, file=sys.stderr)
+            return 2
+    except OSError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

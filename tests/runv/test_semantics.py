@@ -1,0 +1,183 @@
+"""CRI semantics critest checks on runv: logs complete at exit, PID namespace sharing, caps."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from backends.runv.backend import RunvBackend
+from cri_api import api_pb2 as pb
+from shim import errors
+from tests.runv.helpers import Events, MemorySink, container_record, needs_vm, sandbox_record
+
+pytestmark = needs_vm
+
+IMAGE = "test/busybox:1"
+
+
+async def test_output_is_logged_before_the_exit_is_reported(runv: tuple[RunvBackend, Events]) -> None:
+    backend, events = runv
+    sb = sandbox_record("logs")
+    await backend.run_sandbox(sb)
+    for i in range(3):
+        ct = container_record(sb, IMAGE, ["echo", f"hello {i}"], name=f"c{i}")
+        await backend.create_container(ct, sb)
+        sink = MemorySink()
+        await backend.start_container(ct, sb, sink)
+        await events.wait_for(lambda ct=ct: ct.id in events.exits)
+        # The exit is what a client waits for before reading the log file.
+        assert sink.data["stdout"] == f"hello {i}\n".encode()
+    await backend.remove_sandbox(sb)
+
+
+@pytest.mark.parametrize(("mode", "own_ns"), [(pb.POD, False), (pb.NODE, False), (pb.CONTAINER, True)])
+async def test_pid_namespace_modes(
+    runv: tuple[RunvBackend, Events], mode: pb.NamespaceMode, own_ns: bool
+) -> None:
+    backend, _events = runv
+    sb = sandbox_record("pid")
+    await backend.run_sandbox(sb)
+    ct = container_record(sb, IMAGE, ["sh", "-c", "sleep 300 & sleep 300"])
+    ct.config.linux.security_context.namespace_options.pid = mode
+    await backend.create_container(ct, sb)
+    sink = MemorySink()
+    await backend.start_container(ct, sb, sink)
+    res = await backend.exec_sync(ct, ["cat", "/proc/1/cmdline"], timeout=10)
+    # PID 1 is the container's own init, or the VM's agent when the pod's namespace is shared.
+    assert (b"sleep" in res.stdout) == own_ns, res.stdout
+    ps = (await backend.exec_sync(ct, ["ps", "-o", "args"], timeout=10)).stdout
+    # POD: the pod's namespace, whose PID 1 is a reaper; the agent is seen only in NODE mode.
+    assert (b"backends.runv.agent" in ps) == (mode == pb.NODE), ps
+    info = await backend.stop_container(ct, timeout=1)
+    assert info.exit_code in (137, 143)
+    # The background sleep died with the container: its output closed, nothing outlives it.
+    await asyncio.wait_for(sink.closed.wait(), 5)
+    await backend.remove_sandbox(sb)
+
+
+async def test_drop_all_capabilities(runv: tuple[RunvBackend, Events]) -> None:
+    backend, _events = runv
+    sb = sandbox_record("caps")
+    await backend.run_sandbox(sb)
+    ct = container_record(sb, IMAGE, ["sleep", "300"])
+    ct.config.linux.security_context.capabilities.drop_capabilities.append("ALL")
+    await backend.create_container(ct, sb)
+    await backend.start_container(ct, sb, MemorySink())
+    res = await backend.exec_sync(ct, ["cat", "/proc/self/status"], timeout=10)
+    assert b"CapBnd:\t0000000000000000" in res.stdout
+    await backend.remove_sandbox(sb)
+
+
+async def test_oom_killed_reason(runv: tuple[RunvBackend, Events]) -> None:
+    backend, events = runv
+    sb = sandbox_record("oom")
+    await backend.run_sandbox(sb)
+    ct = container_record(sb, IMAGE, ["sh", "-c", "x=a; while true; do x=$x$x$x$x; done"])
+    ct.config.linux.resources.memory_limit_in_bytes = 16 * 1024 * 1024
+    await backend.create_container(ct, sb)
+    await backend.start_container(ct, sb, MemorySink())
+    await events.wait_for(lambda: ct.id in events.exits, timeout=30)
+    assert (events.exits[ct.id].exit_code, events.exits[ct.id].reason) == (137, "OOMKilled")
+    await backend.remove_sandbox(sb)
+
+
+async def test_seccomp_profiles(runv: tuple[RunvBackend, Events], tmp_path: Path) -> None:
+    backend, _events = runv
+    sb = sandbox_record("seccomp")
+    await backend.run_sandbox(sb)
+    profile = tmp_path / "block-chmod.json"
+    profile.write_text(
+        json.dumps(
+            {
+                "defaultAction": "SCMP_ACT_ALLOW",
+                "syscalls": [{"names": ["chmod", "fchmodat"], "action": "SCMP_ACT_ERRNO"}],
+            }
+        )
+    )
+    local = container_record(sb, IMAGE, ["sleep", "300"], name="local")
+    local.config.linux.security_context.seccomp.profile_type = pb.SecurityProfile.Localhost
+    local.config.linux.security_context.seccomp.localhost_ref = str(profile)
+    default = container_record(sb, IMAGE, ["sleep", "300"], name="default")
+    default.config.linux.security_context.seccomp.profile_type = pb.SecurityProfile.RuntimeDefault
+    unconfined = container_record(sb, IMAGE, ["sleep", "300"], name="none")
+    for ct in (local, default, unconfined):
+        await backend.create_container(ct, sb)
+        await backend.start_container(ct, sb, MemorySink())
+    assert (await backend.exec_sync(local, ["busybox", "chmod", "400", "/tmp"], timeout=10)).exit_code != 0
+    assert (
+        await backend.exec_sync(unconfined, ["busybox", "chmod", "700", "/tmp"], timeout=10)
+    ).exit_code == 0
+    for ct, mode in ((default, b"2"), (unconfined, b"0")):
+        status = (await backend.exec_sync(ct, ["cat", "/proc/self/status"], timeout=10)).stdout
+        assert b"Seccomp:\t" + mode in status
+    await backend.remove_sandbox(sb)
+
+
+async def test_host_mounts_reach_the_vm(runv: tuple[RunvBackend, Events], tmp_path: Path) -> None:
+    """Volumes are live shares: mounts made on the host after the VM booted show in containers."""
+    backend, _events = runv
+    share = tmp_path / "share"
+    (share / "sub").mkdir(parents=True)
+    (share / "early").mkdir()
+    sb = sandbox_record("prop")
+    await backend.run_sandbox(sb)
+    mounted: list[Path] = []
+    try:
+        # After the VM booted: a shared mount (a kubelet host's / is rshared; this machine's is
+        # private) with a submount, before the container is created.
+        subprocess.run(["mount", "--bind", str(share), str(share)], check=True)
+        mounted.append(share)
+        subprocess.run(["mount", "--make-shared", str(share)], check=True)
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(share / "early")], check=True)
+        mounted.append(share / "early")
+        (share / "early" / "e").write_text("x")
+        ct = container_record(sb, IMAGE, ["sleep", "300"])
+        ct.config.mounts.add(
+            host_path=str(share), container_path="/mnt/slave", propagation=pb.PROPAGATION_HOST_TO_CONTAINER
+        )
+        ct.config.mounts.add(host_path=str(share), container_path="/mnt/private")
+        await backend.create_container(ct, sb)
+        await backend.start_container(ct, sb, MemorySink())
+        for path in ("/mnt/slave/early", "/mnt/private/early"):
+            assert (await backend.exec_sync(ct, ["ls", path], timeout=10)).stdout == b"e\n"
+        # After the container started: only the HOST_TO_CONTAINER mount sees it.
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(share / "sub")], check=True)
+        mounted.append(share / "sub")
+        (share / "sub" / "flag").write_text("x")
+        slave = await backend.exec_sync(ct, ["ls", "/mnt/slave/sub"], timeout=10)
+        private = await backend.exec_sync(ct, ["ls", "/mnt/private/sub"], timeout=10)
+        assert (slave.stdout, private.stdout) == (b"flag\n", b"")
+        # The shares live in the VM only: the host can unmount and delete what it shared.
+        with open("/proc/self/mountinfo") as fh:
+            assert "/shares/" not in fh.read()
+        subprocess.run(["umount", str(share / "early")], check=True)
+        mounted.remove(share / "early")
+        (share / "early").rmdir()
+        await backend.stop_container(ct, timeout=1)
+        await backend.remove_container(ct)
+        with open("/proc/self/mountinfo") as fh:
+            assert not [line for line in fh if "/shares/ct-" in line or "/shares/mnt-" in line]
+        # Detaching the shares left the host's own mounts alone.
+        assert (share / "sub").is_mount()
+    finally:
+        for mnt in reversed(mounted):
+            subprocess.run(["umount", str(mnt)], check=True)
+        await backend.remove_sandbox(sb)
+
+
+async def test_timed_out_exec_is_gone_when_the_call_returns(runv: tuple[RunvBackend, Events]) -> None:
+    backend, _events = runv
+    sb = sandbox_record("exectimeout")
+    await backend.run_sandbox(sb)
+    ct = container_record(sb, IMAGE, ["sleep", "300"])
+    await backend.create_container(ct, sb)
+    await backend.start_container(ct, sb, MemorySink())
+    with pytest.raises(errors.DeadlineExceededError):
+        await backend.exec_sync(ct, ["sleep", "4321"], timeout=0.5)
+    ps = await backend.exec_sync(ct, ["ps", "-o", "pid,args"], timeout=10)
+    assert b"sleep 300" in ps.stdout and b"4321" not in ps.stdout
+    await backend.remove_sandbox(sb)
