@@ -96,9 +96,11 @@ class ContainerService:
                 raise FailedPreconditionError(f"pod sandbox {c.sandbox_id} of container {c.id} is not ready")
             backend = shim.backend(c.backend)
             writer = shim.open_log(c)
+            shim.starting[c.id] = None
             try:
                 started = await backend.start_container(c, sb, writer or _DiscardLog())
             except Exception as exc:
+                shim.starting.pop(c.id, None)
                 # As containerd does: a container that failed to start is exited, with the reason.
                 now = shim.clock()
                 c.status = ContainerStatus(
@@ -107,10 +109,12 @@ class ContainerService:
                 shim.store.put_container(c)
                 shim.close_log(c.id)
                 raise
-            if not c.status.finished_at:
-                c.status = ContainerStatus(started_at=started or shim.clock(), pid=c.status.pid)
+            early_exit = shim.starting.pop(c.id, None)
+            c.status = ContainerStatus(started_at=started or shim.clock(), pid=c.status.pid)
             shim.store.put_container(c)
-        shim.publish(c, pb.CONTAINER_STARTED_EVENT)
+            shim.publish(c, pb.CONTAINER_STARTED_EVENT)
+            if early_exit is not None:
+                shim.record_exit(c, early_exit)
         return pb.StartContainerResponse()
 
     async def stop(self, req: pb.StopContainerRequest) -> pb.StopContainerResponse:

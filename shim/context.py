@@ -69,6 +69,8 @@ class Shim:
         self.locks = KeyedLocks()
         self.events = EventHub()
         self.logs: dict[str, CriLogWriter] = {}
+        # Containers inside StartContainer, with an exit the backend reported meanwhile.
+        self.starting: dict[str, ExitInfo | None] = {}
         self.pod_cidr = ""
         self.streaming: object | None = None  # shim.streaming.StreamingServer once wired
 
@@ -102,6 +104,11 @@ class Shim:
 
     # ------------------------------------------------------------------ EventSink
     def container_exited(self, container_id: str, info: ExitInfo) -> None:
+        if container_id in self.starting:
+            # It ended before StartContainer returned: recorded after the start,
+            # so that the state and the events keep their order.
+            self.starting[container_id] = info
+            return
         c = self.store.containers.get(container_id)
         if c is None or c.status.finished_at:
             return
