@@ -200,3 +200,35 @@ async def test_slow_event_subscriber_never_blocks() -> None:
     await slow.aclose()
     await fast.aclose()
     assert hub.subscriber_count == 0
+
+
+async def test_exit_during_start_is_recorded_after_it(scripted: Running, short_tmp: str) -> None:
+    from backends.base import ExitInfo
+
+    fake = scripted.fake
+    original = fake.start_container
+
+    async def start_then_die(container, sandbox, logs):  # type: ignore[no-untyped-def]
+        started = await original(container, sandbox, logs)
+        assert fake.events is not None
+        fake.events.container_exited(container.id, ExitInfo(exit_code=5, finished_at=started + 1))
+        return started
+
+    fake.start_container = start_then_die  # type: ignore[method-assign]
+    events = scripted.rt.GetContainerEvents(pb.GetEventsRequest())
+    got: list[int] = []
+
+    async def collect() -> None:
+        async for e in events:
+            got.append(e.container_event_type)
+
+    task = asyncio.create_task(collect())
+    await asyncio.sleep(0.05)
+    cid = await make(scripted, short_tmp)
+    await scripted.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    st = (await scripted.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid))).status
+    assert (st.state, st.exit_code) == (pb.CONTAINER_EXITED, 5)
+    assert 0 < st.started_at <= st.finished_at
+    await asyncio.sleep(0.05)
+    task.cancel()
+    assert got == [pb.CONTAINER_CREATED_EVENT, pb.CONTAINER_STARTED_EVENT, pb.CONTAINER_STOPPED_EVENT]
