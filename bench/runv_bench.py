@@ -1,0 +1,492 @@
+"""Benchmark of the runv handler (one VM per pod, stub driver), with docker alongside.
+
+In one run it measures
+- in-process, on a ``RunvBackend`` at the default sizing (1 vCPU / 128 MiB a
+  pod, node capacity 16 vCPU per host CPU and MemTotal):
+  VM boot latency (the driver's ``create``: cgroup, ``unshare``, the agent
+  up), RunPodSandbox of the backend (boot + agent hello + network + setup),
+  pod + container start, the memory of an idle VM (its cgroup's usage: agent
+  plus one sleeping container, and agent alone), and the pod density reached
+  before RESOURCE_EXHAUSTED (pods are booted until the node refuses one);
+- through gRPC, against one ``cri-shim serve`` child process configured with
+  both a runv and a docker handler: RunPodSandbox + CreateContainer +
+  StartContainer with ``runtime_handler`` "runv" vs "docker", alternating,
+  so machine noise (this machine is shared) falls on both alike.
+
+It prints p50/p90 per step and the ratio runv/docker. Figures only: nothing is
+asserted. Everything it creates (pods, VMs, cgroups, run directories, the
+bridge and its iptables rules, engine containers) is removed at the end, also
+on failure or Ctrl-C.
+
+Run as root (namespaces, cgroups, runc, the engine's socket), with the
+registry of scripts/testenv/up holding the images:
+    .venv/bin/python bench/runv_bench.py [-n 10] [--vms 5] [--density-max 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import docker
+import grpc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from backends import base  # noqa: E402
+from backends.runv.backend import RunvBackend  # noqa: E402
+from backends.runv.hypervisor import MIB, VM, VMSpec  # noqa: E402
+from backends.runv.network import PodNetwork  # noqa: E402
+from backends.runv.stub import Cgroup  # noqa: E402
+from cri_api import api_pb2 as pb  # noqa: E402
+from cri_api import api_pb2_grpc  # noqa: E402
+from shim.errors import ResourceExhaustedError  # noqa: E402
+
+# The same child-process pattern, images and percentile as the docker benchmark.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from docker_bench import BUSYBOX, DOCKER_SOCK, PAUSE, Samples, Shim, clock, pct  # noqa: E402
+
+STEPS = ["RunPodSandbox", "CreateContainer", "StartContainer", "total"]
+HANDLERS = ("runv", "docker")
+
+
+def ms(seconds: list[float]) -> list[float]:
+    return [s * 1000 for s in seconds]
+
+
+# ---------------------------------------------------------------- in-process runv backend
+
+
+class _Events:
+    """EventSink: this benchmark only lets containers sleep, so nothing needs recording."""
+
+    def container_exited(self, container_id: str, info: base.ExitInfo) -> None:
+        pass
+
+    def sandbox_not_ready(self, sandbox_id: str, reason: str) -> None:
+        print(f"  pod {sandbox_id[:12]} not ready: {reason}", file=sys.stderr)
+
+    def log_sink(self, container_id: str) -> base.LogSink | None:
+        return None
+
+
+class _NullSink:
+    """LogSink that drops the (empty) output of `sleep`."""
+
+    def write(self, stream: str, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _sandbox(name: str) -> base.SandboxRecord:
+    cfg = pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name=name, uid=f"{name}-uid", namespace="runv-bench"),
+        hostname=name,
+    )
+    return base.SandboxRecord(
+        id=uuid.uuid4().hex + uuid.uuid4().hex,
+        handler="runv",
+        backend="runv",
+        config=cfg,
+        created_at=time.time_ns(),
+    )
+
+
+def _container(sb: base.SandboxRecord) -> base.ContainerRecord:
+    cfg = pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name="app"),
+        image=pb.ImageSpec(image=BUSYBOX),
+        command=["sleep", "3600"],
+    )
+    return base.ContainerRecord(
+        id=uuid.uuid4().hex + uuid.uuid4().hex,
+        sandbox_id=sb.id,
+        backend="runv",
+        config=cfg,
+        created_at=time.time_ns(),
+        log_path="",
+    )
+
+
+def network_config(tmp: str, run_id: str, subnet: str) -> dict[str, Any]:
+    """A bridge, subnet, chain and IPAM directory of this run only (shared by both runv backends)."""
+    return {
+        "bridge": f"rvb{run_id}",
+        "subnet": subnet,
+        "ipam_dir": f"{tmp}/ipam",
+        "hostport_chain": f"CRISHIM-B-{run_id}",
+    }
+
+
+def runv_config(tmp: str, tag: str, net: dict[str, Any]) -> dict[str, Any]:
+    # run_dir is short and under /tmp: agent socket paths must fit in sun_path.
+    # No capacity here: the node's defaults are what the density figure is about.
+    return {
+        "root": f"{tmp}/{tag}-root",
+        "run_dir": f"/tmp/rvb-{tag}",
+        "agent_timeout": 10.0,
+        "network": net,
+        "stub": {"cgroup_parent": f"cri-shim-bench-{tag}"},
+    }
+
+
+async def in_process(cfg: dict[str, Any], vms: int, density_max: int) -> None:
+    backend = RunvBackend("runv", cfg)
+    await backend.start(_Events())
+    boots: list[float] = []
+    # The driver's create alone, apart from what run_sandbox adds around it.
+    create: Callable[[VMSpec], Awaitable[VM]] = backend.hv.create
+
+    async def timed_create(spec: VMSpec) -> VM:
+        t0 = time.perf_counter()
+        vm = await create(spec)
+        boots.append(time.perf_counter() - t0)
+        return vm
+
+    backend.hv.create = timed_create  # type: ignore[method-assign]
+    run_sb: list[float] = []
+    starts: list[float] = []
+    pods: list[base.SandboxRecord] = []
+    try:
+        t0 = time.perf_counter()
+        await backend.pull_image(pb.ImageSpec(image=BUSYBOX), None, None)
+        print(f"runv image store: pulled {BUSYBOX} in {time.perf_counter() - t0:.1f} s")
+        # One untimed pod first (first-use costs: imports, bridge, chain).
+        warm = _sandbox("warm")
+        await backend.run_sandbox(warm)
+        await backend.remove_sandbox(warm)
+        boots.clear()
+        for i in range(vms):
+            sb = _sandbox(f"b{i}")
+            t0 = time.perf_counter()
+            await backend.run_sandbox(sb)
+            pods.append(sb)
+            t1 = time.perf_counter()
+            ct = _container(sb)
+            await backend.create_container(ct, sb)
+            await backend.start_container(ct, sb, _NullSink())
+            t2 = time.perf_counter()
+            run_sb.append(t1 - t0)
+            starts.append(t2 - t0)
+        await asyncio.sleep(2.0)  # let the agents and containers settle to idle
+        mems = [backend.hv.usage(backend._pods[sb.id].vm)[1] for sb in pods]
+        print(f"\nIn-process RunvBackend, stub driver, default sizing (n={vms}), ms")
+        for label, v in (
+            ("VM boot (driver create)", ms(boots)),
+            ("RunPodSandbox (backend)", ms(run_sb)),
+            ("pod+container start", ms(starts)),
+        ):
+            print(f"  {label:<26} p50 {pct(v, 0.5):8.1f}   p90 {pct(v, 0.9):8.1f}   max {max(v):8.1f}")
+        mean = sum(mems) / len(mems)
+        print(
+            f"  memory per idle VM (cgroup usage, agent + one sleeping container): "
+            f"mean {mean / MIB:.1f} MiB, min {min(mems) / MIB:.1f}, max {max(mems) / MIB:.1f}"
+        )
+
+        # Density: boot sandbox-only pods at the default size until the node refuses one.
+        _, total_c, _, total_m = backend.hv.capacity()
+        refused = ""
+        t0 = time.perf_counter()
+        while len(pods) < density_max:
+            sb = _sandbox(f"d{len(pods)}")
+            try:
+                await backend.run_sandbox(sb)
+            except ResourceExhaustedError as exc:
+                refused = str(exc)
+                break
+            pods.append(sb)
+        took = time.perf_counter() - t0
+        await asyncio.sleep(2.0)
+        bare = [backend.hv.usage(backend._pods[sb.id].vm)[1] for sb in pods[vms:]]
+        used_c, _, used_m, _ = backend.hv.capacity()
+        print(
+            f"  node capacity {total_c} vCPU / {total_m // MIB} MiB; a pod without limits: 1 vCPU / 128 MiB"
+        )
+        if refused:
+            print(
+                f"  density: {len(pods)} pods running, pod {len(pods) + 1} got RESOURCE_EXHAUSTED ({refused})"
+            )
+        else:
+            print(f"  density: stopped at --density-max {density_max} pods without RESOURCE_EXHAUSTED")
+        print(
+            f"  reserved at that point: {used_c} vCPU / {used_m // MIB} MiB; "
+            f"{len(pods) - vms} extra pods booted in {took:.1f} s"
+        )
+        if bare:
+            print(
+                f"  memory per idle VM without containers (agent only): mean {sum(bare) / len(bare) / MIB:.1f} MiB"
+            )
+    finally:
+        for sb in pods:
+            try:
+                await backend.remove_sandbox(sb)
+            except Exception as exc:
+                print(f"  cleanup: {sb.id[:12]}: {exc!r}", file=sys.stderr)
+        await backend.close()
+
+
+# ---------------------------------------------------------------- cri-shim child with both handlers
+
+
+class DualShim(Shim):
+    """`cri-shim serve` with a runv and a docker handler, on a temporary socket and state."""
+
+    # Not Shim.__init__: that one writes a docker-only config; stop() and engine_leftovers() fit as they are.
+    def __init__(self, tmp: str, run_id: str, runv: dict[str, Any]) -> None:
+        self.tmp = tmp
+        self.instance = f"cri-shim-bench-{run_id}"
+        self.sock = f"{tmp}/cri-shim.sock"
+        self.state_dir = f"{tmp}/state"
+        self.config = f"{tmp}/cri-shim.toml"
+        net, stub = runv["network"], runv["stub"]
+        with open(self.config, "w") as f:
+            f.write(
+                "[server]\n"
+                f'listen = "unix://{self.sock}"\n'
+                f'state_dir = "{self.state_dir}"\n'
+                'default_handler = "docker"\n'
+                "\n[handlers.docker]\n"
+                'type = "docker"\n'
+                f'endpoint = "{DOCKER_SOCK}"\n'
+                f'pause_image = "{PAUSE}"\n'
+                f'instance = "{self.instance}"\n'
+                "\n[handlers.runv]\n"
+                'type = "runv"\n'
+                f'root = "{runv["root"]}"\n'
+                f'run_dir = "{runv["run_dir"]}"\n'
+                f"agent_timeout = {runv['agent_timeout']}\n"
+                "\n[handlers.runv.stub]\n"
+                f'cgroup_parent = "{stub["cgroup_parent"]}"\n'
+                "\n[handlers.runv.network]\n" + "".join(f'{k} = "{v}"\n' for k, v in net.items())
+            )
+        self.log = open(f"{tmp}/cri-shim.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "shim.cli", "serve", "--config", self.config, "--log-level", "warning"],
+            cwd=ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            # Out of our process group: a Ctrl-C (or `timeout`) aimed at the benchmark must leave
+            # the shim up until it has removed the pods, or their VMs would outlive it.
+            start_new_session=True,
+        )
+
+
+class Client:
+    """gRPC client of the child shim; remembers the pods it made so that they can be removed."""
+
+    def __init__(self, sock: str, run_id: str, log_dir: str) -> None:
+        self.channel = grpc.insecure_channel(f"unix://{sock}")
+        # The generated stubs carry no annotations.
+        self.rt = api_pb2_grpc.RuntimeServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.im = api_pb2_grpc.ImageServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.run_id = run_id
+        self.log_dir = log_dir
+        self.pods: set[str] = set()
+        self.seq = 0
+
+    def wait_ready(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                self.rt.Version(pb.VersionRequest(), timeout=2)
+                return
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def pull(self, handler: str) -> float:
+        """Pull the app image for `handler` unless it has it; seconds taken."""
+        spec = pb.ImageSpec(image=BUSYBOX, runtime_handler=handler)
+        t0 = time.perf_counter()
+        if not self.im.ImageStatus(pb.ImageStatusRequest(image=spec), timeout=60).HasField("image"):
+            self.im.PullImage(pb.PullImageRequest(image=spec), timeout=300)
+        return time.perf_counter() - t0
+
+    def start_pod(self, handler: str, samples: Samples) -> None:
+        self.seq += 1
+        name = f"bench-{handler}-{self.seq}"
+        pod_dir = os.path.join(self.log_dir, name)
+        os.makedirs(pod_dir, exist_ok=True)
+        sc = pb.PodSandboxConfig(
+            metadata=pb.PodSandboxMetadata(
+                name=name, namespace=f"cri-shim-bench-{self.run_id}", uid=f"{self.run_id}-{self.seq}"
+            ),
+            hostname=name,
+            log_directory=pod_dir,
+            labels={"cri-shim-bench": self.run_id},
+        )
+        cc = pb.ContainerConfig(
+            metadata=pb.ContainerMetadata(name="app"),
+            image=pb.ImageSpec(image=BUSYBOX),
+            command=["sleep", "3600"],
+            log_path="app.log",
+        )
+        t0 = time.perf_counter()
+        with clock(samples, "RunPodSandbox"):
+            resp = self.rt.RunPodSandbox(
+                pb.RunPodSandboxRequest(config=sc, runtime_handler=handler), timeout=120
+            )
+        pod = str(resp.pod_sandbox_id)
+        self.pods.add(pod)
+        with clock(samples, "CreateContainer"):
+            req = pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc)
+            cid = self.rt.CreateContainer(req, timeout=120).container_id
+        with clock(samples, "StartContainer"):
+            self.rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+        samples.setdefault("total", []).append((time.perf_counter() - t0) * 1000)
+
+    def cleanup(self) -> None:
+        """Remove the pods of this run (RemovePodSandbox takes their containers along)."""
+        with contextlib.suppress(grpc.RpcError):
+            for p in self.rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
+                if p.labels.get("cri-shim-bench") == self.run_id:
+                    self.pods.add(p.id)
+        for pod in sorted(self.pods):
+            try:
+                self.rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod), timeout=120)
+            except grpc.RpcError as exc:
+                print(f"  cleanup: {pod[:12]}: {exc.code().name} {exc.details()}", file=sys.stderr)
+        self.pods.clear()
+
+
+def side_by_side(client: Client, n: int) -> None:
+    for h in HANDLERS:
+        print(f"{h}: image ready in {client.pull(h):.1f} s")
+    warm: Samples = {}
+    for h in HANDLERS:  # one untimed pod each (first-use costs)
+        client.start_pod(h, warm)
+    client.cleanup()
+    res: dict[str, Samples] = {h: {} for h in HANDLERS}
+    for i in range(n):
+        # Alternate who goes first as well, in case the order itself matters.
+        for h in HANDLERS if i % 2 == 0 else HANDLERS[::-1]:
+            client.pull(h)  # the engine is shared: someone may have removed the image
+            client.start_pod(h, res[h])
+        # Pods are removed as we go, so that the n-th pod does not start beside n-1 others.
+        client.cleanup()
+    print(f"\nPod + container start through cri-shim (gRPC), runv vs docker, ms (n={n})")
+    head = f"{'step':<16} | {'runv p50':>9} {'p90':>8} | {'docker p50':>10} {'p90':>8} | {'runv/docker':>11}"
+    print(head)
+    print("-" * len(head))
+    for step in STEPS:
+        rv, dk = res["runv"].get(step, []), res["docker"].get(step, [])
+        ratio = pct(rv, 0.5) / pct(dk, 0.5)
+        print(
+            f"{step:<16} | {pct(rv, 0.5):9.1f} {pct(rv, 0.9):8.1f} | {pct(dk, 0.5):10.1f} {pct(dk, 0.9):8.1f} |"
+            f" {ratio:10.2f}x"
+        )
+
+
+# ---------------------------------------------------------------- cleanup and main
+
+
+def remove_leftovers(cfgs: list[dict[str, Any]]) -> None:
+    """What a crash may leave behind: VM processes (ours) in our cgroups, cgroups, run dirs, the bridge."""
+    for cfg in cfgs:
+        cg = Cgroup(cfg["stub"]["cgroup_parent"])
+        pids = cg.pids()
+        if pids:
+            print(f"  killing {len(pids)} leftover VM processes of {cg.rel}", file=sys.stderr)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if pids:
+            time.sleep(0.5)
+        cg.remove()
+        for d in cg.all_dirs():
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+        shutil.rmtree(cfg["run_dir"], ignore_errors=True)
+    asyncio.run(PodNetwork(cfgs[0]["network"]).remove_bridge())
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", "--iterations", type=int, default=10, help="pods per handler, runv vs docker (10)")
+    ap.add_argument(
+        "--vms", type=int, default=5, help="pods for the in-process boot/start/memory figures (5)"
+    )
+    ap.add_argument(
+        "--density-max", type=int, default=256, help="stop the density run here at the latest (256)"
+    )
+    ap.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (shim log) for inspection")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("run as root (namespaces, cgroups, runc, the engine's socket)", file=sys.stderr)
+        return 2
+
+    run_id = uuid.uuid4().hex[:8]
+    tmp = tempfile.mkdtemp(prefix="cri-shim-rvbench-", dir="/tmp")
+    os.makedirs(f"{tmp}/pod-logs")
+    net = network_config(tmp, run_id, f"10.95.{random.randrange(256)}.0/24")
+    local = runv_config(tmp, f"{run_id}a", net)
+    child = runv_config(tmp, f"{run_id}b", net)
+    shim: DualShim | None = None
+    client: Client | None = None
+    failed = False
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        print(f"run {run_id}: {os.cpu_count()} CPUs, python {sys.version.split()[0]}, bridge {net['bridge']}")
+        asyncio.run(in_process(local, args.vms, args.density_max))
+
+        print()
+        shim = DualShim(tmp, run_id, child)
+        client = Client(shim.sock, run_id, f"{tmp}/pod-logs")
+        try:
+            client.wait_ready(60)
+        except grpc.RpcError:
+            print(f"cri-shim did not answer on {shim.sock}; its log: {tmp}/cri-shim.log", file=sys.stderr)
+            args.keep_tmp = True
+            raise
+        side_by_side(client, args.iterations)
+    except KeyboardInterrupt:
+        failed = True
+        print("interrupted; cleaning up", file=sys.stderr)
+    except Exception:
+        failed = True
+        raise
+    finally:
+        if client is not None:
+            client.cleanup()
+            client.channel.close()
+        if shim is not None:
+            shim.stop()
+            with contextlib.suppress(Exception):
+                leftovers = shim.engine_leftovers()
+                if leftovers:
+                    print(f"removing {len(leftovers)} engine leftovers of cri-shim", file=sys.stderr)
+                    api = docker.APIClient(base_url=DOCKER_SOCK, version="auto", timeout=60)
+                    for eid in leftovers:
+                        with contextlib.suppress(docker.errors.APIError):
+                            api.remove_container(eid, v=True, force=True)
+                    api.close()
+        remove_leftovers([local, child])
+        if args.keep_tmp:
+            print(f"kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
