@@ -1,14 +1,14 @@
 """Put a host directory into a stub VM's mount namespace, and take it out (virtio-fs style shares).
 
-Run as a short-lived helper process (``python -m backends.runv.inject``): joining a mount
+Run as a short-lived helper process (``python -S -I inject.py``, standard library only): joining a mount
 namespace needs a single-threaded process. ``attach`` clones the host directory's mount tree
 (open_tree, recursive) in the host namespace, joins the VM's mount namespace and attaches the
 clone there (move_mount), as a recursive slave: host mounts under a shared host directory keep
 reaching the guest, and nothing the guest does propagates back. The mounts exist only in the
 VM, so they never pin host directories (a host rmdir detaches them) and die with the VM.
 
-    python -m backends.runv.inject attach HOST_PATH VM_PID TARGET
-    python -m backends.runv.inject detach VM_PID TARGET
+    python -S -I inject.py attach HOST_PATH VM_PID TARGET
+    python -S -I inject.py detach VM_PID TARGET
 """
 
 from __future__ import annotations

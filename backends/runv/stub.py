@@ -428,14 +428,15 @@ class StubHypervisor:
         vm.shares.pop(tag, None)
 
     async def _inject(self, *args: str) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
+        # inject.py needs only the standard library: run it as a file, isolated and
+        # without site packages, which starts in ~20 ms instead of ~200 ms for
+        # `-m backends.runv.inject` (that imports the whole package first).
         proc = await asyncio.create_subprocess_exec(
             self.python,
-            "-m",
-            "backends.runv.inject",
+            "-S",
+            "-I",
+            os.path.join(os.path.dirname(os.path.abspath(__file__)), "inject.py"),
             *args,
-            env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
