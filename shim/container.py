@@ -10,7 +10,14 @@ from typing import Any
 
 import structlog
 
-from backends.base import Capability, ContainerRecord, ContainerStatus, ExitInfo, SandboxRecord
+from backends.base import (
+    Capability,
+    ContainerRecord,
+    ContainerStatus,
+    ExitInfo,
+    SandboxRecord,
+    container_stats_of,
+)
 from cri_api import api_pb2 as pb
 from shim import validate
 from shim.context import Shim, container_pb, container_status_pb
@@ -277,7 +284,7 @@ class ContainerService:
         if not backend.capabilities & Capability.STATS:
             raise UnimplementedError(f"runtime handler {c.backend!r} does not report stats")
         got = await backend.container_stats([c])
-        return pb.ContainerStatsResponse(stats=got.get(c.id) or _empty_stats(c))
+        return pb.ContainerStatsResponse(stats=got.get(c.id) or container_stats_of(c))
 
     async def list_stats(self, req: pb.ListContainerStatsRequest) -> pb.ListContainerStatsResponse:
         shim = self.shim
@@ -303,7 +310,7 @@ class ContainerService:
             if not backend.capabilities & Capability.STATS:
                 return []
             got = await backend.container_stats(group)
-            return [got.get(c.id) or _empty_stats(c) for c in group]
+            return [got.get(c.id) or container_stats_of(c) for c in group]
 
         resp = pb.ListContainerStatsResponse()
         for part in await asyncio.gather(*(one(n, g) for n, g in by_backend.items())):
@@ -362,15 +369,6 @@ def _find_sandbox_quiet(shim: Shim, ref: str) -> SandboxRecord | None:
         return shim.store.sandboxes.find(ref)
     except InvalidArgumentError:
         return None
-
-
-def _empty_stats(c: ContainerRecord) -> pb.ContainerStats:
-    st = pb.ContainerStats()
-    st.attributes.id = c.id
-    st.attributes.metadata.CopyFrom(c.config.metadata)
-    st.attributes.labels.update(c.config.labels)
-    st.attributes.annotations.update(c.config.annotations)
-    return st
 
 
 async def _undo_container(shim: Shim, record: ContainerRecord) -> None:

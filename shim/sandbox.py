@@ -8,7 +8,15 @@ import json
 
 import structlog
 
-from backends.base import Backend, Capability, ContainerRecord, ExitInfo, SandboxRecord, SandboxStatus
+from backends.base import (
+    Backend,
+    Capability,
+    ContainerRecord,
+    ExitInfo,
+    SandboxRecord,
+    SandboxStatus,
+    sandbox_stats_of,
+)
 from cri_api import api_pb2 as pb
 from shim import validate
 from shim.context import Shim, sandbox_pb, sandbox_status_pb
@@ -126,7 +134,7 @@ class SandboxService:
         sb = self.shim.store.sandboxes.resolve(req.pod_sandbox_id)
         backend = _stats_backend(self.shim, sb)
         got = await backend.sandbox_stats([sb], self.shim.store.containers_of(sb.id))
-        return pb.PodSandboxStatsResponse(stats=got.get(sb.id) or _empty_sandbox_stats(self.shim, sb))
+        return pb.PodSandboxStatsResponse(stats=got.get(sb.id) or sandbox_stats_of(sb))
 
     async def list_stats(self, req: pb.ListPodSandboxStatsRequest) -> pb.ListPodSandboxStatsResponse:
         shim = self.shim
@@ -208,15 +216,6 @@ def _stats_backend(shim: Shim, sb: SandboxRecord) -> Backend:
     if not backend.capabilities & Capability.STATS:
         raise UnimplementedError(f"runtime handler {sb.backend!r} does not report stats")
     return backend
-
-
-def _empty_sandbox_stats(shim: Shim, sb: SandboxRecord) -> pb.PodSandboxStats:
-    st = pb.PodSandboxStats()
-    st.attributes.id = sb.id
-    st.attributes.metadata.CopyFrom(sb.config.metadata)
-    st.attributes.labels.update(sb.config.labels)
-    st.attributes.annotations.update(sb.config.annotations)
-    return st
 
 
 async def stop_sandbox(shim: Shim, sb: SandboxRecord) -> None:

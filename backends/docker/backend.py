@@ -36,6 +36,8 @@ from backends.base import (
     SandboxStatus,
     StreamIO,
     TerminalSize,
+    container_stats_of,
+    sandbox_stats_of,
 )
 from cri_api import api_pb2 as pb
 from shim.errors import (
@@ -654,12 +656,7 @@ class DockerBackend:
         )
 
     def _container_stats(self, ct: ContainerRecord) -> tuple[pb.ContainerStats, cgroups.Sample | None]:
-        cfg = ct.config
-        st = pb.ContainerStats(
-            attributes=pb.ContainerAttributes(
-                id=ct.id, metadata=cfg.metadata, labels=dict(cfg.labels), annotations=dict(cfg.annotations)
-            )
-        )
+        st = container_stats_of(ct)
         now = time.time_ns()
         sample = None if ct.status.finished_at else self._sample(ct.id, ct)
         if sample is not None:
@@ -686,15 +683,7 @@ class DockerBackend:
         def work() -> dict[str, pb.PodSandboxStats]:
             out: dict[str, pb.PodSandboxStats] = {}
             for sb in sandboxes:
-                md = sb.config.metadata
-                ps = pb.PodSandboxStats(
-                    attributes=pb.PodSandboxAttributes(
-                        id=sb.id,
-                        metadata=md,
-                        labels=dict(sb.config.labels),
-                        annotations=dict(sb.config.annotations),
-                    )
-                )
+                ps = sandbox_stats_of(sb)
                 now = time.time_ns()
                 linux = ps.linux
                 samples = []

@@ -40,6 +40,8 @@ from backends.base import (
     SandboxNetwork,
     SandboxRecord,
     StreamIO,
+    container_stats_of,
+    sandbox_stats_of,
 )
 from backends.fake.program import (
     PROGRAM_ANNOTATION,
@@ -442,12 +444,7 @@ class FakeBackend:
 
     # ------------------------------------------------------------------ stats
     def _container_stats(self, c: ContainerRecord, now: int) -> pb.ContainerStats:
-        st = pb.ContainerStats()
-        a = st.attributes
-        a.id = c.id
-        a.metadata.CopyFrom(c.config.metadata)
-        a.labels.update(c.config.labels)
-        a.annotations.update(c.config.annotations)
+        st = container_stats_of(c)
         run = self._running.get(c.id)
         seconds = (time.monotonic() - run.started_mono) if run is not None else 0.0
         # Plausible growth: 5% of a core, memory that settles logarithmically.
@@ -485,12 +482,7 @@ class FakeBackend:
             by_sb[c.sandbox_id].append(c)
         out = {}
         for sb in sandboxes:
-            st = pb.PodSandboxStats()
-            a = st.attributes
-            a.id = sb.id
-            a.metadata.CopyFrom(sb.config.metadata)
-            a.labels.update(sb.config.labels)
-            a.annotations.update(sb.config.annotations)
+            st = sandbox_stats_of(sb)
             lin = st.linux
             cpu = mem = 0
             for c in by_sb.get(sb.id, []):

@@ -706,27 +706,27 @@ class RunvBackend:
             except errors.CriError:
                 continue
             now = time.time_ns()
-            out[ct.id] = pb.ContainerStats(
-                attributes=pb.ContainerAttributes(
-                    id=ct.id,
-                    metadata=ct.config.metadata,
-                    labels=dict(ct.config.labels),
-                    annotations=dict(ct.config.annotations),
-                ),
-                cpu=pb.CpuUsage(
-                    timestamp=now, usage_core_nano_seconds=pb.UInt64Value(value=int(s["cpu_ns"]))
-                ),
-                memory=pb.MemoryUsage(
-                    timestamp=now,
-                    working_set_bytes=pb.UInt64Value(value=int(s["working_set_bytes"])),
-                    usage_bytes=pb.UInt64Value(value=int(s["memory_bytes"])),
-                ),
-                writable_layer=pb.FilesystemUsage(
-                    timestamp=now,
-                    fs_id=pb.FilesystemIdentifier(mountpoint=self._containers_dir),
-                    used_bytes=pb.UInt64Value(value=_du(os.path.join(self._containers_dir, ct.id, "upper"))),
-                ),
+            st = base.container_stats_of(ct)
+            st.MergeFrom(
+                pb.ContainerStats(
+                    cpu=pb.CpuUsage(
+                        timestamp=now, usage_core_nano_seconds=pb.UInt64Value(value=int(s["cpu_ns"]))
+                    ),
+                    memory=pb.MemoryUsage(
+                        timestamp=now,
+                        working_set_bytes=pb.UInt64Value(value=int(s["working_set_bytes"])),
+                        usage_bytes=pb.UInt64Value(value=int(s["memory_bytes"])),
+                    ),
+                    writable_layer=pb.FilesystemUsage(
+                        timestamp=now,
+                        fs_id=pb.FilesystemIdentifier(mountpoint=self._containers_dir),
+                        used_bytes=pb.UInt64Value(
+                            value=_du(os.path.join(self._containers_dir, ct.id, "upper"))
+                        ),
+                    ),
+                )
             )
+            out[ct.id] = st
         return out
 
     async def sandbox_stats(
@@ -740,14 +740,9 @@ class RunvBackend:
                 continue
             cpu, mem = self.hv.usage(pod.vm)
             now = time.time_ns()
-            out[sb.id] = pb.PodSandboxStats(
-                attributes=pb.PodSandboxAttributes(
-                    id=sb.id,
-                    metadata=sb.config.metadata,
-                    labels=dict(sb.config.labels),
-                    annotations=dict(sb.config.annotations),
-                ),
-                linux=pb.LinuxPodSandboxStats(
+            out[sb.id] = st = base.sandbox_stats_of(sb)
+            st.linux.CopyFrom(
+                pb.LinuxPodSandboxStats(
                     cpu=pb.CpuUsage(timestamp=now, usage_core_nano_seconds=pb.UInt64Value(value=cpu)),
                     memory=pb.MemoryUsage(
                         timestamp=now,
