@@ -52,12 +52,11 @@ from backends.runv.hypervisor import MIB, VM, VMSpec  # noqa: E402
 from backends.runv.network import PodNetwork  # noqa: E402
 from backends.runv.stub import Cgroup  # noqa: E402
 from cri_api import api_pb2 as pb  # noqa: E402
-from cri_api import api_pb2_grpc  # noqa: E402
 from shim.errors import ResourceExhaustedError  # noqa: E402
 
 # The same child-process pattern, images and percentile as the docker benchmark.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from docker_bench import BUSYBOX, DOCKER_SOCK, PAUSE, Samples, Shim, clock, pct  # noqa: E402
+from docker_bench import BUSYBOX, DOCKER_SOCK, PAUSE, Cri, Samples, Shim, clock, pct  # noqa: E402
 
 STEPS = ["RunPodSandbox", "CreateContainer", "StartContainer", "total"]
 HANDLERS = ("runv", "docker")
@@ -286,31 +285,13 @@ class DualShim(Shim):
         )
 
 
-class Client:
-    """gRPC client of the child shim; remembers the pods it made so that they can be removed."""
+class Client(Cri):
+    """docker_bench's CRI client (socket, stubs, pod bookkeeping, cleanup), per handler."""
 
     def __init__(self, sock: str, run_id: str, log_dir: str) -> None:
-        self.channel = grpc.insecure_channel(f"unix://{sock}")
-        # The generated stubs carry no annotations.
-        self.rt = api_pb2_grpc.RuntimeServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.im = api_pb2_grpc.ImageServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.run_id = run_id
-        self.log_dir = log_dir
-        self.pods: set[str] = set()
-        self.seq = 0
+        super().__init__("cri-shim", sock, run_id, log_dir)
 
-    def wait_ready(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while True:
-            try:
-                self.rt.Version(pb.VersionRequest(), timeout=2)
-                return
-            except grpc.RpcError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def pull(self, handler: str) -> float:
+    def pull_for(self, handler: str) -> float:
         """Pull the app image for `handler` unless it has it; seconds taken."""
         spec = pb.ImageSpec(image=BUSYBOX, runtime_handler=handler)
         t0 = time.perf_counter()
@@ -351,23 +332,10 @@ class Client:
             self.rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
         samples.setdefault("total", []).append((time.perf_counter() - t0) * 1000)
 
-    def cleanup(self) -> None:
-        """Remove the pods of this run (RemovePodSandbox takes their containers along)."""
-        with contextlib.suppress(grpc.RpcError):
-            for p in self.rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
-                if p.labels.get("cri-shim-bench") == self.run_id:
-                    self.pods.add(p.id)
-        for pod in sorted(self.pods):
-            try:
-                self.rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod), timeout=120)
-            except grpc.RpcError as exc:
-                print(f"  cleanup: {pod[:12]}: {exc.code().name} {exc.details()}", file=sys.stderr)
-        self.pods.clear()
-
 
 def side_by_side(client: Client, n: int) -> None:
     for h in HANDLERS:
-        print(f"{h}: image ready in {client.pull(h):.1f} s")
+        print(f"{h}: image ready in {client.pull_for(h):.1f} s")
     warm: Samples = {}
     for h in HANDLERS:  # one untimed pod each (first-use costs)
         client.start_pod(h, warm)
@@ -376,7 +344,7 @@ def side_by_side(client: Client, n: int) -> None:
     for i in range(n):
         # Alternate who goes first as well, in case the order itself matters.
         for h in HANDLERS if i % 2 == 0 else HANDLERS[::-1]:
-            client.pull(h)  # the engine is shared: someone may have removed the image
+            client.pull_for(h)  # the engine is shared: someone may have removed the image
             client.start_pod(h, res[h])
         # Pods are removed as we go, so that the n-th pod does not start beside n-1 others.
         client.cleanup()
