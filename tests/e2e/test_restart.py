@@ -178,3 +178,53 @@ async def test_live_socket_is_refused(short_tmp: str) -> None:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
     assert not os.path.exists(f"{short_tmp}/cri.sock")  # a graceful stop removes its socket
+
+
+async def test_half_created_records_are_cleaned_at_start(short_tmp: str) -> None:
+    """A crash between persisting a record and committing it leaves an uncommitted record:
+    the next start removes what the backend may have made and forgets the record."""
+    from backends.base import ContainerRecord, SandboxRecord, SandboxStatus
+    from shim.store import StateDir, Store
+
+    cfg = server_config(short_tmp)
+    store = Store(StateDir(cfg.server.state_dir))
+    done = SandboxRecord(
+        id="a" * 64,
+        handler="",
+        backend="fake",
+        config=sandbox_config(name="done"),
+        created_at=1,
+        status=SandboxStatus(ready=True, ip="10.88.0.9"),
+        committed=True,
+    )
+    half = SandboxRecord(
+        id="b" * 64, handler="", backend="fake", config=sandbox_config(name="half"), created_at=2
+    )
+    half_ctr = ContainerRecord(
+        id="c" * 64,
+        sandbox_id=done.id,
+        backend="fake",
+        config=container_config(name="half"),
+        created_at=3,
+        log_path="",
+    )
+    for r in (done, half):
+        store.put_sandbox(r)
+    store.put_container(half_ctr)
+
+    fake = FakeBackend("fake", {"state_dir": os.path.join(short_tmp, "fake")})
+    server = Server(cfg, backends={"fake": fake}, id_factory=make_ids("h"))
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
+            rt = api_pb2_grpc.RuntimeServiceStub(ch)
+            pods = (await rt.ListPodSandbox(pb.ListPodSandboxRequest())).items
+            assert [p.id for p in pods] == [done.id]
+            assert len((await rt.ListContainers(pb.ListContainersRequest())).containers) == 0
+            # The half-created pod's name is free again.
+            await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=half.config))
+        assert [c.args[0] for c in fake.calls_to("remove_sandbox")] == [half.id]
+        assert [c.args[0] for c in fake.calls_to("remove_container")] == [half_ctr.id]
+        assert sorted(os.listdir(os.path.join(cfg.server.state_dir, "containers"))) == []
+    finally:
+        await server.stop(0)
