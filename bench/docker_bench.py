@@ -388,6 +388,18 @@ class Shim:
         finally:
             api.close()
 
+    def remove_engine_leftovers(self) -> None:
+        """Whatever the shim did not remove through CRI (e.g. it died): straight from the engine."""
+        with contextlib.suppress(Exception):
+            leftovers = self.engine_leftovers()
+            if leftovers:
+                print(f"removing {len(leftovers)} engine leftovers of cri-shim", file=sys.stderr)
+                api = docker.APIClient(base_url=DOCKER_SOCK, version="auto", timeout=60)
+                for eid in leftovers:
+                    with contextlib.suppress(docker.errors.APIError):
+                        api.remove_container(eid, v=True, force=True)
+                api.close()
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -565,16 +577,7 @@ def main() -> int:
             raw.close()
         if shim is not None:
             shim.stop()
-            # Whatever the shim did not remove through CRI (e.g. it died): straight from the engine.
-            with contextlib.suppress(Exception):
-                leftovers = shim.engine_leftovers()
-                if leftovers:
-                    print(f"removing {len(leftovers)} engine leftovers of cri-shim", file=sys.stderr)
-                    api = docker.APIClient(base_url=DOCKER_SOCK, version="auto", timeout=60)
-                    for eid in leftovers:
-                        with contextlib.suppress(docker.errors.APIError):
-                            api.remove_container(eid, v=True, force=True)
-                    api.close()
+            shim.remove_engine_leftovers()
         if args.keep_tmp:
             print(f"kept {tmp}", file=sys.stderr)
         else:

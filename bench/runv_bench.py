@@ -40,7 +40,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import docker
 import grpc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -439,15 +438,7 @@ def main() -> int:
             client.channel.close()
         if shim is not None:
             shim.stop()
-            with contextlib.suppress(Exception):
-                leftovers = shim.engine_leftovers()
-                if leftovers:
-                    print(f"removing {len(leftovers)} engine leftovers of cri-shim", file=sys.stderr)
-                    api = docker.APIClient(base_url=DOCKER_SOCK, version="auto", timeout=60)
-                    for eid in leftovers:
-                        with contextlib.suppress(docker.errors.APIError):
-                            api.remove_container(eid, v=True, force=True)
-                    api.close()
+            shim.remove_engine_leftovers()
         remove_leftovers([local, child])
         if args.keep_tmp:
             print(f"kept {tmp}", file=sys.stderr)

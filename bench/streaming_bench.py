@@ -429,7 +429,7 @@ async def run(args: argparse.Namespace, tmp: str, run_id: str, cleanups: list[Ca
             api.pull(repo, tag=tag)
 
     shim = Shim(tmp, run_id)
-    cleanups.append(lambda: [api.remove_container(c, v=True, force=True) for c in shim.engine_leftovers()])
+    cleanups.append(shim.remove_engine_leftovers)
     cleanups.append(shim.stop)
     channel = grpc.insecure_channel(f"unix://{shim.sock}")
     cleanups.append(channel.close)
