@@ -637,7 +637,14 @@ async def test_masked_and_readonly_paths(harness: Harness, tmp_path: Path) -> No
     ct = await harness.create(
         container_record(sb, ["sleep", "1000"], linux=pb.LinuxContainerConfig(security_context=sc)), sb
     )
-    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    try:
+        await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    except CriError as exc:
+        # Say what the image holds, so that a failure here tells image from runtime.
+        plain = await harness.create(container_record(sb, ["sleep", "1000"], name="plain"), sb)
+        await harness.backend.start_container(plain, sb, CriLogWriter(str(tmp_path / "p.log")))
+        listing = await harness.backend.exec_sync(plain, ["ls", "-li", "/bin/ls", "/bin/sleep"], 10)
+        pytest.fail(f"start with /bin/ls masked failed: {exc}; image: {listing.stdout!r} {listing.stderr!r}")
     masked = await harness.backend.exec_sync(ct, ["/bin/ls", "/"], 10)
     assert masked.exit_code != 0  # /bin/ls is /dev/null now
     shell = await harness.backend.exec_sync(ct, ["sh", "-c", "echo alive"], 10)
