@@ -50,7 +50,7 @@ from shim.errors import (
 
 from . import cgroups, convert, streams
 from . import labels as lbl
-from .engine import EngineClient
+from .engine import EngineClient, RawResponse
 from .images import Images
 from .netns import NetnsSocketFactory
 
@@ -63,6 +63,16 @@ UPPER_DIR = "upper_dir"
 
 _STOP_PAUSE_TIMEOUT = 10  # s; pause exits at once on SIGTERM
 _LOG_DRAIN_WAIT = 2.0  # s to let a follower write the last output before an exit is reported
+_RESUME_OVERLAP_NS = 2_000_000_000  # a resumed log read goes back this far (see _pump_logs)
+
+
+def engine_time(ns: int) -> str:
+    """A time (ns since the epoch) as the engine's ``since`` parameter takes it, exactly.
+
+    A float of seconds keeps only about a quarter of a microsecond: resuming a
+    log at such a time repeats or skips lines written within it.
+    """
+    return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
 
 
 def parse_time(value: str | None) -> int:
@@ -148,6 +158,7 @@ class DockerBackend:
         self._events: EventSink | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._followers: dict[str, asyncio.Task[None]] = {}  # CRI container ID -> its output pump
+        self._follows: dict[str, _LogFollow] = {}  # CRI container ID -> its pump's open stream
         self._oom: set[str] = set()  # CRI IDs the engine reported an OOM kill in
         self._stopping: set[str] = set()  # CRI IDs being stopped on request: their exits are not events
         self._watched: dict[str, str] = {}  # CRI ID -> engine ID of running objects, to catch missed exits
@@ -179,7 +190,7 @@ class DockerBackend:
         await asyncio.gather(*self._tasks, *self._followers.values(), return_exceptions=True)
         self._followers.clear()
         self._netns.close()
-        self.engine.close()
+        await self.engine.close()
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.create_task(coro)
@@ -189,7 +200,7 @@ class DockerBackend:
 
     async def health(self) -> Health:
         try:
-            await self.engine.call(self.engine.api.ping, deadline=5)
+            await self.engine.request("GET", "/_ping", deadline=5)
         except CriError as exc:
             return Health(False, False, reason="DockerDaemonNotReady", message=exc.message)
         return Health(True, True)
@@ -203,7 +214,7 @@ class DockerBackend:
     # ---------------------------------------------------------------- engine helpers
 
     async def _inspect(self, engine_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = await self.engine.call(self.engine.api.inspect_container, engine_id)
+        result: dict[str, Any] = await self.engine.request("GET", f"/containers/{engine_id}/json")
         return result
 
     async def _remove(self, engine_id: str) -> None:
@@ -212,23 +223,22 @@ class DockerBackend:
         # a running one is refused with 409 and then forced.
         with contextlib.suppress(NotFoundError):
             try:
-                await self.engine.call(self.engine.api.remove_container, engine_id, v=True)
+                await self.engine.request("DELETE", f"/containers/{engine_id}", {"v": True})
             except (FailedPreconditionError, AlreadyExistsError):
-                await self.engine.call(self.engine.api.remove_container, engine_id, v=True, force=True)
+                await self.engine.request("DELETE", f"/containers/{engine_id}", {"v": True, "force": True})
 
     async def _create(self, name: str, cfg: dict[str, Any]) -> str:
         """Create an engine container; a leftover of the same name (a crash mid-create) is replaced."""
-        api = self.engine.api
         try:
-            created = await self.engine.call(api.create_container_from_config, cfg, name)
+            created = await self.engine.request("POST", "/containers/create", {"name": name}, cfg)
         except AlreadyExistsError:
             await self._remove(name)
-            created = await self.engine.call(api.create_container_from_config, cfg, name)
+            created = await self.engine.request("POST", "/containers/create", {"name": name}, cfg)
         return str(created["Id"])
 
     async def _ours(self) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = await self.engine.call(
-            self.engine.api.containers, all=True, filters=lbl.ours(self.instance)
+        rows: list[dict[str, Any]] = await self.engine.request(
+            "GET", "/containers/json", {"all": True, "filters": lbl.ours(self.instance)}
         )
         return rows
 
@@ -336,7 +346,7 @@ class DockerBackend:
             engine_id = await self._create(name, cfg)
         sandbox.backend_data[ENGINE_ID] = engine_id
         try:
-            await self.engine.call(self.engine.api.start, engine_id)
+            await self.engine.request("POST", f"/containers/{engine_id}/start")
             info = await self._inspect(engine_id)
             if config.HasField("dns_config"):
                 path = str(info.get("ResolvConfPath") or "")
@@ -370,8 +380,8 @@ class DockerBackend:
     async def _stop_engine(self, engine_id: str, grace: int) -> None:
         # The SDK waits timeout + its own call timeout for the answer; so do we.
         grace = max(0, grace)
-        await self.engine.call(
-            self.engine.api.stop, engine_id, timeout=grace, deadline=grace + self.engine.call_timeout + 5
+        await self.engine.request(
+            "POST", f"/containers/{engine_id}/stop", {"t": grace}, deadline=grace + self.engine.call_timeout
         )
 
     async def remove_sandbox(self, sandbox: SandboxRecord) -> None:
@@ -383,10 +393,10 @@ class DockerBackend:
     # ---------------------------------------------------------------- containers
 
     async def _engine_id_of(self, cri_id: str) -> str:
-        rows: list[dict[str, Any]] = await self.engine.call(
-            self.engine.api.containers,
-            all=True,
-            filters={"label": [f"{lbl.ID}={cri_id}", f"{lbl.INSTANCE}={self.instance}"]},
+        rows: list[dict[str, Any]] = await self.engine.request(
+            "GET",
+            "/containers/json",
+            {"all": True, "filters": {"label": [f"{lbl.ID}={cri_id}", f"{lbl.INSTANCE}={self.instance}"]}},
         )
         return str(rows[0]["Id"]) if rows else ""
 
@@ -428,7 +438,7 @@ class DockerBackend:
 
     async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord, logs: LogSink) -> int:
         eid = _engine_id(container)
-        await self.engine.call(self.engine.api.start, eid)
+        await self.engine.request("POST", f"/containers/{eid}/start")
         info = await self._inspect(eid)
         state = info["State"]
         container.backend_data[PID] = int(state.get("Pid") or 0)
@@ -453,7 +463,7 @@ class DockerBackend:
                 await self._stop_engine(eid, timeout)
             # The exit status and the end of the output are awaited together.
             inspected, _ = await asyncio.gather(
-                self._inspect(eid), self._drain_logs(container.id), return_exceptions=True
+                self._inspect(eid), self._drain_logs(container.id, stopped=True), return_exceptions=True
             )
             if isinstance(inspected, NotFoundError):
                 return ExitInfo(exit_code=137, finished_at=time.time_ns(), reason="Error", message="gone")
@@ -496,14 +506,20 @@ class DockerBackend:
     # ---------------------------------------------------------------- exec
 
     async def _exec_create(self, eid: str, cmd: Sequence[str], stdin: bool, tty: bool, stderr: bool) -> str:
-        created = await self.engine.call(
-            self.engine.api.exec_create, eid, list(cmd), stdout=True, stderr=stderr, stdin=stdin, tty=tty
-        )
+        body = {
+            "AttachStdin": stdin,
+            "AttachStdout": True,
+            "AttachStderr": stderr,
+            "Tty": tty,
+            "Cmd": list(cmd),
+            "Privileged": False,
+        }
+        created = await self.engine.request("POST", f"/containers/{eid}/exec", body=body)
         return str(created["Id"])
 
     async def _exec_exit(self, exec_id: str) -> int:
         for _ in range(50):
-            info = await self.engine.call(self.engine.api.exec_inspect, exec_id)
+            info = await self.engine.request("GET", f"/exec/{exec_id}/json")
             if not info.get("Running") and info.get("ExitCode") is not None:
                 return int(info["ExitCode"])
             await asyncio.sleep(0.02)
@@ -511,7 +527,7 @@ class DockerBackend:
 
     async def _exec_kill(self, exec_id: str) -> None:
         with contextlib.suppress(CriError):
-            info = await self.engine.call(self.engine.api.exec_inspect, exec_id)
+            info = await self.engine.request("GET", f"/exec/{exec_id}/json")
             pid = int(info.get("Pid") or 0)
             if info.get("Running") and pid:
                 await self.engine.run(lambda: streams.kill_tree(pid))
@@ -555,7 +571,7 @@ class DockerBackend:
         )
 
         async def resize(size: TerminalSize) -> None:
-            await self.engine.call(self.engine.api.exec_resize, exec_id, height=size.height, width=size.width)
+            await self.engine.request("POST", f"/exec/{exec_id}/resize", {"h": size.height, "w": size.width})
 
         try:
             await streams.pump(resp, io, resize)
@@ -579,7 +595,8 @@ class DockerBackend:
         resp = await self.engine.stream("POST", f"/containers/{eid}/attach", query=query, upgrade=True)
 
         async def resize(size: TerminalSize) -> None:
-            await self.engine.call(self.engine.api.resize, eid, height=size.height, width=size.width)
+            query = {"h": size.height, "w": size.width}
+            await self.engine.request("POST", f"/containers/{eid}/resize", query)
 
         tty = bool((await self._inspect(eid))["Config"].get("Tty"))
         io_view = _TtyView(io, tty)
@@ -744,7 +761,7 @@ class DockerBackend:
 
     # ---------------------------------------------------------------- output
 
-    def _follow(self, cri_id: str, engine_id: str, tty: bool, sink: LogSink, since: float | None) -> None:
+    def _follow(self, cri_id: str, engine_id: str, tty: bool, sink: LogSink, since: int | None) -> None:
         old = self._followers.pop(cri_id, None)
         if old is not None:
             old.cancel()
@@ -752,15 +769,39 @@ class DockerBackend:
         self._followers[cri_id] = task
 
     async def _pump_logs(
-        self, cri_id: str, engine_id: str, tty: bool, sink: LogSink, since: float | None
+        self, cri_id: str, engine_id: str, tty: bool, sink: LogSink, since: int | None
     ) -> None:
-        """Copy the container's output into its sink until it exits; resume if the stream breaks."""
-        last = since
+        """Copy the container's output into its sink until it exits; resume if the stream breaks.
+
+        The engine ends a followed log stream some milliseconds after the
+        container has stopped. When the container is known to have stopped,
+        :meth:`_drain_logs` cuts the followed stream and the rest is read
+        without following: by then the engine has written all of the output.
+
+        A resumed read starts a little before the newest record seen, because
+        the engine's stdout and stderr copiers write to its log concurrently:
+        a record may follow one of the other stream that is newer. Within each
+        stream the times never go back (the pieces of a long line share one),
+        so what a resumed read repeats is known per stream: the records older
+        than the last one written, and as many records of that very time as
+        were written.
+        """
+        # Per stream: the time of the last record written, and how many were written at that time.
+        written: dict[str, list[int]] = {"stdout": [since or 0, 0], "stderr": [since or 0, 0]}
+        newest = since
+        follow = _LogFollow(tty=tty)
+        self._follows[cri_id] = follow
         try:
             while True:
-                query: dict[str, Any] = {"follow": 1, "stdout": 1, "stderr": 1, "timestamps": int(not tty)}
-                if last is not None:
-                    query["since"] = f"{last:.9f}"
+                final = follow.finishing
+                query: dict[str, Any] = {
+                    "follow": int(not final),
+                    "stdout": 1,
+                    "stderr": 1,
+                    "timestamps": int(not tty),
+                }
+                if newest is not None:
+                    query["since"] = engine_time(newest if tty else max(0, newest - _RESUME_OVERLAP_NS))
                 try:
                     resp = await self.engine.stream("GET", f"/containers/{engine_id}/logs", query=query)
                 except NotFoundError:
@@ -768,16 +809,37 @@ class DockerBackend:
                 except CriError:
                     await asyncio.sleep(1)
                     continue
+                follow.resp = None if final else resp
+                repeats = {name: n for name, (_at, n) in written.items()}
                 try:
                     async for stream, data in resp.frames(tty):
                         if not tty:
-                            # "RFC3339Nano content": keep the time to resume without repeating.
+                            # "RFC3339Nano content"
                             stamp, _, data = data.partition(b" ")
-                            with contextlib.suppress(ValueError):
-                                last = parse_time(stamp.decode()) / 1e9 + 1e-9
+                            try:
+                                at = parse_time(stamp.decode())
+                            except (ValueError, UnicodeDecodeError):
+                                at = 0
+                            mark = written[stream]
+                            if at and at < mark[0]:
+                                continue
+                            if at and at == mark[0]:
+                                if repeats[stream] > 0:
+                                    repeats[stream] -= 1
+                                    continue
+                                mark[1] += 1
+                            elif at:
+                                mark[0], mark[1] = at, 1
+                                repeats[stream] = 0
+                                newest = max(newest or 0, at)
                         sink.write(stream, data)
                 finally:
+                    follow.resp = None
                     resp.close()
+                if final:
+                    return
+                if follow.finishing:
+                    continue  # cut by _drain_logs: the rest, without following
                 if cri_id in self._stopping:
                     return  # stopped by us: the stream ended because the container did
                 try:
@@ -790,16 +852,32 @@ class DockerBackend:
                 if not info["State"].get("Running"):
                     return
                 if tty:
-                    last = time.time()
+                    newest = time.time_ns()
         finally:
+            if self._follows.get(cri_id) is follow:
+                del self._follows[cri_id]
             with contextlib.suppress(Exception):
                 sink.close()
 
-    async def _drain_logs(self, cri_id: str) -> None:
+    async def _drain_logs(self, cri_id: str, stopped: bool) -> None:
+        """Wait (a bounded time) until the container's output is all in its log.
+
+        ``stopped``: the engine reports the container not running, so its
+        output is complete on the engine's side and the followed stream can be
+        cut short (see :meth:`_pump_logs`).
+        """
         f = self._followers.get(cri_id)
-        if f is not None:
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
-                await asyncio.wait_for(asyncio.shield(f), _LOG_DRAIN_WAIT)
+        if f is None:
+            return
+        follow = self._follows.get(cri_id)
+        # With a TTY the records carry no time to resume from: wait for the end.
+        if stopped and follow is not None and not follow.tty:
+            follow.finishing = True
+            if follow.resp is not None:
+                follow.resp.close()
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+            async with asyncio.timeout(_LOG_DRAIN_WAIT):
+                await asyncio.shield(f)
 
     # ---------------------------------------------------------------- events
 
@@ -809,7 +887,7 @@ class DockerBackend:
         Container deaths become exits; image changes invalidate the image-ID
         cache, which is only trusted while this stream is connected.
         """
-        since: float | None = None
+        since: int | None = None
         filters = json.dumps(
             {
                 "type": ["container", "image"],
@@ -820,7 +898,7 @@ class DockerBackend:
             try:
                 query: dict[str, Any] = {"filters": filters}
                 if since is not None:
-                    query["since"] = f"{since:.9f}"
+                    query["since"] = engine_time(since)
                 resp = await self.engine.stream("GET", "/events", query=query)
             except CriError:
                 await asyncio.sleep(1)
@@ -830,7 +908,7 @@ class DockerBackend:
             self._spawn(self._check_watched())
             try:
                 async for ev in resp.json_lines():
-                    since = int(ev.get("timeNano") or time.time_ns()) / 1e9
+                    since = int(ev.get("timeNano") or time.time_ns())
                     if ev.get("Type") == "image":
                         self.images.trust_cache(True)  # drops what it held
                         continue
@@ -877,7 +955,7 @@ class DockerBackend:
         if kind == lbl.SANDBOX:
             self._events.sandbox_not_ready(cri_id, "pause container exited")
             return
-        await self._drain_logs(cri_id)
+        await self._drain_logs(cri_id, stopped=not info["State"].get("Running"))
         self._events.container_exited(cri_id, await self._exit_of(cri_id, info["State"]))
 
     async def _exit_of(self, cri_id: str, state: dict[str, Any]) -> ExitInfo:
@@ -893,6 +971,15 @@ class DockerBackend:
                 info = dataclasses.replace(info, reason="OOMKilled")
         self._oom.discard(cri_id)
         return info
+
+
+@dataclasses.dataclass
+class _LogFollow:
+    """A log pump's followed stream, and whether it is to finish without following."""
+
+    tty: bool
+    resp: RawResponse | None = None
+    finishing: bool = False
 
 
 class _TtyView:
@@ -959,8 +1046,8 @@ def _fill_cpu_mem(
         mem.available_bytes.value = avail
 
 
-def _last_log_time(path: str) -> float | None:
-    """The time (s) of the last record in a CRI log file, just past it; None without one."""
+def _last_log_time(path: str) -> int | None:
+    """The time (ns) of the last record in a CRI log file, just past it; None without one."""
     if not path:
         return None
     try:
@@ -974,7 +1061,7 @@ def _last_log_time(path: str) -> float | None:
     for line in reversed(tail.splitlines()):
         stamp = line.split(b" ", 1)[0]
         try:
-            return parse_time(stamp.decode()) / 1e9 + 1e-9
+            return parse_time(stamp.decode()) + 1
         except (ValueError, UnicodeDecodeError):
             continue
     return None

@@ -21,7 +21,7 @@ from shim.errors import (
     NotFoundError,
 )
 
-from .engine import EngineClient
+from .engine import EngineClient, quote_ref
 
 log = structlog.get_logger(__name__)
 
@@ -106,7 +106,7 @@ class Images:
         if cached:
             return cached
         generation = self._ids_generation
-        info = await self._engine.call(self._engine.api.inspect_image, ref)
+        info = await self._engine.request("GET", f"/images/{quote_ref(ref)}/json")
         image_id = str(info["Id"])
         # An image event during the inspect may concern this very reference:
         # then the answer is not cached.
@@ -168,14 +168,14 @@ class Images:
                     log.info("image pull progress", image=ref, layers=layers, elapsed=round(now - started, 1))
         finally:
             resp.close()
-        info = await self._engine.call(self._engine.api.inspect_image, ref)
+        info = await self._engine.request("GET", f"/images/{quote_ref(ref)}/json")
         log.info("image pulled", image=ref, id=info["Id"], seconds=round(time.monotonic() - started, 2))
         return str(info["Id"])
 
     async def ensure(self, ref: str) -> str:
         """The ID of ``ref``, pulled first when it is missing."""
         try:
-            info = await self._engine.call(self._engine.api.inspect_image, ref)
+            info = await self._engine.request("GET", f"/images/{quote_ref(ref)}/json")
             return str(info["Id"])
         except NotFoundError:
             return await self.pull(ref, None)
@@ -185,7 +185,7 @@ class Images:
     async def _pause_image_id(self) -> str:
         if not self._pause_id:
             try:
-                info = await self._engine.call(self._engine.api.inspect_image, self.pause_image)
+                info = await self._engine.request("GET", f"/images/{quote_ref(self.pause_image)}/json")
                 self._pause_id = str(info["Id"])
             except NotFoundError:
                 return ""
@@ -212,10 +212,11 @@ class Images:
         self._users[str(info["Id"])] = image_user(str((info.get("Config") or {}).get("User") or ""))
 
     async def list(self) -> list[pb.Image]:
-        rows: list[dict[str, Any]] = await self._engine.call(self._engine.api.images)
+        rows: list[dict[str, Any]] = await self._engine.request("GET", "/images/json") or []
         unknown = [r["Id"] for r in rows if r["Id"] not in self._users]
         for info in await asyncio.gather(
-            *(self._engine.call(self._engine.api.inspect_image, i) for i in unknown), return_exceptions=True
+            *(self._engine.request("GET", f"/images/{quote_ref(i)}/json") for i in unknown),
+            return_exceptions=True,
         ):
             if isinstance(info, dict):
                 self._remember_user(info)
@@ -231,7 +232,7 @@ class Images:
         if not ref:
             return None
         try:
-            info = await self._engine.call(self._engine.api.inspect_image, ref)
+            info = await self._engine.request("GET", f"/images/{quote_ref(ref)}/json")
         except NotFoundError:
             return None
         self._remember_user(info)
@@ -252,7 +253,7 @@ class Images:
 
     async def _remove(self, ref: str) -> None:
         try:
-            info = await self._engine.call(self._engine.api.inspect_image, ref)
+            info = await self._engine.request("GET", f"/images/{quote_ref(ref)}/json")
         except NotFoundError:
             return
         try:
@@ -264,7 +265,7 @@ class Images:
             # Concurrent removals of one image: the engine fails all but one
             # ("unrecognized image ID", conflicts). Gone is what was asked.
             try:
-                await self._engine.call(self._engine.api.inspect_image, info["Id"])
+                await self._engine.request("GET", f"/images/{quote_ref(info['Id'])}/json")
             except NotFoundError:
                 return
             raise

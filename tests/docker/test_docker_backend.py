@@ -534,7 +534,7 @@ async def test_engine_outage_and_return(engine: docker.APIClient, tmp_path: Path
             await asyncio.sleep(0.1)
         assert (await backend.health()).runtime_ready
         info = await events.exit_of(ct.id, timeout=15)
-        assert info.exit_code == 137
+        assert info.exit_code in (137, 143)
         assert [i.id for i in await backend.list_images()]
     finally:
         await h.cleanup()
@@ -629,6 +629,36 @@ async def test_long_line_split_into_partial_records(harness: Harness, tmp_path: 
         ("F", 4),
     ]
     assert "".join(c for _s, _t, c in records[:3]) == "a" * 40000
+
+
+@pytest.mark.parametrize("how", ["stopped", "exits"])
+async def test_all_output_is_logged_when_the_exit_is_reported(
+    harness: Harness, tmp_path: Path, how: str
+) -> None:
+    # A burst of output just before the end: the log pump is still behind when
+    # the container stops, and cuts its followed stream to read the rest.
+    lines = 20_000
+    script = f"seq 1 {lines}; seq 1 {lines} >&2; " + (
+        "touch /tmp/done; sleep 1000" if how == "stopped" else "exit 3"
+    )
+    sb = await harness.run_sandbox()
+    ct = await harness.create(container_record(sb, ["sh", "-c", script]), sb)
+    log_path = tmp_path / "c.log"
+    await harness.backend.start_container(ct, sb, CriLogWriter(str(log_path)))
+    if how == "stopped":
+        for _ in range(200):
+            done = await harness.backend.exec_sync(ct, ["test", "-e", "/tmp/done"], 10)
+            if done.exit_code == 0:
+                break
+            await asyncio.sleep(0.05)
+        info = await harness.backend.stop_container(ct, 0)
+        assert info.exit_code in (137, 143)
+    else:
+        assert (await harness.events.exit_of(ct.id)).exit_code == 3
+    records = log_records(log_path)
+    for stream in ("stdout", "stderr"):
+        got = [int(c) for s, _t, c in records if s == stream]
+        assert got == list(range(1, lines + 1)), f"{stream}: {len(got)} records"
 
 
 async def test_masked_and_readonly_paths(harness: Harness, tmp_path: Path) -> None:
