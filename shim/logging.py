@@ -10,7 +10,17 @@ import structlog
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
+_debug = True  # structlog's default configuration prints every level
+
+
+def debug_enabled() -> bool:
+    """Whether debug lines are printed (callers skip building lines that would not be)."""
+    return _debug
+
+
 def configure(level: str = "info", fmt: str = "console") -> None:
+    global _debug
+    _debug = _LEVELS[level] <= logging.DEBUG
     renderer: structlog.types.Processor
     if fmt == "json":
         renderer = structlog.processors.JSONRenderer()

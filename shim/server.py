@@ -246,6 +246,7 @@ class Server:
             default_handler=registry.default,
             sandboxes=len(store.sandboxes),
             containers=len(store.containers),
+            event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
         )
         # Records loaded at start live as long as the process: move them out of
         # the collector's sight, and collect less often. With tens of thousands

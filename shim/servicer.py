@@ -33,6 +33,7 @@ from shim.container import ContainerService
 from shim.context import Shim
 from shim.errors import CriError, InvalidArgumentError
 from shim.image import ImageService
+from shim.logging import debug_enabled
 from shim.runtime import RuntimeService
 from shim.sandbox import SandboxService
 
@@ -219,15 +220,28 @@ class CriServicer:
             self._log(rpc, req, out.response, out.code, out.detail, time.perf_counter() - t0)
 
     def _unary_handler(self, rpc: Rpc) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+        # What _outcome does, inline: unary calls are the polled hot path.
         async def handle(req: Message | BadRequest, context: grpc.aio.ServicerContext) -> Any:
-            with self._outcome(rpc, req) as out:
+            t0 = time.perf_counter()
+            code, detail, resp = grpc.StatusCode.OK, "", None
+            try:
                 _require_valid(rpc, req)
                 resp = rpc.fn(req)
                 if asyncio.iscoroutine(resp):
                     resp = await resp
-                out.response = resp
                 return resp
-            await context.abort(out.code, out.detail)
+            except CriError as exc:
+                code, detail = exc.code, exc.message
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+                raise
+            except Exception as exc:
+                code = grpc.StatusCode.UNKNOWN
+                detail = f"{rpc.name} failed: {type(exc).__name__}: {exc}"
+                log.exception("rpc.bug", method=rpc.name)
+            finally:
+                self._log(rpc, req, resp, code, detail, time.perf_counter() - t0)
+            await context.abort(code, detail)
 
         return handle
 
@@ -265,6 +279,8 @@ class CriServicer:
         if self.observer is not None:
             self.observer(rpc.name, code.name, seconds)
         polled = rpc.polled and code == grpc.StatusCode.OK
+        if polled and not debug_enabled():
+            return  # its line would be filtered out: do not build it
         logger = log.debug if polled else (log.info if code in _EXPECTED else log.warning)
         fields: dict[str, Any] = {"method": rpc.name, "code": code.name, "ms": round(seconds * 1000, 3)}
         if not isinstance(req, BadRequest) and req is not None:

@@ -23,8 +23,9 @@ def test_default_toml_is_the_default_config() -> None:
         ("[server]\nsocket_mode = 'rwx'", "[server] socket_mode"),
         ("[streaming]\nport = -1", "[streaming] port"),
         ("[server]\ndefault_handler = 'gvisor'", "[handlers] no handler named 'gvisor'"),
+        ("[server]\nevent_loop = 'trio'", "[server] event_loop: 'trio' is not uvloop or asyncio"),
     ],
-    ids=["type", "unknown-key", "section", "level", "backend-type", "mode", "negative", "handler"],
+    ids=["type", "unknown-key", "section", "level", "backend-type", "mode", "negative", "handler", "loop"],
 )
 def test_errors_name_section_and_key(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
