@@ -170,25 +170,34 @@ class SandboxService:
     async def metric_descriptors(
         self, req: pb.ListMetricDescriptorsRequest
     ) -> pb.ListMetricDescriptorsResponse:
-        backend = self.shim.registry.get("")
-        if not backend.capabilities & Capability.METRICS:
-            raise UnimplementedError(f"runtime handler {backend.name!r} does not export metrics")
-        describe = getattr(backend, "metric_descriptors", None)
+        # Every handler that exports metrics; one descriptor per name.
+        exporting = [b for _, b in self.shim.registry.items() if b.capabilities & Capability.METRICS]
+        if not exporting:
+            raise UnimplementedError("no runtime handler exports metrics")
         resp = pb.ListMetricDescriptorsResponse()
-        if describe is not None:
-            resp.descriptors.extend(await describe())
+        seen: set[str] = set()
+        for backend in exporting:
+            describe = getattr(backend, "metric_descriptors", None)
+            if describe is None:
+                continue
+            for d in await describe():
+                if d.name not in seen:
+                    seen.add(d.name)
+                    resp.descriptors.append(d)
         return resp
 
     async def metrics(self, req: pb.ListPodSandboxMetricsRequest) -> pb.ListPodSandboxMetricsResponse:
         resp = pb.ListPodSandboxMetricsResponse()
+        store = self.shim.store
         for _, backend in self.shim.registry.items():
             if not backend.capabilities & Capability.METRICS:
                 continue
             collect = getattr(backend, "sandbox_metrics", None)
             if collect is None:
                 continue
-            sandboxes = [sb for sb in self.shim.store.sandboxes.values() if sb.backend == backend.name]
-            resp.pod_metrics.extend(await collect(sandboxes))
+            sandboxes = [sb for sb in store.sandboxes.values() if sb.backend == backend.name and sb.committed]
+            containers = [c for sb in sandboxes for c in store.containers_of(sb.id) if c.committed]
+            resp.pod_metrics.extend(await collect(sandboxes, containers))
         return resp
 
     async def update_resources(

@@ -48,7 +48,7 @@ from shim.errors import (
     NotFoundError,
 )
 
-from . import cgroups, convert, streams
+from . import cgroups, convert, metrics, streams
 from . import labels as lbl
 from .engine import EngineClient, RawResponse
 from .images import Images
@@ -126,6 +126,7 @@ class DockerBackend:
         | Capability.ATTACH
         | Capability.PORT_FORWARD
         | Capability.STATS
+        | Capability.METRICS
         | Capability.UPDATE_RESOURCES
         | Capability.IMAGES
         | Capability.HOST_NETWORK
@@ -736,6 +737,54 @@ class DockerBackend:
                         if i.name == "eth0":
                             linux.network.default_interface.CopyFrom(nu)
                 out[sb.id] = ps
+            return out
+
+        return await self.engine.run(work)
+
+    async def metric_descriptors(self) -> list[pb.MetricDescriptor]:
+        return metrics.descriptors()
+
+    async def sandbox_metrics(
+        self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
+    ) -> list[pb.PodSandboxMetrics]:
+        def work() -> list[pb.PodSandboxMetrics]:
+            by_pod: dict[str, list[ContainerRecord]] = {}
+            for ct in containers:
+                by_pod.setdefault(ct.sandbox_id, []).append(ct)
+            out = []
+            for sb in sandboxes:
+                md = sb.config.metadata
+                pm = pb.PodSandboxMetrics(pod_sandbox_id=sb.id)
+                pid = int(sb.backend_data.get(PID) or 0)
+                if sb.status.ready and pid and not convert.sandbox_host_network(sb.config):
+                    labels = (
+                        "POD",
+                        sb.id,
+                        self.images.pause_image,
+                        lbl.sandbox_name(sb.id, sb.config),
+                        md.namespace,
+                        md.name,
+                    )
+                    pm.metrics.extend(metrics.network_metrics(labels, cgroups.net_interfaces(pid)))
+                for ct in by_pod.get(sb.id, ()):
+                    if ct.status.state != pb.CONTAINER_RUNNING:
+                        continue
+                    sample = self._sample(ct.id, ct)
+                    if sample is None:
+                        continue
+                    layer = self._layer(ct, sample.timestamp)
+                    labels = (
+                        ct.config.metadata.name,
+                        ct.id,
+                        ct.image_name or ct.config.image.image,
+                        lbl.container_name(ct.id, ct.config),
+                        md.namespace,
+                        md.name,
+                    )
+                    used = None if layer is None else layer.used_bytes.value
+                    found = metrics.container_metrics(labels, sample, ct.status.started_at, used)
+                    pm.container_metrics.add(container_id=ct.id, metrics=found)
+                out.append(pm)
             return out
 
         return await self.engine.run(work)

@@ -14,6 +14,7 @@ import os
 import time
 
 _UNLIMITED = 1 << 60
+_NS_PER_TICK = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -27,6 +28,19 @@ class Sample:
     major_page_faults: int | None = None
     memory_limit: int | None = None
     pids: int | None = None
+    # For ListPodSandboxMetrics (cAdvisor's container_* families).
+    cpu_user_ns: int | None = None
+    cpu_system_ns: int | None = None
+    cpu_periods: int | None = None
+    cpu_throttled_periods: int | None = None
+    cpu_throttled_ns: int | None = None
+    cpu_shares: int | None = None  # v1 shares; v2 weight converted back to shares
+    cpu_quota_us: int | None = None  # -1: no quota
+    cpu_period_us: int | None = None
+    memory_cache: int | None = None
+    memory_swap: int | None = None
+    memory_failcnt: int | None = None
+    oom_kills: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -36,6 +50,10 @@ class Interface:
     rx_errors: int
     tx_bytes: int
     tx_errors: int
+    rx_packets: int = 0
+    rx_dropped: int = 0
+    tx_packets: int = 0
+    tx_dropped: int = 0
 
 
 def _mounts() -> tuple[dict[str, str], str | None]:
@@ -96,10 +114,43 @@ class CgroupReader:
         out: dict[str, int | None] = {}
         if "cpuacct" in v1:
             out["cpu_ns"] = _int(v1["cpuacct"], "cpuacct.usage")
+            ticks = _kv(v1["cpuacct"], "cpuacct.stat")  # in USER_HZ
+            if "user" in ticks:
+                out["cpu_user_ns"] = ticks["user"] * _NS_PER_TICK
+            if "system" in ticks:
+                out["cpu_system_ns"] = ticks["system"] * _NS_PER_TICK
         elif v2:
             stat = _kv(v2, "cpu.stat")
             if "usage_usec" in stat:
                 out["cpu_ns"] = stat["usage_usec"] * 1000
+            if "user_usec" in stat:
+                out["cpu_user_ns"] = stat["user_usec"] * 1000
+            if "system_usec" in stat:
+                out["cpu_system_ns"] = stat["system_usec"] * 1000
+        if "cpu" in v1:
+            base = v1["cpu"]
+            stat = _kv(base, "cpu.stat")
+            out.update(
+                cpu_periods=stat.get("nr_periods"),
+                cpu_throttled_periods=stat.get("nr_throttled"),
+                cpu_throttled_ns=stat.get("throttled_time"),
+                cpu_shares=_int(base, "cpu.shares"),
+                cpu_quota_us=_int(base, "cpu.cfs_quota_us"),
+                cpu_period_us=_int(base, "cpu.cfs_period_us"),
+            )
+        elif v2:
+            stat = _kv(v2, "cpu.stat")
+            weight = _int(v2, "cpu.weight")
+            quota, period = _cpu_max(_read(v2, "cpu.max"))
+            out.update(
+                cpu_periods=stat.get("nr_periods"),
+                cpu_throttled_periods=stat.get("nr_throttled"),
+                cpu_throttled_ns=None if "throttled_usec" not in stat else stat["throttled_usec"] * 1000,
+                # The inverse of the runc/kubelet mapping shares -> weight.
+                cpu_shares=None if weight is None else 2 + ((weight - 1) * 262142) // 9999,
+                cpu_quota_us=quota,
+                cpu_period_us=period,
+            )
         if "memory" in v1:
             base = v1["memory"]
             usage = _int(base, "memory.usage_in_bytes")
@@ -112,6 +163,10 @@ class CgroupReader:
                 page_faults=stat.get("total_pgfault"),
                 major_page_faults=stat.get("total_pgmajfault"),
                 memory_limit=_int(base, "memory.limit_in_bytes"),
+                memory_cache=stat.get("total_cache"),
+                memory_swap=stat.get("total_swap"),
+                memory_failcnt=_int(base, "memory.failcnt"),
+                oom_kills=_kv(base, "memory.oom_control").get("oom_kill"),
             )
         elif v2:
             usage = _int(v2, "memory.current")
@@ -123,12 +178,27 @@ class CgroupReader:
                 page_faults=stat.get("pgfault"),
                 major_page_faults=stat.get("pgmajfault"),
                 memory_limit=_int(v2, "memory.max"),
+                memory_cache=stat.get("file"),
+                memory_swap=_int(v2, "memory.swap.current"),
+                memory_failcnt=_kv(v2, "memory.events").get("max"),
+                oom_kills=_kv(v2, "memory.events").get("oom_kill"),
             )
         if "pids" in v1:
             out["pids"] = _int(v1["pids"], "pids.current")
         elif v2:
             out["pids"] = _int(v2, "pids.current")
         return Sample(timestamp=now, **out)
+
+
+def _cpu_max(text: str | None) -> tuple[int | None, int | None]:
+    """cgroup v2 cpu.max ("max 100000" or "50000 100000") as (quota, period); -1 for no quota."""
+    if not text:
+        return None, None
+    quota, _, period = text.strip().partition(" ")
+    try:
+        return (-1 if quota == "max" else int(quota)), int(period)
+    except ValueError:
+        return None, None
 
 
 def _read(base: str, name: str) -> str | None:
@@ -183,7 +253,19 @@ def net_interfaces(pid: int) -> list[Interface]:
         v = rest.split()
         if len(v) < 16 or name.strip() == "lo":
             continue
-        out.append(Interface(name.strip(), int(v[0]), int(v[2]), int(v[8]), int(v[10])))
+        out.append(
+            Interface(
+                name.strip(),
+                rx_bytes=int(v[0]),
+                rx_errors=int(v[2]),
+                tx_bytes=int(v[8]),
+                tx_errors=int(v[10]),
+                rx_packets=int(v[1]),
+                rx_dropped=int(v[3]),
+                tx_packets=int(v[9]),
+                tx_dropped=int(v[11]),
+            )
+        )
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import socket
 import time
@@ -160,6 +161,60 @@ async def test_stats(harness: Harness, tmp_path: Path) -> None:
     assert pod.linux.process.process_count.value >= 2  # pause + the loop
     assert pod.linux.network.default_interface.name == "eth0"
     assert pod.linux.cpu.usage_core_nano_seconds.value >= stats.cpu.usage_core_nano_seconds.value
+
+
+async def test_pod_metrics(harness: Harness, tmp_path: Path) -> None:
+    sb = await harness.run_sandbox()
+    res = pb.LinuxContainerResources(memory_limit_in_bytes=64 << 20, cpu_quota=50_000, cpu_period=100_000)
+    ct = await harness.create(
+        container_record(
+            sb, ["sh", "-c", "while :; do :; done"], linux=pb.LinuxContainerConfig(resources=res), name="busy"
+        ),
+        sb,
+    )
+    idle = await harness.create(container_record(sb, ["sleep", "1000"], name="idle"), sb)
+    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    ct.status = dataclasses.replace(ct.status, started_at=time.time_ns())
+    await asyncio.sleep(1.2)  # past one whole second of CPU time, at half a core
+    descriptors = {d.name: list(d.label_keys) for d in await harness.backend.metric_descriptors()}
+    [pod] = await harness.backend.sandbox_metrics([sb], [ct, idle])
+    assert pod.pod_sandbox_id == sb.id
+    # Only running containers are measured (idle was never started).
+    assert [c.container_id for c in pod.container_metrics] == [ct.id]
+    every = list(pod.metrics) + [m for c in pod.container_metrics for m in c.metrics]
+    for m in every:
+        assert m.name in descriptors and len(m.label_values) == len(descriptors[m.name]), m
+    got = {m.name: m for m in pod.container_metrics[0].metrics}
+    labels = dict(
+        zip(
+            descriptors["container_cpu_usage_seconds_total"],
+            got["container_memory_rss"].label_values,
+            strict=True,
+        )
+    )
+    md = sb.config.metadata
+    assert labels == {
+        "container": "busy",
+        "id": ct.id,
+        "image": BUSYBOX,
+        "name": lbl.container_name(ct.id, ct.config),
+        "namespace": md.namespace,
+        "pod": md.name,
+    }
+    assert got["container_cpu_usage_seconds_total"].metric_type == pb.COUNTER
+    assert got["container_cpu_usage_seconds_total"].value.value >= 0
+    assert got["container_cpu_cfs_periods_total"].value.value > 5
+    assert got["container_cpu_cfs_throttled_periods_total"].value.value > 0  # a busy loop at half a core
+    assert got["container_spec_memory_limit_bytes"].value.value == 64 << 20
+    assert got["container_spec_cpu_quota"].value.value == 50_000
+    assert got["container_spec_cpu_period"].value.value == 100_000
+    assert got["container_memory_working_set_bytes"].metric_type == pb.GAUGE
+    assert got["container_memory_working_set_bytes"].value.value > 0
+    assert got["container_processes"].value.value >= 1
+    assert got["container_start_time_seconds"].value.value == ct.status.started_at // 1_000_000_000
+    net = {(m.name, m.label_values[-1]): m for m in pod.metrics}
+    assert net[("container_network_receive_bytes_total", "eth0")].value.value >= 0
+    assert net[("container_network_transmit_packets_total", "eth0")].label_values[0] == "POD"
 
 
 class Session:
