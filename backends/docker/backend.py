@@ -741,6 +741,23 @@ class DockerBackend:
 
         return await self.engine.run(work)
 
+    def _layer_metrics(self, ct: ContainerRecord, now: int) -> metrics.Layer | None:
+        usage = self._layer(ct, now)
+        if usage is None:
+            return None
+        upper = usage.fs_id.mountpoint
+        try:
+            st, vfs = os.stat(upper), os.statvfs(upper)
+        except OSError:
+            return None
+        return metrics.Layer(
+            device=cgroups.device_name(os.major(st.st_dev), os.minor(st.st_dev)),
+            used_bytes=usage.used_bytes.value,
+            capacity_bytes=vfs.f_blocks * vfs.f_frsize,
+            inodes_total=vfs.f_files,
+            inodes_free=vfs.f_ffree,
+        )
+
     async def metric_descriptors(self) -> list[pb.MetricDescriptor]:
         return metrics.descriptors()
 
@@ -772,7 +789,8 @@ class DockerBackend:
                     sample = self._sample(ct.id, ct)
                     if sample is None:
                         continue
-                    layer = self._layer(ct, sample.timestamp)
+                    pid = int(ct.backend_data.get(PID) or 0)
+                    detail = self._cgroups.detail(pid, expect=str(ct.backend_data.get(ENGINE_ID) or ""))
                     labels = (
                         ct.config.metadata.name,
                         ct.id,
@@ -781,8 +799,14 @@ class DockerBackend:
                         md.namespace,
                         md.name,
                     )
-                    used = None if layer is None else layer.used_bytes.value
-                    found = metrics.container_metrics(labels, sample, ct.status.started_at, used)
+                    found = metrics.container_metrics(
+                        labels,
+                        sample,
+                        detail,
+                        ct.status.started_at,
+                        self._layer_metrics(ct, sample.timestamp),
+                        cgroups.device_name,
+                    )
                     pm.container_metrics.add(container_id=ct.id, metrics=found)
                 out.append(pm)
             return out

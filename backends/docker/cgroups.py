@@ -10,6 +10,7 @@ not matter.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 
@@ -41,6 +42,36 @@ class Sample:
     memory_swap: int | None = None
     memory_failcnt: int | None = None
     oom_kills: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Device:
+    """Block I/O of a cgroup on one device."""
+
+    major: int
+    minor: int
+    read_bytes: int = 0
+    write_bytes: int = 0
+    reads: int = 0
+    writes: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Detail:
+    """What ListPodSandboxMetrics needs beyond a Sample (dearer to read: every process's fds)."""
+
+    processes: int | None = None
+    threads: int | None = None
+    threads_max: int | None = None  # 0: no limit
+    file_descriptors: int | None = None
+    sockets: int | None = None
+    memory_kernel: int | None = None
+    memory_mapped_file: int | None = None
+    memory_max_usage: int | None = None
+    memory_swap_limit: int | None = None
+    page_faults_local: int | None = None  # this cgroup alone (v1); the Sample's are hierarchical
+    major_page_faults_local: int | None = None
+    devices: tuple[Device, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -96,6 +127,16 @@ class CgroupReader:
                 if c in self._v1:
                     v1[c] = self._v1[c] + path
         return v1, v2
+
+    def detail(self, pid: int, expect: str = "") -> Detail | None:
+        """The rest of what ListPodSandboxMetrics reports of ``pid``'s container; None if it is gone."""
+        try:
+            paths = self._paths(pid, expect)
+        except (OSError, ValueError):
+            return None
+        if paths is None:
+            return None
+        return _detail(*paths)
 
     def sample(self, pid: int, expect: str = "") -> Sample | None:
         """The cgroup counters of the container whose process is ``pid``; None if it is gone.
@@ -190,6 +231,101 @@ class CgroupReader:
         return Sample(timestamp=now, **out)
 
 
+@functools.cache
+def device_name(major: int, minor: int) -> str:
+    """/dev/NAME of a block device number, as its uevent names it; "MAJ:MIN" if it has none."""
+    try:
+        with open(f"/sys/dev/block/{major}:{minor}/uevent") as f:
+            for line in f:
+                if line.startswith("DEVNAME="):
+                    return "/dev/" + line.strip().partition("=")[2]
+    except OSError:
+        pass
+    return f"{major}:{minor}"
+
+
+def _lines(base: str, name: str) -> list[str]:
+    return (_read(base, name) or "").split()
+
+
+def _blkio_v1(base: str) -> tuple[Device, ...]:
+    """blkio.throttle.io_service{_bytes,d}_recursive: "MAJ:MIN Read N" lines."""
+    found: dict[tuple[int, int], dict[str, int]] = {}
+    for name, key in (("blkio.throttle.io_service_bytes_recursive", "bytes"),
+                      ("blkio.throttle.io_serviced_recursive", "ops")):  # fmt: skip
+        for line in (_read(base, name) or "").splitlines():
+            parts = line.split()
+            if len(parts) != 3 or ":" not in parts[0] or parts[1] not in ("Read", "Write"):
+                continue
+            try:
+                major, minor = (int(x) for x in parts[0].split(":"))
+                value = int(parts[2])
+            except ValueError:
+                continue
+            found.setdefault((major, minor), {})[f"{parts[1].lower()}_{key}"] = value
+    return tuple(
+        Device(
+            major,
+            minor,
+            v.get("read_bytes", 0),
+            v.get("write_bytes", 0),
+            v.get("read_ops", 0),
+            v.get("write_ops", 0),
+        )
+        for (major, minor), v in sorted(found.items())
+    )
+
+
+def _io_v2(base: str) -> tuple[Device, ...]:
+    """io.stat: "MAJ:MIN rbytes=N wbytes=N rios=N wios=N ..." lines."""
+    out = []
+    for line in (_read(base, "io.stat") or "").splitlines():
+        head, *fields = line.split()
+        try:
+            major, minor = (int(x) for x in head.split(":"))
+            kv = {k: int(v) for k, _, v in (f.partition("=") for f in fields)}
+        except ValueError:
+            continue
+        out.append(
+            Device(
+                major, minor, kv.get("rbytes", 0), kv.get("wbytes", 0), kv.get("rios", 0), kv.get("wios", 0)
+            )
+        )
+    return tuple(out)
+
+
+def _fds(pids: list[str]) -> tuple[int, int]:
+    """Open file descriptors and sockets of the processes ``pids``."""
+    fds = sockets = 0
+    for pid in pids:
+        try:
+            names = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        fds += len(names)
+        for n in names:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{n}").startswith("socket:"):
+                    sockets += 1
+            except OSError:
+                continue
+    return fds, sockets
+
+
+def _threads(pids: list[str]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            total += len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            continue
+    return total
+
+
+def _no_limit(value: int | None) -> int | None:
+    return 0 if value is not None and value >= _UNLIMITED else value
+
+
 def _cpu_max(text: str | None) -> tuple[int | None, int | None]:
     """cgroup v2 cpu.max ("max 100000" or "50000 100000") as (quota, period); -1 for no quota."""
     if not text:
@@ -199,6 +335,50 @@ def _cpu_max(text: str | None) -> tuple[int | None, int | None]:
         return (-1 if quota == "max" else int(quota)), int(period)
     except ValueError:
         return None, None
+
+
+def _detail(v1: dict[str, str], v2: str | None) -> Detail:
+    procs_dir = v1.get("pids") or v1.get("memory") or v2
+    pids = _lines(procs_dir, "cgroup.procs") if procs_dir else []
+    fds, sockets = _fds(pids)
+    out: dict[str, object] = {
+        "processes": len(pids),
+        "threads": _threads(pids),
+        "file_descriptors": fds,
+        "sockets": sockets,
+    }
+    pids_dir = v1.get("pids") or v2
+    if pids_dir:
+        out["threads_max"] = _no_limit(_int(pids_dir, "pids.max"))
+    if "memory" in v1:
+        base = v1["memory"]
+        stat = _kv(base, "memory.stat")
+        out.update(
+            memory_kernel=_int(base, "memory.kmem.usage_in_bytes"),
+            memory_mapped_file=stat.get("total_mapped_file"),
+            memory_max_usage=_int(base, "memory.max_usage_in_bytes"),
+            memory_swap_limit=_no_limit(_int(base, "memory.memsw.limit_in_bytes")),
+            page_faults_local=stat.get("pgfault"),
+            major_page_faults_local=stat.get("pgmajfault"),
+        )
+    elif v2:
+        stat = _kv(v2, "memory.stat")
+        kernel = stat.get("kernel")
+        if kernel is None and "slab" in stat:
+            kernel = stat.get("kernel_stack", 0) + stat["slab"] + stat.get("sock", 0) + stat.get("percpu", 0)
+        out.update(
+            memory_kernel=kernel,
+            memory_mapped_file=stat.get("file_mapped"),
+            memory_max_usage=_int(v2, "memory.peak"),
+            memory_swap_limit=_no_limit(_int(v2, "memory.swap.max")),
+            page_faults_local=stat.get("pgfault"),
+            major_page_faults_local=stat.get("pgmajfault"),
+        )
+    if "blkio" in v1:
+        out["devices"] = _blkio_v1(v1["blkio"])
+    elif v2:
+        out["devices"] = _io_v2(v2)
+    return Detail(**out)  # type: ignore[arg-type]
 
 
 def _read(base: str, name: str) -> str | None:

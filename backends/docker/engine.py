@@ -127,6 +127,10 @@ class EngineClient:
         )
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self._closed = False
+        # At most this many short calls in flight (the SDK's pool had as many
+        # threads): a burst of kubelet calls must not become a burst of
+        # hundreds of engine connections.
+        self._slots = asyncio.Semaphore(workers)
 
     # ---------------------------------------------------------------- short calls, on the loop
 
@@ -153,7 +157,7 @@ class EngineClient:
         head = ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
         limit = deadline or self.call_timeout
         try:
-            async with asyncio.timeout(limit):
+            async with asyncio.timeout(limit), self._slots:
                 try:
                     status, headers, data = await self._exchange(head, reuse=True)
                 except _Retry:

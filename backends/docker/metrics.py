@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from cri_api import api_pb2 as pb
 
-from .cgroups import _UNLIMITED, Interface, Sample
+from .cgroups import _UNLIMITED, Detail, Device, Interface, Sample
 
 LABELS = ("container", "id", "image", "name", "namespace", "pod")
 NETWORK_LABELS = (*LABELS, "interface")
@@ -112,7 +112,6 @@ CONTAINER: tuple[Family, ...] = (
         C,
         lambda s: s.oom_kills,
     ),
-    Family("container_processes", "Processes (and threads) in the container.", G, lambda s: s.pids),
     Family(
         "container_spec_memory_limit_bytes",
         "Memory limit of the container, in bytes; 0 when unlimited.",
@@ -134,10 +133,97 @@ CONTAINER: tuple[Family, ...] = (
     ),
 )
 
-# Families from the shim's records rather than from the cgroup sample.
-START_TIME = ("container_start_time_seconds", "When the container started, in seconds since the epoch.", G)
-LAST_SEEN = ("container_last_seen", "When the container was last seen running (epoch seconds).", G)
-FS_USAGE = ("container_fs_usage_bytes", "Bytes used by the container's writable layer.", G)
+# Families from the shim's records, the Detail, the filesystem and block I/O.
+START_TIME = ("container_start_time_seconds", "When the container started, in seconds since the epoch.")
+LAST_SEEN = ("container_last_seen", "When the container was last seen running (epoch seconds).")
+DETAIL: tuple[tuple[str, str, pb.MetricType, Callable[[Detail], int | None]], ...] = (
+    ("container_processes", "Processes in the container.", G, lambda d: d.processes),
+    ("container_threads", "Threads in the container.", G, lambda d: d.threads),
+    (
+        "container_threads_max",
+        "Most threads the container may have; 0 when unlimited.",
+        G,
+        lambda d: d.threads_max,
+    ),
+    (
+        "container_file_descriptors",
+        "Open file descriptors of the container's processes.",
+        G,
+        lambda d: d.file_descriptors,
+    ),
+    ("container_sockets", "Open sockets of the container's processes.", G, lambda d: d.sockets),
+    (
+        "container_memory_kernel_usage",
+        "Kernel memory charged to the container, in bytes.",
+        G,
+        lambda d: d.memory_kernel,
+    ),
+    (
+        "container_memory_mapped_file",
+        "File pages mapped by the container, in bytes.",
+        G,
+        lambda d: d.memory_mapped_file,
+    ),
+    (
+        "container_memory_max_usage_bytes",
+        "Highest memory usage recorded for the container, in bytes.",
+        G,
+        lambda d: d.memory_max_usage,
+    ),
+    (
+        "container_spec_memory_swap_limit_bytes",
+        "Memory plus swap limit of the container; 0 when unlimited.",
+        G,
+        lambda d: d.memory_swap_limit,
+    ),
+)
+FAILURES = ("container_memory_failures_total", "Page faults of the container, by type and scope.")
+FAILURE_LABELS = (*LABELS, "failure_type", "scope")
+DEVICE_LABELS = (*LABELS, "device")
+FS: tuple[tuple[str, str, pb.MetricType, Callable[[Layer], int]], ...] = (
+    ("container_fs_usage_bytes", "Bytes used by the container's writable layer.", G, lambda f: f.used_bytes),
+    (
+        "container_fs_limit_bytes",
+        "Size of the filesystem holding the writable layer, in bytes.",
+        G,
+        lambda f: f.capacity_bytes,
+    ),
+    (
+        "container_fs_inodes_total",
+        "Inodes of the filesystem holding the writable layer.",
+        G,
+        lambda f: f.inodes_total,
+    ),
+    (
+        "container_fs_inodes_free",
+        "Free inodes of the filesystem holding the writable layer.",
+        G,
+        lambda f: f.inodes_free,
+    ),
+)
+IO: tuple[tuple[str, str, Callable[[Device], int]], ...] = (
+    ("container_fs_reads_bytes_total", "Bytes the container read from the device.", lambda d: d.read_bytes),
+    ("container_fs_reads_total", "Reads the container completed on the device.", lambda d: d.reads),
+    ("container_fs_writes_bytes_total", "Bytes the container wrote to the device.", lambda d: d.write_bytes),
+    ("container_fs_writes_total", "Writes the container completed on the device.", lambda d: d.writes),
+)
+BLKIO = (
+    "container_blkio_device_usage_total",
+    "Bytes of block I/O of the container, by device and operation.",
+)
+BLKIO_LABELS = (*LABELS, "device", "major", "minor", "operation")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """A container's writable layer and the filesystem it is on."""
+
+    device: str
+    used_bytes: int
+    capacity_bytes: int
+    inodes_total: int
+    inodes_free: int
+
 
 NETWORK: tuple[tuple[str, str, Callable[[Interface], int]], ...] = (
     ("container_network_receive_bytes_total", "Bytes received on the interface.", lambda i: i.rx_bytes),
@@ -168,16 +254,27 @@ NETWORK: tuple[tuple[str, str, Callable[[Interface], int]], ...] = (
 
 
 def descriptors() -> list[pb.MetricDescriptor]:
-    out = [pb.MetricDescriptor(name=f.name, help=f.help, label_keys=LABELS) for f in CONTAINER]
-    for name, help_, _kind in (START_TIME, LAST_SEEN, FS_USAGE):
-        out.append(pb.MetricDescriptor(name=name, help=help_, label_keys=LABELS))
-    for name, help_, _get in NETWORK:
-        out.append(pb.MetricDescriptor(name=name, help=help_, label_keys=NETWORK_LABELS))
+    def d(name: str, help_: str, keys: Sequence[str]) -> pb.MetricDescriptor:
+        return pb.MetricDescriptor(name=name, help=help_, label_keys=keys)
+
+    out = [d(f.name, f.help, LABELS) for f in CONTAINER]
+    out += [d(name, help_, LABELS) for name, help_ in (START_TIME, LAST_SEEN)]
+    out += [d(name, help_, LABELS) for name, help_, _k, _g in DETAIL]
+    out.append(d(*FAILURES, FAILURE_LABELS))
+    out += [d(name, help_, DEVICE_LABELS) for name, help_, _k, _g in FS]
+    out += [d(name, help_, DEVICE_LABELS) for name, help_, _g in IO]
+    out.append(d(*BLKIO, BLKIO_LABELS))
+    out += [d(name, help_, NETWORK_LABELS) for name, help_, _g in NETWORK]
     return out
 
 
 def container_metrics(
-    labels: Sequence[str], sample: Sample, started_at: int, layer_bytes: int | None
+    labels: Sequence[str],
+    sample: Sample,
+    detail: Detail | None,
+    started_at: int,
+    layer: Layer | None,
+    device_name: Callable[[int, int], str],
 ) -> list[pb.Metric]:
     """One running container's metrics; ``labels`` are the values of LABELS."""
     out = []
@@ -186,10 +283,31 @@ def container_metrics(
         if v is not None:
             out.append(_metric(f.name, f.kind, labels, v))
     if started_at:
-        out.append(_metric(START_TIME[0], START_TIME[2], labels, started_at // _S))
-    out.append(_metric(LAST_SEEN[0], LAST_SEEN[2], labels, sample.timestamp // _S))
-    if layer_bytes is not None:
-        out.append(_metric(FS_USAGE[0], FS_USAGE[2], labels, layer_bytes))
+        out.append(_metric(START_TIME[0], G, labels, started_at // _S))
+    out.append(_metric(LAST_SEEN[0], G, labels, sample.timestamp // _S))
+    if detail is not None:
+        for name, _help, kind, get in DETAIL:
+            v = get(detail)
+            if v is not None:
+                out.append(_metric(name, kind, labels, v))
+        faults = (
+            ("pgfault", "container", detail.page_faults_local),
+            ("pgmajfault", "container", detail.major_page_faults_local),
+            ("pgfault", "hierarchy", sample.page_faults),
+            ("pgmajfault", "hierarchy", sample.major_page_faults),
+        )
+        for kind_, scope, v in faults:
+            if v is not None:
+                out.append(_metric(FAILURES[0], C, (*labels, kind_, scope), v))
+        for dev in detail.devices:
+            name = device_name(dev.major, dev.minor)
+            for metric, _help, get_io in IO:
+                out.append(_metric(metric, C, (*labels, name), get_io(dev)))
+            for op, v in (("Read", dev.read_bytes), ("Write", dev.write_bytes)):
+                out.append(_metric(BLKIO[0], C, (*labels, name, str(dev.major), str(dev.minor), op), v))
+    if layer is not None:
+        for name, _help, kind, get_fs in FS:
+            out.append(_metric(name, kind, (*labels, layer.device), get_fs(layer)))
     return out
 
 

@@ -184,6 +184,11 @@ async def test_pod_metrics(harness: Harness, tmp_path: Path) -> None:
     every = list(pod.metrics) + [m for c in pod.container_metrics for m in c.metrics]
     for m in every:
         assert m.name in descriptors and len(m.label_values) == len(descriptors[m.name]), m
+    # Every family has a sample, but those of block I/O: no I/O may have reached a device.
+    io = {"container_blkio_device_usage_total"} | {f"container_fs_{x}_total" for x in ("reads", "writes")}
+    io |= {f"container_fs_{x}_bytes_total" for x in ("reads", "writes")}
+    assert set(descriptors) - io - {m.name for m in every} == set()
+    assert len(descriptors) >= 45
     got = {m.name: m for m in pod.container_metrics[0].metrics}
     labels = dict(
         zip(
@@ -211,6 +216,17 @@ async def test_pod_metrics(harness: Harness, tmp_path: Path) -> None:
     assert got["container_memory_working_set_bytes"].metric_type == pb.GAUGE
     assert got["container_memory_working_set_bytes"].value.value > 0
     assert got["container_processes"].value.value >= 1
+    assert got["container_threads"].value.value >= got["container_processes"].value.value
+    assert got["container_file_descriptors"].value.value >= 3  # stdio at least
+    assert got["container_fs_limit_bytes"].value.value > got["container_fs_usage_bytes"].value.value
+    assert got["container_fs_inodes_total"].value.value > got["container_fs_inodes_free"].value.value > 0
+    assert got["container_fs_usage_bytes"].label_values[-1].startswith("/dev/")
+    faults = {
+        tuple(m.label_values[-2:])
+        for m in pod.container_metrics[0].metrics
+        if m.name.endswith("failures_total")
+    }
+    assert ("pgfault", "hierarchy") in faults
     assert got["container_start_time_seconds"].value.value == ct.status.started_at // 1_000_000_000
     net = {(m.name, m.label_values[-1]): m for m in pod.metrics}
     assert net[("container_network_receive_bytes_total", "eth0")].value.value >= 0

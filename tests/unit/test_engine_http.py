@@ -210,3 +210,38 @@ async def test_engine_down_is_unavailable(tmp_path: Path) -> None:
             await client.request("GET", "/_ping")
     finally:
         await client.close()
+
+
+async def test_calls_in_flight_are_bounded(engine: Engine) -> None:
+    gate = asyncio.Event()
+    in_flight = {"now": 0, "most": 0}
+
+    async def slow_serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        engine.connections += 1
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                in_flight["now"] += 1
+                in_flight["most"] = max(in_flight["most"], in_flight["now"])
+                await gate.wait()
+                in_flight["now"] -= 1
+                writer.write(answer(200, {"ok": True}))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    path = engine.path + "2"
+    server = await asyncio.start_unix_server(slow_serve, path)
+    client = EngineClient(f"unix://{path}", workers=2)
+    try:
+        calls = [asyncio.create_task(client.request("GET", f"/c/{i}/json")) for i in range(6)]
+        await asyncio.sleep(0.1)
+        assert in_flight["now"] == 2
+        gate.set()
+        assert await asyncio.gather(*calls) == [{"ok": True}] * 6
+        assert in_flight["most"] == 2 and engine.connections == 2
+    finally:
+        await client.close()
+        server.close()
