@@ -650,12 +650,14 @@ class DockerBackend:
 
     # ---------------------------------------------------------------- stats
 
-    def _sample(self, cri_id: str, record: ContainerRecord | SandboxRecord) -> cgroups.Sample | None:
+    def _sample(
+        self, cri_id: str, record: ContainerRecord | SandboxRecord, full: bool = False
+    ) -> cgroups.Sample | None:
         pid = int(record.backend_data.get(PID) or 0)
         eid = str(record.backend_data.get(ENGINE_ID) or "")
         if not pid or not eid:
             return None
-        return self._cgroups.sample(pid, expect=eid)
+        return self._cgroups.sample(pid, expect=eid, full=full)
 
     def _layer(self, container: ContainerRecord, now: int) -> pb.FilesystemUsage | None:
         upper = container.backend_data.get(UPPER_DIR)
@@ -786,7 +788,7 @@ class DockerBackend:
                 for ct in by_pod.get(sb.id, ()):
                     if ct.status.state != pb.CONTAINER_RUNNING:
                         continue
-                    sample = self._sample(ct.id, ct)
+                    sample = self._sample(ct.id, ct, full=True)
                     if sample is None:
                         continue
                     pid = int(ct.backend_data.get(PID) or 0)

@@ -138,11 +138,13 @@ class CgroupReader:
             return None
         return _detail(*paths)
 
-    def sample(self, pid: int, expect: str = "") -> Sample | None:
+    def sample(self, pid: int, expect: str = "", full: bool = False) -> Sample | None:
         """The cgroup counters of the container whose process is ``pid``; None if it is gone.
 
         ``expect`` (the engine container ID) must appear in the process's
         cgroup paths, so that a reused PID is not taken for the container.
+        ``full`` adds what only metrics report (CPU split and throttling,
+        CPU limits, memory limit hits and OOM kills): six more files.
         """
         now = time.time_ns()
         try:
@@ -155,7 +157,7 @@ class CgroupReader:
         out: dict[str, int | None] = {}
         if "cpuacct" in v1:
             out["cpu_ns"] = _int(v1["cpuacct"], "cpuacct.usage")
-            ticks = _kv(v1["cpuacct"], "cpuacct.stat")  # in USER_HZ
+            ticks = _kv(v1["cpuacct"], "cpuacct.stat") if full else {}  # in USER_HZ
             if "user" in ticks:
                 out["cpu_user_ns"] = ticks["user"] * _NS_PER_TICK
             if "system" in ticks:
@@ -168,7 +170,7 @@ class CgroupReader:
                 out["cpu_user_ns"] = stat["user_usec"] * 1000
             if "system_usec" in stat:
                 out["cpu_system_ns"] = stat["system_usec"] * 1000
-        if "cpu" in v1:
+        if full and "cpu" in v1:
             base = v1["cpu"]
             stat = _kv(base, "cpu.stat")
             out.update(
@@ -179,7 +181,7 @@ class CgroupReader:
                 cpu_quota_us=_int(base, "cpu.cfs_quota_us"),
                 cpu_period_us=_int(base, "cpu.cfs_period_us"),
             )
-        elif v2:
+        elif full and v2:
             stat = _kv(v2, "cpu.stat")
             weight = _int(v2, "cpu.weight")
             quota, period = _cpu_max(_read(v2, "cpu.max"))
@@ -206,8 +208,8 @@ class CgroupReader:
                 memory_limit=_int(base, "memory.limit_in_bytes"),
                 memory_cache=stat.get("total_cache"),
                 memory_swap=stat.get("total_swap"),
-                memory_failcnt=_int(base, "memory.failcnt"),
-                oom_kills=_kv(base, "memory.oom_control").get("oom_kill"),
+                memory_failcnt=_int(base, "memory.failcnt") if full else None,
+                oom_kills=_kv(base, "memory.oom_control").get("oom_kill") if full else None,
             )
         elif v2:
             usage = _int(v2, "memory.current")
