@@ -200,8 +200,12 @@ class LogSink(Protocol):
     lines into partial records, rotation on ReopenContainerLog).
     """
 
-    def write(self, stream: str, data: bytes) -> None:
-        """Append raw bytes of ``stream`` ("stdout" or "stderr")."""
+    def write(self, stream: str, data: bytes, at: int = 0) -> None:
+        """Append raw bytes of ``stream`` ("stdout" or "stderr").
+
+        ``at``: when the container wrote them (ns since the epoch), if the
+        runtime knows; else the time of the call is used.
+        """
 
     def close(self) -> None:
         """Flush any unterminated line; called once when the output ends."""

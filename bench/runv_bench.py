@@ -84,7 +84,7 @@ class _Events:
 class _NullSink:
     """LogSink that drops the (empty) output of `sleep`."""
 
-    def write(self, stream: str, data: bytes) -> None:
+    def write(self, stream: str, data: bytes, at: int = 0) -> None:
         pass
 
     def close(self) -> None:

@@ -344,7 +344,7 @@ class ContainerService:
 
 
 class _DiscardLog:
-    def write(self, stream: str, data: bytes) -> None:
+    def write(self, stream: str, data: bytes, at: int = 0) -> None:
         pass
 
     def close(self) -> None:

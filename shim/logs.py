@@ -44,10 +44,10 @@ class CriLogWriter:
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         self._file = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
 
-    def _emit(self, stream: str, content: bytes, tag: bytes) -> None:
+    def _emit(self, stream: str, content: bytes, tag: bytes, at: int = 0) -> None:
         if self._file is None:
             return
-        line = b"%s %s %s %s\n" % (rfc3339_nano(self._clock()), _STREAMS[stream], tag, content)
+        line = b"%s %s %s %s\n" % (rfc3339_nano(at or self._clock()), _STREAMS[stream], tag, content)
         try:
             os.write(self._file, line)
         except OSError:
@@ -55,7 +55,8 @@ class CriLogWriter:
             # kubelet sees the gap in the log.
             pass
 
-    def write(self, stream: str, data: bytes) -> None:
+    def write(self, stream: str, data: bytes, at: int = 0) -> None:
+        """Append output; complete lines become records stamped ``at`` (default: now)."""
         if stream not in _STREAMS:
             raise ValueError(f"unknown stream {stream!r}")
         with self._lock:
@@ -71,12 +72,12 @@ class CriLogWriter:
                 line = bytes(buf[start:nl])
                 start = nl + 1
                 while len(line) > MAX_RECORD:
-                    self._emit(stream, line[:MAX_RECORD], b"P")
+                    self._emit(stream, line[:MAX_RECORD], b"P", at)
                     line = line[MAX_RECORD:]
-                self._emit(stream, line, b"F")
+                self._emit(stream, line, b"F", at)
             del buf[:start]
             while len(buf) > MAX_RECORD:
-                self._emit(stream, bytes(buf[:MAX_RECORD]), b"P")
+                self._emit(stream, bytes(buf[:MAX_RECORD]), b"P", at)
                 del buf[:MAX_RECORD]
 
     def flush_partial(self) -> None:

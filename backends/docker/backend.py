@@ -64,6 +64,7 @@ UPPER_DIR = "upper_dir"
 _STOP_PAUSE_TIMEOUT = 10  # s; pause exits at once on SIGTERM
 _LOG_DRAIN_WAIT = 2.0  # s to let a follower write the last output before an exit is reported
 _RESUME_OVERLAP_NS = 2_000_000_000  # a resumed log read goes back this far (see _pump_logs)
+_Marks = dict[str, tuple[int, int]]  # per stream: time of the last record written, records at that time
 
 
 def engine_time(ns: int) -> str:
@@ -305,11 +306,11 @@ class DockerBackend:
                 self._watched[ct.id] = info["Id"]
                 sink = self._events.log_sink(ct.id) if self._events else None
                 if sink is not None and ct.id not in self._followers:
-                    # Resume after the last record the shim wrote before it went
+                    # Resume after the last records the shim wrote before it went
                     # down; with none, all of the output is still to be written.
-                    since = await self.engine.run(functools.partial(_last_log_time, ct.log_path))
+                    marks = await self.engine.run(functools.partial(_last_log_marks, ct.log_path))
                     tty = bool(info["Config"].get("Tty"))
-                    self._follow(ct.id, info["Id"], tty, sink, since=since)
+                    self._follow(ct.id, info["Id"], tty, sink, marks)
             ct_seen[ct.id] = Observed(exists=True, running=running, exit=exited, started_at=started)
         return sb_seen, ct_seen
 
@@ -450,7 +451,7 @@ class DockerBackend:
             container.backend_data[UPPER_DIR] = upper
         started = parse_time(state.get("StartedAt")) or time.time_ns()
         self._watched[container.id] = eid
-        self._follow(container.id, eid, bool(info["Config"].get("Tty")), logs, since=None)
+        self._follow(container.id, eid, bool(info["Config"].get("Tty")), logs, None)
         if not state.get("Running") and parse_time(state.get("FinishedAt")):
             # Exited before we looked: the die event may have come before we watched it.
             self._spawn(self._report_exit(container.id, eid))
@@ -836,15 +837,15 @@ class DockerBackend:
 
     # ---------------------------------------------------------------- output
 
-    def _follow(self, cri_id: str, engine_id: str, tty: bool, sink: LogSink, since: int | None) -> None:
+    def _follow(self, cri_id: str, engine_id: str, tty: bool, sink: LogSink, marks: _Marks | None) -> None:
         old = self._followers.pop(cri_id, None)
         if old is not None:
             old.cancel()
-        task = asyncio.create_task(self._pump_logs(cri_id, engine_id, tty, sink, since))
+        task = asyncio.create_task(self._pump_logs(cri_id, engine_id, tty, sink, marks))
         self._followers[cri_id] = task
 
     async def _pump_logs(
-        self, cri_id: str, engine_id: str, tty: bool, sink: LogSink, since: int | None
+        self, cri_id: str, engine_id: str, tty: bool, sink: LogSink, marks: _Marks | None
     ) -> None:
         """Copy the container's output into its sink until it exits; resume if the stream breaks.
 
@@ -860,10 +861,13 @@ class DockerBackend:
         so what a resumed read repeats is known per stream: the records older
         than the last one written, and as many records of that very time as
         were written.
+
+        Records are stamped with the engine's time (without a TTY), so that
+        after a restart the log itself says where to resume (``marks``).
         """
         # Per stream: the time of the last record written, and how many were written at that time.
-        written: dict[str, list[int]] = {"stdout": [since or 0, 0], "stderr": [since or 0, 0]}
-        newest = since
+        written = {name: list((marks or {}).get(name, (0, 0))) for name in ("stdout", "stderr")}
+        newest = max((at for at, _n in (marks or {}).values()), default=None)
         follow = _LogFollow(tty=tty)
         self._follows[cri_id] = follow
         try:
@@ -876,7 +880,7 @@ class DockerBackend:
                     "timestamps": int(not tty),
                 }
                 if newest is not None:
-                    query["since"] = engine_time(newest if tty else max(0, newest - _RESUME_OVERLAP_NS))
+                    query["since"] = engine_time(newest + 1 if tty else max(0, newest - _RESUME_OVERLAP_NS))
                 try:
                     resp = await self.engine.stream("GET", f"/containers/{engine_id}/logs", query=query)
                 except NotFoundError:
@@ -907,7 +911,7 @@ class DockerBackend:
                                 mark[0], mark[1] = at, 1
                                 repeats[stream] = 0
                                 newest = max(newest or 0, at)
-                        sink.write(stream, data)
+                        sink.write(stream, data, 0 if tty else at)
                 finally:
                     follow.resp = None
                     resp.close()
@@ -1121,8 +1125,13 @@ def _fill_cpu_mem(
         mem.available_bytes.value = avail
 
 
-def _last_log_time(path: str) -> int | None:
-    """The time (ns) of the last record in a CRI log file, just past it; None without one."""
+def _last_log_marks(path: str) -> _Marks | None:
+    """Where a CRI log file ends, per stream: (time of its last record, records at that time).
+
+    Read from the last 64 KiB. A stream with no record there gets the time
+    of the first record read and a count of 0: it wrote nothing since.
+    None without any record.
+    """
     if not path:
         return None
     try:
@@ -1133,13 +1142,35 @@ def _last_log_time(path: str) -> int | None:
             tail = f.read()
     except OSError:
         return None
+    marks: dict[str, tuple[int, int]] = {}
+    done: set[str] = set()
+    first = 0
     for line in reversed(tail.splitlines()):
-        stamp = line.split(b" ", 1)[0]
+        parts = line.split(b" ", 2)
+        if len(parts) < 2:
+            continue
         try:
-            return parse_time(stamp.decode()) + 1
+            at = parse_time(parts[0].decode())
+            stream = parts[1].decode()
         except (ValueError, UnicodeDecodeError):
             continue
-    return None
+        if stream not in ("stdout", "stderr"):
+            continue
+        first = at
+        if stream in done:
+            continue
+        mark = marks.get(stream)
+        if mark is None:
+            marks[stream] = (at, 1)
+        elif mark[0] == at:
+            marks[stream] = (at, mark[1] + 1)
+        else:
+            done.add(stream)
+    if not marks:
+        return None
+    for stream in ("stdout", "stderr"):
+        marks.setdefault(stream, (first, 0))
+    return marks
 
 
 def _write_file(path: str, content: str) -> None:

@@ -336,6 +336,38 @@ async def test_recover_after_restart(harness: Harness, tmp_path: Path) -> None:
     assert (info.exit_code, info.reason) == (137, "Error")
 
 
+async def test_log_resumes_exactly_after_a_restart(harness: Harness, tmp_path: Path) -> None:
+    # Output is pouring out when the backend goes away (as with a SIGKILLed shim);
+    # the next one resumes from what the log file holds: no line lost, none twice.
+    lines = 30_000
+    log_path = tmp_path / "c.log"
+    script = f"i=0; while [ $i -lt {lines} ]; do i=$((i+1)); echo $i; echo e$i >&2; done; sleep 1000"
+    sb = await harness.run_sandbox()
+    ct = await harness.create(container_record(sb, ["sh", "-c", script], log_path=str(log_path)), sb)
+    await harness.backend.start_container(ct, sb, CriLogWriter(str(log_path)))
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if log_path.exists() and log_path.stat().st_size > 20_000:
+            break
+    await harness.backend.close()
+    assert len(log_records(log_path)) < 2 * lines  # cut in the middle
+
+    events = Events()
+    events.sinks[ct.id] = CriLogWriter(str(log_path))
+    harness.backend = await new_backend(events)
+    _, seen = await harness.backend.recover([sb], [ct])
+    assert seen[ct.id].running
+    for _ in range(200):
+        if len(log_records(log_path)) >= 2 * lines:
+            break
+        await asyncio.sleep(0.1)
+    records = log_records(log_path)
+    assert [int(c) for s, _t, c in records if s == "stdout"] == list(range(1, lines + 1))
+    assert [c for s, _t, c in records if s == "stderr"] == [f"e{i}" for i in range(1, lines + 1)]
+    stamps = [line.split(" ", 1)[0] for line in log_path.read_text().splitlines()]
+    assert len(set(stamps)) > lines  # the engine's times, not one per batch read
+
+
 def push_own_image(engine: docker.APIClient) -> str:
     """An image of this test run alone (its own ID), in the registry and not local.
 

@@ -77,7 +77,7 @@ class MemorySink:
         self.data: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
         self.closed = asyncio.Event()
 
-    def write(self, stream: str, data: bytes) -> None:
+    def write(self, stream: str, data: bytes, at: int = 0) -> None:
         self.data[stream] += data
 
     def close(self) -> None:

@@ -50,3 +50,14 @@ def test_reopen_after_rotation(tmp_path: object) -> None:
     w.close()
     assert [r[2] for r in read(path + ".1")] == [b"one", b"two"]
     assert [r[2] for r in read(path)] == [b"three"]
+
+
+def test_records_carry_the_time_given(tmp_path: object) -> None:
+    path = os.path.join(str(tmp_path), "c.log")
+    w = CriLogWriter(path, clock_ns=lambda: 2_000_000_000_000_000_000)
+    w.write("stdout", b"from the runtime\n", at=1_700_000_000_123_456_789)
+    w.write("stderr", b"no time given\n")
+    w.close()
+    with open(path, "rb") as f:
+        stamps = [line.split(b" ", 1)[0] for line in f.read().splitlines()]
+    assert stamps == [rfc3339_nano(1_700_000_000_123_456_789), rfc3339_nano(2_000_000_000_000_000_000)]
