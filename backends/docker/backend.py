@@ -63,6 +63,7 @@ UPPER_DIR = "upper_dir"
 
 _STOP_PAUSE_TIMEOUT = 10  # s; pause exits at once on SIGTERM
 _LOG_DRAIN_WAIT = 2.0  # s to let a follower write the last output before an exit is reported
+_EXIT_RECHECK = 1.0  # s between looks at a container that died while the engine did not answer
 _RESUME_OVERLAP_NS = 2_000_000_000  # a resumed log read goes back this far (see _pump_logs)
 _Marks = dict[str, tuple[int, int]]  # per stream: time of the last record written, records at that time
 
@@ -164,6 +165,9 @@ class DockerBackend:
         self._oom: set[str] = set()  # CRI IDs the engine reported an OOM kill in
         self._stopping: set[str] = set()  # CRI IDs being stopped on request: their exits are not events
         self._watched: dict[str, str] = {}  # CRI ID -> engine ID of running objects, to catch missed exits
+        self._sandbox_ids: set[str] = set()  # which watched IDs are sandboxes (for one that vanished)
+        self._reporting: set[str] = set()  # CRI IDs whose exit is being looked into
+        self._retrying: set[str] = set()  # CRI IDs to look at again once the engine answers
         self._cpu_prev: dict[str, tuple[int, int]] = {}  # CRI ID -> (timestamp, cpu ns)
         self._layer_usage: dict[str, tuple[float, int, int]] = {}  # CRI ID -> (when, bytes, inodes)
         self._cgroup_driver = pb.SYSTEMD if cgroup_driver == "systemd" else pb.CGROUPFS
@@ -281,6 +285,7 @@ class DockerBackend:
             if running:
                 sb.backend_data[PID] = int(info["State"].get("Pid") or 0)
                 self._watched[sb.id] = info["Id"]
+                self._sandbox_ids.add(sb.id)
             sb_seen[sb.id] = Observed(
                 exists=True,
                 running=running,
@@ -364,6 +369,7 @@ class DockerBackend:
             sandbox.backend_data.pop(ENGINE_ID, None)
             raise
         self._watched[sandbox.id] = engine_id
+        self._sandbox_ids.add(sandbox.id)
         return SandboxNetwork(ip=ip)
 
     async def stop_sandbox(self, sandbox: SandboxRecord) -> None:
@@ -389,6 +395,7 @@ class DockerBackend:
     async def remove_sandbox(self, sandbox: SandboxRecord) -> None:
         eid = sandbox.backend_data.get(ENGINE_ID)
         self._watched.pop(sandbox.id, None)
+        self._sandbox_ids.discard(sandbox.id)
         if eid:
             await self._remove(str(eid))
 
@@ -1006,36 +1013,50 @@ class DockerBackend:
 
     async def _check_watched(self) -> None:
         for cri_id, eid in list(self._watched.items()):
-            try:
-                info = await self._inspect(eid)
-            except NotFoundError:
-                info = {
-                    "State": {
-                        "Running": False,
-                        "ExitCode": 137,
-                        "Error": "container vanished from the engine",
-                    }
-                }
-            except CriError:
-                return
-            if not info["State"].get("Running"):
-                await self._report_exit(cri_id, eid, info)
+            await self._report_exit(cri_id, eid)
 
-    async def _report_exit(self, cri_id: str, engine_id: str, info: dict[str, Any] | None = None) -> None:
-        if cri_id not in self._watched or cri_id in self._stopping or self._events is None:
+    async def _report_exit(self, cri_id: str, engine_id: str) -> None:
+        """Report the end of a watched container or sandbox, once, if it has ended.
+
+        While the engine cannot be asked, the object stays watched and is
+        looked at again every second (and when the event stream reconnects).
+        """
+        if cri_id not in self._watched or cri_id in self._stopping or cri_id in self._reporting:
             return
-        self._watched.pop(cri_id, None)
+        if self._events is None:
+            return
+        self._reporting.add(cri_id)
         try:
-            if info is None:
-                info = await self._inspect(engine_id)
-            kind = (info.get("Config") or {}).get("Labels", {}).get(lbl.KIND, lbl.CONTAINER)
-        except CriError:
-            return
-        if kind == lbl.SANDBOX:
-            self._events.sandbox_not_ready(cri_id, "pause container exited")
-            return
-        await self._drain_logs(cri_id, stopped=not info["State"].get("Running"))
-        self._events.container_exited(cri_id, await self._exit_of(cri_id, info["State"]))
+            for _ in range(5):
+                try:
+                    state = (await self._inspect(engine_id))["State"]
+                except NotFoundError:
+                    state = {"Running": False, "ExitCode": 137, "Error": "container vanished from the engine"}
+                except CriError:
+                    if cri_id not in self._retrying:
+                        self._retrying.add(cri_id)
+                        self._spawn(self._report_exit_later(cri_id, engine_id))
+                    return
+                if not state.get("Running"):
+                    break
+                await asyncio.sleep(0.05)  # a die event can come before the engine's state says so
+            else:
+                return
+            if self._watched.pop(cri_id, None) is None or cri_id in self._stopping:
+                return  # stopped on request meanwhile: its exit is reported there
+            if cri_id in self._sandbox_ids:
+                self._sandbox_ids.discard(cri_id)
+                self._events.sandbox_not_ready(cri_id, "pause container exited")
+                return
+            await self._drain_logs(cri_id, stopped=True)
+            self._events.container_exited(cri_id, await self._exit_of(cri_id, state))
+        finally:
+            self._reporting.discard(cri_id)
+
+    async def _report_exit_later(self, cri_id: str, engine_id: str) -> None:
+        await asyncio.sleep(_EXIT_RECHECK)
+        self._retrying.discard(cri_id)
+        await self._report_exit(cri_id, engine_id)
 
     async def _exit_of(self, cri_id: str, state: dict[str, Any]) -> ExitInfo:
         """How it ended, OOM included: the engine's OOMKilled flag loses a race

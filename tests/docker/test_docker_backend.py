@@ -573,6 +573,8 @@ class EngineProxy:
         self.target = target.removeprefix("unix://")
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._events: set[asyncio.StreamWriter] = set()  # client ends of /events streams
+        self.refusing = False
 
     async def up(self) -> None:
         self._server = await asyncio.start_unix_server(self._relay, path=str(self.path))
@@ -585,9 +587,22 @@ class EngineProxy:
         await self._server.wait_closed()
         self.path.unlink(missing_ok=True)
 
+    def cut_all_but_events(self) -> None:
+        """Every call fails from now on, while the event stream goes on."""
+        self.refusing = True
+        for w in list(self._writers - self._events):
+            w.close()
+
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.refusing:
+            writer.close()
+            return
+        first = await reader.read(65536)
         up_reader, up_writer = await asyncio.open_unix_connection(self.target)
+        up_writer.write(first)
         self._writers |= {writer, up_writer}
+        if b" /v1.41/events" in first.split(b"\r\n", 1)[0]:
+            self._events |= {writer, up_writer}
 
         async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             try:
@@ -603,6 +618,7 @@ class EngineProxy:
             await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
         finally:
             self._writers -= {writer, up_writer}
+            self._events -= {writer, up_writer}
 
 
 async def test_engine_outage_and_return(engine: docker.APIClient, tmp_path: Path) -> None:
@@ -640,6 +656,36 @@ async def test_engine_outage_and_return(engine: docker.APIClient, tmp_path: Path
         assert info.exit_code in (137, 143)
         assert [i.id for i in await backend.list_images()]
     finally:
+        await h.cleanup()
+        await backend.close()
+        await proxy.down()
+
+
+async def test_exit_heard_while_the_engine_cannot_be_asked(engine: docker.APIClient, tmp_path: Path) -> None:
+    # The die event arrives, but the inspect that should follow fails: the exit
+    # must still be reported once the engine answers again.
+    proxy = EngineProxy(tmp_path / "engine.sock", ENDPOINT)
+    await proxy.up()
+    events = Events()
+    backend = create(
+        "docker", {"endpoint": f"unix://{proxy.path}", "pause_image": PAUSE, "instance": INSTANCE}
+    )
+    await backend.start(events)
+    h = Harness(backend, events, engine)
+    try:
+        sb = await h.run_sandbox()
+        ct = await h.create(container_record(sb, ["sleep", "1000"]), sb)
+        await backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+        await asyncio.sleep(0.3)  # the event stream is connected
+        proxy.cut_all_but_events()
+        engine.kill(ct.backend_data["engine_id"], "SIGKILL")
+        await asyncio.sleep(1.0)
+        assert ct.id not in events.exits  # heard, but not confirmed yet
+        proxy.refusing = False
+        info = await events.exit_of(ct.id, timeout=10)
+        assert info.exit_code == 137
+    finally:
+        proxy.refusing = False
         await h.cleanup()
         await backend.close()
         await proxy.down()
