@@ -559,7 +559,8 @@ class DockerBackend:
                 (err if stream == "stderr" else out).extend(data)
 
         try:
-            await asyncio.wait_for(collect(), timeout if timeout > 0 else None)
+            async with asyncio.timeout(timeout if timeout > 0 else None):
+                await collect()
         except TimeoutError as exc:
             await self._exec_kill(exec_id)
             raise DeadlineExceededError(f"command {list(cmd)!r} timed out after {timeout}s") from exc

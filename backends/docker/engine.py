@@ -286,11 +286,14 @@ class EngineClient:
         headers: dict[str, str] | None = None,
         upgrade: bool = False,
         connect_timeout: float = 10.0,
+        answer_timeout: float | None = 10.0,
     ) -> RawResponse:
         """Send one request on a fresh connection and return the open response.
 
         With ``upgrade`` the connection is hijacked (exec/attach): after the
-        101 answer it carries the raw, bidirectional stream.
+        101 answer it carries the raw, bidirectional stream. The engine must
+        answer within ``answer_timeout`` seconds (None: no limit), else
+        DEADLINE_EXCEEDED.
         """
         # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
         # cancellation that lands as the inner await completes, and a cancelled
@@ -308,8 +311,13 @@ class EngineClient:
             lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
             writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + payload)
             await writer.drain()
-            async with asyncio.timeout(connect_timeout):
-                head = await reader.readuntil(b"\r\n\r\n")
+            try:
+                async with asyncio.timeout(answer_timeout):
+                    head = await reader.readuntil(b"\r\n\r\n")
+            except TimeoutError as exc:
+                raise DeadlineExceededError(
+                    f"docker engine sent no answer to {path} within {answer_timeout:.0f}s"
+                ) from exc
             status, resp_headers = _parse_head(head)
             resp = RawResponse(status, resp_headers, reader, writer, raw=upgrade and status == 101)
             if status >= 400:

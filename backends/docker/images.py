@@ -136,18 +136,29 @@ class Images:
         if not ref.strip():
             raise InvalidArgumentError("an image reference is required")
         try:
+            # The engine answers once the registry does (TLS fallbacks, auth):
+            # a wait for the answer is a wait without progress too.
             resp = await self._engine.stream(
-                "POST", "/images/create", query={"fromImage": image, "tag": tag or None}, headers=headers
+                "POST",
+                "/images/create",
+                query={"fromImage": image, "tag": tag or None},
+                headers=headers,
+                answer_timeout=self._no_progress_timeout or None,
             )
         except InternalError as exc:
             # The engine answers 500 for every registry-side failure.
             raise _pull_error(ref, exc.message) from exc
+        except DeadlineExceededError as exc:
+            raise DeadlineExceededError(
+                f"pull of {ref}: no progress for {self._no_progress_timeout:.0f}s (no answer yet)"
+            ) from exc
         last_log = started
         layers: dict[str, str] = {}
         try:
             while True:
                 try:
-                    line = await asyncio.wait_for(resp.read_line(), self._no_progress_timeout or None)
+                    async with asyncio.timeout(self._no_progress_timeout or None):
+                        line = await resp.read_line()
                 except TimeoutError as exc:
                     raise DeadlineExceededError(
                         f"pull of {ref}: no progress for {self._no_progress_timeout:.0f}s"

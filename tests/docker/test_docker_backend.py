@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import io
+import json
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -689,6 +691,102 @@ async def test_exit_heard_while_the_engine_cannot_be_asked(engine: docker.APICli
         await h.cleanup()
         await backend.close()
         await proxy.down()
+
+
+class StallingRegistry:
+    """A registry on loopback that serves a manifest, then never sends a blob."""
+
+    def __init__(self) -> None:
+        self.blob_requests = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for w in self._writers:
+            w.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)
+        config = (
+            b'{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":["sha256:'
+            + b"1" * 64
+            + b'"]}}'
+        )
+        manifest = json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                "config": {
+                    "mediaType": "application/vnd.docker.container.image.v1+json",
+                    "size": len(config),
+                    "digest": "sha256:" + hashlib.sha256(config).hexdigest(),
+                },
+                "layers": [
+                    {
+                        "mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                        "size": 1 << 20,
+                        "digest": "sha256:" + "2" * 64,
+                    }
+                ],
+            }
+        ).encode()
+        try:
+            while True:
+                first = await reader.readexactly(1)
+                if first == b"\x16":
+                    return  # a TLS handshake: the engine tries HTTPS first, then plain HTTP
+                head = first + await reader.readuntil(b"\r\n\r\n")
+                method, target = head.split(b" ")[:2]
+                if b"/blobs/" in target:
+                    self.blob_requests += 1
+                    # The headers, then silence: no byte of the blob ever comes.
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1048576\r\n\r\n")
+                    await writer.drain()
+                    await reader.read()
+                    return
+                ctype = "application/json"
+                body = b"{}"
+                if b"/manifests/" in target:
+                    ctype, body = "application/vnd.docker.distribution.manifest.v2+json", manifest
+                digest = "sha256:" + hashlib.sha256(body).hexdigest()
+                writer.write(
+                    f"HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nDocker-Content-Digest: {digest}\r\n"
+                    f"Docker-Distribution-API-Version: registry/2.0\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                    + (b"" if method == b"HEAD" else body)
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def test_pull_without_progress_times_out(engine: docker.APIClient) -> None:
+    registry = StallingRegistry()
+    await registry.start()
+    backend = create(
+        "docker",
+        {"endpoint": ENDPOINT, "pause_image": PAUSE, "pull_no_progress_timeout": 2, "instance": INSTANCE},
+    )
+    await backend.start(Events())
+    ref = f"127.0.0.1:{registry.port}/stall:{INSTANCE}"
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(DeadlineExceededError) as info:
+            await backend.pull_image(pb.ImageSpec(image=ref), None, None)
+        assert "no progress for 2s" in str(info.value)
+        assert 2 <= time.monotonic() - t0 < 15
+        assert registry.blob_requests >= 1  # it did get as far as the layers
+    finally:
+        await backend.close()
+        await registry.stop()
 
 
 async def test_pod_dns_and_oom_killed(harness: Harness, tmp_path: Path) -> None:
