@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import io
@@ -15,7 +16,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from backends.base import Backend, SandboxStatus, TerminalSize
+from backends.base import Backend, ContainerRecord, SandboxStatus, TerminalSize
 from backends.docker import create
 from backends.docker import labels as lbl
 from cri_api import api_pb2 as pb
@@ -623,7 +624,11 @@ class EngineProxy:
             self._events -= {writer, up_writer}
 
 
-async def test_engine_outage_and_return(engine: docker.APIClient, tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def behind_proxy(
+    engine: docker.APIClient, tmp_path: Path
+) -> AsyncIterator[tuple[EngineProxy, Harness]]:
+    """A backend that reaches the engine through an EngineProxy, with a running container."""
     proxy = EngineProxy(tmp_path / "engine.sock", ENDPOINT)
     await proxy.up()
     events = Events()
@@ -633,9 +638,25 @@ async def test_engine_outage_and_return(engine: docker.APIClient, tmp_path: Path
     await backend.start(events)
     h = Harness(backend, events, engine)
     try:
-        sb = await h.run_sandbox()
-        ct = await h.create(container_record(sb, ["sleep", "1000"]), sb)
-        await backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+        yield proxy, h
+    finally:
+        proxy.refusing = False
+        await h.cleanup()
+        await backend.close()
+        await proxy.down()
+
+
+async def start_sleeper(h: Harness, tmp_path: Path) -> ContainerRecord:
+    sb = await h.run_sandbox()
+    ct = await h.create(container_record(sb, ["sleep", "1000"]), sb)
+    await h.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    return ct
+
+
+async def test_engine_outage_and_return(engine: docker.APIClient, tmp_path: Path) -> None:
+    async with behind_proxy(engine, tmp_path) as (proxy, h):
+        backend = h.backend
+        ct = await start_sleeper(h, tmp_path)
 
         await proxy.down()
         health = await backend.health()
@@ -654,43 +675,24 @@ async def test_engine_outage_and_return(engine: docker.APIClient, tmp_path: Path
                 break
             await asyncio.sleep(0.1)
         assert (await backend.health()).runtime_ready
-        info = await events.exit_of(ct.id, timeout=15)
+        info = await h.events.exit_of(ct.id, timeout=15)
         assert info.exit_code in (137, 143)
         assert [i.id for i in await backend.list_images()]
-    finally:
-        await h.cleanup()
-        await backend.close()
-        await proxy.down()
 
 
 async def test_exit_heard_while_the_engine_cannot_be_asked(engine: docker.APIClient, tmp_path: Path) -> None:
     # The die event arrives, but the inspect that should follow fails: the exit
     # must still be reported once the engine answers again.
-    proxy = EngineProxy(tmp_path / "engine.sock", ENDPOINT)
-    await proxy.up()
-    events = Events()
-    backend = create(
-        "docker", {"endpoint": f"unix://{proxy.path}", "pause_image": PAUSE, "instance": INSTANCE}
-    )
-    await backend.start(events)
-    h = Harness(backend, events, engine)
-    try:
-        sb = await h.run_sandbox()
-        ct = await h.create(container_record(sb, ["sleep", "1000"]), sb)
-        await backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    async with behind_proxy(engine, tmp_path) as (proxy, h):
+        ct = await start_sleeper(h, tmp_path)
         await asyncio.sleep(0.3)  # the event stream is connected
         proxy.cut_all_but_events()
         engine.kill(ct.backend_data["engine_id"], "SIGKILL")
         await asyncio.sleep(1.0)
-        assert ct.id not in events.exits  # heard, but not confirmed yet
+        assert ct.id not in h.events.exits  # heard, but not confirmed yet
         proxy.refusing = False
-        info = await events.exit_of(ct.id, timeout=10)
+        info = await h.events.exit_of(ct.id, timeout=10)
         assert info.exit_code == 137
-    finally:
-        proxy.refusing = False
-        await h.cleanup()
-        await backend.close()
-        await proxy.down()
 
 
 class StallingRegistry:
