@@ -457,6 +457,14 @@ class DockerBackend:
         if upper:
             container.backend_data[UPPER_DIR] = upper
         started = parse_time(state.get("StartedAt")) or time.time_ns()
+        if state.get("Running"):
+            try:
+                await self._apply_hugepages(container, eid, container.config.linux.resources)
+            except FailedPreconditionError:
+                # The container must not run without the limits it asked for.
+                with contextlib.suppress(CriError):
+                    await self._stop_engine(eid, 0)
+                raise
         self._watched[container.id] = eid
         self._follow(container.id, eid, bool(info["Config"].get("Tty")), logs, None)
         if not state.get("Running") and parse_time(state.get("FinishedAt")):
@@ -495,10 +503,28 @@ class DockerBackend:
         if eid:
             await self._remove(str(eid))
 
+    async def _apply_hugepages(
+        self, container: ContainerRecord, eid: str, resources: pb.LinuxContainerResources
+    ) -> None:
+        """Hugepage limits, written into the cgroup of the running container (the engine has none)."""
+        limits = [(h.page_size, h.limit) for h in resources.hugepage_limits]
+        pid = int(container.backend_data.get(PID) or 0)
+        if not limits or not pid:
+            return
+        work = functools.partial(self._cgroups.set_hugetlb, pid, eid, limits)
+        try:
+            skipped = await self.engine.run(work)
+        except cgroups.HugetlbError as exc:
+            raise FailedPreconditionError(f"hugepage limits of container {container.id}: {exc}") from exc
+        for why in skipped:
+            log.warning("hugepage limit not applied", container_id=container.id, reason=why)
+
     async def update_container_resources(
         self, container: ContainerRecord, resources: pb.LinuxContainerResources
     ) -> None:
         eid = _engine_id(container)
+        if container.status.state == pb.CONTAINER_RUNNING:
+            await self._apply_hugepages(container, eid, resources)
         res = convert.resources(resources)
         await self.engine.call(
             self.engine.api.update_container,

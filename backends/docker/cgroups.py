@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import os
 import time
+from collections.abc import Sequence
 
 _UNLIMITED = 1 << 60
 _NS_PER_TICK = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
@@ -87,6 +88,27 @@ class Interface:
     tx_dropped: int = 0
 
 
+class HugetlbError(Exception):
+    """Hugepage limits could not be applied."""
+
+
+def _enable_along(root: str, leaf: str, controller: str) -> None:
+    """Enable ``controller`` in cgroup.subtree_control of every cgroup from ``root`` down to
+    ``leaf``'s parent (cgroup v2 offers a controller to a child only if its parent enables it)."""
+    rel = os.path.relpath(os.path.dirname(leaf), root)
+    parts = [] if rel == "." else rel.split(os.sep)
+    path = root
+    for part in ["", *parts]:
+        path = os.path.join(path, part) if part else path
+        if controller in (_read(path, "cgroup.subtree_control") or "").split():
+            continue
+        try:
+            with open(os.path.join(path, "cgroup.subtree_control"), "w") as f:
+                f.write(f"+{controller}")
+        except OSError as exc:
+            raise HugetlbError(f"cannot enable {controller} in {path}: {exc}") from exc
+
+
 def _mounts() -> tuple[dict[str, str], str | None]:
     """v1 controller -> mount point, and the cgroup2 mount point."""
     v1: dict[str, str] = {}
@@ -127,6 +149,43 @@ class CgroupReader:
                 if c in self._v1:
                     v1[c] = self._v1[c] + path
         return v1, v2
+
+    def set_hugetlb(self, pid: int, expect: str, limits: Sequence[tuple[str, int]]) -> list[str]:
+        """Write hugepage limits (page size as the kernel names it: "2MB", "1GB") into the
+        cgroup of ``pid``; what could not be applied, and why (HugetlbError if a write fails).
+
+        The engine has no hugetlb setting. With cgroup v2 the controller is
+        enabled along the container's parents first, as runc does for the
+        controllers it uses. A host without the controller, or without a page
+        size, is passed over with a reason, as runc passes over a cgroup v1
+        controller that is not mounted: the kubelet sends a limit of 0 for every
+        page size on every container.
+        """
+        try:
+            paths = self._paths(pid, expect)
+        except (OSError, ValueError) as exc:
+            raise HugetlbError(f"cannot read the cgroups of PID {pid}: {exc}") from exc
+        if paths is None:
+            raise HugetlbError(f"PID {pid} is gone")
+        v1, v2 = paths
+        if "hugetlb" in v1:
+            base, name = v1["hugetlb"], "hugetlb.{}.limit_in_bytes"
+        elif v2 and self._v2 and "hugetlb" in (_read(self._v2, "cgroup.controllers") or "").split():
+            _enable_along(self._v2, v2, "hugetlb")
+            base, name = v2, "hugetlb.{}.max"
+        else:
+            return ["the hugetlb cgroup controller is not available on this host"]
+        skipped = []
+        for size, limit in limits:
+            path = os.path.join(base, name.format(size))
+            try:
+                with open(path, "w") as f:
+                    f.write(str(limit))
+            except FileNotFoundError:
+                skipped.append(f"the kernel has no {size} huge pages ({path} is missing)")
+            except OSError as exc:
+                raise HugetlbError(f"cannot limit {size} huge pages to {limit}: {exc}") from exc
+        return skipped
 
     def detail(self, pid: int, expect: str = "") -> Detail | None:
         """The rest of what ListPodSandboxMetrics reports of ``pid``'s container; None if it is gone."""

@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import os
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -234,6 +235,43 @@ async def test_pod_metrics(harness: Harness, tmp_path: Path) -> None:
     net = {(m.name, m.label_values[-1]): m for m in pod.metrics}
     assert net[("container_network_receive_bytes_total", "eth0")].value.value >= 0
     assert net[("container_network_transmit_packets_total", "eth0")].label_values[0] == "POD"
+
+
+def hugetlb_file(pid: int, size: str) -> Path:
+    """The hugetlb limit file of the cgroup ``pid`` is in (v1 controller, else cgroup v2)."""
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    for line in lines:
+        _, ctrls, path = line.split(":", 2)
+        if "hugetlb" in ctrls.split(","):
+            return Path(f"/sys/fs/cgroup/hugetlb{path}/hugetlb.{size}.limit_in_bytes")
+    unified = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
+    path = next(line.split(":", 2)[2] for line in lines if line.startswith("0::"))
+    return Path(f"{unified}{path}/hugetlb.{size}.max")
+
+
+async def test_hugepage_limits(harness: Harness, tmp_path: Path) -> None:
+    sizes = sorted(os.listdir("/sys/kernel/mm/hugepages"))  # e.g. hugepages-2048kB
+    if not sizes:
+        pytest.skip("this kernel has no huge page sizes")
+    res = pb.LinuxContainerResources(
+        hugepage_limits=[
+            pb.HugepageLimit(page_size="2MB", limit=4 << 20),
+            pb.HugepageLimit(page_size="1GB", limit=0),
+        ]
+    )
+    sb = await harness.run_sandbox()
+    ct = await harness.create(
+        container_record(sb, ["sleep", "1000"], linux=pb.LinuxContainerConfig(resources=res)), sb
+    )
+    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    pid = ct.backend_data["pid"]
+    assert hugetlb_file(pid, "2MB").read_text().strip() == str(4 << 20)
+    if "hugepages-1048576kB" in sizes:
+        assert hugetlb_file(pid, "1GB").read_text().strip() == "0"
+    ct.status = dataclasses.replace(ct.status, started_at=time.time_ns())
+    res.hugepage_limits[0].limit = 8 << 20
+    await harness.backend.update_container_resources(ct, res)
+    assert hugetlb_file(pid, "2MB").read_text().strip() == str(8 << 20)
 
 
 class Session:
