@@ -14,7 +14,7 @@ ARG BASE_IMAGE=debian:bookworm-slim
 # ---------------------------------------------------------------- build
 FROM ${BASE_IMAGE} AS build
 RUN apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv binutils \
     && rm -rf /var/lib/apt/lists/*
 COPY deploy/image/ /tmp/image-extra/
 COPY . /src
@@ -26,6 +26,11 @@ RUN set -eu; \
     /opt/cri-shim/bin/pip uninstall -y --disable-pip-version-check pip setuptools; \
     rm -f /opt/cri-shim/bin/activate* /opt/cri-shim/bin/Activate.ps1; \
     find /opt/cri-shim -name '__pycache__' -prune -exec rm -rf {} +; \
+    # The wheels' extensions carry their symbol tables (uvloop's: 12 of its 14 MB),
+    # and some wheels ship their Cython/C sources and their own tests.
+    find /opt/cri-shim -name '*.so' -exec strip --strip-unneeded {} +; \
+    find /opt/cri-shim \( -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.c' -o -name '*.h' \) -delete; \
+    rm -rf /opt/cri-shim/lib/python3.11/site-packages/certifi/tests; \
     install -m 0644 /src/deploy/healthcheck.py /opt/cri-shim/healthcheck.py; \
     /opt/cri-shim/bin/cri-shim version
 
@@ -37,7 +42,7 @@ RUN apt-get update \
         /usr/share/doc /usr/share/man /usr/share/locale \
         /usr/lib/python3.11/ensurepip /usr/lib/python3.11/idlelib /usr/lib/python3.11/lib2to3 \
         /usr/lib/python3.11/pydoc_data /usr/lib/python3.11/tkinter /usr/lib/python3.11/turtledemo \
-        /usr/lib/python3.11/test
+        /usr/lib/python3.11/test /usr/lib/python3.11/unittest /usr/lib/python3.11/_pydecimal.py
 COPY --from=build /opt/cri-shim /opt/cri-shim
 # Byte-compiled once here, where the interpreter is the one that runs them:
 # a read-only root filesystem then costs no start-up time.
