@@ -888,20 +888,11 @@ class DockerBackend:
         :meth:`_drain_logs` cuts the followed stream and the rest is read
         without following: by then the engine has written all of the output.
 
-        A resumed read starts a little before the newest record seen, because
-        the engine's stdout and stderr copiers write to its log concurrently:
-        a record may follow one of the other stream that is newer. Within each
-        stream the times never go back (the pieces of a long line share one),
-        so what a resumed read repeats is known per stream: the records older
-        than the last one written, and as many records of that very time as
-        were written.
-
+        A resumed read skips what was written already (:class:`LogResume`).
         Records are stamped with the engine's time (without a TTY), so that
         after a restart the log itself says where to resume (``marks``).
         """
-        # Per stream: the time of the last record written, and how many were written at that time.
-        written = {name: list((marks or {}).get(name, (0, 0))) for name in ("stdout", "stderr")}
-        newest = max((at for at, _n in (marks or {}).values()), default=None)
+        resume = LogResume(marks)
         follow = _LogFollow(tty=tty)
         self._follows[cri_id] = follow
         try:
@@ -913,8 +904,9 @@ class DockerBackend:
                     "stderr": 1,
                     "timestamps": int(not tty),
                 }
-                if newest is not None:
-                    query["since"] = engine_time(newest + 1 if tty else max(0, newest - _RESUME_OVERLAP_NS))
+                since = resume.since(tty)
+                if since is not None:
+                    query["since"] = engine_time(since)
                 try:
                     resp = await self.engine.stream("GET", f"/containers/{engine_id}/logs", query=query)
                 except NotFoundError:
@@ -923,9 +915,10 @@ class DockerBackend:
                     await asyncio.sleep(1)
                     continue
                 follow.resp = None if final else resp
-                repeats = {name: n for name, (_at, n) in written.items()}
+                resume.reread()
                 try:
                     async for stream, data in resp.frames(tty):
+                        at = 0
                         if not tty:
                             # "RFC3339Nano content"
                             stamp, _, data = data.partition(b" ")
@@ -933,19 +926,9 @@ class DockerBackend:
                                 at = parse_time(stamp.decode())
                             except (ValueError, UnicodeDecodeError):
                                 at = 0
-                            mark = written[stream]
-                            if at and at < mark[0]:
+                            if not resume.fresh(stream, at):
                                 continue
-                            if at and at == mark[0]:
-                                if repeats[stream] > 0:
-                                    repeats[stream] -= 1
-                                    continue
-                                mark[1] += 1
-                            elif at:
-                                mark[0], mark[1] = at, 1
-                                repeats[stream] = 0
-                                newest = max(newest or 0, at)
-                        sink.write(stream, data, 0 if tty else at)
+                        sink.write(stream, data, at)
                 finally:
                     follow.resp = None
                     resp.close()
@@ -965,7 +948,7 @@ class DockerBackend:
                 if not info["State"].get("Running"):
                     return
                 if tty:
-                    newest = time.time_ns()
+                    resume.newest = time.time_ns()
         finally:
             if self._follows.get(cri_id) is follow:
                 del self._follows[cri_id]
@@ -1098,6 +1081,54 @@ class DockerBackend:
                 info = dataclasses.replace(info, reason="OOMKilled")
         self._oom.discard(cri_id)
         return info
+
+
+class LogResume:
+    """Which records of the engine's log a log pump has written, so that a re-read skips them.
+
+    A re-read starts a little before the newest record written, because the
+    engine's stdout and stderr copiers write to its log concurrently: a
+    record may follow one of the other stream that is newer. Within one
+    stream the times never go back (the pieces of a long line share one), so
+    what a re-read repeats is known per stream: the records older than the
+    last one written, and as many records of that very time as were written.
+    """
+
+    def __init__(self, marks: _Marks | None = None) -> None:
+        marks = marks or {}
+        # Per stream: [time of the last record written, records written at that time].
+        self.marks = {name: list(marks.get(name, (0, 0))) for name in ("stdout", "stderr")}
+        self.newest: int | None = max((at for at, _n in marks.values()), default=None)
+        self._repeats = {name: 0 for name in self.marks}
+
+    def since(self, tty: bool) -> int | None:
+        """Where a (re)read starts; None: from the beginning."""
+        if self.newest is None:
+            return None
+        # With a TTY the records carry no time: from just after the newest.
+        return self.newest + 1 if tty else max(0, self.newest - _RESUME_OVERLAP_NS)
+
+    def reread(self) -> None:
+        """A read starts over: the records at each stream's mark come again."""
+        self._repeats = {name: n for name, (_at, n) in self.marks.items()}
+
+    def fresh(self, stream: str, at: int) -> bool:
+        """Whether a record of ``stream`` at ``at`` (0: unknown) is new, and if so, count it."""
+        if not at:
+            return True
+        mark = self.marks[stream]
+        if at < mark[0]:
+            return False
+        if at == mark[0]:
+            if self._repeats[stream] > 0:
+                self._repeats[stream] -= 1
+                return False
+            mark[1] += 1
+            return True
+        mark[0], mark[1] = at, 1
+        self._repeats[stream] = 0
+        self.newest = max(self.newest or 0, at)
+        return True
 
 
 @dataclasses.dataclass

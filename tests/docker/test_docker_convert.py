@@ -11,7 +11,7 @@ import pytest
 
 from backends.docker import convert
 from backends.docker import labels as lbl
-from backends.docker.backend import exit_info, parse_time
+from backends.docker.backend import LogResume, _last_log_marks, exit_info, parse_time
 from backends.docker.images import _pull_error, image_user, registry_auth, split_reference
 from cri_api import api_pb2 as pb
 from shim.errors import FailedPreconditionError, InternalError, InvalidArgumentError, NotFoundError
@@ -334,3 +334,53 @@ def test_privileged_and_all_caps_on_a_host_missing_capabilities() -> None:
 )
 def test_pull_error_conditions(message: str, kind: type[Exception]) -> None:
     assert type(_pull_error("ref", message)) is kind
+
+
+def test_log_resume_skips_what_was_written_per_stream() -> None:
+    # The engine's log as written: stderr's copier ran late, so its record at 100
+    # follows stdout's at 105; the two pieces of a long line share time 110.
+    log = [
+        ("stdout", 95),
+        ("stdout", 105),
+        ("stderr", 100),
+        ("stdout", 110),
+        ("stdout", 110),
+        ("stderr", 120),
+    ]
+    r = LogResume()
+    assert r.since(tty=False) is None
+    r.reread()
+    assert [r.fresh(s, at) for s, at in log[:4]] == [True] * 4  # cut after the first piece
+    assert r.newest == 110
+    # The re-read starts 2 s back and sees everything again, then what is new.
+    r.reread()
+    assert r.since(tty=False) == 0
+    assert [r.fresh(s, at) for s, at in log] == [False, False, False, False, True, True]
+    r.reread()
+    assert [r.fresh(s, at) for s, at in log] == [False] * 6
+    assert r.fresh("stdout", 0)  # no time: always written
+    assert r.since(tty=True) == 121
+
+
+def test_log_resume_marks_read_off_a_cri_log(tmp_path: Path) -> None:
+    path = tmp_path / "c.log"
+    t = "2026-11-30T10:00:00.00000000{}Z"
+    path.write_text(
+        f"{t.format(1)} stdout F a\n{t.format(2)} stderr F b\n{t.format(3)} stdout P c\n{t.format(3)} stdout F d\n"
+    )
+    base = parse_time(t.format(0))
+    marks = _last_log_marks(str(path))
+    assert marks == {"stdout": (base + 3, 2), "stderr": (base + 2, 1)}
+    r = LogResume(marks)
+    r.reread()
+    # Re-reading: the two records at +3 and the one at +2 were written; +4 is new.
+    got = [
+        r.fresh(s, base + d)
+        for s, d in [("stdout", 1), ("stderr", 2), ("stdout", 3), ("stdout", 3), ("stdout", 4)]
+    ]
+    assert got == [False, False, False, False, True]
+    assert _last_log_marks(str(tmp_path / "absent.log")) is None
+    only_out = tmp_path / "o.log"
+    only_out.write_text(f"{t.format(1)} stdout F a\n{t.format(5)} stdout F b\n")
+    # stderr wrote nothing in what was read: anything of it from the first record on is new.
+    assert _last_log_marks(str(only_out)) == {"stdout": (base + 5, 1), "stderr": (base + 1, 0)}
