@@ -70,10 +70,11 @@ def status_error(status: int, message: str) -> CriError:
         if "already in use" in message:
             return AlreadyExistsError(message)
         return FailedPreconditionError(message)
-    if status == 400:
-        return InvalidArgumentError(message)
     if status == 503:
         return UnavailableError(message)
+    if 400 <= status < 500:
+        # 400, and the rarer 414/431 of a reference too long for a URL: the request's fault.
+        return InvalidArgumentError(message)
     return InternalError(message)
 
 
