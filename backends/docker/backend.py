@@ -168,6 +168,7 @@ class DockerBackend:
         self._sandbox_ids: set[str] = set()  # which watched IDs are sandboxes (for one that vanished)
         self._reporting: set[str] = set()  # CRI IDs whose exit is being looked into
         self._retrying: set[str] = set()  # CRI IDs to look at again once the engine answers
+        self._hugetlb_said: set[str] = set()  # reasons hugepage limits were passed over, logged once
         self._cpu_prev: dict[str, tuple[int, int]] = {}  # CRI ID -> (timestamp, cpu ns)
         self._layer_usage: dict[str, tuple[float, int, int]] = {}  # CRI ID -> (when, bytes, inodes)
         self._cgroup_driver = pb.SYSTEMD if cgroup_driver == "systemd" else pb.CGROUPFS
@@ -517,7 +518,10 @@ class DockerBackend:
         except cgroups.HugetlbError as exc:
             raise FailedPreconditionError(f"hugepage limits of container {container.id}: {exc}") from exc
         for why in skipped:
-            log.warning("hugepage limit not applied", container_id=container.id, reason=why)
+            # The kubelet asks for limits on every container: say each reason once.
+            if why not in self._hugetlb_said:
+                self._hugetlb_said.add(why)
+                log.warning("hugepage limits not applied", container_id=container.id, reason=why)
 
     async def update_container_resources(
         self, container: ContainerRecord, resources: pb.LinuxContainerResources
