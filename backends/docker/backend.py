@@ -234,14 +234,32 @@ class DockerBackend:
             except (FailedPreconditionError, AlreadyExistsError):
                 await self.engine.request("DELETE", f"/containers/{engine_id}", {"v": True, "force": True})
 
-    async def _create(self, name: str, cfg: dict[str, Any]) -> str:
-        """Create an engine container; a leftover of the same name (a crash mid-create) is replaced."""
+    async def _create(self, name: str, cfg: dict[str, Any], data: dict[str, Any]) -> str:
+        """Create an engine container and note its ID in ``data`` (a record's backend_data).
+
+        A leftover of the same name (a crash mid-create) is replaced. If the
+        call is cancelled (the client gave up), the engine still finishes a
+        create it has received: its answer is awaited all the same, so that
+        the record knows the ID and the rollback removes the container.
+        """
+
+        async def create() -> str:
+            try:
+                created = await self.engine.request("POST", "/containers/create", {"name": name}, cfg)
+            except AlreadyExistsError:
+                await self._remove(name)
+                created = await self.engine.request("POST", "/containers/create", {"name": name}, cfg)
+            return str(created["Id"])
+
+        task = asyncio.ensure_future(create())
         try:
-            created = await self.engine.request("POST", "/containers/create", {"name": name}, cfg)
-        except AlreadyExistsError:
-            await self._remove(name)
-            created = await self.engine.request("POST", "/containers/create", {"name": name}, cfg)
-        return str(created["Id"])
+            data[ENGINE_ID] = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.engine.call_timeout):
+                    data[ENGINE_ID] = await task
+            raise
+        return str(data[ENGINE_ID])
 
     async def _ours(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = await self.engine.request(
@@ -347,12 +365,11 @@ class DockerBackend:
         )
         name = lbl.sandbox_name(sandbox.id, config)
         try:
-            engine_id = await self._create(name, cfg)
+            engine_id = await self._create(name, cfg, sandbox.backend_data)
         except NotFoundError:
             # The pause image was removed since we last looked.
             await self.images.ensure(image)
-            engine_id = await self._create(name, cfg)
-        sandbox.backend_data[ENGINE_ID] = engine_id
+            engine_id = await self._create(name, cfg, sandbox.backend_data)
         try:
             await self.engine.request("POST", f"/containers/{engine_id}/start")
             info = await self._inspect(engine_id)
@@ -394,7 +411,7 @@ class DockerBackend:
         )
 
     async def remove_sandbox(self, sandbox: SandboxRecord) -> None:
-        eid = sandbox.backend_data.get(ENGINE_ID)
+        eid = sandbox.backend_data.get(ENGINE_ID) or await self._engine_id_of(sandbox.id)
         self._watched.pop(sandbox.id, None)
         self._sandbox_ids.discard(sandbox.id)
         if eid:
@@ -443,8 +460,7 @@ class DockerBackend:
             # With the host's network each container gets its own copy of the
             # host's resolv.conf; the pod's DNS config lives in the pause one.
             cfg["HostConfig"]["Binds"].append(f"{resolv}:/etc/resolv.conf:ro")
-        engine_id = await self._create(lbl.container_name(container.id, config), cfg)
-        container.backend_data[ENGINE_ID] = engine_id
+        await self._create(lbl.container_name(container.id, config), cfg, container.backend_data)
 
     async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord, logs: LogSink) -> int:
         eid = _engine_id(container)
@@ -500,7 +516,8 @@ class DockerBackend:
         self._oom.discard(container.id)
         self._cpu_prev.pop(container.id, None)
         self._layer_usage.pop(container.id, None)
-        eid = container.backend_data.get(ENGINE_ID)
+        # Without an engine ID (a create that failed or was given up), look the container up by its label.
+        eid = container.backend_data.get(ENGINE_ID) or await self._engine_id_of(container.id)
         if eid:
             await self._remove(str(eid))
 

@@ -13,6 +13,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -407,6 +408,43 @@ async def test_log_resumes_exactly_after_a_restart(harness: Harness, tmp_path: P
     assert [c for s, _t, c in records if s == "stderr"] == [f"e{i}" for i in range(1, lines + 1)]
     stamps = [line.split(" ", 1)[0] for line in log_path.read_text().splitlines()]
     assert len(set(stamps)) > lines  # the engine's times, not one per batch read
+
+
+@pytest.mark.parametrize("kind", ["sandbox", "container"])
+async def test_create_given_up_leaves_nothing(harness: Harness, kind: str) -> None:
+    # The client gives up while the engine is creating: the shim rolls the record
+    # back, and the engine's container must go with it.
+    backend = harness.backend
+    sb = await harness.run_sandbox() if kind == "container" else sandbox_record("given-up")
+    rec = container_record(sb, ["sleep", "1000"]) if kind == "container" else sb
+    real = backend.engine.request
+
+    async def slow_answer(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        answer = await real(method, path, *args, **kwargs)
+        if path == "/containers/create":
+            await asyncio.sleep(1)  # created in the engine; the answer is late
+        return answer
+
+    backend.engine.request = slow_answer  # type: ignore[method-assign]
+    if kind == "container":
+        assert isinstance(rec, ContainerRecord)
+        call = asyncio.create_task(backend.create_container(rec, sb))
+    else:
+        call = asyncio.create_task(backend.run_sandbox(sb))
+    await asyncio.sleep(0.5)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    backend.engine.request = real  # type: ignore[method-assign]
+    assert rec.backend_data.get("engine_id")  # learnt, though the caller had gone
+    # What the shim's rollback does.
+    if isinstance(rec, ContainerRecord):
+        await backend.remove_container(rec)
+    else:
+        await backend.stop_sandbox(rec)
+        await backend.remove_sandbox(rec)
+    left = harness.engine.containers(all=True, filters={"label": f"{lbl.ID}={rec.id}"})
+    assert left == []
 
 
 def push_own_image(engine: docker.APIClient) -> str:
