@@ -1044,11 +1044,14 @@ class DockerBackend:
 
     async def _check_watched(self) -> None:
         for cri_id, eid in list(self._watched.items()):
-            await self._report_exit(cri_id, eid)
+            await self._report_exit(cri_id, eid, died=False)
 
-    async def _report_exit(self, cri_id: str, engine_id: str) -> None:
+    async def _report_exit(self, cri_id: str, engine_id: str, died: bool = True) -> None:
         """Report the end of a watched container or sandbox, once, if it has ended.
 
+        ``died``: the engine said so (an event, or a start that found it
+        exited); its state may lag a moment behind. Otherwise this is a check
+        of something that may well be running.
         While the engine cannot be asked, the object stays watched and is
         looked at again every second (and when the event stream reconnects).
         """
@@ -1058,7 +1061,7 @@ class DockerBackend:
             return
         self._reporting.add(cri_id)
         try:
-            for _ in range(5):
+            for _ in range(5 if died else 1):
                 try:
                     state = (await self._inspect(engine_id))["State"]
                 except NotFoundError:
@@ -1070,7 +1073,8 @@ class DockerBackend:
                     return
                 if not state.get("Running"):
                     break
-                await asyncio.sleep(0.05)  # a die event can come before the engine's state says so
+                if died:
+                    await asyncio.sleep(0.05)  # a die event can come before the engine's state says so
             else:
                 return
             if self._watched.pop(cri_id, None) is None or cri_id in self._stopping:
@@ -1087,7 +1091,7 @@ class DockerBackend:
     async def _report_exit_later(self, cri_id: str, engine_id: str) -> None:
         await asyncio.sleep(_EXIT_RECHECK)
         self._retrying.discard(cri_id)
-        await self._report_exit(cri_id, engine_id)
+        await self._report_exit(cri_id, engine_id, died=False)
 
     async def _exit_of(self, cri_id: str, state: dict[str, Any]) -> ExitInfo:
         """How it ended, OOM included: the engine's OOMKilled flag loses a race
