@@ -338,7 +338,11 @@ class Raw:
 class Shim:
     """`cri-shim serve` with the docker backend, on a temporary socket and state."""
 
-    def __init__(self, tmp: str, run_id: str) -> None:
+    def __init__(self, tmp: str, run_id: str, extra_config: str = "", own_session: bool = False) -> None:
+        """``extra_config``: more TOML after the docker handler's table (other handlers).
+        ``own_session``: out of our process group, so that a Ctrl-C aimed at the benchmark
+        leaves the shim up until it has removed what it made.
+        """
         self.tmp = tmp
         # The backend labels every engine container with its instance: naming
         # it here lets the cleanup find what the shim left behind if it died.
@@ -356,7 +360,7 @@ class Shim:
                 'type = "docker"\n'
                 f'endpoint = "{DOCKER_SOCK}"\n'
                 f'pause_image = "{PAUSE}"\n'
-                f'instance = "{self.instance}"\n'
+                f'instance = "{self.instance}"\n' + extra_config
             )
         self.log = open(f"{tmp}/cri-shim.log", "wb")
         self.proc = subprocess.Popen(
@@ -375,6 +379,7 @@ class Shim:
             cwd=ROOT,
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            start_new_session=own_session,
         )
 
     def engine_leftovers(self) -> list[str]:

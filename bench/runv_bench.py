@@ -32,7 +32,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,7 +54,7 @@ from shim.errors import ResourceExhaustedError  # noqa: E402
 
 # The same child-process pattern, images and percentile as the docker benchmark.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from docker_bench import BUSYBOX, DOCKER_SOCK, PAUSE, Cri, Samples, Shim, clock, pct  # noqa: E402
+from docker_bench import BUSYBOX, Cri, Samples, Shim, clock, pct  # noqa: E402
 
 STEPS = ["RunPodSandbox", "CreateContainer", "StartContainer", "total"]
 HANDLERS = ("runv", "docker")
@@ -244,44 +243,21 @@ async def in_process(cfg: dict[str, Any], vms: int, density_max: int) -> None:
 class DualShim(Shim):
     """`cri-shim serve` with a runv and a docker handler, on a temporary socket and state."""
 
-    # Not Shim.__init__: that one writes a docker-only config; stop() and engine_leftovers() fit as they are.
     def __init__(self, tmp: str, run_id: str, runv: dict[str, Any]) -> None:
-        self.tmp = tmp
-        self.instance = f"cri-shim-bench-{run_id}"
-        self.sock = f"{tmp}/cri-shim.sock"
-        self.state_dir = f"{tmp}/state"
-        self.config = f"{tmp}/cri-shim.toml"
         net, stub = runv["network"], runv["stub"]
-        with open(self.config, "w") as f:
-            f.write(
-                "[server]\n"
-                f'listen = "unix://{self.sock}"\n'
-                f'state_dir = "{self.state_dir}"\n'
-                'default_handler = "docker"\n'
-                "\n[handlers.docker]\n"
-                'type = "docker"\n'
-                f'endpoint = "{DOCKER_SOCK}"\n'
-                f'pause_image = "{PAUSE}"\n'
-                f'instance = "{self.instance}"\n'
-                "\n[handlers.runv]\n"
-                'type = "runv"\n'
-                f'root = "{runv["root"]}"\n'
-                f'run_dir = "{runv["run_dir"]}"\n'
-                f"agent_timeout = {runv['agent_timeout']}\n"
-                "\n[handlers.runv.stub]\n"
-                f'cgroup_parent = "{stub["cgroup_parent"]}"\n'
-                "\n[handlers.runv.network]\n" + "".join(f'{k} = "{v}"\n' for k, v in net.items())
-            )
-        self.log = open(f"{tmp}/cri-shim.log", "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shim.cli", "serve", "--config", self.config, "--log-level", "warning"],
-            cwd=ROOT,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            # Out of our process group: a Ctrl-C (or `timeout`) aimed at the benchmark must leave
-            # the shim up until it has removed the pods, or their VMs would outlive it.
-            start_new_session=True,
+        runv_config = (
+            "\n[handlers.runv]\n"
+            'type = "runv"\n'
+            f'root = "{runv["root"]}"\n'
+            f'run_dir = "{runv["run_dir"]}"\n'
+            f"agent_timeout = {runv['agent_timeout']}\n"
+            "\n[handlers.runv.stub]\n"
+            f'cgroup_parent = "{stub["cgroup_parent"]}"\n'
+            "\n[handlers.runv.network]\n" + "".join(f'{k} = "{v}"\n' for k, v in net.items())
         )
+        # Its own session: the shim must stay up until it has removed the pods,
+        # or their VMs would outlive it.
+        super().__init__(tmp, run_id, extra_config=runv_config, own_session=True)
 
 
 class Client(Cri):
