@@ -37,7 +37,7 @@ import docker
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from docker_bench import CONTAINERD_SOCK, OPS, Cri, Raw, Samples, Shim, clock, pct
+from docker_bench import CONTAINERD_SOCK, OPS, Cri, Raw, Samples, Shim, _interrupt, clock, pct
 
 from cri_api import api_pb2 as pb
 
@@ -159,10 +159,6 @@ def report(results: dict[str, Result]) -> None:
                 row += f" | {p50[-1]:16.2f} {pct(v, 0.99):8.2f} {max(v) if v else float('nan'):8.2f}"
             row += "".join(f" | {p50[0] / x:12.2f}x" for x in p50[1:])
             print(row)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def main() -> int:

@@ -54,7 +54,7 @@ from shim.errors import ResourceExhaustedError  # noqa: E402
 
 # The same child-process pattern, images and percentile as the docker benchmark.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from docker_bench import BUSYBOX, Cri, Samples, Shim, clock, pct  # noqa: E402
+from docker_bench import BUSYBOX, Cri, Samples, Shim, _interrupt, clock, pct  # noqa: E402
 
 STEPS = ["RunPodSandbox", "CreateContainer", "StartContainer", "total"]
 HANDLERS = ("runv", "docker")
@@ -357,10 +357,6 @@ def remove_leftovers(cfgs: list[dict[str, Any]]) -> None:
                 os.rmdir(d)
         shutil.rmtree(cfg["run_dir"], ignore_errors=True)
     asyncio.run(PodNetwork(cfgs[0]["network"]).remove_bridge())
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def main() -> int:
