@@ -274,7 +274,7 @@ class RunvBackend:
         except errors.CriError:
             raise
         except Exception as exc:  # BootError and friends: the VM is already gone
-            raise errors.UnavailableError(f"VM boot failed: {exc}") from exc
+            raise errors.UnavailableError(f"VM boot failed: {exc or type(exc).__name__}") from exc
         pod = _Pod(sandbox.id, vm)
         ip = ""
         try:

@@ -13,6 +13,8 @@ import dataclasses
 import enum
 from typing import Any, Protocol, runtime_checkable
 
+from shim.errors import UnavailableError
+
 MIB = 1024 * 1024
 
 
@@ -24,8 +26,8 @@ class Fault(enum.Enum):
     CRASH = "crash"  # the VM dies now
 
 
-class BootError(Exception):
-    """The VM did not come up (its console says why)."""
+class BootError(UnavailableError):
+    """The VM did not come up or is gone (its console says why): the kubelet may retry."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
+from backends.runv import host
 from cri_api import api_pb2 as pb
 from shim import errors
 
@@ -68,24 +69,6 @@ def host_ports(mappings: Sequence[pb.PortMapping]) -> list[HostPort]:
             if addr.version != 4:
                 continue  # IPv6 host ports are not supported by this bridge (IPv4 only)
         out.append(HostPort(_PROTOCOLS.get(m.protocol, "tcp"), host_ip, m.host_port, m.container_port))
-    return out
-
-
-async def _run(*argv: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate()
-    return proc.returncode or 0, (out + err).decode(errors="replace").strip()
-
-
-async def _must(*argv: str) -> str:
-    code, out = await _run(*argv)
-    if code != 0:
-        raise errors.UnavailableError(f"{' '.join(argv)}: {out}")
     return out
 
 
@@ -128,14 +111,26 @@ class PodNetwork:
         if self._bridge_ready and os.path.isdir(f"/sys/class/net/{self.bridge}"):
             return
         if not os.path.isdir(f"/sys/class/net/{self.bridge}"):
-            code, out = await _run(self.ip_cmd, "link", "add", self.bridge, "type", "bridge")
+            argv = (self.ip_cmd, "link", "add", self.bridge, "type", "bridge")
+            code, out = await host.run(*argv)
             if code != 0 and "exists" not in out:
-                raise errors.UnavailableError(f"cannot create bridge {self.bridge}: {out}")
+                raise errors.InternalError(
+                    f"cannot create bridge {self.bridge}: {host.describe(argv, code, out)}"
+                )
         cidr = f"{self.gateway}/{self.prefix}"
-        code, out = await _run(self.ip_cmd, "addr", "replace", cidr, "dev", self.bridge)
-        if code != 0:
-            raise errors.UnavailableError(f"cannot address bridge {self.bridge}: {out}")
-        await _must(self.ip_cmd, "link", "set", self.bridge, "mtu", str(self.mtu), "up")
+        await host.must(
+            f"cannot address bridge {self.bridge}", self.ip_cmd, "addr", "replace", cidr, "dev", self.bridge
+        )
+        await host.must(
+            f"cannot bring bridge {self.bridge} up",
+            self.ip_cmd,
+            "link",
+            "set",
+            self.bridge,
+            "mtu",
+            str(self.mtu),
+            "up",
+        )
         # Host ports on 127.0.0.1 are DNATed out through the bridge (see the module doc).
         with contextlib.suppress(OSError):
             _write_sysctl(f"/proc/sys/net/ipv4/conf/{self.bridge}/route_localnet", "1")
@@ -145,7 +140,7 @@ class PodNetwork:
         """Delete the bridge and our iptables chain (tests, uninstall). Idempotent."""
         await self._nat_teardown()
         if os.path.isdir(f"/sys/class/net/{self.bridge}"):
-            await _run(self.ip_cmd, "link", "del", self.bridge)
+            await host.run(self.ip_cmd, "link", "del", self.bridge)
         self._bridge_ready = False
 
     # ------------------------------------------------------------------ addresses
@@ -219,24 +214,45 @@ class PodNetwork:
 
     async def create_veth(self, vm_id: str) -> tuple[str, str]:
         await self.ensure_bridge()
-        host, peer = self.veth_names(vm_id)
-        await self.delete_veth(host)  # a leftover of a failed attempt
-        await _must(
-            self.ip_cmd, "link", "add", host, "mtu", str(self.mtu), "type", "veth", "peer", "name", peer
+        host_if, peer = self.veth_names(vm_id)
+        await self.delete_veth(host_if)  # a leftover of a failed attempt
+        await host.must(
+            f"cannot create veth pair {host_if}",
+            self.ip_cmd,
+            "link",
+            "add",
+            host_if,
+            "mtu",
+            str(self.mtu),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            peer,
         )
         try:
-            await _must(self.ip_cmd, "link", "set", host, "master", self.bridge, "up")
+            await host.must(
+                f"cannot attach {host_if} to bridge {self.bridge}",
+                self.ip_cmd,
+                "link",
+                "set",
+                host_if,
+                "master",
+                self.bridge,
+                "up",
+            )
         except BaseException:
-            await self.delete_veth(host)
+            await self.delete_veth(host_if)
             raise
-        return host, peer
+        return host_if, peer
 
     async def delete_veth(self, host_if: str) -> None:
         """Delete a veth pair by its host end (the peer goes with it). Idempotent."""
         if host_if and os.path.exists(f"/sys/class/net/{host_if}"):
-            code, out = await _run(self.ip_cmd, "link", "del", host_if)
+            argv = (self.ip_cmd, "link", "del", host_if)
+            code, out = await host.run(*argv)
             if code != 0 and os.path.exists(f"/sys/class/net/{host_if}"):
-                raise errors.UnavailableError(f"cannot delete {host_if}: {out}")
+                raise errors.InternalError(f"cannot delete {host_if}: {host.describe(argv, code, out)}")
 
     def bridge_ports(self) -> list[str]:
         """Interfaces enslaved to our bridge."""
@@ -260,26 +276,29 @@ class PodNetwork:
     async def _nat_setup(self) -> None:
         if self._nat_ready:
             return
-        code, out = await _run(*self._ipt("-N", self.chain))
+        argv = self._ipt("-N", self.chain)
+        code, out = await host.run(*argv)
         if code != 0 and "exists" not in out:
-            raise errors.UnavailableError(f"cannot create iptables chain {self.chain}: {out}")
+            raise errors.InternalError(
+                f"cannot create iptables chain {self.chain}: {host.describe(argv, code, out)}"
+            )
         for parent, rule in self._jumps():
-            if (await _run(*self._ipt("-C", parent, *rule)))[0] != 0:
-                await _must(*self._ipt("-A", parent, *rule))
+            if (await host.run(*self._ipt("-C", parent, *rule)))[0] != 0:
+                await host.must(f"cannot add a jump to {self.chain}", *self._ipt("-A", parent, *rule))
         self._nat_ready = True
 
     async def _nat_teardown(self) -> None:
         for parent, rule in self._jumps():
-            while (await _run(*self._ipt("-C", parent, *rule)))[0] == 0:
-                await _must(*self._ipt("-D", parent, *rule))
-        if (await _run(*self._ipt("-S", self.chain)))[0] == 0:
-            await _run(*self._ipt("-F", self.chain))
-            await _run(*self._ipt("-X", self.chain))
+            while (await host.run(*self._ipt("-C", parent, *rule)))[0] == 0:
+                await host.must(f"cannot delete a jump to {self.chain}", *self._ipt("-D", parent, *rule))
+        if (await host.run(*self._ipt("-S", self.chain)))[0] == 0:
+            await host.run(*self._ipt("-F", self.chain))
+            await host.run(*self._ipt("-X", self.chain))
         self._nat_ready = False
 
     async def rules(self) -> list[str]:
         """The rules of our host-port chain, as ``iptables -S`` prints them."""
-        code, out = await _run(*self._ipt("-S", self.chain))
+        code, out = await host.run(*self._ipt("-S", self.chain))
         if code != 0:
             return []
         return [line for line in out.splitlines() if line.startswith("-A ")]
@@ -304,8 +323,9 @@ class PodNetwork:
                     match = ["-p", p.protocol] + (["-d", p.host_ip] if p.host_ip else [])
                     comment = ["-m", "comment", "--comment", f"{COMMENT_PREFIX}{self.owner}:{sandbox_id}"]
                     target = ["-j", "DNAT", "--to-destination", f"{ip}:{p.container_port}"]
-                    await _must(
-                        *self._ipt("-A", self.chain, *match, "--dport", str(p.host_port), *comment, *target)
+                    await host.must(
+                        f"cannot map host port {p.host_port}/{p.protocol}",
+                        *self._ipt("-A", self.chain, *match, "--dport", str(p.host_port), *comment, *target),
                     )
             except BaseException:
                 await self._delete_rules(lambda sid: sid == sandbox_id)
@@ -327,9 +347,12 @@ class PodNetwork:
                 # "-A CHAIN ..." -> "-D CHAIN ..."; the comment is quoted by -S, unquote it.
                 args = _split_rule(rule)
                 args[0] = "-D"
-                code, out = await _run(*self._ipt(*args))
+                argv = self._ipt(*args)
+                code, out = await host.run(*argv)
                 if code != 0:
-                    raise errors.UnavailableError(f"cannot delete host-port rule {rule!r}: {out}")
+                    raise errors.InternalError(
+                        f"cannot delete host-port rule {rule!r}: {host.describe(argv, code, out)}"
+                    )
 
 
 def _split_rule(rule: str) -> list[str]:

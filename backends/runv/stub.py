@@ -24,8 +24,9 @@ import sys
 import time
 from typing import Any
 
+from backends.runv import host
 from backends.runv.hypervisor import MIB, VM, BootError, Fault, VMSpec
-from shim.errors import InvalidArgumentError, ResourceExhaustedError
+from shim.errors import DeadlineExceededError, InternalError, InvalidArgumentError, ResourceExhaustedError
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 CPU_PERIOD = 100_000
@@ -285,7 +286,9 @@ class StubHypervisor:
                         await w.wait_closed()
                     return
             if time.monotonic() > deadline:
-                raise BootError(f"VM {vm.id} did not boot within {self.boot_timeout}s")
+                raise DeadlineExceededError(
+                    f"VM {vm.id} did not boot within {self.boot_timeout}s: {self.console(vm)[-500:].strip()}"
+                )
             await asyncio.sleep(0.02)
 
     def alive(self, vm: VM) -> bool:
@@ -341,7 +344,9 @@ class StubHypervisor:
             await asyncio.sleep(0.02)
         if _mounts_under(vm.state_dir):
             # Never delete through a mount: that would delete host data it shows.
-            raise BootError(f"VM {vm.id}: mounts left under {vm.state_dir}: {_mounts_under(vm.state_dir)}")
+            raise InternalError(
+                f"VM {vm.id}: mounts left under {vm.state_dir}: {_mounts_under(vm.state_dir)}"
+            )
         shutil.rmtree(vm.state_dir, ignore_errors=True)
         async with self._lock:
             self._reserved.pop(vm.id, None)
@@ -406,6 +411,8 @@ class StubHypervisor:
     # namespace (see inject.py), so mounts made on the host after boot are seen at attach time,
     # host mounts under a shared host directory keep propagating in, and nothing pins host
     # directories in the host's namespace. Read-only is enforced by the agent's bind mounts.
+    # A file (the kubelet's /etc/hosts, /dev/termination-log) is shared on a file: a mount
+    # takes the kind of what it covers.
     async def attach_share(self, vm: VM, tag: str, host_path: str, readonly: bool) -> str:
         if "/" in tag or tag in ("", ".", ".."):
             raise InvalidArgumentError(f"invalid share tag {tag!r}")
@@ -414,8 +421,25 @@ class StubHypervisor:
             return guest  # image layers are shared by the pod's containers
         if tag in vm.shares:
             await self.detach_share(vm, tag)
-        os.makedirs(guest, exist_ok=True)
-        await self._inject("attach", host_path, str(vm.pid), guest)
+        if not self.alive(vm):
+            raise BootError(f"VM {vm.id} is not running")
+        try:
+            is_dir = os.path.isdir(host_path)
+            if not is_dir and not os.path.exists(host_path):
+                raise InvalidArgumentError(f"share source {host_path} does not exist")
+            _remove_target(guest)  # a leftover of another kind
+            if is_dir:
+                os.makedirs(guest, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(guest), exist_ok=True)
+                os.close(os.open(guest, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        except OSError as exc:
+            raise InternalError(f"cannot make the mount point of share {tag} in VM {vm.id}: {exc}") from exc
+        try:
+            await self._inject("attach", host_path, str(vm.pid), guest)
+        except BaseException:
+            _remove_target(guest)
+            raise
         vm.shares[tag] = host_path
         return guest
 
@@ -423,27 +447,15 @@ class StubHypervisor:
         guest = os.path.join(_shares_dir(vm), tag)
         if tag in vm.shares and self.alive(vm):
             await self._inject("detach", str(vm.pid), guest)
-        with contextlib.suppress(OSError):
-            os.rmdir(guest)
+        _remove_target(guest)
         vm.shares.pop(tag, None)
 
     async def _inject(self, *args: str) -> None:
         # inject.py needs only the standard library: run it as a file, isolated and
         # without site packages, which starts in ~20 ms instead of ~200 ms for
         # `-m backends.runv.inject` (that imports the whole package first).
-        proc = await asyncio.create_subprocess_exec(
-            self.python,
-            "-S",
-            "-I",
-            os.path.join(os.path.dirname(os.path.abspath(__file__)), "inject.py"),
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        out, _ = await proc.communicate()
-        if proc.returncode != 0:
-            raise BootError(f"share {args[0]} failed: {out.decode(errors='replace').strip()}")
+        helper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inject.py")
+        await host.must(f"share {args[0]} failed", self.python, "-S", "-I", helper, *args)
 
     async def attach_device(self, vm: VM, host_path: str) -> str:
         vm.devices[host_path] = host_path
@@ -458,23 +470,10 @@ class StubHypervisor:
         if not self.alive(vm):
             raise BootError(f"VM {vm.id} is not running")
         # The unshare process (vm.pid) made the VM's network namespace and lives in it.
-        proc = await asyncio.create_subprocess_exec(
-            self.ip,
-            "link",
-            "set",
-            "dev",
-            host_ifname,
-            "netns",
-            str(vm.pid),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+        await host.must(
+            f"cannot move {host_ifname} into VM {vm.id}",
+            *(self.ip, "link", "set", "dev", host_ifname, "netns", str(vm.pid)),
         )
-        out, _ = await proc.communicate()
-        if proc.returncode != 0:
-            raise BootError(
-                f"cannot move {host_ifname} into VM {vm.id}: {out.decode(errors='replace').strip()}"
-            )
         return host_ifname
 
     def console(self, vm: VM) -> str:
@@ -503,6 +502,15 @@ class StubHypervisor:
             agent = self._agent_pid(vm)
             if agent:
                 os.kill(agent, signal.SIGSTOP)
+
+
+def _remove_target(path: str) -> None:
+    """Remove an unmounted share mount point, a directory or a file (gone already: fine)."""
+    with contextlib.suppress(OSError):
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.rmdir(path)
+        else:
+            os.unlink(path)
 
 
 def _shares_dir(vm: VM) -> str:

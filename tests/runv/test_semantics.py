@@ -181,3 +181,64 @@ async def test_timed_out_exec_is_gone_when_the_call_returns(runv: tuple[RunvBack
     ps = await backend.exec_sync(ct, ["ps", "-o", "pid,args"], timeout=10)
     assert b"sleep 300" in ps.stdout and b"4321" not in ps.stdout
     await backend.remove_sandbox(sb)
+
+
+async def test_kubelet_style_file_and_directory_mounts(
+    runv: tuple[RunvBackend, Events], tmp_path: Path
+) -> None:
+    """The kubelet mounts files (/etc/hosts, /dev/termination-log) and directories (emptyDir)."""
+    backend, _events = runv
+    pod_dir = tmp_path / "pod"
+    (pod_dir / "volumes" / "data").mkdir(parents=True)
+    hosts = pod_dir / "etc-hosts"
+    hosts.write_text("127.0.0.1 localhost\n10.0.0.9 kubelet-pod\n")
+    term = pod_dir / "termination-log"
+    term.touch()
+    config = pod_dir / "config"
+    config.write_text("key=value\n")
+    sb = sandbox_record("kubelet-mounts")
+    await backend.run_sandbox(sb)
+    ct = container_record(sb, IMAGE, ["sleep", "300"])
+    ct.config.mounts.add(host_path=str(hosts), container_path="/etc/hosts")
+    ct.config.mounts.add(host_path=str(term), container_path="/dev/termination-log")
+    ct.config.mounts.add(host_path=str(pod_dir / "volumes" / "data"), container_path="/data")
+    ct.config.mounts.add(host_path=str(config), container_path="/etc/app.conf", readonly=True)
+    await backend.create_container(ct, sb)
+    await backend.start_container(ct, sb, MemorySink())
+
+    async def sh(script: str) -> pb.ExecSyncResponse:
+        return await backend.exec_sync(ct, ["sh", "-c", script], timeout=10)
+
+    assert b"kubelet-pod" in (await sh("cat /etc/hosts")).stdout
+    assert (await sh("echo bye > /dev/termination-log && echo x > /data/marker")).exit_code == 0
+    assert term.read_text() == "bye\n"
+    assert (pod_dir / "volumes" / "data" / "marker").read_text() == "x\n"
+    assert (await sh("cat /etc/app.conf")).stdout == b"key=value\n"
+    assert (await sh("echo no > /etc/app.conf")).exit_code != 0
+    assert config.read_text() == "key=value\n"
+    # A second container of the pod sees what the first wrote (an emptyDir shared by init and app).
+    second = container_record(sb, IMAGE, ["cat", "/data/marker"], name="second")
+    second.config.mounts.add(host_path=str(pod_dir / "volumes" / "data"), container_path="/data")
+    await backend.create_container(second, sb)
+    sink = MemorySink()
+    await backend.start_container(second, sb, sink)
+    await asyncio.wait_for(sink.closed.wait(), 10)
+    assert sink.data["stdout"] == b"x\n"
+    await backend.remove_container(second)
+    await backend.stop_container(ct, timeout=1)
+    await backend.remove_container(ct)
+    await backend.remove_sandbox(sb)
+    # Nothing of the shares is left mounted on the host.
+    with open("/proc/self/mountinfo") as fh:
+        assert str(pod_dir) not in fh.read()
+
+
+async def test_a_missing_mount_source_is_invalid(runv: tuple[RunvBackend, Events], tmp_path: Path) -> None:
+    backend, _events = runv
+    sb = sandbox_record("missing-mount")
+    await backend.run_sandbox(sb)
+    ct = container_record(sb, IMAGE, ["sleep", "300"])
+    ct.config.mounts.add(host_path=str(tmp_path / "nope"), container_path="/x")
+    with pytest.raises(errors.InvalidArgumentError, match="nope"):
+        await backend.create_container(ct, sb)
+    await backend.remove_sandbox(sb)
