@@ -163,10 +163,14 @@ class CgroupReader:
         """
         try:
             paths = self._paths(pid, expect)
+        except (FileNotFoundError, ProcessLookupError):
+            # The container already exited (an init container that only writes a file): there
+            # is nothing left to limit, and it did start.
+            return []
         except (OSError, ValueError) as exc:
             raise HugetlbError(f"cannot read the cgroups of PID {pid}: {exc}") from exc
         if paths is None:
-            raise HugetlbError(f"PID {pid} is gone")
+            return []  # exited, and the PID went to another process
         v1, v2 = paths
         if "hugetlb" in v1:
             base, name = v1["hugetlb"], "hugetlb.{}.limit_in_bytes"

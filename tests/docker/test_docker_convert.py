@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ import pytest
 from backends.docker import convert
 from backends.docker import labels as lbl
 from backends.docker.backend import LogResume, _last_log_marks, exit_info, parse_time
+from backends.docker.cgroups import CgroupReader
 from backends.docker.images import _pull_error, image_user, registry_auth, split_reference
 from cri_api import api_pb2 as pb
 from shim.errors import FailedPreconditionError, InternalError, InvalidArgumentError, NotFoundError
@@ -384,3 +387,12 @@ def test_log_resume_marks_read_off_a_cri_log(tmp_path: Path) -> None:
     only_out.write_text(f"{t.format(1)} stdout F a\n{t.format(5)} stdout F b\n")
     # stderr wrote nothing in what was read: anything of it from the first record on is new.
     assert _last_log_marks(str(only_out)) == {"stdout": (base + 5, 1), "stderr": (base + 1, 0)}
+
+
+def test_hugepage_limits_of_a_container_that_already_exited_are_no_error() -> None:
+    """An init container can exit before its limits are written: it started, nothing is left to limit."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()  # reaped: /proc/PID is gone
+    assert CgroupReader().set_hugetlb(proc.pid, "engine-id", [("2MB", 0)]) == []
+    # A live process whose cgroups do not name the container (the PID was reused): nothing written.
+    assert CgroupReader().set_hugetlb(os.getpid(), "not-this-container", [("2MB", 0)]) == []
