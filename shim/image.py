@@ -100,17 +100,26 @@ class ImageService:
         return pb.RemoveImageResponse()
 
     async def fs_info(self, req: pb.ImageFsInfoRequest) -> pb.ImageFsInfoResponse:
+        """Every handler's stores, the default handler's first: the kubelet reads entry 0 of
+        each list for its image GC and imagefs eviction signals. A filesystem named by two
+        handlers (one engine behind both) is listed once."""
+        registry = self.shim.registry
+        names = [registry.default, *(n for n in registry.names() if n != registry.default)]
+        backends = [registry.get(n) for n in names]
+        infos = await asyncio.gather(
+            *(b.image_fs_info() for b in backends if b.capabilities & Capability.IMAGES)
+        )
         resp = pb.ImageFsInfoResponse()
-        seen: set[str] = set()
-        for backend in self.shim.registry:
-            if not backend.capabilities & Capability.IMAGES:
-                continue
-            info = await backend.image_fs_info()
-            for fs in info.image_filesystems:
-                if fs.fs_id.mountpoint not in seen:
-                    seen.add(fs.fs_id.mountpoint)
-                    resp.image_filesystems.append(fs)
-            resp.container_filesystems.extend(info.container_filesystems)
+        seen: tuple[set[str], set[str]] = (set(), set())
+        for info in infos:
+            for have, got, out in (
+                (seen[0], info.image_filesystems, resp.image_filesystems),
+                (seen[1], info.container_filesystems, resp.container_filesystems),
+            ):
+                for fs in got:
+                    if fs.fs_id.mountpoint not in have:
+                        have.add(fs.fs_id.mountpoint)
+                        out.append(fs)
         return resp
 
 

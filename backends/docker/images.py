@@ -11,6 +11,7 @@ from typing import Any
 
 import structlog
 
+from backends.linux.usage import UsageCache
 from cri_api import api_pb2 as pb
 from shim.errors import (
     CriError,
@@ -86,7 +87,7 @@ class Images:
         self._users: dict[str, tuple[int | None, str]] = {}  # image ID -> (uid, name); IDs are immutable
         self._pause_id = ""
         self._df: tuple[float, dict[str, Any]] | None = None
-        self._root: tuple[str, str] | None = None  # (data root, graph driver dir)
+        self._root_usage: UsageCache | None = None  # of the graph driver's directory
         self._remove_lock = asyncio.Lock()
         # Reference -> image ID, saving an inspect per CreateContainer. Only
         # used while the backend's event stream is connected: any image event
@@ -284,34 +285,36 @@ class Images:
             self._pause_id = ""
 
     async def fs_info(self) -> pb.ImageFsInfoResponse:
-        """Usage of the filesystem under the engine's data root, where images and writable layers live.
+        """Usage of the engine's graph-driver directory, where its image layers and the
+        containers' writable layers live (one store, as with every graph driver).
 
-        statvfs of that filesystem is what the kubelet's image GC thresholds
-        are about, and costs nothing; the engine's /system/df would walk every
-        container's layer. A remote engine (root not visible here) falls back
-        to /system/df, cached for 10 s.
+        The kubelet takes the capacity from the filesystem holding the
+        mountpoint and the usage from here: what the store holds (a walk of
+        that one filesystem in a thread, at most 30 s old), not the whole disk.
+        A remote engine (its root not visible here) falls back to /system/df,
+        cached for 10 s.
         """
-        if not self._root:
+        if self._root_usage is None:
             info = await self._engine.call(self._engine.api.info)
             root = str(info.get("DockerRootDir") or "/var/lib/docker")
             driver = str(info.get("Driver") or "")
-            self._root = (root, f"{root}/{driver}" if driver else root)
-        root, mount = self._root
+            mount = f"{root}/{driver}" if driver else root
+            visible = await self._engine.run(lambda: os.path.isdir(mount))
+            self._root_usage = UsageCache(mount if visible else "")
         ts = time.time_ns()
-        try:
-            st = await self._engine.run(lambda: os.statvfs(root))
-            used = (st.f_blocks - st.f_bfree) * st.f_frsize
-            inodes: int | None = st.f_files - st.f_ffree
-        except OSError:
-            used, inodes = await self._df_usage(), None
+        cache = self._root_usage
+        inodes: int | None = None
+        if cache.path:
+            used, inodes = await cache.get()
+        else:
+            used = await self._df_usage()
         usage = pb.FilesystemUsage(
             timestamp=ts,
-            fs_id=pb.FilesystemIdentifier(mountpoint=mount),
+            fs_id=pb.FilesystemIdentifier(mountpoint=cache.path or "/var/lib/docker"),
             used_bytes=pb.UInt64Value(value=used),
         )
         if inodes is not None:
             usage.inodes_used.value = inodes
-        # One filesystem holds both, as with the engine's graph drivers.
         return pb.ImageFsInfoResponse(image_filesystems=[usage], container_filesystems=[usage])
 
     async def _df_usage(self) -> int:

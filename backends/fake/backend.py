@@ -213,6 +213,9 @@ class FakeBackend:
     # ------------------------------------------------------------------ lifecycle of the backend
     async def start(self, events: EventSink) -> None:
         self.events = events
+        if self._state_dir:
+            # ImageFsInfo and the writable-layer stats name it: the kubelet stats what they name.
+            os.makedirs(self._state_dir, exist_ok=True)
         self._load_images()
         if self._pause_image:
             try:
@@ -460,9 +463,7 @@ class FakeBackend:
         st.memory.rss_bytes.value = ws
         st.memory.page_faults.value = int(seconds * 10)
         st.writable_layer.timestamp = now
-        st.writable_layer.fs_id.mountpoint = os.path.join(
-            self._state_dir or "/var/lib/cri-shim/fake", "rootfs"
-        )
+        st.writable_layer.fs_id.mountpoint = self._state_dir or "/"
         st.writable_layer.used_bytes.value = 4096 + int(seconds) * 512
         st.writable_layer.inodes_used.value = 3 + int(seconds) // 60
         return st
@@ -689,12 +690,16 @@ class FakeBackend:
         await self._enter("image_fs_info")
         now = self.clock()
         resp = pb.ImageFsInfoResponse()
+        if not self._state_dir:
+            return resp  # nothing on disk: no filesystem of its own to report
+        # The simulated store lives in the state directory (images.json): an existing
+        # directory the kubelet can take the filesystem's capacity from; the usage is simulated.
         fs = resp.image_filesystems.add(timestamp=now)
-        fs.fs_id.mountpoint = os.path.join(self._state_dir or "/var/lib/cri-shim/fake", "images")
+        fs.fs_id.mountpoint = self._state_dir
         fs.used_bytes.value = sum(i.size for i in self._images.values())
         fs.inodes_used.value = len(self._images) * 100
         cfs = resp.container_filesystems.add(timestamp=now)
-        cfs.fs_id.mountpoint = os.path.join(self._state_dir or "/var/lib/cri-shim/fake", "rootfs")
+        cfs.fs_id.mountpoint = self._state_dir
         cfs.used_bytes.value = 4096 * len(self._containers)
         cfs.inodes_used.value = 3 * len(self._containers)
         return resp

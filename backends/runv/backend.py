@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from backends import base
+from backends.linux.usage import UsageCache
 from backends.runv.agent.client import AgentClient
 from backends.runv.agent.protocol import Ch, ConnectionLost, Stream
 from backends.runv.hypervisor import MIB, VM, Fault, Hypervisor, VMSpec
@@ -78,6 +79,9 @@ class RunvBackend:
         self.overhead_memory = int(config.get("overhead_memory_mib", 32)) * MIB
         self.images = ImageStore(os.path.join(self.root, "images"), config.get("insecure_registries"))
         self._containers_dir = os.path.join(self.root, "containers")
+        self._image_usage = UsageCache(self.images.root)
+        self._layer_usage = UsageCache(self._containers_dir)
+        self._layer_usage_of: dict[str, UsageCache] = {}  # container ID -> its writable layer
         net_config = dict(config.get("network") or {})
         net_config.setdefault("owner", hashlib.sha256(os.path.abspath(self.root).encode()).hexdigest()[:12])
         self.net = PodNetwork(net_config)
@@ -381,6 +385,7 @@ class RunvBackend:
 
     def _forget(self, cid: str) -> None:
         self._owner.pop(cid, None)
+        self._layer_usage_of.pop(cid, None)
         self._reported.discard(cid)
         shutil.rmtree(os.path.join(self._containers_dir, cid), ignore_errors=True)
 
@@ -696,15 +701,19 @@ class RunvBackend:
     async def container_stats(
         self, containers: Sequence[base.ContainerRecord]
     ) -> dict[str, pb.ContainerStats]:
-        out: dict[str, pb.ContainerStats] = {}
-        for ct in containers:
+        async def one(ct: base.ContainerRecord) -> pb.ContainerStats | None:
             pod = self._pods.get(ct.sandbox_id)
             if pod is None or pod.dead or pod.agent is None or pod.agent.closed:
-                continue
+                return None
             try:
                 s = await pod.agent.call("stats", id=ct.id)
             except errors.CriError:
-                continue
+                return None
+            layer = self._layer_usage_of.get(ct.id)
+            if layer is None:
+                layer = UsageCache(os.path.join(self._containers_dir, ct.id, "upper"), max_age=10.0)
+                self._layer_usage_of[ct.id] = layer
+            used, inodes = await layer.get()
             now = time.time_ns()
             st = base.container_stats_of(ct)
             st.MergeFrom(
@@ -720,14 +729,16 @@ class RunvBackend:
                     writable_layer=pb.FilesystemUsage(
                         timestamp=now,
                         fs_id=pb.FilesystemIdentifier(mountpoint=self._containers_dir),
-                        used_bytes=pb.UInt64Value(
-                            value=_du(os.path.join(self._containers_dir, ct.id, "upper"))
-                        ),
+                        used_bytes=pb.UInt64Value(value=used),
+                        inodes_used=pb.UInt64Value(value=inodes),
                     ),
                 )
             )
-            out[ct.id] = st
-        return out
+            return st
+
+        # Each VM's agent answers for its own containers: ask them all at once.
+        got = await asyncio.gather(*(one(ct) for ct in containers))
+        return {ct.id: st for ct, st in zip(containers, got, strict=True) if st is not None}
 
     async def sandbox_stats(
         self, sandboxes: Sequence[base.SandboxRecord], containers: Sequence[base.ContainerRecord]
@@ -793,16 +804,28 @@ class RunvBackend:
         await asyncio.to_thread(self.images.remove, image.image)
 
     async def image_fs_info(self) -> pb.ImageFsInfoResponse:
-        used, inodes = await asyncio.to_thread(self.images.usage)
+        """runv's own image store, and the directory of its containers' writable layers."""
+        (used, inodes), (ct_used, ct_inodes) = await asyncio.gather(
+            self._image_usage.get(), self._layer_usage.get()
+        )
+        now = time.time_ns()
         return pb.ImageFsInfoResponse(
             image_filesystems=[
                 pb.FilesystemUsage(
-                    timestamp=time.time_ns(),
+                    timestamp=now,
                     fs_id=pb.FilesystemIdentifier(mountpoint=self.images.root),
                     used_bytes=pb.UInt64Value(value=used),
                     inodes_used=pb.UInt64Value(value=inodes),
                 )
-            ]
+            ],
+            container_filesystems=[
+                pb.FilesystemUsage(
+                    timestamp=now,
+                    fs_id=pb.FilesystemIdentifier(mountpoint=self._containers_dir),
+                    used_bytes=pb.UInt64Value(value=ct_used),
+                    inodes_used=pb.UInt64Value(value=ct_inodes),
+                )
+            ],
         )
 
     # ------------------------------------------------------------------ test hooks
@@ -910,12 +933,3 @@ def _seccomp(sc: pb.LinuxContainerSecurityContext) -> dict[str, Any] | None:
     if not isinstance(profile, dict):
         raise errors.InvalidArgumentError(f"seccomp profile {ref!r} is not a JSON object")
     return {"profile": profile}
-
-
-def _du(path: str) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for f in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
-    return total

@@ -8,8 +8,11 @@ import os
 import grpc
 import pytest
 
+from backends.fake import FakeBackend
 from cri_api import api_pb2 as pb
-from tests.conftest import Running
+from cri_api import api_pb2_grpc
+from shim.server import Server
+from tests.conftest import Running, make_ids, server_config
 from tests.criutil import container_config, sandbox_config
 
 RUNTIME_RPCS = {m.name for m in pb.DESCRIPTOR.services_by_name["RuntimeService"].methods}
@@ -262,3 +265,22 @@ async def test_list_filters(running: Running, short_tmp: str) -> None:
         state=pb.PodSandboxStateValue(state=pb.SANDBOX_NOTREADY), label_selector={"app": "a"}
     ) == [pods[0]]
     assert await ids(id="0" * 64) == []
+
+
+async def test_image_fs_info_names_the_default_handlers_stores_first(short_tmp: str) -> None:
+    """The kubelet reads entry 0 of each list: the default handler's, at a directory that exists."""
+    backends = {name: FakeBackend(name, {"state_dir": os.path.join(short_tmp, name)}) for name in ("a", "b")}
+    backends["memory"] = FakeBackend("memory", {})  # keeps nothing on disk: no entry
+    cfg = server_config(short_tmp, default_handler="b")
+    server = Server(cfg, backends=backends, id_factory=make_ids())
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock")
+    try:
+        fs = await api_pb2_grpc.ImageServiceStub(channel).ImageFsInfo(pb.ImageFsInfoRequest())
+    finally:
+        await channel.close()
+        await server.stop(0)
+    want = [os.path.join(short_tmp, "b"), os.path.join(short_tmp, "a")]
+    assert [f.fs_id.mountpoint for f in fs.image_filesystems] == want
+    assert [f.fs_id.mountpoint for f in fs.container_filesystems] == want
+    assert all(os.path.isdir(m) for m in want)

@@ -363,15 +363,6 @@ class ImageStore:
                 if diff not in used:
                     shutil.rmtree(os.path.dirname(self.snapshot_dir(diff)), ignore_errors=True)
 
-    def usage(self) -> tuple[int, int]:
-        size = inodes = 0
-        for dirpath, dirnames, filenames in os.walk(self.root):
-            inodes += len(dirnames) + len(filenames)
-            for f in filenames:
-                with contextlib.suppress(OSError):
-                    size += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
-        return size, inodes
-
     def _register(self, img: Image) -> None:
         """Add an image; its tags move away from any older image (which stays, untagged)."""
         for other in self.images.values():

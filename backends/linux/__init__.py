@@ -1,0 +1,1 @@
+"""Host mechanics that more than one backend needs (directory usage, ...)."""
