@@ -123,7 +123,7 @@ type = "fake"
 # latency = {}
 # Errors injected per backend method, first in first out, as "CODE: message".
 # errors = { start_container = ["UNAVAILABLE: injected"] }
-# Scripted programs by image name (see backends/fake/README.md).
+# Scripted programs by image name (see backends/fake/program.py).
 # [handlers.fake.programs."busybox"]
 # output = ["hello"]
 # exit_code = 0
@@ -136,6 +136,12 @@ type = "fake"
 
 # [handlers.runv]
 # type = "runv"
+# ISOLATION: runv's only driver today, "stub", runs a pod's "VM" as Linux
+# namespaces and a cgroup on the host kernel, with no hypervisor: a pod is no
+# more isolated than a runc container. Do not give it untrusted workloads.
+# Mounts: host directories and files are shared into the VM; host mounts made
+# later propagate in (HOST_TO_CONTAINER), nothing propagates back out of the VM
+# (BIDIRECTIONAL is served as HOST_TO_CONTAINER).
 
 [images]
 # The sandbox (pause) image of backends that run one.
