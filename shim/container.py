@@ -64,6 +64,7 @@ class ContainerService:
             raise FailedPreconditionError(f"pod sandbox {sb.id} is not ready; cannot create containers in it")
         log_path = validate.log_path(sb.config.log_directory, cfg.log_path)
         backend = shim.backend(sb.backend)
+        validate.mounts_for(cfg, backend.capabilities, sb.backend)
         cid = shim.fresh_id()
         name = container_name(sb, cfg.metadata)
         shim.store.container_names.reserve(name, cid)

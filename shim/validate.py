@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from backends.base import Capability
 from cri_api import api_pb2 as pb
-from shim.errors import InvalidArgumentError
+from shim.errors import InvalidArgumentError, UnimplementedError
 
 MAX_NAME = 253  # DNS subdomain length: what the kubelet itself allows for names
 MAX_LABELS = 1024
@@ -88,6 +89,33 @@ def container_config(cfg: pb.ContainerConfig, present: bool) -> None:
         res.memory_limit_in_bytes >= 0, "config.linux.resources.memory_limit_in_bytes must not be negative"
     )
     require(res.cpu_shares >= 0, "config.linux.resources.cpu_shares must not be negative")
+
+
+def mounts_for(cfg: pb.ContainerConfig, caps: Capability, handler: str) -> None:
+    """Refuse, naming it, a mount the handler cannot honour: never a silently dropped volume."""
+    for i, m in enumerate(cfg.mounts):
+        where = f"config.mounts[{i}] ({m.container_path})"
+        image = m.HasField("image") and bool(m.image.image)
+        if image:
+            # UNIMPLEMENTED is how a runtime says it has no image volumes (critest skips on it).
+            raise UnimplementedError(f"{where}: image volumes are not supported by handler {handler!r}")
+        require(bool(m.host_path), f"{where} has neither a host_path nor an image")
+        require(not m.image_sub_path, f"{where}: image_sub_path is only for image volumes")
+        if m.uidMappings or m.gidMappings:
+            require(
+                bool(caps & Capability.USER_NAMESPACES),
+                f"{where}: idmapped mounts need user namespaces, which handler {handler!r} does not support",
+            )
+        if m.recursive_read_only:
+            require(
+                bool(caps & Capability.RECURSIVE_READ_ONLY_MOUNTS),
+                f"{where}: handler {handler!r} does not support recursive read-only mounts",
+            )
+            require(m.readonly, f"{where}: a recursive read-only mount must be read-only")
+            require(
+                m.propagation == pb.PROPAGATION_PRIVATE,
+                f"{where}: a recursive read-only mount must have private propagation",
+            )
 
 
 def log_path(log_directory: str, path: str) -> str:

@@ -15,6 +15,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import structlog
+
 from backends import base
 from backends.linux.usage import UsageCache
 from backends.runv.agent.client import AgentClient
@@ -25,6 +27,8 @@ from backends.runv.network import PodNetwork, host_ports
 from backends.runv.stub import StubHypervisor, vm_size
 from cri_api import api_pb2 as pb
 from shim import errors
+
+log = structlog.get_logger(__name__)
 
 VM_CRASH_EXIT = 255
 VM_CRASH_REASON = "VMCrashed"
@@ -82,6 +86,7 @@ class RunvBackend:
         self._image_usage = UsageCache(self.images.root)
         self._layer_usage = UsageCache(self._containers_dir)
         self._layer_usage_of: dict[str, UsageCache] = {}  # container ID -> its writable layer
+        self._selinux_said = False
         net_config = dict(config.get("network") or {})
         net_config.setdefault("owner", hashlib.sha256(os.path.abspath(self.root).encode()).hexdigest()[:12])
         self.net = PodNetwork(net_config)
@@ -426,8 +431,10 @@ class RunvBackend:
                 lowers.append(await self.hv.attach_share(pod.vm, tag, layer, readonly=True))
             mounts: list[dict[str, Any]] = []
             for m in cfg.mounts:
-                if not m.host_path:
-                    continue
+                if m.selinux_relabel and not self._selinux_said:
+                    # No SELinux in the VM (nor, mostly, on the host): nothing to relabel.
+                    self._selinux_said = True
+                    log.info("selinux_relabel ignored: runv VMs have no SELinux", container_id=container.id)
                 if not os.path.exists(m.host_path):  # noqa: ASYNC240 - one stat
                     raise errors.InvalidArgumentError(f"mount source {m.host_path} does not exist")
                 guest = await self.hv.attach_share(

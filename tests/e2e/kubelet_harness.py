@@ -255,7 +255,9 @@ def _kubelet_config(h: Harness) -> str:
         "cgroupsPerQOS": False,
         "enforceNodeAllocatable": [],
         "protectKernelDefaults": False,
-        "localStorageCapacityIsolation": False,
+        # Stays true (the default): false also drops cAdvisor's disk metrics,
+        # and /stats/summary then fails ("failed to get rootFs info").
+        "localStorageCapacityIsolation": True,
         # root lacks CAP_SYS_RESOURCE here: a negative oom_score_adj fails.
         "oomScoreAdj": 0,
         # Leave the host's iptables alone.
@@ -470,11 +472,13 @@ class Harness:
             if self.handler == "runv":
                 self._remove_runv_network()
             self._unmount_under(str(self.dir))
+            # The kubelet's /var/log/{pods,containers} entries of our node (its
+            # containers' logs stay in the shim's and kubelet's logs here).
+            self._remove_pod_logs()
             if self.keep:
                 self.log(f"kept {self.dir}")
             else:
                 shutil.rmtree(self.dir, ignore_errors=True)
-                self._remove_pod_logs()
 
     def _remove_pods(self) -> None:
         """Delete the manifests; wait for the kubelet to stop what it ran."""
@@ -1168,8 +1172,15 @@ def check_stats_summary(h: Harness) -> Result:
     h.wait_running("net", "main")
     deadline = time.monotonic() + 40
     found: dict[str, Any] | None = None
+    error = ""
     while time.monotonic() < deadline:
-        summary = json.loads(h.api_ok("GET", "/stats/summary", timeout=20))
+        # Early on the kubelet answers 500 (cAdvisor has no root filesystem stats yet).
+        try:
+            summary = json.loads(h.api_ok("GET", "/stats/summary", timeout=20))
+        except CheckFailed as exc:
+            error = str(exc)
+            time.sleep(3)
+            continue
         for p in summary.get("pods") or []:
             if p.get("podRef", {}).get("name") != h.full("net"):
                 continue
@@ -1187,7 +1198,7 @@ def check_stats_summary(h: Harness) -> Result:
                 )
         time.sleep(3)
     if found is None:
-        raise CheckFailed(f"no stats for {h.full('net')}/main in /stats/summary")
+        raise CheckFailed(error or f"no stats for {h.full('net')}/main in /stats/summary")
     raise CheckFailed(f"incomplete stats: cpu {found.get('cpu')}, memory {found.get('memory')}")
 
 

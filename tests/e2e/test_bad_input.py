@@ -162,3 +162,47 @@ async def test_backend_bug_is_unknown_without_traceback(running: Running) -> Non
     assert err.code() == grpc.StatusCode.UNKNOWN
     assert "kaboom" in (err.details() or "") and "Traceback" not in (err.details() or "")
     assert len((await r.rt.ListContainers(pb.ListContainersRequest())).containers) == 0
+
+
+UNSUPPORTED_MOUNTS = [
+    (
+        "image volume",
+        pb.Mount(image=pb.ImageSpec(image="busybox")),
+        grpc.StatusCode.UNIMPLEMENTED,
+        "image volumes",
+    ),
+    ("no source", pb.Mount(), IA, "neither a host_path nor an image"),
+    ("sub path without image", pb.Mount(host_path="/tmp", image_sub_path="x"), IA, "image_sub_path"),
+    (
+        "idmapped",
+        pb.Mount(host_path="/tmp", uidMappings=[pb.IDMapping(host_id=1000, container_id=0, length=1)]),
+        IA,
+        "idmapped mounts need user namespaces",
+    ),
+    (
+        "recursive read-only",
+        pb.Mount(host_path="/tmp", readonly=True, recursive_read_only=True),
+        IA,
+        "recursive read-only",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("mount", "code", "needle"),
+    [(m, c, n) for _, m, c, n in UNSUPPORTED_MOUNTS],
+    ids=[i for i, _, _, _ in UNSUPPORTED_MOUNTS],
+)
+async def test_mounts_a_handler_cannot_honour_are_refused(
+    running: Running, mount: pb.Mount, code: grpc.StatusCode, needle: str
+) -> None:
+    r = running
+    await r.im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image="busybox")))
+    pod = (await r.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sandbox_config()))).pod_sandbox_id
+    mount.container_path = "/data"
+    cfg = container_config()
+    cfg.mounts.append(mount)
+    err = await error_of(r.rt.CreateContainer(pb.CreateContainerRequest(pod_sandbox_id=pod, config=cfg)))
+    assert err.code() == code, err
+    assert needle in (err.details() or "") and "config.mounts[0] (/data)" in (err.details() or "")
+    assert len((await r.rt.ListContainers(pb.ListContainersRequest())).containers) == 0
