@@ -39,6 +39,8 @@ from backends.base import (
     container_stats_of,
     sandbox_stats_of,
 )
+from backends.linux import cgroups, metrics
+from backends.linux.usage import dir_usage
 from cri_api import api_pb2 as pb
 from shim.errors import (
     AlreadyExistsError,
@@ -48,7 +50,7 @@ from shim.errors import (
     NotFoundError,
 )
 
-from . import cgroups, convert, metrics, streams
+from . import convert, streams
 from . import labels as lbl
 from .engine import EngineClient, RawResponse
 from .images import Images
@@ -721,7 +723,7 @@ class DockerBackend:
             return None
         cached = self._layer_usage.get(container.id)
         if cached is None or time.monotonic() - cached[0] > 30:
-            used, inodes = cgroups.tree_usage(str(upper))
+            used, inodes = dir_usage(str(upper), limit=200_000)
             cached = (time.monotonic(), used, inodes)
             self._layer_usage[container.id] = cached
         return pb.FilesystemUsage(

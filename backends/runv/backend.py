@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 
 from backends import base
+from backends.linux import cgroups, metrics
 from backends.linux.usage import UsageCache
 from backends.runv.agent.client import AgentClient
 from backends.runv.agent.protocol import Ch, ConnectionLost, Stream
@@ -66,6 +67,7 @@ class RunvBackend:
         | base.Capability.ATTACH
         | base.Capability.PORT_FORWARD
         | base.Capability.STATS
+        | base.Capability.METRICS
         | base.Capability.UPDATE_RESOURCES
         | base.Capability.IMAGES
         | base.Capability.HOST_NETWORK
@@ -705,6 +707,13 @@ class RunvBackend:
             st.forget()
 
     # ------------------------------------------------------------------ stats
+    def _writable_usage(self, cid: str) -> UsageCache:
+        layer = self._layer_usage_of.get(cid)
+        if layer is None:
+            layer = UsageCache(os.path.join(self._containers_dir, cid, "upper"), max_age=10.0)
+            self._layer_usage_of[cid] = layer
+        return layer
+
     async def container_stats(
         self, containers: Sequence[base.ContainerRecord]
     ) -> dict[str, pb.ContainerStats]:
@@ -716,11 +725,7 @@ class RunvBackend:
                 s = await pod.agent.call("stats", id=ct.id)
             except errors.CriError:
                 return None
-            layer = self._layer_usage_of.get(ct.id)
-            if layer is None:
-                layer = UsageCache(os.path.join(self._containers_dir, ct.id, "upper"), max_age=10.0)
-                self._layer_usage_of[ct.id] = layer
-            used, inodes = await layer.get()
+            used, inodes = await self._writable_usage(ct.id).get()
             now = time.time_ns()
             st = base.container_stats_of(ct)
             st.MergeFrom(
@@ -772,6 +777,67 @@ class RunvBackend:
                 ),
             )
         return out
+
+    async def metric_descriptors(self) -> list[pb.MetricDescriptor]:
+        return metrics.descriptors()
+
+    async def sandbox_metrics(
+        self, sandboxes: Sequence[base.SandboxRecord], containers: Sequence[base.ContainerRecord]
+    ) -> list[pb.PodSandboxMetrics]:
+        """cAdvisor's container_* families, from each VM's agent (its containers' cgroups and
+        its network), with the same builder as the docker backend's."""
+        running: dict[str, list[base.ContainerRecord]] = {}
+        for ct in containers:
+            if ct.status.state == pb.CONTAINER_RUNNING:
+                running.setdefault(ct.sandbox_id, []).append(ct)
+        layer_fs = await asyncio.to_thread(_fs_of, self._containers_dir)
+
+        async def one(sb: base.SandboxRecord) -> pb.PodSandboxMetrics:
+            pm = pb.PodSandboxMetrics(pod_sandbox_id=sb.id)
+            pod = self._pods.get(sb.id)
+            if pod is None or pod.dead or pod.agent is None or pod.agent.closed:
+                return pm
+            cts = running.get(sb.id, [])
+            try:
+                got = await pod.agent.call("metrics", ids=[c.id for c in cts])
+            except errors.CriError:
+                return pm
+            md = sb.config.metadata
+            if not pod.vm.host_network:
+                labels = ("POD", sb.id, "", pod.vm.id, md.namespace, md.name)
+                ifaces = [cgroups.Interface(**i) for i in got.get("interfaces") or []]
+                pm.metrics.extend(metrics.network_metrics(labels, ifaces))
+            for ct in cts:
+                found = (got.get("containers") or {}).get(ct.id)
+                if not found:
+                    continue
+                sample = cgroups.Sample(**found["sample"])
+                detail = None
+                if found.get("detail"):
+                    d = dict(found["detail"])
+                    d["devices"] = tuple(cgroups.Device(**x) for x in d.get("devices") or ())
+                    detail = cgroups.Detail(**d)
+                layer = None
+                if layer_fs is not None:
+                    used, _inodes = await self._writable_usage(ct.id).get()
+                    layer = dataclasses.replace(layer_fs, used_bytes=used)
+                labels = (
+                    ct.config.metadata.name,
+                    ct.id,
+                    ct.image_name or ct.config.image.image,
+                    ct.id,
+                    md.namespace,
+                    md.name,
+                )
+                pm.container_metrics.add(
+                    container_id=ct.id,
+                    metrics=metrics.container_metrics(
+                        labels, sample, detail, ct.status.started_at, layer, cgroups.device_name
+                    ),
+                )
+            return pm
+
+        return list(await asyncio.gather(*(one(sb) for sb in sandboxes)))
 
     # ------------------------------------------------------------------ images
     async def pull_image(
@@ -940,3 +1006,18 @@ def _seccomp(sc: pb.LinuxContainerSecurityContext) -> dict[str, Any] | None:
     if not isinstance(profile, dict):
         raise errors.InvalidArgumentError(f"seccomp profile {ref!r} is not a JSON object")
     return {"profile": profile}
+
+
+def _fs_of(path: str) -> metrics.Layer | None:
+    """The filesystem holding ``path``: its device and size (usage filled in per container)."""
+    try:
+        st, vfs = os.stat(path), os.statvfs(path)
+    except OSError:
+        return None
+    return metrics.Layer(
+        device=cgroups.device_name(os.major(st.st_dev), os.minor(st.st_dev)),
+        used_bytes=0,
+        capacity_bytes=vfs.f_blocks * vfs.f_frsize,
+        inodes_total=vfs.f_files,
+        inodes_free=vfs.f_ffree,
+    )

@@ -14,8 +14,8 @@ import pytest
 from backends.docker import convert
 from backends.docker import labels as lbl
 from backends.docker.backend import LogResume, _last_log_marks, exit_info, parse_time
-from backends.docker.cgroups import CgroupReader
 from backends.docker.images import _pull_error, image_user, registry_auth, split_reference
+from backends.linux.cgroups import CgroupReader
 from cri_api import api_pb2 as pb
 from shim.errors import FailedPreconditionError, InternalError, InvalidArgumentError, NotFoundError
 

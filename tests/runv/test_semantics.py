@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -241,4 +243,30 @@ async def test_a_missing_mount_source_is_invalid(runv: tuple[RunvBackend, Events
     ct.config.mounts.add(host_path=str(tmp_path / "nope"), container_path="/x")
     with pytest.raises(errors.InvalidArgumentError, match="nope"):
         await backend.create_container(ct, sb)
+    await backend.remove_sandbox(sb)
+
+
+async def test_metrics_come_from_the_vms_cgroups_and_network(runv: tuple[RunvBackend, Events]) -> None:
+    backend, _events = runv
+    sb = sandbox_record("metrics")
+    await backend.run_sandbox(sb)
+    ct = container_record(
+        sb, IMAGE, ["sh", "-c", "x=0; while [ $x -lt 20000 ]; do x=$((x+1)); done; sleep 300"]
+    )
+    await backend.create_container(ct, sb)
+    await backend.start_container(ct, sb, MemorySink())
+    ct.status = dataclasses.replace(ct.status, started_at=time.time_ns())
+    names = {d.name for d in await backend.metric_descriptors()}
+    assert {"container_cpu_usage_seconds_total", "container_memory_working_set_bytes"} <= names
+    [pm] = await backend.sandbox_metrics([sb], [ct])
+    [cm] = pm.container_metrics
+    got = {m.name: m for m in cm.metrics}
+    assert set(got) <= names
+    assert got["container_memory_working_set_bytes"].value.value > 0
+    assert got["container_fs_usage_bytes"].label_values[-1]  # the device of the writable layers
+    assert got["container_threads"].value.value >= 1
+    assert {m.name for m in pm.metrics} >= {"container_network_receive_bytes_total"}
+    stats = await backend.container_stats([ct])
+    assert stats[ct.id].cpu.usage_core_nano_seconds.value > 0
+    assert stats[ct.id].memory.working_set_bytes.value > 0
     await backend.remove_sandbox(sb)

@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import fcntl
 import json
 import os
@@ -20,6 +21,7 @@ import termios
 import time
 from typing import Any
 
+from backends.linux import cgroups
 from backends.runv.agent import oci, proc
 from backends.runv.agent.protocol import AgentError, Ch, Channel, ConnectionLost, Stream
 
@@ -165,6 +167,7 @@ class Agent:
         self.etc_dir = os.path.join(state_dir, "etc")
         self.stopping = asyncio.Event()
         self.pod_init = 0  # PID 1 of the pod's shared PID namespace, once a container needs it
+        self.cgroups = cgroups.CgroupReader()  # the same reader as the docker backend's
 
     # ---- helpers
     async def _pod_pid_ns(self) -> str:
@@ -492,18 +495,34 @@ class Agent:
 
     async def op_stats(self, args: dict[str, Any]) -> dict[str, Any]:
         c = self._get(args)
-        if c.exited.is_set() or not c.pid:
+        sample = None
+        if not c.exited.is_set() and c.pid:
+            sample = self.cgroups.sample(c.pid, expect=c.id)
+        if sample is None:
             return {"cpu_ns": 0, "memory_bytes": 0, "working_set_bytes": 0}
-        out = await self._runc_ok("events", "--stats", c.id)
-        data = json.loads(out).get("data") or {}
-        mem = data.get("memory") or {}
-        usage = int((mem.get("usage") or {}).get("usage") or 0)
-        inactive = int((mem.get("raw") or {}).get("total_inactive_file") or 0)
         return {
-            "cpu_ns": int(((data.get("cpu") or {}).get("usage") or {}).get("total") or 0),
-            "memory_bytes": usage,
-            "working_set_bytes": max(usage - inactive, 0),
+            "cpu_ns": sample.cpu_ns or 0,
+            "memory_bytes": sample.memory_usage or 0,
+            "working_set_bytes": sample.working_set or 0,
         }
+
+    async def op_metrics(self, args: dict[str, Any]) -> dict[str, Any]:
+        """cAdvisor-style counters of the VM's running containers and of its network."""
+        out: dict[str, Any] = {}
+        for cid in args.get("ids") or []:
+            c = self.containers.get(str(cid))
+            if c is None or c.exited.is_set() or not c.pid:
+                continue
+            sample = self.cgroups.sample(c.pid, expect=c.id, full=True)
+            if sample is None:
+                continue
+            detail = self.cgroups.detail(c.pid, expect=c.id)
+            out[c.id] = {
+                "sample": dataclasses.asdict(sample),
+                "detail": None if detail is None else dataclasses.asdict(detail),
+            }
+        interfaces = [dataclasses.asdict(i) for i in cgroups.net_interfaces(os.getpid())]
+        return {"containers": out, "interfaces": interfaces}
 
     # ---- exec
     async def op_exec(self, args: dict[str, Any]) -> dict[str, Any]:

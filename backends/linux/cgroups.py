@@ -512,25 +512,3 @@ def net_interfaces(pid: int) -> list[Interface]:
             )
         )
     return out
-
-
-def tree_usage(path: str, limit: int = 200_000) -> tuple[int, int]:
-    """Bytes and inodes under ``path`` (a writable layer), counting at most ``limit`` entries."""
-    total = inodes = 0
-    stack = [path]
-    while stack and inodes < limit:
-        try:
-            it = os.scandir(stack.pop())
-        except OSError:
-            continue
-        with it:
-            for entry in it:
-                inodes += 1
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                total += st.st_blocks * 512
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-    return total, inodes

@@ -12,9 +12,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
+from backends.linux.cgroups import _UNLIMITED, Detail, Device, Interface, Sample
 from cri_api import api_pb2 as pb
-
-from .cgroups import _UNLIMITED, Detail, Device, Interface, Sample
 
 LABELS = ("container", "id", "image", "name", "namespace", "pod")
 NETWORK_LABELS = (*LABELS, "interface")
