@@ -1,65 +1,58 @@
-"""Conditions raised by the CRI layer and the backends, mapped to gRPC codes once.
+"""The one table from a condition (``backends.contract.errors``) to its gRPC status code.
 
-    CriError
-    ├── NotFoundError            NOT_FOUND
-    ├── AlreadyExistsError       ALREADY_EXISTS
-    ├── InvalidArgumentError     INVALID_ARGUMENT
-    ├── FailedPreconditionError  FAILED_PRECONDITION
-    ├── UnimplementedError       UNIMPLEMENTED
-    ├── UnavailableError         UNAVAILABLE       (the runtime is down)
-    ├── DeadlineExceededError    DEADLINE_EXCEEDED
-    ├── ResourceExhaustedError   RESOURCE_EXHAUSTED
-    └── InternalError            INTERNAL
-
-Business code raises these; only :mod:`shim.servicer` turns them into a
-gRPC status. Anything that is not a CriError is a bug: it becomes UNKNOWN
-and is logged with its traceback, which never reaches the client.
+Only :mod:`shim.servicer` asks it. The classes are re-exported so that the
+CRI layer names them from one place.
 """
 
 from __future__ import annotations
 
 import grpc
 
+from backends.contract.errors import (
+    AlreadyExistsError,
+    CriError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+    UnavailableError,
+    UnimplementedError,
+)
 
-class CriError(Exception):
-    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+__all__ = [
+    "AlreadyExistsError",
+    "CriError",
+    "DeadlineExceededError",
+    "FailedPreconditionError",
+    "InternalError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "ResourceExhaustedError",
+    "UnavailableError",
+    "UnimplementedError",
+    "status_code",
+]
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-class NotFoundError(CriError):
-    code = grpc.StatusCode.NOT_FOUND
-
-
-class AlreadyExistsError(CriError):
-    code = grpc.StatusCode.ALREADY_EXISTS
-
-
-class InvalidArgumentError(CriError):
-    code = grpc.StatusCode.INVALID_ARGUMENT
-
-
-class FailedPreconditionError(CriError):
-    code = grpc.StatusCode.FAILED_PRECONDITION
-
-
-class UnimplementedError(CriError):
-    code = grpc.StatusCode.UNIMPLEMENTED
-
-
-class UnavailableError(CriError):
-    code = grpc.StatusCode.UNAVAILABLE
+_CODES: dict[type[CriError], grpc.StatusCode] = {
+    NotFoundError: grpc.StatusCode.NOT_FOUND,
+    AlreadyExistsError: grpc.StatusCode.ALREADY_EXISTS,
+    InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
+    FailedPreconditionError: grpc.StatusCode.FAILED_PRECONDITION,
+    UnimplementedError: grpc.StatusCode.UNIMPLEMENTED,
+    UnavailableError: grpc.StatusCode.UNAVAILABLE,
+    DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    InternalError: grpc.StatusCode.INTERNAL,
+}
 
 
-class DeadlineExceededError(CriError):
-    code = grpc.StatusCode.DEADLINE_EXCEEDED
-
-
-class ResourceExhaustedError(CriError):
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
-class InternalError(CriError):
-    code = grpc.StatusCode.INTERNAL
+def status_code(exc: CriError) -> grpc.StatusCode:
+    """The code of a condition: that of its nearest class in the table (subclasses of a
+    condition, such as runv's BootError, inherit its code); UNKNOWN for a bare CriError."""
+    for cls in type(exc).__mro__:
+        code = _CODES.get(cls)
+        if code is not None:
+            return code
+    return grpc.StatusCode.UNKNOWN

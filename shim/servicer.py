@@ -31,7 +31,7 @@ from google.protobuf.message import DecodeError, Message
 from cri_api import api_pb2 as pb
 from shim.container import ContainerService
 from shim.context import Shim
-from shim.errors import CriError, InvalidArgumentError
+from shim.errors import CriError, InvalidArgumentError, status_code
 from shim.image import ImageService
 from shim.logging import debug_enabled
 from shim.runtime import RuntimeService
@@ -208,7 +208,7 @@ class CriServicer:
         try:
             yield out
         except CriError as exc:
-            out.code, out.detail = exc.code, exc.message
+            out.code, out.detail = status_code(exc), exc.message
         except asyncio.CancelledError:
             out.code = grpc.StatusCode.CANCELLED
             raise
@@ -231,7 +231,7 @@ class CriServicer:
                     resp = await resp
                 return resp
             except CriError as exc:
-                code, detail = exc.code, exc.message
+                code, detail = status_code(exc), exc.message
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
                 raise

@@ -8,7 +8,7 @@ from typing import Any
 
 import structlog
 
-from shim.errors import InvalidArgumentError
+from backends.contract.errors import InvalidArgumentError
 
 from .backend import DockerBackend
 

@@ -39,16 +39,16 @@ from backends.base import (
     container_stats_of,
     sandbox_stats_of,
 )
-from backends.linux import cgroups, metrics
-from backends.linux.usage import dir_usage
-from cri_api import api_pb2 as pb
-from shim.errors import (
+from backends.contract.errors import (
     AlreadyExistsError,
     CriError,
     DeadlineExceededError,
     FailedPreconditionError,
     NotFoundError,
 )
+from backends.linux import cgroups, metrics
+from backends.linux.usage import dir_usage
+from cri_api import api_pb2 as pb
 
 from . import convert, streams
 from . import labels as lbl

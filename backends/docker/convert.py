@@ -12,8 +12,8 @@ import signal as _signal
 import stat
 from typing import Any
 
+from backends.contract.errors import InvalidArgumentError
 from cri_api import api_pb2 as pb
-from shim.errors import InvalidArgumentError
 
 from . import labels as lbl
 

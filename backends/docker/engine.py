@@ -30,7 +30,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from shim.errors import (
+from backends.contract.errors import (
     AlreadyExistsError,
     CriError,
     DeadlineExceededError,

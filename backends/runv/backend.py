@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 
 from backends import base
+from backends.contract import errors
 from backends.linux import cgroups, metrics
 from backends.linux.usage import UsageCache
 from backends.runv.agent.client import AgentClient
@@ -27,7 +28,6 @@ from backends.runv.images.store import Credentials, Image, ImageStore
 from backends.runv.network import PodNetwork, host_ports
 from backends.runv.stub import StubHypervisor, vm_size
 from cri_api import api_pb2 as pb
-from shim import errors
 
 log = structlog.get_logger(__name__)
 

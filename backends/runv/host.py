@@ -10,7 +10,7 @@ import asyncio
 import shlex
 import signal
 
-from shim import errors
+from backends.contract import errors
 
 
 def ending(code: int) -> str:

@@ -13,7 +13,7 @@ import dataclasses
 import enum
 from typing import Any, Protocol, runtime_checkable
 
-from shim.errors import UnavailableError
+from backends.contract.errors import UnavailableError
 
 MIB = 1024 * 1024
 

@@ -32,9 +32,9 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
+from backends.contract import errors
 from backends.runv import host
 from cri_api import api_pb2 as pb
-from shim import errors
 
 IFNAME_MAX = 15
 COMMENT_PREFIX = "crishim:"

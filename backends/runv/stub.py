@@ -24,9 +24,14 @@ import sys
 import time
 from typing import Any
 
+from backends.contract.errors import (
+    DeadlineExceededError,
+    InternalError,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+)
 from backends.runv import host
 from backends.runv.hypervisor import MIB, VM, BootError, Fault, VMSpec
-from shim.errors import DeadlineExceededError, InternalError, InvalidArgumentError, ResourceExhaustedError
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 CPU_PERIOD = 100_000

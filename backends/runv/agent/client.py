@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from backends.contract import errors
 from backends.runv.agent.protocol import AgentError, Channel, ConnectionLost, Stream
-from shim import errors
 
 _CODES: dict[str, type[errors.CriError]] = {
     "not_found": errors.NotFoundError,
