@@ -11,9 +11,7 @@ from typing import Any
 
 import structlog
 
-from backends.linux.usage import UsageCache
-from cri_api import api_pb2 as pb
-from shim.errors import (
+from backends.contract.errors import (
     CriError,
     DeadlineExceededError,
     FailedPreconditionError,
@@ -21,6 +19,9 @@ from shim.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
+from backends.linux.usage import UsageCache
+from backends.reference import DEFAULT_DOMAIN, BadReference, Reference, parse
+from cri_api import api_pb2 as pb
 
 from .engine import EngineClient, quote_ref
 
@@ -29,22 +30,24 @@ log = structlog.get_logger(__name__)
 _PROGRESS_LOG_EVERY = 10.0  # s
 
 
+def _parse(ref: str) -> Reference:
+    try:
+        return parse(ref)
+    except BadReference as exc:
+        raise InvalidArgumentError(str(exc)) from None
+
+
 def split_reference(ref: str) -> tuple[str, str]:
-    """(fromImage, tag) for POST /images/create; a missing tag means latest (not every tag)."""
-    if "@" in ref:
-        return ref, ""
-    slash = ref.rfind("/")
-    colon = ref.rfind(":")
-    if colon > slash:
-        return ref[:colon], ref[colon + 1 :]
-    return ref, "latest"
+    """(fromImage, tag) for POST /images/create: by digest when there is one (not every tag)."""
+    r = _parse(ref)
+    if r.digest:
+        return r.digested(r.digest), ""
+    return r.repository, r.tag
 
 
 def registry_of(ref: str) -> str:
-    first, sep, _ = ref.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost"):
-        return first
-    return "https://index.docker.io/v1/"
+    domain = _parse(ref).domain
+    return "https://index.docker.io/v1/" if domain == DEFAULT_DOMAIN else domain
 
 
 def registry_auth(auth: pb.AuthConfig | None, ref: str) -> str | None:

@@ -43,6 +43,7 @@ from backends.base import (
     container_stats_of,
     sandbox_stats_of,
 )
+from backends.contract import errors
 from backends.fake.program import (
     PROGRAM_ANNOTATION,
     Program,
@@ -52,9 +53,8 @@ from backends.fake.program import (
     program_from_command,
     run_shell,
 )
+from backends.reference import BadReference, Reference, parse
 from cri_api import api_pb2 as pb
-from shim import errors
-from shim.imageref import BadReference, ImageRef, parse
 
 CAPABILITIES = (
     Capability.EXEC_SYNC
@@ -580,7 +580,7 @@ class FakeBackend:
             await stream.write(data)
 
     # ------------------------------------------------------------------ images
-    def _image_id(self, ref: ImageRef) -> str:
+    def _image_id(self, ref: Reference) -> str:
         rule = self._rule(ref)
         if "id" in rule:
             return str(rule["id"])
@@ -588,15 +588,15 @@ class FakeBackend:
         # mirror such as k8s.gcr.io/pause serves registry.k8s.io/pause), except
         # the pinned sandbox image, which stays apart from other tags of its
         # repository. A rule with an `id` decides otherwise.
-        if ref.tagged == self._pause_ref:
+        if ref.tagged and ref.tagged == self._pause_ref:
             return "sha256:" + hashlib.sha256(ref.tagged.encode()).hexdigest()
-        path = ref.repository.split("/", 1)[1]
+        path = ref.path
         return "sha256:" + hashlib.sha256(path.encode()).hexdigest()
 
-    def _rule(self, ref: ImageRef) -> dict[str, Any]:
+    def _rule(self, ref: Reference) -> dict[str, Any]:
         return self._image_rules.get(ref.tagged) or self._image_rules.get(ref.repository) or {}
 
-    def _add_image(self, ref: ImageRef) -> FakeImage:
+    def _add_image(self, ref: Reference) -> FakeImage:
         iid = self._image_id(ref)
         img = self._images.get(iid)
         rule = self._rule(ref)

@@ -245,12 +245,13 @@ def test_resolv_conf() -> None:
 @pytest.mark.parametrize(
     ("ref", "want"),
     [
-        ("busybox", ("busybox", "latest")),
+        ("busybox", ("docker.io/library/busybox", "latest")),
         ("127.0.0.1:5000/busybox", ("127.0.0.1:5000/busybox", "latest")),
         ("127.0.0.1:5000/busybox:1.36", ("127.0.0.1:5000/busybox", "1.36")),
         ("r.io/a/b@sha256:" + "0" * 64, ("r.io/a/b@sha256:" + "0" * 64, "")),
+        ("r.io/a/b:v1@sha256:" + "0" * 64, ("r.io/a/b@sha256:" + "0" * 64, "")),
     ],
-    ids=["bare", "registry-port", "tag", "digest"],
+    ids=["bare", "registry-port", "tag", "digest", "tag-and-digest"],
 )
 def test_split_reference(ref: str, want: tuple[str, str]) -> None:
     assert split_reference(ref) == want

@@ -1,4 +1,4 @@
-"""The runv OCI image store: references, layer unpacking, pulls from an in-test registry."""
+"""The runv OCI image store: layer unpacking, pulls from an in-test registry."""
 
 from __future__ import annotations
 
@@ -17,35 +17,8 @@ from typing import Any
 
 import pytest
 
-from backends.runv.images import reference
 from backends.runv.images.store import Credentials, ImageStore, unpack_layer
 from shim import errors
-
-
-@pytest.mark.parametrize(
-    ("ref", "want"),
-    [
-        ("busybox", ("docker.io", "library/busybox", "latest", "")),
-        ("busybox:1.35", ("docker.io", "library/busybox", "1.35", "")),
-        ("127.0.0.1:5000/busybox:1.35", ("127.0.0.1:5000", "busybox", "1.35", "")),
-        ("localhost/a/b", ("localhost", "a/b", "latest", "")),
-        (
-            "registry.k8s.io/e2e-test-images/busybox:1.29-2",
-            ("registry.k8s.io", "e2e-test-images/busybox", "1.29-2", ""),
-        ),
-        ("quay.io/x/y@sha256:" + "a" * 64, ("quay.io", "x/y", "", "sha256:" + "a" * 64)),
-    ],
-    ids=["short", "tag", "port", "localhost", "k8s", "digest"],
-)
-def test_parse_reference(ref: str, want: tuple[str, str, str, str]) -> None:
-    r = reference.parse(ref)
-    assert (r.registry, r.repository, r.tag, r.digest) == want
-
-
-@pytest.mark.parametrize("ref", ["", "UPPER/case", "a@sha256:12", "busybox:bad tag", " busybox"])
-def test_parse_rejects(ref: str) -> None:
-    with pytest.raises(ValueError):
-        reference.parse(ref)
 
 
 def _tar(entries: list[tuple[str, bytes | None, int]]) -> bytes:

@@ -36,8 +36,8 @@ import urllib.request
 from collections.abc import Iterator
 from typing import IO, Any, cast
 
-from backends.runv.images import reference
-from shim.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from backends import reference
+from backends.contract.errors import InvalidArgumentError, NotFoundError, UnavailableError
 
 MEDIA_OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 MEDIA_DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
@@ -105,13 +105,13 @@ class Registry:
     def __init__(self, ref: reference.Reference, creds: Credentials | None, insecure: set[str]) -> None:
         self.ref = ref
         self.creds = creds or Credentials()
-        self.scheme = "http" if ref.registry in insecure else "https"
+        self.scheme = "http" if ref.domain in insecure else "https"
         self._auth_header = ""
         if self.creds.registry_token:
             self._auth_header = f"Bearer {self.creds.registry_token}"
 
     def _url(self, kind: str, digest_or_tag: str) -> str:
-        return f"{self.scheme}://{self.ref.api_host}/v2/{self.ref.repository}/{kind}/{digest_or_tag}"
+        return f"{self.scheme}://{self.ref.api_host}/v2/{self.ref.path}/{kind}/{digest_or_tag}"
 
     def _basic(self) -> str:
         if self.creds.auth:
@@ -135,7 +135,7 @@ class Registry:
         if not realm:
             raise PullError("bearer challenge without realm")
         query = {k: v for k, v in fields.items() if k in ("service", "scope")}
-        query.setdefault("scope", f"repository:{self.ref.repository}:pull")
+        query.setdefault("scope", f"repository:{self.ref.path}:pull")
         req = urllib.request.Request(f"{realm}?{urllib.parse.urlencode(query)}")
         basic = self._basic()
         if basic:
@@ -170,7 +170,7 @@ class Registry:
                     raise NotFoundError(f"{url}: not found") from None
                 raise PullError(f"{url}: HTTP {exc.code}") from None
             except (urllib.error.URLError, OSError) as exc:
-                raise UnavailableError(f"registry {self.ref.registry} unreachable: {exc}") from None
+                raise UnavailableError(f"registry {self.ref.domain} unreachable: {exc}") from None
             with resp:
                 yield resp
             return
@@ -337,7 +337,7 @@ class ImageStore:
         for img in self.images.values():
             if parsed.digest and parsed.digested(parsed.digest) in img.repo_digests:
                 return img
-            if not parsed.digest and parsed.tagged() in img.repo_tags:
+            if not parsed.digest and parsed.tagged in img.repo_tags:
                 return img
         return None
 
@@ -408,7 +408,7 @@ class ImageStore:
                 os.rename(tmp, os.path.dirname(snap))
             buf.close()
             _atomic_write(os.path.join(self._blobs, _hex(image_id)), raw)
-            self._register(Image(image_id, [ref.tagged()], [], 0, [diff_id], image_config))
+            self._register(Image(image_id, [ref.tagged], [], 0, [diff_id], image_config))
         return image_id
 
     # ---- pull
@@ -470,7 +470,7 @@ class ImageStore:
             self._register(
                 Image(
                     id=config_digest,
-                    repo_tags=[ref.tagged()] if ref.tag else [],
+                    repo_tags=[ref.tagged] if ref.tag else [],
                     repo_digests=[ref.digested(digest)],
                     size=size,
                     diff_ids=diff_ids,
