@@ -13,6 +13,7 @@ Runs once at start, before the socket opens:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import structlog
 
@@ -60,6 +61,12 @@ async def recover(shim: Shim) -> None:
                     )
                     lost += 1
                 continue
+            if c.status.state == pb.CONTAINER_CREATED and obs.started_at and (obs.running or obs.exit):
+                # The start reached the runtime but the shim died before recording it: the
+                # container did start (a second StartContainer would fail on a running one).
+                c.status = dataclasses.replace(c.status, started_at=obs.started_at)
+                store.put_container(c)
+                shim.publish(c, pb.CONTAINER_STARTED_EVENT)
             if c.status.state == pb.CONTAINER_RUNNING and not obs.running and obs.exit is not None:
                 shim.record_exit(c, obs.exit)
             elif c.status.state == pb.CONTAINER_RUNNING:

@@ -162,7 +162,8 @@ class FakeBackend:
         self._pause_ref = ""
         self._cgroup_driver = str(options.get("cgroup_driver", "cgroupfs"))
         self._network = ipaddress.ip_network(str(options.get("pod_cidr", "10.88.0.0/16")))
-        self._next_ip = 2
+        self._next_ip = 2  # offset in the pod network of the next address to try
+        self._ips: set[str] = set()  # addresses held by sandboxes
         self.runtime_ready = True
         self.network_ready = True
         self._apply_options(options)
@@ -255,6 +256,8 @@ class FakeBackend:
         seen_sb = {}
         for s in sandboxes:
             self._sandboxes[s.id] = s
+            if s.backend_data.get("ip"):
+                self._ips.add(str(s.backend_data["ip"]))  # a restarted runtime keeps its pods' IPs
             seen_sb[s.id] = Observed(exists=True)
         seen_ct = {}
         for c in containers:
@@ -273,10 +276,21 @@ class FakeBackend:
             return SandboxNetwork(ip="")
         ip = sandbox.backend_data.get("ip")
         if not ip:
-            ip = str(self._network.network_address + self._next_ip)
-            self._next_ip += 1
+            ip = self._allocate_ip()
             sandbox.backend_data["ip"] = ip
+        self._ips.add(ip)
         return SandboxNetwork(ip=ip)
+
+    def _allocate_ip(self) -> str:
+        """The next free address of the pod network, round-robin (never one a pod holds)."""
+        size = self._network.num_addresses
+        for _ in range(max(size - 3, 0)):
+            offset = self._next_ip
+            self._next_ip = offset + 1 if offset + 2 < size else 2
+            ip = str(self._network.network_address + offset)
+            if ip not in self._ips:
+                return ip
+        raise errors.ResourceExhaustedError(f"no free pod IP left in {self._network}")
 
     async def stop_sandbox(self, sandbox: SandboxRecord) -> None:
         await self._enter("stop_sandbox", sandbox.id)
@@ -284,6 +298,7 @@ class FakeBackend:
     async def remove_sandbox(self, sandbox: SandboxRecord) -> None:
         await self._enter("remove_sandbox", sandbox.id)
         self._sandboxes.pop(sandbox.id, None)
+        self._ips.discard(str(sandbox.backend_data.get("ip", "")))
 
     # ------------------------------------------------------------------ containers
     async def create_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> None:

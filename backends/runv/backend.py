@@ -144,7 +144,11 @@ class RunvBackend:
         return self._pod(container.sandbox_id)
 
     async def _connect(self, pod: _Pod) -> None:
-        reader, writer = await self.hv.connect(pod.vm)
+        try:
+            reader, writer = await self.hv.connect(pod.vm)
+        except OSError as exc:
+            # A VM whose agent refuses or has no socket left: that pod is down, not the backend.
+            raise errors.UnavailableError(f"agent of VM {pod.vm.id} does not answer: {exc}") from exc
         pod.agent = AgentClient(reader, writer, lambda n, b: self._on_event(pod, n, b), self.agent_timeout)
         await pod.agent.call("hello")
 
@@ -211,6 +215,7 @@ class RunvBackend:
             if not sb.committed or not await self.hv.adopt(vm):
                 await self.hv.destroy(vm)
                 await self._unplumb(sb)
+                await self.net.delete_veth(self.net.veth_names(vm.id)[0])
                 sb_obs[sb.id] = base.Observed(exists=False)
                 continue
             net = sb.backend_data.get("net")
@@ -252,6 +257,8 @@ class RunvBackend:
                     await self._pump_logs(owner, ct.id, sink)
         for vm in self.hv.leftovers(known):
             await self.hv.destroy(vm)
+            # A RunPodSandbox killed between making the VM's veth and recording it.
+            await self.net.delete_veth(self.net.veth_names(vm.id)[0])
         with_net = {sb.id for sb in sandboxes if sb.backend_data.get("net")}
         for sb in sandboxes:
             if sb.id in with_net and not sb_obs.get(sb.id, base.Observed(exists=False)).exists:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import subprocess
@@ -228,3 +229,66 @@ async def test_half_created_records_are_cleaned_at_start(short_tmp: str) -> None
         assert sorted(os.listdir(os.path.join(cfg.server.state_dir, "containers"))) == []
     finally:
         await server.stop(0)
+
+
+class StartedBehindTheShimsBack(FakeBackend):
+    """A runtime that ran a start the previous shim died before recording."""
+
+    async def recover(self, sandboxes, containers):  # type: ignore[no-untyped-def]
+        seen_sb, seen_ct = await super().recover(sandboxes, containers)
+        for c in containers:
+            if c.status.state == pb.CONTAINER_CREATED:
+                seen_ct[c.id] = dataclasses.replace(seen_ct[c.id], running=True, started_at=12345)
+        return seen_sb, seen_ct
+
+
+async def test_a_start_the_runtime_made_but_the_shim_did_not_record_is_recovered(short_tmp: str) -> None:
+    fake_dir = os.path.join(short_tmp, "fake")
+    server = Server(
+        server_config(short_tmp),
+        backends={"fake": FakeBackend("fake", {"state_dir": fake_dir})},
+        id_factory=make_ids("s"),
+    )
+    await server.start()
+    async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
+        rt, im = api_pb2_grpc.RuntimeServiceStub(ch), api_pb2_grpc.ImageServiceStub(ch)
+        await im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image="busybox")))
+        sc = sandbox_config()
+        pods = []
+        for i in range(3):
+            pods.append(
+                (
+                    await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sandbox_config(name=f"p{i}")))
+                ).pod_sandbox_id
+            )
+        ips = [
+            (await rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=p))).status.network.ip
+            for p in pods
+        ]
+        cid = (
+            await rt.CreateContainer(
+                pb.CreateContainerRequest(
+                    pod_sandbox_id=pods[0], config=container_config(), sandbox_config=sc
+                )
+            )
+        ).container_id
+    await server.stop(0)
+    again = Server(
+        server_config(short_tmp),
+        backends={"fake": StartedBehindTheShimsBack("fake", {"state_dir": fake_dir})},
+        id_factory=make_ids("s2"),
+    )
+    await again.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
+            rt = api_pb2_grpc.RuntimeServiceStub(ch)
+            st = (await rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid))).status
+            assert (st.state, st.started_at) == (pb.CONTAINER_RUNNING, 12345)
+            # New pods never get an address a recovered pod holds.
+            new = (
+                await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sandbox_config(name="new")))
+            ).pod_sandbox_id
+            ip = (await rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=new))).status.network.ip
+            assert ip and ip not in ips
+    finally:
+        await again.stop(0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -198,6 +199,50 @@ async def test_recover_after_restart(runv_config: dict[str, object], busybox_roo
     finally:
         for pod in list(second._pods.values()):
             await second.hv.destroy(pod.vm)
+        await second.close()
+
+
+async def test_recovery_sweeps_what_a_killed_run_sandbox_left(
+    runv_config: dict[str, object], busybox_rootfs: Path
+) -> None:
+    """A shim killed in RunPodSandbox after the VM and its veth were made, before the record
+    was: the next start removes the VM and the veth. An agent that refuses the connection
+    makes that pod NOTREADY, and the others recover."""
+    first = RunvBackend("runv", dict(runv_config))
+    await first.start(Events())
+    first.images.import_dir(IMAGE, str(busybox_rootfs))
+    half = sandbox_record("half")
+    await first.run_sandbox(half)
+    host_if = first.net.veth_names(first._pods[half.id].vm.id)[0]
+    assert os.path.exists(f"/sys/class/net/{host_if}")
+    half_pid = first._pods[half.id].vm.pid
+    good = sandbox_record("good")
+    await first.run_sandbox(good)
+    good.committed = True
+    mute = sandbox_record("mute")
+    await first.run_sandbox(mute)
+    mute.committed = True
+    await first.close()
+    # The record the killed shim had persisted: not committed, nothing of the backend's in it.
+    half = dataclasses.replace(half, backend_data={}, committed=False)
+    # The agent of "mute" no longer accepts connections (its socket is gone).
+    os.unlink(mute.backend_data["vm"]["channel"])
+
+    second = RunvBackend("runv", dict(runv_config))
+    await second.start(Events())
+    try:
+        sb_obs, _ = await second.recover([half, good, mute], [])
+        assert not sb_obs[half.id].exists
+        assert not _alive(half_pid)
+        assert not os.path.exists(f"/sys/class/net/{host_if}")
+        assert sb_obs[good.id].running
+        assert sb_obs[mute.id].exists and not sb_obs[mute.id].running
+        assert sb_obs[mute.id].status is not None and not sb_obs[mute.id].status.ready
+    finally:
+        for pod in list(second._pods.values()):
+            await second.hv.destroy(pod.vm)
+        for sb in (good, mute):
+            await second._unplumb(sb)
         await second.close()
 
 
