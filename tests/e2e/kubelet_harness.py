@@ -18,13 +18,14 @@ Two groups of checks, each a function of the harness returning a `Result`:
 Run as root:  .venv/bin/python -m tests.e2e.kubelet_harness --handler runv [--keep]
 Prints a table check -> pass/fail with a reason, the kubelet's error lines
 (klog level E, grouped and counted) and the shim's error events; exits 1 when
-a check failed. ``CRI_SHIM_KUBELET`` names the kubelet binary
-(default /work/tools/bin/kubelet).
+a check failed. ``CRI_SHIM_KUBELET`` names the kubelet binary (default: the
+``kubelet`` on PATH); ../shared/testenv/TOOLS.md says how to build v1.26.1.
 
 The kubelet sets vm.overcommit_memory=1, vm.panic_on_oom=0, kernel.panic=10
 and kernel.panic_on_oops=1 when it starts (protectKernelDefaults=false; with
-true it refuses to start on a host where they differ); the harness puts the
-previous values back when it stops.
+true it refuses to start on a host where they differ). The harness records the
+host's values (in SYSCTLS_SAVED, once for overlapping runs) and the run that
+stops while no other kubelet runs puts them back.
 """
 
 from __future__ import annotations
@@ -62,12 +63,15 @@ from cri_api import api_pb2 as pb
 from cri_api import api_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_KUBELET = "/work/tools/bin/kubelet"
+DEFAULT_KUBELET = "kubelet"  # looked up on PATH
 BUSYBOX = "127.0.0.1:5000/busybox:1.36"
 PAUSE = "127.0.0.1:5000/pause:3.10"
 NAMESPACE = "default"
 HANDLERS = ("fake", "docker", "runv")
 SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops")
+# The host's values before the first of (possibly concurrent) harness runs;
+# the run that stops while no other kubelet runs puts them back.
+SYSCTLS_SAVED = Path("/run/cri-shim-kubelet-harness.sysctls.json")
 # Waiting reasons of a container on its way up; any other one is an error.
 STARTING = {"", "ContainerCreating", "PodInitializing"}
 RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2}) ")
@@ -76,7 +80,8 @@ PORT_FORWARD_PORT = 8080
 
 
 def kubelet_binary() -> str:
-    return os.environ.get("CRI_SHIM_KUBELET", DEFAULT_KUBELET)
+    name = os.environ.get("CRI_SHIM_KUBELET") or DEFAULT_KUBELET
+    return shutil.which(name) or name
 
 
 def environment_problem(handler: str) -> str | None:
@@ -323,6 +328,28 @@ def _shim_command() -> list[str]:
     return [sys.executable, "-c", "import sys; from shim.cli import main; sys.exit(main())"]
 
 
+def _save_sysctls() -> None:
+    if SYSCTLS_SAVED.exists() or _other_kubelets():
+        return  # saved by a run still going on, or already changed by a kubelet
+    values = {}
+    for name in SYSCTLS:
+        with contextlib.suppress(OSError):
+            values[name] = Path("/proc/sys", name).read_text().strip()
+    SYSCTLS_SAVED.write_text(json.dumps(values))
+
+
+def _other_kubelets() -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv0 = (d / "cmdline").read_bytes().split(b"\0")[0]
+            if os.path.basename(argv0) == b"kubelet":
+                pids.append(int(d.name))
+    return pids
+
+
 class Harness:
     """A private cri-shim and a standalone kubelet on it, with the static pods of `manifests`."""
 
@@ -354,13 +381,15 @@ class Harness:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._files: list[Any] = []
         self._channel: grpc.Channel | None = None
-        self._sysctls: dict[str, str] = {}
         self._ssl = ssl.create_default_context()
         self._ssl.check_hostname = False
         self._ssl.verify_mode = ssl.CERT_NONE
         self.pods = manifests(str(self.hostdir))
         self.teardown: Teardown | None = None
         self.patience = 1.0  # scales the waits of the checks
+        self.pod_uids: set[str] = set()  # seen in /pods: whose /var/log entries are ours
+        self.kubelet_error_counts: collections.Counter[str] | None = None
+        self.shim_error_counts: collections.Counter[str] | None = None
 
     # ------------------------------------------------------------ names
     def full(self, pod: str) -> str:
@@ -429,9 +458,7 @@ class Harness:
     def _start_kubelet(self) -> None:
         if not os.access(self.kubelet_bin, os.X_OK):
             raise RuntimeError(f"no kubelet binary at {self.kubelet_bin}")
-        for name in SYSCTLS:
-            with contextlib.suppress(OSError):
-                self._sysctls[name] = Path("/proc/sys", name).read_text().strip()
+        _save_sysctls()
         argv = [
             self.kubelet_bin,
             f"--config={_kubelet_config(self)}",
@@ -490,6 +517,9 @@ class Harness:
             # The kubelet's /var/log/{pods,containers} entries of our node (its
             # containers' logs stay in the shim's and kubelet's logs here).
             self._remove_pod_logs()
+            # Read the logs before the work directory goes.
+            self.kubelet_error_counts = klog_errors(self.kubelet_log)
+            self.shim_error_counts = shim_problems(self.shim_log)
             if self.keep:
                 self.log(f"kept {self.dir}")
             else:
@@ -554,12 +584,18 @@ class Harness:
         self.log(f"stopped {name} (pid {proc.pid}, exit {proc.returncode})")
 
     def _restore_sysctls(self) -> None:
-        for name, value in self._sysctls.items():
+        if "kubelet" in self.procs or _other_kubelets():
+            return
+        try:
+            saved = json.loads(SYSCTLS_SAVED.read_text())
+        except (OSError, ValueError):
+            return
+        for name, value in saved.items():
             path = Path("/proc/sys", name)
             with contextlib.suppress(OSError):
                 if path.read_text().strip() != value:
                     path.write_text(value)
-        self._sysctls.clear()
+        SYSCTLS_SAVED.unlink(missing_ok=True)
 
     def _remove_runv_network(self) -> None:
         bridge, chain = f"rvk{self.tag}", f"CRISHIM-K-{self.tag}"
@@ -589,15 +625,17 @@ class Harness:
             subprocess.run(["umount", "-l", point], capture_output=True, check=False)
 
     def _remove_pod_logs(self) -> None:
-        suffix = f"-{self.node}_"
-        with contextlib.suppress(OSError):
-            for d in Path("/var/log/pods").iterdir():
-                if d.name.startswith(f"{NAMESPACE}_") and suffix in d.name:
-                    shutil.rmtree(d, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            for link in Path("/var/log/containers").iterdir():
-                if f"-{self.node}_{NAMESPACE}_" in link.name:
-                    link.unlink(missing_ok=True)
+        """What the kubelet left in /var/log/{pods,containers} of our pods (by UID: runs may overlap)."""
+        pods = Path("/var/log/pods")
+        ours = [d for d in pods.glob(f"{NAMESPACE}_*_*") if d.name.rsplit("_", 1)[-1] in self.pod_uids]
+        links = Path("/var/log/containers")
+        for link in links.iterdir() if links.is_dir() else []:
+            with contextlib.suppress(OSError):
+                target = os.readlink(link)
+                if any(target.startswith(f"{d}/") for d in ours):
+                    link.unlink()
+        for d in ours:
+            shutil.rmtree(d, ignore_errors=True)
 
     @staticmethod
     def _tail(path: Path, n: int = 30) -> str:
@@ -639,7 +677,9 @@ class Harness:
             return {}
         if status != 200:
             return {}
-        return {p["metadata"]["name"]: p for p in json.loads(body).get("items") or []}
+        pods = {p["metadata"]["name"]: p for p in json.loads(body).get("items") or []}
+        self.pod_uids.update(str(p["metadata"].get("uid")) for p in pods.values())
+        return pods
 
     def ws(self, path: str, subprotocols: list[str], timeout: float = 10) -> ClientConnection:
         return connect(
@@ -665,13 +705,15 @@ class Harness:
         timeout: float,
         *,
         init: bool = False,
-        fail_fast: bool = True,
+        tolerate: frozenset[str] = frozenset(),
     ) -> dict[str, Any]:
         """The container's status once `pred` holds; CheckFailed with its last status otherwise.
 
-        With fail_fast, a container waiting on an error (CreateContainerError,
-        RunContainerError, ErrImagePull, ...) fails at once: after `settle`
-        such a state does not heal within a check's time.
+        A container waiting on an error (CreateContainerError,
+        RunContainerError, ErrImagePull, ...; except the reasons in
+        `tolerate`) fails at once, as does an app container behind a failing
+        init container: after `settle` such a state does not heal within a
+        check's time.
         """
         timeout *= self.patience
         deadline = time.monotonic() + timeout
@@ -683,8 +725,15 @@ class Harness:
                 if last is not None and pred(last):
                     return last
                 waiting = (last or {}).get("state", {}).get("waiting")
-                if fail_fast and waiting is not None and waiting.get("reason", "") not in STARTING:
+                reason = (waiting or {}).get("reason", "")
+                if waiting is not None and reason not in STARTING and reason not in tolerate:
                     raise CheckFailed(f"{pod}/{container}: {describe(last)}")
+                if not init and _init_failing(p.get("status", {})):
+                    inits = p["status"].get("initContainerStatuses") or []
+                    raise CheckFailed(
+                        f"{pod}/{container} blocked by its init containers: "
+                        + "; ".join(f"{s.get('name')}: {describe(s)}" for s in inits)
+                    )
             if time.monotonic() >= deadline:
                 if p is None:
                     raise CheckFailed(f"pod {self.full(pod)} not in the kubelet's /pods")
@@ -778,22 +827,14 @@ class Harness:
 
     # ------------------------------------------------------------ reports
     def kubelet_errors(self) -> collections.Counter[str]:
+        if self.kubelet_error_counts is not None:
+            return self.kubelet_error_counts
         return klog_errors(self.kubelet_log)
 
     def shim_errors(self) -> collections.Counter[str]:
-        counts: collections.Counter[str] = collections.Counter()
-        try:
-            text = self.shim_log.read_text(errors="replace")
-        except OSError:
-            return counts
-        for line in text.splitlines():
-            # warnings and errors, and RPCs that did not answer OK
-            if re.search(r"\[(warning|error|critical)\s*\]|\b(Traceback|ERROR|WARNING)\b", line) or (
-                " rpc " in line and "code=OK" not in line
-            ):
-                line = re.sub(r"^\S+Z \[(\w+)\s*\]\s+", r"\1 ", line)
-                counts[_normalize(re.sub(r"\s+ms=\S+", "", line))] += 1
-        return counts
+        if self.shim_error_counts is not None:
+            return self.shim_error_counts
+        return shim_problems(self.shim_log)
 
 
 def run_one(h: Harness, c: Check, timeout: float) -> Result:
@@ -870,7 +911,8 @@ def _init_failing(status: dict[str, Any]) -> bool:
         waiting = (s.get("state") or {}).get("waiting")
         if waiting is not None and waiting.get("reason", "") not in STARTING:
             return True
-        if s.get("restartCount", 0) > 0:
+        terminated = (s.get("state") or {}).get("terminated")
+        if terminated is not None and terminated.get("exitCode") != 0:
             return True
     return False
 
@@ -887,7 +929,9 @@ _NORMALIZE = [
     (re.compile(r"/tmp/k-[A-Za-z0-9_]+"), "<dir>"),
     (re.compile(r"\b\d+(\.\d+)?(ms|s|µs)\b"), "<dur>"),
     (re.compile(r"attempt=\d+|Attempt:\d+"), "attempt=<n>"),
-    (re.compile(r"127\.0\.0\.1:\d+"), "127.0.0.1:<port>"),
+    (re.compile(r"127\.0\.0\.1:(?!5000\b)\d+"), "127.0.0.1:<port>"),
+    # kuberuntime_manager's dump of a whole container spec: its name is enough
+    (re.compile(r"&Container\{Name:([^,]+),.*\} (start failed)"), r"&Container{Name:\1,...} \2"),
 ]
 
 
@@ -895,6 +939,22 @@ def _normalize(line: str, limit: int = 260) -> str:
     for pattern, repl in _NORMALIZE:
         line = pattern.sub(repl, line)
     return line if len(line) <= limit else line[:limit] + "..."
+
+
+def shim_problems(path: Path) -> collections.Counter[str]:
+    """The shim's warnings and errors, and its RPCs that did not answer OK, grouped."""
+    counts: collections.Counter[str] = collections.Counter()
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return counts
+    for line in text.splitlines():
+        if re.search(r"\[(warning|error|critical)\s*\]|\b(Traceback|ERROR|WARNING)\b", line) or (
+            " rpc " in line and "code=OK" not in line
+        ):
+            line = re.sub(r"^\S+Z \[(\w+)\s*\]\s+", r"\1 ", line)
+            counts[_normalize(re.sub(r"\s+ms=\S+", "", line))] += 1
+    return counts
 
 
 def klog_errors(path: Path) -> collections.Counter[str]:
@@ -966,7 +1026,7 @@ def check_crash_loop(h: Harness) -> Result:
     def restarted(s: dict[str, Any]) -> bool:
         return s.get("restartCount", 0) >= 1 and "terminated" in (s.get("lastState") or {})
 
-    s = h.wait_container("crash", "main", restarted, 50, fail_fast=False)
+    s = h.wait_container("crash", "main", restarted, 50, tolerate=frozenset({"CrashLoopBackOff"}))
     code = s["lastState"]["terminated"].get("exitCode")
     if code != 3:
         raise CheckFailed(f"lastState.terminated.exitCode {code}, want 3: {describe(s)}")

@@ -2,13 +2,15 @@
 
 Each test runs every check of tests/e2e/kubelet_harness.py (about a minute:
 the kubelet's garbage collector, which the teardown check waits for, runs once
-a minute). Skipped, also in CI, without root, the kubelet binary
-(CRI_SHIM_KUBELET, default /work/tools/bin/kubelet) or the local registry.
+a minute). Opt-in: run only when CRI_SHIM_KUBELET names a kubelet binary, since
+the kubelet changes host kernel settings while it runs (the harness puts them
+back); skipped, also in CI, without it, root or the local registry.
 """
 
 from __future__ import annotations
 
 import io
+import os
 
 import pytest
 
@@ -37,6 +39,8 @@ FAKE_ASSERTED = {
 @pytest.mark.timeout(480)
 @pytest.mark.parametrize("handler", kh.HANDLERS)
 def test_kubelet_end_to_end(handler: str) -> None:
+    if not os.environ.get("CRI_SHIM_KUBELET"):
+        pytest.skip("set CRI_SHIM_KUBELET to a kubelet binary to run the kubelet end-to-end checks")
     problem = kh.environment_problem(handler)
     if problem:
         pytest.skip(problem)
