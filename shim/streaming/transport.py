@@ -65,14 +65,27 @@ class TcpTransport:
         await self.writer.drain()
 
     async def aclose(self) -> None:
-        await close_writer(self.writer)
+        await close_writer(self.writer, reader=self.reader)
 
     def abort(self) -> None:
         self.writer.transport.abort()
 
 
-async def close_writer(writer: asyncio.StreamWriter, timeout: float = 5.0) -> None:
-    """Close, giving a slow peer ``timeout`` seconds for the unsent tail."""
+async def close_writer(
+    writer: asyncio.StreamWriter,
+    timeout: float = 5.0,
+    reader: asyncio.StreamReader | None = None,
+    linger: float = 2.0,
+) -> None:
+    """Close, giving a slow peer ``timeout`` seconds for the unsent tail.
+
+    With ``reader``, the close lingers: our side is shut down first (FIN), and
+    what the peer still sends is read and dropped until it closes too (at most
+    ``linger`` seconds). Closing with unread input makes the kernel answer the
+    peer's next segment with a reset, and a reset makes the peer's kernel
+    discard what it received and its program has not read yet: through a
+    proxy (the kubelet's), the end of the output and the exit status.
+    """
     if writer.is_closing():
         return
     try:
@@ -82,6 +95,12 @@ async def close_writer(writer: asyncio.StreamWriter, timeout: float = 5.0) -> No
     except TimeoutError:
         writer.transport.abort()
         return
+    if reader is not None and writer.can_write_eof():
+        with contextlib.suppress(OSError, TimeoutError):
+            writer.write_eof()
+            async with asyncio.timeout(linger):
+                while await reader.read(65536):
+                    pass
     writer.close()
     try:
         async with asyncio.timeout(timeout):

@@ -151,7 +151,7 @@ class WsConnection:
                     await self.writer.drain()
                     while await self.recv() is not None:
                         pass  # discard what the client still had in flight
-        await close_writer(self.writer)
+        await close_writer(self.writer, reader=self.reader)
 
     def abort(self) -> None:
         self.writer.transport.abort()
