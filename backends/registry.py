@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from backends.base import Backend
+from backends.contract import Backend
 
 # type name -> module exposing `create(name, options) -> Backend`
 BACKEND_MODULES = {

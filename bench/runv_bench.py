@@ -44,7 +44,7 @@ import grpc
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from backends import base  # noqa: E402
+from backends import contract  # noqa: E402
 from backends.runv.backend import RunvBackend  # noqa: E402
 from backends.runv.hypervisor import MIB, VM, VMSpec  # noqa: E402
 from backends.runv.network import PodNetwork  # noqa: E402
@@ -70,13 +70,13 @@ def ms(seconds: list[float]) -> list[float]:
 class _Events:
     """EventSink: this benchmark only lets containers sleep, so nothing needs recording."""
 
-    def container_exited(self, container_id: str, info: base.ExitInfo) -> None:
+    def container_exited(self, container_id: str, info: contract.ExitInfo) -> None:
         pass
 
     def sandbox_not_ready(self, sandbox_id: str, reason: str) -> None:
         print(f"  pod {sandbox_id[:12]} not ready: {reason}", file=sys.stderr)
 
-    def log_sink(self, container_id: str) -> base.LogSink | None:
+    def log_sink(self, container_id: str) -> contract.LogSink | None:
         return None
 
 
@@ -90,12 +90,12 @@ class _NullSink:
         pass
 
 
-def _sandbox(name: str) -> base.SandboxRecord:
+def _sandbox(name: str) -> contract.SandboxRecord:
     cfg = pb.PodSandboxConfig(
         metadata=pb.PodSandboxMetadata(name=name, uid=f"{name}-uid", namespace="runv-bench"),
         hostname=name,
     )
-    return base.SandboxRecord(
+    return contract.SandboxRecord(
         id=uuid.uuid4().hex + uuid.uuid4().hex,
         handler="runv",
         backend="runv",
@@ -104,13 +104,13 @@ def _sandbox(name: str) -> base.SandboxRecord:
     )
 
 
-def _container(sb: base.SandboxRecord) -> base.ContainerRecord:
+def _container(sb: contract.SandboxRecord) -> contract.ContainerRecord:
     cfg = pb.ContainerConfig(
         metadata=pb.ContainerMetadata(name="app"),
         image=pb.ImageSpec(image=BUSYBOX),
         command=["sleep", "3600"],
     )
-    return base.ContainerRecord(
+    return contract.ContainerRecord(
         id=uuid.uuid4().hex + uuid.uuid4().hex,
         sandbox_id=sb.id,
         backend="runv",
@@ -158,7 +158,7 @@ async def in_process(cfg: dict[str, Any], vms: int, density_max: int) -> None:
     backend.hv.create = timed_create  # type: ignore[method-assign]
     run_sb: list[float] = []
     starts: list[float] = []
-    pods: list[base.SandboxRecord] = []
+    pods: list[contract.SandboxRecord] = []
     try:
         t0 = time.perf_counter()
         await backend.pull_image(pb.ImageSpec(image=BUSYBOX), None, None)

@@ -13,7 +13,9 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
-BACKEND_TYPES = ("fake", "docker", "runv")
+from backends.registry import BACKEND_MODULES
+
+BACKEND_TYPES = tuple(BACKEND_MODULES)  # the registry's list, written once
 DEFAULT_LISTEN = "unix:///run/cri-shim/cri-shim.sock"
 DEFAULT_STATE_DIR = "/var/lib/cri-shim"
 

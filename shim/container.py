@@ -10,8 +10,9 @@ from typing import Any
 
 import structlog
 
-from backends.base import (
+from backends.contract import (
     Capability,
+    Checkpointer,
     ContainerRecord,
     ContainerStatus,
     ExitInfo,
@@ -321,10 +322,9 @@ class ContainerService:
     async def checkpoint(self, req: pb.CheckpointContainerRequest) -> pb.CheckpointContainerResponse:
         c = self._get(req.container_id)
         backend = self.shim.backend(c.backend)
-        do = getattr(backend, "checkpoint_container", None)
-        if not backend.capabilities & Capability.CHECKPOINT or do is None:
+        if not backend.capabilities & Capability.CHECKPOINT or not isinstance(backend, Checkpointer):
             raise UnimplementedError(f"runtime handler {c.backend!r} does not support checkpointing")
-        await do(c, req.location, req.timeout)
+        await backend.checkpoint_container(c, req.location, req.timeout)
         return pb.CheckpointContainerResponse()
 
     # ------------------------------------------------------------------ helpers

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 
 import structlog
 
-from backends.base import Backend, ContainerRecord, ContainerStatus, ExitInfo, SandboxRecord
+from backends.contract import Backend, ContainerRecord, ContainerStatus, ExitInfo, SandboxRecord
 from backends.registry import Registry
 from cri_api import api_pb2 as pb
 from shim.config import Config

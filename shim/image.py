@@ -14,7 +14,7 @@ import json
 
 import structlog
 
-from backends.base import Backend, Capability
+from backends.contract import Backend, Capability
 from cri_api import api_pb2 as pb
 from shim.context import Shim
 from shim.errors import InvalidArgumentError

@@ -41,7 +41,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from backends.base import Backend
+from backends.contract import Backend
 from cri_api import api_pb2 as pb
 from shim import __version__
 from shim.server import Server, ServerError

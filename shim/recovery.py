@@ -17,7 +17,7 @@ import dataclasses
 
 import structlog
 
-from backends.base import ContainerRecord, ExitInfo, SandboxRecord, SandboxStatus
+from backends.contract import ContainerRecord, ExitInfo, SandboxRecord, SandboxStatus
 from cri_api import api_pb2 as pb
 from shim.context import Shim
 

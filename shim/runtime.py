@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from backends.base import Capability
+from backends.contract import Capability
 from cri_api import api_pb2 as pb
 from shim import __version__
 from shim.context import Shim

@@ -8,12 +8,14 @@ import json
 
 import structlog
 
-from backends.base import (
+from backends.contract import (
     Backend,
     Capability,
     ContainerRecord,
     ExitInfo,
+    MetricsBackend,
     SandboxRecord,
+    SandboxResourceUpdater,
     SandboxStatus,
     sandbox_stats_of,
 )
@@ -171,16 +173,17 @@ class SandboxService:
         self, req: pb.ListMetricDescriptorsRequest
     ) -> pb.ListMetricDescriptorsResponse:
         # Every handler that exports metrics; one descriptor per name.
-        exporting = [b for _, b in self.shim.registry.items() if b.capabilities & Capability.METRICS]
+        exporting = [
+            b
+            for _, b in self.shim.registry.items()
+            if b.capabilities & Capability.METRICS and isinstance(b, MetricsBackend)
+        ]
         if not exporting:
             raise UnimplementedError("no runtime handler exports metrics")
         resp = pb.ListMetricDescriptorsResponse()
         seen: set[str] = set()
         for backend in exporting:
-            describe = getattr(backend, "metric_descriptors", None)
-            if describe is None:
-                continue
-            for d in await describe():
+            for d in await backend.metric_descriptors():
                 if d.name not in seen:
                     seen.add(d.name)
                     resp.descriptors.append(d)
@@ -190,14 +193,11 @@ class SandboxService:
         resp = pb.ListPodSandboxMetricsResponse()
         store = self.shim.store
         for _, backend in self.shim.registry.items():
-            if not backend.capabilities & Capability.METRICS:
-                continue
-            collect = getattr(backend, "sandbox_metrics", None)
-            if collect is None:
+            if not backend.capabilities & Capability.METRICS or not isinstance(backend, MetricsBackend):
                 continue
             sandboxes = [sb for sb in store.sandboxes.values() if sb.backend == backend.name and sb.committed]
             containers = [c for sb in sandboxes for c in store.containers_of(sb.id) if c.committed]
-            resp.pod_metrics.extend(await collect(sandboxes, containers))
+            resp.pod_metrics.extend(await backend.sandbox_metrics(sandboxes, containers))
         return resp
 
     async def update_resources(
@@ -205,10 +205,11 @@ class SandboxService:
     ) -> pb.UpdatePodSandboxResourcesResponse:
         sb = self.shim.store.sandboxes.resolve(req.pod_sandbox_id)
         backend = self.shim.backend(sb.backend)
-        update = getattr(backend, "update_sandbox_resources", None)
-        if not backend.capabilities & Capability.UPDATE_SANDBOX_RESOURCES or update is None:
+        if not backend.capabilities & Capability.UPDATE_SANDBOX_RESOURCES or not isinstance(
+            backend, SandboxResourceUpdater
+        ):
             raise UnimplementedError(f"runtime handler {sb.backend!r} cannot update pod sandbox resources")
-        await update(sb, req)
+        await backend.update_sandbox_resources(sb, req)
         return pb.UpdatePodSandboxResourcesResponse()
 
 

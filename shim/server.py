@@ -24,7 +24,7 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from backends.base import Backend, PortStream, StreamIO
+from backends.contract import Backend, PortStream, StreamIO
 from backends.registry import Registry, create_backend
 from shim.config import Config
 from shim.context import Shim

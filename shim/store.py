@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 
 import structlog
 
-from backends.base import ContainerRecord, ContainerStatus, SandboxRecord, SandboxStatus
+from backends.contract import ContainerRecord, ContainerStatus, SandboxRecord, SandboxStatus
 from cri_api import api_pb2 as pb
 from shim.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 

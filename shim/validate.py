@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from backends.base import Capability
+from backends.contract import Capability
 from cri_api import api_pb2 as pb
 from shim.errors import InvalidArgumentError, UnimplementedError
 

@@ -1,6 +1,99 @@
 """What the CRI layer (``shim``) and the backends share, knowing neither of them.
 
-Nothing here imports gRPC or ``shim``: the conditions a backend raises
-(:mod:`backends.contract.errors`) are turned into status codes by the
-servicer alone, through the one table in ``shim.errors``.
+- :mod:`~backends.contract.errors`: the conditions a backend raises, with no
+  gRPC in them (``shim.errors`` maps each to a status code, once);
+- :mod:`~backends.contract.records`: the shim's records of pods and containers;
+- :mod:`~backends.contract.values`: what backends report (exits, networks,
+  recovery observations, exec results);
+- :mod:`~backends.contract.protocols`: the narrow protocols (lifecycle,
+  images, exec and streams, stats, resources) and the optional ones the shim
+  checks with ``isinstance`` (metrics, pod resources, checkpoints).
+
+Imports run one way: ``cri_api`` <- this package <- the backends; ``shim``
+uses this package and the registry; nothing here imports ``shim`` or gRPC
+(tests/unit/test_import_contract.py).
 """
+
+from backends.contract.errors import (
+    AlreadyExistsError,
+    CriError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+    UnavailableError,
+    UnimplementedError,
+)
+from backends.contract.protocols import (
+    Backend,
+    Capability,
+    Checkpointer,
+    EventSink,
+    Exec,
+    Images,
+    Lifecycle,
+    LogSink,
+    MetricsBackend,
+    PortStream,
+    Resources,
+    SandboxResourceUpdater,
+    Stats,
+    StreamIO,
+)
+from backends.contract.records import (
+    ContainerRecord,
+    ContainerStatus,
+    SandboxRecord,
+    SandboxStatus,
+    container_stats_of,
+    sandbox_stats_of,
+)
+from backends.contract.values import (
+    ExecResult,
+    ExitInfo,
+    Health,
+    Observed,
+    SandboxNetwork,
+    TerminalSize,
+)
+
+__all__ = [
+    "AlreadyExistsError",
+    "Backend",
+    "Capability",
+    "Checkpointer",
+    "ContainerRecord",
+    "ContainerStatus",
+    "CriError",
+    "DeadlineExceededError",
+    "EventSink",
+    "Exec",
+    "ExecResult",
+    "ExitInfo",
+    "FailedPreconditionError",
+    "Health",
+    "Images",
+    "InternalError",
+    "InvalidArgumentError",
+    "Lifecycle",
+    "LogSink",
+    "MetricsBackend",
+    "NotFoundError",
+    "Observed",
+    "PortStream",
+    "ResourceExhaustedError",
+    "Resources",
+    "SandboxNetwork",
+    "SandboxRecord",
+    "SandboxResourceUpdater",
+    "SandboxStatus",
+    "Stats",
+    "StreamIO",
+    "TerminalSize",
+    "UnavailableError",
+    "UnimplementedError",
+    "container_stats_of",
+    "sandbox_stats_of",
+]

@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from backends.base import (
+from backends.contract import (
     Capability,
     ContainerRecord,
     EventSink,

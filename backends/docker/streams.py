@@ -8,7 +8,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 
-from backends.base import StreamIO, TerminalSize
+from backends.contract import StreamIO, TerminalSize
 
 from .engine import RawResponse
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from backends.base import (
+from backends.contract import (
     Capability,
     ContainerRecord,
     EventSink,
@@ -41,9 +41,9 @@ from backends.base import (
     SandboxRecord,
     StreamIO,
     container_stats_of,
+    errors,
     sandbox_stats_of,
 )
-from backends.contract import errors
 from backends.fake.program import (
     PROGRAM_ANNOTATION,
     Program,
@@ -133,7 +133,7 @@ class Running:
 
 
 class FakeBackend:
-    """Implements backends.base.Backend in memory."""
+    """Implements backends.contract.Backend in memory."""
 
     def __init__(
         self, name: str, options: Mapping[str, Any], clock: Callable[[], int] = time.time_ns

@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from backends import base
+from backends import contract
 from backends.contract import errors
 from backends.linux import cgroups, metrics
 from backends.linux.usage import UsageCache
@@ -62,15 +62,15 @@ def _signal_number(sig: int) -> int:
 
 class RunvBackend:
     capabilities = (
-        base.Capability.EXEC_SYNC
-        | base.Capability.EXEC
-        | base.Capability.ATTACH
-        | base.Capability.PORT_FORWARD
-        | base.Capability.STATS
-        | base.Capability.METRICS
-        | base.Capability.UPDATE_RESOURCES
-        | base.Capability.IMAGES
-        | base.Capability.HOST_NETWORK
+        contract.Capability.EXEC_SYNC
+        | contract.Capability.EXEC
+        | contract.Capability.ATTACH
+        | contract.Capability.PORT_FORWARD
+        | contract.Capability.STATS
+        | contract.Capability.METRICS
+        | contract.Capability.UPDATE_RESOURCES
+        | contract.Capability.IMAGES
+        | contract.Capability.HOST_NETWORK
     )
 
     def __init__(self, name: str, config: dict[str, Any], hypervisor: Hypervisor | None = None) -> None:
@@ -95,12 +95,12 @@ class RunvBackend:
         self._pods: dict[str, _Pod] = {}
         self._owner: dict[str, str] = {}  # container ID -> sandbox ID
         self._reported: set[str] = set()  # containers whose exit was sent to the shim
-        self._events: base.EventSink | None = None
+        self._events: contract.EventSink | None = None
         self._background: set[asyncio.Task[None]] = set()
         self.log_drain_timeout = float(config.get("log_drain_timeout", 2.0))
 
     # ------------------------------------------------------------------ lifecycle
-    async def start(self, events: base.EventSink) -> None:
+    async def start(self, events: contract.EventSink) -> None:
         self._events = events
         os.makedirs(self._containers_dir, exist_ok=True)
 
@@ -118,10 +118,10 @@ class RunvBackend:
             self.hv.tidy()  # no VM left: drop the empty run dir and cgroup parent
         self._pods.clear()
 
-    async def health(self) -> base.Health:
+    async def health(self) -> contract.Health:
         if shutil.which(str(self.config.get("stub", {}).get("runc", "runc"))) is None:
-            return base.Health(False, True, "RuncMissing", "runc is not installed")
-        return base.Health(True, True)
+            return contract.Health(False, True, "RuncMissing", "runc is not installed")
+        return contract.Health(True, True)
 
     def runtime_config(self) -> pb.RuntimeConfigResponse:
         return pb.RuntimeConfigResponse(linux=pb.LinuxRuntimeConfiguration(cgroup_driver=pb.CGROUPFS))
@@ -140,7 +140,7 @@ class RunvBackend:
             raise errors.UnavailableError(f"agent of sandbox {pod.sandbox_id} is not connected")
         return pod.agent
 
-    def _pod_of(self, container: base.ContainerRecord) -> _Pod:
+    def _pod_of(self, container: contract.ContainerRecord) -> _Pod:
         return self._pod(container.sandbox_id)
 
     async def _connect(self, pod: _Pod) -> None:
@@ -155,7 +155,7 @@ class RunvBackend:
     def _on_event(self, pod: _Pod, name: str, body: dict[str, Any]) -> None:
         if name == "exit":
             cid = str(body.get("id", ""))
-            info = base.ExitInfo(
+            info = contract.ExitInfo(
                 exit_code=int(body.get("exit_code", 0)),
                 finished_at=int(body.get("finished_at", 0)) or time.time_ns(),
                 reason=str(body.get("reason", "")),
@@ -171,11 +171,11 @@ class RunvBackend:
         if task is not None and not task.done():
             await asyncio.wait({task}, timeout=self.log_drain_timeout)
 
-    async def _exit_after_logs(self, pod: _Pod, cid: str, info: base.ExitInfo) -> None:
+    async def _exit_after_logs(self, pod: _Pod, cid: str, info: contract.ExitInfo) -> None:
         await self._drain_logs(pod, cid)
         self._report_exit(cid, info)
 
-    def _report_exit(self, cid: str, info: base.ExitInfo) -> None:
+    def _report_exit(self, cid: str, info: contract.ExitInfo) -> None:
         if cid in self._reported:
             return
         self._reported.add(cid)
@@ -191,7 +191,7 @@ class RunvBackend:
             now = time.time_ns()
             msg = f"the VM of the pod exited unexpectedly: {self.hv.console(pod.vm)[-200:].strip()}"
             for cid in sorted(pod.containers):
-                self._report_exit(cid, base.ExitInfo(VM_CRASH_EXIT, now, VM_CRASH_REASON, msg))
+                self._report_exit(cid, contract.ExitInfo(VM_CRASH_EXIT, now, VM_CRASH_REASON, msg))
             if self._events is not None:
                 self._events.sandbox_not_ready(pod.sandbox_id, VM_CRASH_REASON)
 
@@ -199,16 +199,16 @@ class RunvBackend:
 
     # ------------------------------------------------------------------ recovery
     async def recover(
-        self, sandboxes: Sequence[base.SandboxRecord], containers: Sequence[base.ContainerRecord]
-    ) -> tuple[dict[str, base.Observed], dict[str, base.Observed]]:
-        sb_obs: dict[str, base.Observed] = {}
-        ct_obs: dict[str, base.Observed] = {}
+        self, sandboxes: Sequence[contract.SandboxRecord], containers: Sequence[contract.ContainerRecord]
+    ) -> tuple[dict[str, contract.Observed], dict[str, contract.Observed]]:
+        sb_obs: dict[str, contract.Observed] = {}
+        ct_obs: dict[str, contract.Observed] = {}
         agent_states: dict[str, dict[str, Any]] = {}
         known: set[str] = set()
         for sb in sandboxes:
             data = sb.backend_data.get("vm")
             if not data:
-                sb_obs[sb.id] = base.Observed(exists=False)
+                sb_obs[sb.id] = contract.Observed(exists=False)
                 continue
             vm = VM.from_dict(data)
             known.add(vm.id)
@@ -216,7 +216,7 @@ class RunvBackend:
                 await self.hv.destroy(vm)
                 await self._unplumb(sb)
                 await self.net.delete_veth(self.net.veth_names(vm.id)[0])
-                sb_obs[sb.id] = base.Observed(exists=False)
+                sb_obs[sb.id] = contract.Observed(exists=False)
                 continue
             net = sb.backend_data.get("net")
             if net:
@@ -228,30 +228,32 @@ class RunvBackend:
                 assert pod.agent is not None
                 listing = await pod.agent.call("list")
             except errors.CriError:
-                sb_obs[sb.id] = base.Observed(
-                    exists=True, running=False, status=base.SandboxStatus(ready=False)
+                sb_obs[sb.id] = contract.Observed(
+                    exists=True, running=False, status=contract.SandboxStatus(ready=False)
                 )
                 self._watch(pod)
                 continue
             for c in listing.get("containers", []):
                 agent_states[str(c["id"])] = c
             self._watch(pod)
-            sb_obs[sb.id] = base.Observed(exists=True, running=True, status=sb.status)
+            sb_obs[sb.id] = contract.Observed(exists=True, running=True, status=sb.status)
         for ct in containers:
             state = agent_states.get(ct.id)
             owner = self._pods.get(ct.sandbox_id)
             if state is None or owner is None:
-                ct_obs[ct.id] = base.Observed(exists=False)
+                ct_obs[ct.id] = contract.Observed(exists=False)
                 continue
             self._owner[ct.id] = ct.sandbox_id
             owner.containers.add(ct.id)
             if state["status"] == "exited":
-                info = base.ExitInfo(int(state["exit_code"]), int(state["finished_at"]), str(state["reason"]))
+                info = contract.ExitInfo(
+                    int(state["exit_code"]), int(state["finished_at"]), str(state["reason"])
+                )
                 self._reported.add(ct.id)
-                ct_obs[ct.id] = base.Observed(True, False, info, int(state["started_at"]))
+                ct_obs[ct.id] = contract.Observed(True, False, info, int(state["started_at"]))
             else:
                 running = state["status"] == "running"
-                ct_obs[ct.id] = base.Observed(True, running, None, int(state["started_at"]))
+                ct_obs[ct.id] = contract.Observed(True, running, None, int(state["started_at"]))
                 sink = self._events.log_sink(ct.id) if self._events is not None else None
                 if running and sink is not None:
                     await self._pump_logs(owner, ct.id, sink)
@@ -261,7 +263,7 @@ class RunvBackend:
             await self.net.delete_veth(self.net.veth_names(vm.id)[0])
         with_net = {sb.id for sb in sandboxes if sb.backend_data.get("net")}
         for sb in sandboxes:
-            if sb.id in with_net and not sb_obs.get(sb.id, base.Observed(exists=False)).exists:
+            if sb.id in with_net and not sb_obs.get(sb.id, contract.Observed(exists=False)).exists:
                 with_net.discard(sb.id)
         self.net.release_unknown(with_net)
         with contextlib.suppress(errors.CriError):
@@ -269,7 +271,7 @@ class RunvBackend:
         return sb_obs, ct_obs
 
     # ------------------------------------------------------------------ sandboxes
-    async def run_sandbox(self, sandbox: base.SandboxRecord) -> base.SandboxNetwork:
+    async def run_sandbox(self, sandbox: contract.SandboxRecord) -> contract.SandboxNetwork:
         cfg = sandbox.config
         res = cfg.linux.resources
         over = cfg.linux.overhead
@@ -320,9 +322,9 @@ class RunvBackend:
         sandbox.backend_data["vm"] = vm.to_dict()
         self._pods[sandbox.id] = pod
         self._watch(pod)
-        return base.SandboxNetwork(ip=ip)
+        return contract.SandboxNetwork(ip=ip)
 
-    async def _plumb(self, sandbox: base.SandboxRecord, pod: _Pod, ports: list[Any]) -> str:
+    async def _plumb(self, sandbox: contract.SandboxRecord, pod: _Pod, ports: list[Any]) -> str:
         """Give the VM its pod IP on the bridge and publish its host ports; return the IP."""
         agent = self._agent(pod)
         ip = self.net.allocate(sandbox.id)
@@ -347,7 +349,7 @@ class RunvBackend:
         await self.net.add_host_ports(sandbox.id, ip, ports)
         return ip
 
-    async def _unplumb(self, sandbox: base.SandboxRecord) -> None:
+    async def _unplumb(self, sandbox: contract.SandboxRecord) -> None:
         """Release the pod's network: host-port rules, veth, IP. Idempotent."""
         data = sandbox.backend_data.get("net")
         if not data:
@@ -357,7 +359,7 @@ class RunvBackend:
         self.net.release(str(data.get("ip", "")), sandbox.id)
         sandbox.backend_data.pop("net", None)
 
-    async def stop_sandbox(self, sandbox: base.SandboxRecord) -> None:
+    async def stop_sandbox(self, sandbox: contract.SandboxRecord) -> None:
         pod = self._pods.get(sandbox.id)
         if pod is None:
             data = sandbox.backend_data.get("vm")
@@ -385,13 +387,13 @@ class RunvBackend:
             pod.monitor.cancel()
         now = time.time_ns()
         for cid in sorted(pod.containers):
-            self._report_exit(cid, base.ExitInfo(137, now, "Error", "the pod's VM was stopped"))
+            self._report_exit(cid, contract.ExitInfo(137, now, "Error", "the pod's VM was stopped"))
         for task in pod.pumps.values():
             task.cancel()
         del self._pods[sandbox.id]
         await self._unplumb(sandbox)
 
-    async def remove_sandbox(self, sandbox: base.SandboxRecord) -> None:
+    async def remove_sandbox(self, sandbox: contract.SandboxRecord) -> None:
         await self.stop_sandbox(sandbox)
         for cid, sid in list(self._owner.items()):
             if sid == sandbox.id:
@@ -422,7 +424,9 @@ class RunvBackend:
                     return self.images.images[image_id]
         raise errors.NotFoundError(f"image {ref!r} not found")
 
-    async def create_container(self, container: base.ContainerRecord, sandbox: base.SandboxRecord) -> None:
+    async def create_container(
+        self, container: contract.ContainerRecord, sandbox: contract.SandboxRecord
+    ) -> None:
         pod = self._pod(sandbox.id)
         agent = self._agent(pod)
         cfg = container.config
@@ -475,7 +479,7 @@ class RunvBackend:
         pod.containers.add(container.id)
         container.backend_data["vm"] = pod.vm.id
 
-    async def _pump_logs(self, pod: _Pod, cid: str, logs: base.LogSink) -> None:
+    async def _pump_logs(self, pod: _Pod, cid: str, logs: contract.LogSink) -> None:
         agent = self._agent(pod)
         stream = agent.stream()
         await agent.call("output", id=cid, stream=stream.id)
@@ -497,7 +501,7 @@ class RunvBackend:
         pod.pumps[cid] = asyncio.get_running_loop().create_task(pump())
 
     async def start_container(
-        self, container: base.ContainerRecord, sandbox: base.SandboxRecord, logs: base.LogSink
+        self, container: contract.ContainerRecord, sandbox: contract.SandboxRecord, logs: contract.LogSink
     ) -> int:
         pod = self._pod(sandbox.id)
         agent = self._agent(pod)
@@ -505,10 +509,10 @@ class RunvBackend:
         state = await agent.call("start", id=container.id)
         return int(state.get("started_at") or time.time_ns())
 
-    async def stop_container(self, container: base.ContainerRecord, timeout: int) -> base.ExitInfo:
+    async def stop_container(self, container: contract.ContainerRecord, timeout: int) -> contract.ExitInfo:
         pod = self._pods.get(container.sandbox_id)
         if pod is None or pod.dead:
-            return base.ExitInfo(VM_CRASH_EXIT, time.time_ns(), VM_CRASH_REASON, "the pod's VM is gone")
+            return contract.ExitInfo(VM_CRASH_EXIT, time.time_ns(), VM_CRASH_REASON, "the pod's VM is gone")
         agent = self._agent(pod)
         state = await agent.call("state", id=container.id)
         if state["status"] == "running":
@@ -520,13 +524,13 @@ class RunvBackend:
                 await agent.call("signal", id=container.id, signal=int(signal.SIGKILL))
                 state = await agent.call("wait", id=container.id)
         elif state["status"] == "created":
-            return base.ExitInfo(0, time.time_ns(), "Completed")
-        info = base.ExitInfo(int(state["exit_code"]), int(state["finished_at"]), str(state["reason"]))
+            return contract.ExitInfo(0, time.time_ns(), "Completed")
+        info = contract.ExitInfo(int(state["exit_code"]), int(state["finished_at"]), str(state["reason"]))
         await self._drain_logs(pod, container.id)
         self._report_exit(container.id, info)
         return info
 
-    async def remove_container(self, container: base.ContainerRecord) -> None:
+    async def remove_container(self, container: contract.ContainerRecord) -> None:
         pod = self._pods.get(container.sandbox_id)
         if pod is not None and not pod.dead and pod.agent is not None and not pod.agent.closed:
             await pod.agent.call("remove", id=container.id)
@@ -542,7 +546,7 @@ class RunvBackend:
         self._forget(container.id)
 
     async def update_container_resources(
-        self, container: base.ContainerRecord, resources: pb.LinuxContainerResources
+        self, container: contract.ContainerRecord, resources: pb.LinuxContainerResources
     ) -> None:
         pod = self._pod_of(container)
         agent = self._agent(pod)
@@ -558,7 +562,7 @@ class RunvBackend:
     # ------------------------------------------------------------------ exec
     async def _exec(
         self,
-        container: base.ContainerRecord,
+        container: contract.ContainerRecord,
         cmd: Sequence[str],
         stdin: bool,
         tty: bool,
@@ -619,8 +623,8 @@ class RunvBackend:
             stream.forget()
 
     async def exec_sync(
-        self, container: base.ContainerRecord, cmd: Sequence[str], timeout: float
-    ) -> base.ExecResult:
+        self, container: contract.ContainerRecord, cmd: Sequence[str], timeout: float
+    ) -> contract.ExecResult:
         out = bytearray()
         err = bytearray()
 
@@ -628,9 +632,11 @@ class RunvBackend:
             (err if ch == Ch.STDERR else out).extend(data)
 
         code = await self._exec(container, cmd, False, False, collect, timeout=timeout)
-        return base.ExecResult(code, bytes(out), bytes(err))
+        return contract.ExecResult(code, bytes(out), bytes(err))
 
-    async def exec(self, container: base.ContainerRecord, cmd: Sequence[str], io: base.StreamIO) -> int:
+    async def exec(
+        self, container: contract.ContainerRecord, cmd: Sequence[str], io: contract.StreamIO
+    ) -> int:
         async def forward(ch: int, data: bytes) -> None:
             if ch == Ch.STDERR and not io.tty:
                 await io.write_stderr(data)
@@ -647,7 +653,7 @@ class RunvBackend:
             io.resizes() if io.tty else None,
         )
 
-    async def attach(self, container: base.ContainerRecord, io: base.StreamIO) -> None:
+    async def attach(self, container: contract.ContainerRecord, io: contract.StreamIO) -> None:
         pod = self._pod_of(container)
         agent = self._agent(pod)
         stream = agent.stream()
@@ -685,7 +691,9 @@ class RunvBackend:
             await asyncio.gather(*tasks, return_exceptions=True)
             stream.forget()
 
-    async def port_forward(self, sandbox: base.SandboxRecord, port: int, stream: base.PortStream) -> None:
+    async def port_forward(
+        self, sandbox: contract.SandboxRecord, port: int, stream: contract.PortStream
+    ) -> None:
         pod = self._pod(sandbox.id)
         agent = self._agent(pod)
         st: Stream = agent.stream()
@@ -722,9 +730,9 @@ class RunvBackend:
         return layer
 
     async def container_stats(
-        self, containers: Sequence[base.ContainerRecord]
+        self, containers: Sequence[contract.ContainerRecord]
     ) -> dict[str, pb.ContainerStats]:
-        async def one(ct: base.ContainerRecord) -> pb.ContainerStats | None:
+        async def one(ct: contract.ContainerRecord) -> pb.ContainerStats | None:
             pod = self._pods.get(ct.sandbox_id)
             if pod is None or pod.dead or pod.agent is None or pod.agent.closed:
                 return None
@@ -734,7 +742,7 @@ class RunvBackend:
                 return None
             used, inodes = await self._writable_usage(ct.id).get()
             now = time.time_ns()
-            st = base.container_stats_of(ct)
+            st = contract.container_stats_of(ct)
             st.MergeFrom(
                 pb.ContainerStats(
                     cpu=pb.CpuUsage(
@@ -760,7 +768,7 @@ class RunvBackend:
         return {ct.id: st for ct, st in zip(containers, got, strict=True) if st is not None}
 
     async def sandbox_stats(
-        self, sandboxes: Sequence[base.SandboxRecord], containers: Sequence[base.ContainerRecord]
+        self, sandboxes: Sequence[contract.SandboxRecord], containers: Sequence[contract.ContainerRecord]
     ) -> dict[str, pb.PodSandboxStats]:
         per_ct = await self.container_stats(containers)
         out: dict[str, pb.PodSandboxStats] = {}
@@ -770,7 +778,7 @@ class RunvBackend:
                 continue
             cpu, mem = self.hv.usage(pod.vm)
             now = time.time_ns()
-            out[sb.id] = st = base.sandbox_stats_of(sb)
+            out[sb.id] = st = contract.sandbox_stats_of(sb)
             st.linux.CopyFrom(
                 pb.LinuxPodSandboxStats(
                     cpu=pb.CpuUsage(timestamp=now, usage_core_nano_seconds=pb.UInt64Value(value=cpu)),
@@ -789,17 +797,17 @@ class RunvBackend:
         return metrics.descriptors()
 
     async def sandbox_metrics(
-        self, sandboxes: Sequence[base.SandboxRecord], containers: Sequence[base.ContainerRecord]
+        self, sandboxes: Sequence[contract.SandboxRecord], containers: Sequence[contract.ContainerRecord]
     ) -> list[pb.PodSandboxMetrics]:
         """cAdvisor's container_* families, from each VM's agent (its containers' cgroups and
         its network), with the same builder as the docker backend's."""
-        running: dict[str, list[base.ContainerRecord]] = {}
+        running: dict[str, list[contract.ContainerRecord]] = {}
         for ct in containers:
             if ct.status.state == pb.CONTAINER_RUNNING:
                 running.setdefault(ct.sandbox_id, []).append(ct)
         layer_fs = await asyncio.to_thread(_fs_of, self._containers_dir)
 
-        async def one(sb: base.SandboxRecord) -> pb.PodSandboxMetrics:
+        async def one(sb: contract.SandboxRecord) -> pb.PodSandboxMetrics:
             pm = pb.PodSandboxMetrics(pod_sandbox_id=sb.id)
             pod = self._pods.get(sb.id)
             if pod is None or pod.dead or pod.agent is None or pod.agent.closed:

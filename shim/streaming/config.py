@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
-from backends.base import PortStream, StreamIO
+from backends.contract import PortStream, StreamIO
 
 
 class StreamingRuntime(Protocol):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from backends.base import TerminalSize
+from backends.contract import TerminalSize
 
 # remotecommand over SPDY, most preferred first (client order wins in negotiation)
 REMOTECOMMAND_V4 = "v4.channel.k8s.io"

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import structlog
 
-from backends.base import StreamIO, TerminalSize
+from backends.contract import StreamIO, TerminalSize
 from cri_api import api_pb2 as pb
 from shim.errors import CriError
 from shim.streaming import protocols as proto

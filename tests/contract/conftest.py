@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pytest
 
-from backends.base import Backend
+from backends.contract import Backend
 from cri_api import api_pb2_grpc
 from shim.server import Server
 from tests.conftest import make_ids, server_config

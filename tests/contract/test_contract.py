@@ -9,7 +9,7 @@ import time
 import grpc
 import pytest
 
-from backends.base import Capability
+from backends.contract import Capability
 from cri_api import api_pb2 as pb
 from tests.contract.conftest import Cri
 from tests.criutil import container_config, sandbox_config

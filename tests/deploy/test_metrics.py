@@ -14,7 +14,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from backends.base import Backend
+from backends.contract import Backend
 from cri_api import api_pb2 as pb
 from cri_api import api_pb2_grpc
 from shim import metrics

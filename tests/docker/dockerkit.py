@@ -10,7 +10,7 @@ from typing import Any
 
 import docker
 
-from backends.base import ContainerRecord, ExitInfo, LogSink, SandboxRecord
+from backends.contract import ContainerRecord, ExitInfo, LogSink, SandboxRecord
 from backends.docker import DockerBackend, create
 from cri_api import api_pb2 as pb
 

@@ -18,7 +18,7 @@ from typing import Any
 import docker
 import pytest
 
-from backends.base import Backend, ContainerRecord, SandboxStatus, TerminalSize
+from backends.contract import Backend, ContainerRecord, SandboxStatus, TerminalSize
 from backends.docker import create
 from backends.docker import labels as lbl
 from cri_api import api_pb2 as pb

@@ -184,7 +184,7 @@ async def test_live_socket_is_refused(short_tmp: str) -> None:
 async def test_half_created_records_are_cleaned_at_start(short_tmp: str) -> None:
     """A crash between persisting a record and committing it leaves an uncommitted record:
     the next start removes what the backend may have made and forgets the record."""
-    from backends.base import ContainerRecord, SandboxRecord, SandboxStatus
+    from backends.contract import ContainerRecord, SandboxRecord, SandboxStatus
     from shim.store import StateDir, Store
 
     cfg = server_config(short_tmp)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from backends import base
+from backends import contract
 from backends.runv.stub import CGROUP_ROOT
 from cri_api import api_pb2 as pb
 
@@ -43,12 +43,12 @@ class Events:
     """An EventSink that records what the backend reports."""
 
     def __init__(self) -> None:
-        self.exits: dict[str, base.ExitInfo] = {}
+        self.exits: dict[str, contract.ExitInfo] = {}
         self.not_ready: dict[str, str] = {}
-        self.sinks: dict[str, base.LogSink] = {}
+        self.sinks: dict[str, contract.LogSink] = {}
         self.changed = asyncio.Event()
 
-    def container_exited(self, container_id: str, info: base.ExitInfo) -> None:
+    def container_exited(self, container_id: str, info: contract.ExitInfo) -> None:
         self.exits[container_id] = info
         self.changed.set()
 
@@ -56,7 +56,7 @@ class Events:
         self.not_ready[sandbox_id] = reason
         self.changed.set()
 
-    def log_sink(self, container_id: str) -> base.LogSink | None:
+    def log_sink(self, container_id: str) -> contract.LogSink | None:
         return self.sinks.get(container_id)
 
     async def wait_for(self, cond: Any, timeout: float = 10.0) -> None:
@@ -84,7 +84,7 @@ class MemorySink:
         self.closed.set()
 
 
-def sandbox_record(name: str = "pod", **linux: Any) -> base.SandboxRecord:
+def sandbox_record(name: str = "pod", **linux: Any) -> contract.SandboxRecord:
     cfg = pb.PodSandboxConfig(
         metadata=pb.PodSandboxMetadata(name=name, uid=name + "-uid", namespace="default"),
         hostname=name,
@@ -92,7 +92,7 @@ def sandbox_record(name: str = "pod", **linux: Any) -> base.SandboxRecord:
     )
     if linux:
         cfg.linux.resources.CopyFrom(pb.LinuxContainerResources(**linux))
-    return base.SandboxRecord(
+    return contract.SandboxRecord(
         id=uuid.uuid4().hex + uuid.uuid4().hex,
         handler="runv",
         backend="runv",
@@ -102,15 +102,15 @@ def sandbox_record(name: str = "pod", **linux: Any) -> base.SandboxRecord:
 
 
 def container_record(
-    sandbox: base.SandboxRecord, image: str, command: list[str], name: str = "c", **kw: Any
-) -> base.ContainerRecord:
+    sandbox: contract.SandboxRecord, image: str, command: list[str], name: str = "c", **kw: Any
+) -> contract.ContainerRecord:
     cfg = pb.ContainerConfig(
         metadata=pb.ContainerMetadata(name=name),
         image=pb.ImageSpec(image=image),
         command=command,
         **kw,
     )
-    return base.ContainerRecord(
+    return contract.ContainerRecord(
         id=uuid.uuid4().hex + uuid.uuid4().hex,
         sandbox_id=sandbox.id,
         backend="runv",

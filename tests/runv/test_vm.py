@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.base import TerminalSize
+from backends.contract import TerminalSize
 from backends.runv.backend import VM_CRASH_REASON, RunvBackend
 from backends.runv.hypervisor import MIB, Fault
 from cri_api import api_pb2 as pb

@@ -14,7 +14,7 @@ from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from backends.base import PortStream, StreamIO, TerminalSize
+from backends.contract import PortStream, StreamIO, TerminalSize
 from shim.errors import NotFoundError
 from shim.streaming import StreamingServer, spdy
 

@@ -203,7 +203,7 @@ async def test_slow_event_subscriber_never_blocks() -> None:
 
 
 async def test_exit_during_start_is_recorded_after_it(scripted: Running, short_tmp: str) -> None:
-    from backends.base import ExitInfo
+    from backends.contract import ExitInfo
 
     fake = scripted.fake
     original = fake.start_container

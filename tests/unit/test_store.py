@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from backends.base import ContainerRecord, ContainerStatus, SandboxRecord, SandboxStatus
+from backends.contract import ContainerRecord, ContainerStatus, SandboxRecord, SandboxStatus
 from cri_api import api_pb2 as pb
 from shim.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from shim.store import StateDir, Store

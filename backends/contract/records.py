@@ -1,0 +1,110 @@
+"""The shim's records of pods and containers, as backends receive them.
+
+The shim owns every CRI rule (IDs, names, the state machine, validation,
+filters, idempotency, persistence, log paths); a backend performs effects and
+may keep its own small bookkeeping in ``record.backend_data`` (persisted by
+the shim). Records carry the original CRI config messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from cri_api import api_pb2 as pb
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SandboxStatus:
+    """The mutable part of a sandbox, replaced as a whole."""
+
+    ready: bool = True
+    ip: str = ""
+    additional_ips: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class SandboxRecord:
+    id: str
+    handler: str  # runtime handler name as the client asked for it ("" resolved)
+    backend: str  # name of the backend serving it
+    config: pb.PodSandboxConfig
+    created_at: int  # ns since the epoch
+    status: SandboxStatus = SandboxStatus(ready=False)
+    backend_data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Set once the backend's run_sandbox returned; a record without it at
+    # recovery is a half-created leftover.
+    committed: bool = False
+    # The shim's encoded List entry and the status it was built from (shim/wire.py).
+    wire: tuple[object, bytes] | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def state(self) -> pb.PodSandboxState:
+        return pb.SANDBOX_READY if self.status.ready else pb.SANDBOX_NOTREADY
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ContainerStatus:
+    """The mutable part of a container; the CRI state is derived from it.
+
+    finished_at set -> EXITED, started_at set -> RUNNING, else CREATED.
+    """
+
+    started_at: int = 0
+    finished_at: int = 0
+    exit_code: int = 0
+    reason: str = ""
+    message: str = ""
+    pid: int = 0  # informational, for backends whose processes are on the host
+    unknown: bool = False  # the runtime lost track of it
+
+    @property
+    def state(self) -> pb.ContainerState:
+        if self.unknown:
+            return pb.CONTAINER_UNKNOWN
+        if self.finished_at:
+            return pb.CONTAINER_EXITED
+        if self.started_at:
+            return pb.CONTAINER_RUNNING
+        return pb.CONTAINER_CREATED
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class ContainerRecord:
+    id: str
+    sandbox_id: str
+    backend: str
+    config: pb.ContainerConfig
+    created_at: int
+    log_path: str  # absolute; "" when the kubelet asked for no log
+    image_ref: str = ""  # image ID the container was created from
+    image_name: str = ""  # the image as the client named it
+    status: ContainerStatus = ContainerStatus()
+    resources: pb.ContainerResources | None = None  # after UpdateContainerResources
+    backend_data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    committed: bool = False
+    wire: tuple[object, bytes] | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def state(self) -> pb.ContainerState:
+        return self.status.state
+
+
+def container_stats_of(c: ContainerRecord) -> pb.ContainerStats:
+    """Stats of a container with its attributes filled in and no figures yet."""
+    cfg = c.config
+    return pb.ContainerStats(
+        attributes=pb.ContainerAttributes(
+            id=c.id, metadata=cfg.metadata, labels=dict(cfg.labels), annotations=dict(cfg.annotations)
+        )
+    )
+
+
+def sandbox_stats_of(sb: SandboxRecord) -> pb.PodSandboxStats:
+    """Stats of a pod sandbox with its attributes filled in and no figures yet."""
+    cfg = sb.config
+    return pb.PodSandboxStats(
+        attributes=pb.PodSandboxAttributes(
+            id=sb.id, metadata=cfg.metadata, labels=dict(cfg.labels), annotations=dict(cfg.annotations)
+        )
+    )

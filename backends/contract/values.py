@@ -1,0 +1,53 @@
+"""What backends report: value types with no behaviour."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from backends.contract.records import SandboxStatus
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Health:
+    runtime_ready: bool
+    network_ready: bool
+    reason: str = ""
+    message: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SandboxNetwork:
+    ip: str = ""
+    additional_ips: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExitInfo:
+    exit_code: int
+    finished_at: int  # ns
+    reason: str = ""  # Completed / Error / OOMKilled / ...
+    message: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExecResult:
+    exit_code: int
+    stdout: bytes = b""
+    stderr: bytes = b""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Observed:
+    """What a backend found of one record during recovery."""
+
+    exists: bool
+    running: bool = False
+    exit: ExitInfo | None = None
+    started_at: int = 0
+    status: SandboxStatus | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TerminalSize:
+    width: int
+    height: int
