@@ -33,6 +33,20 @@ class Cri:
     image: str  # an image with a POSIX shell, pullable by this backend
     root: str
     channel: grpc.aio.Channel
+    server: Server
+    ids: str  # seed of the shim's ID factory
+
+    async def restart(self) -> None:
+        """Stop the shim and start a new one, with a new backend of the same kind on the same
+        directories: what a shim restart is (the runtime's objects outlive the process)."""
+        await self.channel.close()
+        await self.server.stop(0)
+        self.backend, _ = BACKENDS[self.kind](self.root)
+        self.server = _server(self.kind, self.backend, self.root, self.ids + "-again")
+        await self.server.start()
+        self.channel = grpc.aio.insecure_channel(f"unix://{self.root}/cri.sock")
+        self.rt = api_pb2_grpc.RuntimeServiceStub(self.channel)
+        self.im = api_pb2_grpc.ImageServiceStub(self.channel)
 
 
 def _unavailable(reason: str) -> None:
@@ -99,28 +113,33 @@ BACKENDS: dict[str, Callable[[str], tuple[Backend, str]]] = {
 }
 
 
+def _server(kind: str, backend: Backend, root: str, ids: str) -> Server:
+    cfg = dataclasses.replace(server_config(root, default_handler=kind), handlers={})
+    return Server(cfg, backends={kind: backend}, id_factory=make_ids(ids))
+
+
 @pytest.fixture(params=sorted(BACKENDS))
 async def cri(request: Any, short_tmp: str) -> AsyncIterator[Cri]:
     kind = request.param
     backend, image = BACKENDS[kind](short_tmp)
-    cfg = server_config(short_tmp, default_handler=kind)
-    cfg = dataclasses.replace(cfg, handlers={})
-    server = Server(
-        cfg, backends={kind: backend}, id_factory=make_ids(f"contract-{os.getpid()}-{id(request)}")
-    )
+    ids = f"contract-{os.getpid()}-{id(request)}"
+    server = _server(kind, backend, short_tmp, ids)
     await server.start()
     channel = grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock")
     rt = api_pb2_grpc.RuntimeServiceStub(channel)
+    cri = Cri(
+        kind, backend, rt, api_pb2_grpc.ImageServiceStub(channel), image, short_tmp, channel, server, ids
+    )
     try:
-        yield Cri(kind, backend, rt, api_pb2_grpc.ImageServiceStub(channel), image, short_tmp, channel)
+        yield cri
     finally:
         # Leave the runtime as we found it, whatever the test did.
         from cri_api import api_pb2 as pb
 
         try:
-            pods = await rt.ListPodSandbox(pb.ListPodSandboxRequest())
+            pods = await cri.rt.ListPodSandbox(pb.ListPodSandboxRequest())
             for p in pods.items:
-                await rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=p.id))
+                await cri.rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=p.id))
         finally:
-            await channel.close()
-            await server.stop(0)
+            await cri.channel.close()
+            await cri.server.stop(0)

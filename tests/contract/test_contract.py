@@ -28,8 +28,10 @@ async def run_pod(cri: Cri, **kw: object) -> tuple[str, pb.PodSandboxConfig]:
     return pod, sc
 
 
-async def create(cri: Cri, pod: str, sc: pb.PodSandboxConfig, command: list[str], **kw: object) -> str:
-    cc = container_config(image=cri.image, command=command, **kw)  # type: ignore[arg-type]
+async def create(
+    cri: Cri, pod: str, sc: pb.PodSandboxConfig, command: list[str], image: str = "", **kw: object
+) -> str:
+    cc = container_config(image=image or cri.image, command=command, **kw)  # type: ignore[arg-type]
     req = pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc)
     return (await cri.rt.CreateContainer(req)).container_id
 
@@ -209,3 +211,105 @@ async def test_bad_requests_change_nothing(cri: Cri) -> None:
     # A failed create released its name: the same name can be used now.
     ok = container_config(image=cri.image, command=["sleep", "60"])
     await cri.rt.CreateContainer(pb.CreateContainerRequest(pod_sandbox_id=pod, config=ok, sandbox_config=sc))
+
+
+# ---- guarantees every backend gives, once here instead of once per backend
+
+
+async def test_all_output_is_in_the_log_when_the_exit_is_reported(cri: Cri) -> None:
+    """A client that sees EXITED reads the log next: every line must be in it by then."""
+    pod, sc = await run_pod(cri)
+    script = "; ".join(f"echo line-{i}" for i in range(200)) + "; echo to-stderr >&2; exit 0"
+    cid = await create(cri, pod, sc, ["sh", "-c", script], log_path="out.log")
+    await cri.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    st = await wait_state(cri, cid, pb.CONTAINER_EXITED)
+    assert (st.state, st.exit_code, st.reason) == (pb.CONTAINER_EXITED, 0, "Completed")
+    with open(os.path.join(cri.root, "logs", "out.log")) as f:
+        records = [line.split(" ", 3) for line in f.read().splitlines()]
+    stdout = [r[3] for r in records if r[1] == "stdout"]
+    assert stdout == [f"line-{i}" for i in range(200)]
+    assert [r[3] for r in records if r[1] == "stderr"] == ["to-stderr"]
+
+
+async def test_exec_sync_past_its_timeout_is_killed(cri: Cri) -> None:
+    if not cri.backend.capabilities & Capability.EXEC_SYNC:
+        pytest.skip(f"{cri.kind} declares no ExecSync")
+    pod, sc = await run_pod(cri)
+    cid = await create(cri, pod, sc, ["sleep", "3600"])
+    await cri.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    await wait_state(cri, cid, pb.CONTAINER_RUNNING)
+    t0 = time.monotonic()
+    code = await code_of(
+        cri.rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["sleep", "737"], timeout=1))
+    )
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert time.monotonic() - t0 < 10
+    if cri.kind == "fake":
+        return  # no processes to look at
+    deadline = time.monotonic() + 5
+    while True:
+        ps = await cri.rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["ps", "-o", "args"], timeout=5))
+        if b"sleep 737" not in ps.stdout or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    assert b"sleep 737" not in ps.stdout, ps.stdout
+
+
+async def test_out_of_memory_is_reported_as_oomkilled(cri: Cri) -> None:
+    if cri.kind == "fake":
+        pytest.skip("the fake runs no processes: nothing runs out of memory")
+    pod, sc = await run_pod(cri)
+    cid = await create(
+        cri,
+        pod,
+        sc,
+        ["sh", "-c", "x=a; while true; do x=$x$x$x$x; done"],
+        linux=pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(memory_limit_in_bytes=16 << 20)),
+    )
+    await cri.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    st = await wait_state(cri, cid, pb.CONTAINER_EXITED, seconds=60)
+    assert (st.state, st.exit_code, st.reason) == (pb.CONTAINER_EXITED, 137, "OOMKilled")
+
+
+async def test_a_failed_create_leaves_nothing_and_frees_the_name(cri: Cri) -> None:
+    pod, sc = await run_pod(cri)
+    missing = f"127.0.0.1:5000/no-such-image-{os.getpid()}:1"
+    code = await code_of(create(cri, pod, sc, ["sleep", "60"], name="c", image=missing))
+    assert code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
+    assert len((await cri.rt.ListContainers(pb.ListContainersRequest())).containers) == 0
+    await create(cri, pod, sc, ["sleep", "60"], name="c")
+    assert len((await cri.rt.ListContainers(pb.ListContainersRequest())).containers) == 1
+
+
+async def test_a_restarted_shim_keeps_pods_containers_and_their_output(cri: Cri) -> None:
+    pod, sc = await run_pod(cri)
+    ticker = await create(
+        cri,
+        pod,
+        sc,
+        ["sh", "-c", "echo before; sleep 2; echo after; sleep 3600"],
+        name="tick",
+        log_path="t.log",
+    )
+    created = await create(cri, pod, sc, ["sleep", "3600"], name="created")
+    await cri.rt.StartContainer(pb.StartContainerRequest(container_id=ticker))
+    await wait_state(cri, ticker, pb.CONTAINER_RUNNING)
+    ip = (await cri.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod))).status.network.ip
+    await cri.restart()
+    st = (await cri.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod))).status
+    assert (st.state, st.network.ip) == (pb.SANDBOX_READY, ip)
+    assert (await wait_state(cri, ticker, pb.CONTAINER_RUNNING)).state == pb.CONTAINER_RUNNING
+    assert (await wait_state(cri, created, pb.CONTAINER_CREATED)).state == pb.CONTAINER_CREATED
+    if cri.backend.capabilities & Capability.EXEC_SYNC:
+        out = await cri.rt.ExecSync(pb.ExecSyncRequest(container_id=ticker, cmd=["echo", "still-here"]))
+        assert out.stdout == b"still-here\n"
+    if cri.kind == "fake":
+        return  # its programs do not survive a restart (documented); the records do
+    deadline = time.monotonic() + 10
+    text = ""
+    while "after" not in text and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        with open(os.path.join(cri.root, "logs", "t.log")) as f:
+            text = f.read()
+    lines = [line.split(" ", 3)[3] for line in text.splitlines()]
+    assert lines == ["before", "after"], lines  # nothing lost or repeated across the restart
