@@ -286,7 +286,9 @@ class ContainerService:
         if not backend.capabilities & Capability.STATS:
             raise UnimplementedError(f"runtime handler {c.backend!r} does not report stats")
         got = await backend.container_stats([c])
-        return pb.ContainerStatsResponse(stats=got.get(c.id) or container_stats_of(c))
+        return pb.ContainerStatsResponse(
+            stats=self.shim.cpu_rates.container(got.get(c.id) or container_stats_of(c))
+        )
 
     async def list_stats(self, req: pb.ListContainerStatsRequest) -> pb.ListContainerStatsResponse:
         shim = self.shim
@@ -312,8 +314,11 @@ class ContainerService:
             if not backend.capabilities & Capability.STATS:
                 return []
             got = await backend.container_stats(group)
-            return [got.get(c.id) or container_stats_of(c) for c in group]
+            return [shim.cpu_rates.container(got.get(c.id) or container_stats_of(c)) for c in group]
 
+        if not f.id and not f.pod_sandbox_id and not f.label_selector:
+            # Every container is in this answer: a good time to forget the removed ones.
+            shim.cpu_rates.retain(shim.store.containers.keys(), shim.store.sandboxes.keys())
         resp = pb.ListContainerStatsResponse()
         for part in await asyncio.gather(*(one(n, g) for n, g in by_backend.items())):
             resp.stats.extend(part)

@@ -23,6 +23,7 @@ from shim.config import Config
 from shim.errors import UnavailableError
 from shim.events import EventHub
 from shim.logs import CriLogWriter
+from shim.stats import CpuRates
 from shim.store import Store, new_id
 
 log = structlog.get_logger("shim")
@@ -73,6 +74,7 @@ class Shim:
         self.starting: dict[str, ExitInfo | None] = {}
         self.pod_cidr = ""
         self.streaming: object | None = None  # shim.streaming.StreamingServer once wired
+        self.cpu_rates = CpuRates()
 
     # ------------------------------------------------------------------ lookups
     def backend(self, name: str) -> Backend:

@@ -136,7 +136,9 @@ class SandboxService:
         sb = self.shim.store.sandboxes.resolve(req.pod_sandbox_id)
         backend = _stats_backend(self.shim, sb)
         got = await backend.sandbox_stats([sb], self.shim.store.containers_of(sb.id))
-        return pb.PodSandboxStatsResponse(stats=got.get(sb.id) or sandbox_stats_of(sb))
+        return pb.PodSandboxStatsResponse(
+            stats=self.shim.cpu_rates.sandbox(got.get(sb.id) or sandbox_stats_of(sb))
+        )
 
     async def list_stats(self, req: pb.ListPodSandboxStatsRequest) -> pb.ListPodSandboxStatsResponse:
         shim = self.shim
@@ -167,7 +169,7 @@ class SandboxService:
         for sb in group:
             containers.extend(self.shim.store.containers_of(sb.id))
         got = await backend.sandbox_stats(group, containers)
-        return [got[sb.id] for sb in group if sb.id in got]
+        return [self.shim.cpu_rates.sandbox(got[sb.id]) for sb in group if sb.id in got]
 
     async def metric_descriptors(
         self, req: pb.ListMetricDescriptorsRequest

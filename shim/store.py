@@ -52,6 +52,9 @@ class Table(Generic[R]):
     def values(self) -> list[R]:
         return list(self._by_id.values())
 
+    def keys(self) -> list[str]:
+        return list(self._by_id)
+
     def get(self, full_id: str) -> R | None:
         return self._by_id.get(full_id)
 
