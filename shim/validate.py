@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 
 from backends.contract import Capability
@@ -84,11 +85,7 @@ def container_config(cfg: pb.ContainerConfig, present: bool) -> None:
         not (sc.HasField("run_as_group") and not sc.HasField("run_as_user") and not sc.run_as_username),
         "config.linux.security_context.run_as_group is set without run_as_user or run_as_username",
     )
-    res = cfg.linux.resources
-    require(
-        res.memory_limit_in_bytes >= 0, "config.linux.resources.memory_limit_in_bytes must not be negative"
-    )
-    require(res.cpu_shares >= 0, "config.linux.resources.cpu_shares must not be negative")
+    linux_resources(cfg.linux.resources, "config.linux.resources")
 
 
 def mounts_for(cfg: pb.ContainerConfig, caps: Capability, handler: str) -> None:
@@ -135,8 +132,50 @@ def log_path(log_directory: str, path: str) -> str:
     return full
 
 
+_CPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+_PAGE_SIZE = re.compile(r"\d+(KB|MB|GB|TB)")
+_UNIFIED_KEY = re.compile(r"[a-z][a-z0-9_]*\.[a-z0-9_.]+")
+MAX_CFS_QUOTA_US = (1 << 44) - 1  # what the kernel's cpu.cfs_quota_us / cpu.max accept
+
+
 def linux_resources(res: pb.LinuxContainerResources, field: str) -> None:
+    """Values the kernel cannot take are refused here, before any runtime tries them (and
+    fails with its own text): the kernel's ranges for CFS, shares and OOM score, cpuset lists,
+    hugepage sizes, and cgroup v2 file names."""
     require(res.memory_limit_in_bytes >= 0, f"{field}.memory_limit_in_bytes must not be negative")
     require(res.cpu_shares >= 0, f"{field}.cpu_shares must not be negative")
+    require(
+        res.cpu_shares == 0 or 2 <= res.cpu_shares <= 262144,
+        f"{field}.cpu_shares {res.cpu_shares} is outside 2..262144",
+    )
     require(res.cpu_period >= 0, f"{field}.cpu_period must not be negative")
+    require(
+        res.cpu_period == 0 or 1000 <= res.cpu_period <= 1_000_000,
+        f"{field}.cpu_period {res.cpu_period} is outside 1000..1000000 microseconds",
+    )
     require(res.cpu_quota >= -1, f"{field}.cpu_quota must be -1 or more")
+    require(
+        res.cpu_quota in (-1, 0) or 1000 <= res.cpu_quota <= MAX_CFS_QUOTA_US,
+        f"{field}.cpu_quota {res.cpu_quota} is outside 1000..{MAX_CFS_QUOTA_US} microseconds",
+    )
+    require(
+        -1000 <= res.oom_score_adj <= 1000,
+        f"{field}.oom_score_adj {res.oom_score_adj} is outside -1000..1000",
+    )
+    require(res.memory_swap_limit_in_bytes >= -1, f"{field}.memory_swap_limit_in_bytes must be -1 or more")
+    for name in ("cpuset_cpus", "cpuset_mems"):
+        value = getattr(res, name)
+        require(
+            not value or bool(_CPU_LIST.fullmatch(value)),
+            f"{field}.{name} {value!r} is not a list such as 0-3,5",
+        )
+    for i, h in enumerate(res.hugepage_limits):
+        require(
+            bool(_PAGE_SIZE.fullmatch(h.page_size)),
+            f"{field}.hugepage_limits[{i}].page_size {h.page_size!r} is not a size such as 2MB or 1GB",
+        )
+    for key in res.unified:
+        require(
+            bool(_UNIFIED_KEY.fullmatch(key)) and ".." not in key,
+            f"{field}.unified key {key!r} is not a cgroup v2 file name",
+        )

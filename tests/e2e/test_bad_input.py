@@ -206,3 +206,54 @@ async def test_mounts_a_handler_cannot_honour_are_refused(
     assert err.code() == code, err
     assert needle in (err.details() or "") and "config.mounts[0] (/data)" in (err.details() or "")
     assert len((await r.rt.ListContainers(pb.ListContainersRequest())).containers) == 0
+
+
+RESOURCES_THE_KERNEL_REFUSES = [
+    ("quota too big", pb.LinuxContainerResources(cpu_quota=9223372036854775807), "cpu_quota"),
+    ("quota too small", pb.LinuxContainerResources(cpu_quota=500), "cpu_quota"),
+    ("period too long", pb.LinuxContainerResources(cpu_period=2_000_000), "cpu_period"),
+    ("shares too many", pb.LinuxContainerResources(cpu_shares=1 << 20), "cpu_shares"),
+    ("oom score", pb.LinuxContainerResources(oom_score_adj=5000), "oom_score_adj"),
+    ("cpuset", pb.LinuxContainerResources(cpuset_cpus="0-3;rm -rf"), "cpuset_cpus"),
+    (
+        "page size",
+        pb.LinuxContainerResources(hugepage_limits=[pb.HugepageLimit(page_size="huge")]),
+        "page_size",
+    ),
+    ("unified key", pb.LinuxContainerResources(unified={"../../etc/passwd": "x"}), "unified"),
+]
+
+
+@pytest.mark.parametrize(
+    ("res", "needle"),
+    [(r, n) for _, r, n in RESOURCES_THE_KERNEL_REFUSES],
+    ids=[i for i, _, _ in RESOURCES_THE_KERNEL_REFUSES],
+)
+async def test_resources_the_kernel_cannot_take_are_invalid(
+    running: Running, res: pb.LinuxContainerResources, needle: str
+) -> None:
+    r = running
+    await r.im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image="busybox")))
+    pod = (await r.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sandbox_config()))).pod_sandbox_id
+    cid = (
+        await r.rt.CreateContainer(pb.CreateContainerRequest(pod_sandbox_id=pod, config=container_config()))
+    ).container_id
+    err = await error_of(
+        r.rt.UpdateContainerResources(pb.UpdateContainerResourcesRequest(container_id=cid, linux=res))
+    )
+    assert err.code() == IA and needle in (err.details() or ""), err
+    cfg = container_config(name="other")
+    cfg.linux.resources.CopyFrom(res)
+    err = await error_of(r.rt.CreateContainer(pb.CreateContainerRequest(pod_sandbox_id=pod, config=cfg)))
+    assert err.code() == IA and needle in (err.details() or ""), err
+    kubelet_like = pb.LinuxContainerResources(
+        cpu_period=100000,
+        cpu_quota=50000,
+        cpu_shares=2,
+        oom_score_adj=-997,
+        memory_limit_in_bytes=64 << 20,
+        hugepage_limits=[pb.HugepageLimit(page_size="2MB"), pb.HugepageLimit(page_size="1GB")],
+    )
+    await r.rt.UpdateContainerResources(
+        pb.UpdateContainerResourcesRequest(container_id=cid, linux=kubelet_like)
+    )
