@@ -10,8 +10,9 @@ removal, disk usage, resource updates) still go through the SDK in a thread
 pool. Long-lived streams (logs follow, events, pull progress, the hijacked
 exec/attach connections) get a connection of their own each.
 
-Every engine error is translated into a :mod:`shim.errors` condition here,
-once.
+Every engine error is translated into a :mod:`backends.contract.errors`
+condition here, once. The typed operations of :class:`.engine_api.EngineAPI`
+are thin methods over :meth:`EngineClient.request` and :meth:`EngineClient.stream`.
 """
 
 from __future__ import annotations
@@ -265,6 +266,131 @@ class EngineClient:
         self.api.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    # ---------------------------------------------------------------- typed operations (EngineAPI)
+
+    async def ping(self, deadline: float | None = None) -> None:
+        await self.request("GET", "/_ping", deadline=deadline)
+
+    async def info(self, deadline: float | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = await self.call(self.api.info, deadline=deadline)
+        return result
+
+    async def df(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self.call(self.api.df, deadline=120)
+        return result
+
+    async def events(self, filters: dict[str, list[str]], since: str | None) -> RawResponse:
+        query: dict[str, Any] = {"filters": json.dumps(filters)}
+        if since is not None:
+            query["since"] = since
+        return await self.stream("GET", "/events", query=query)
+
+    async def create_container(self, name: str, config: dict[str, Any]) -> str:
+        created = await self.request("POST", "/containers/create", {"name": name}, config)
+        return str(created["Id"])
+
+    async def start_container(self, engine_id: str) -> None:
+        await self.request("POST", f"/containers/{engine_id}/start")
+
+    async def stop_container(self, engine_id: str, timeout: int) -> None:
+        # The SDK waits timeout + its own call timeout for the answer; so do we.
+        timeout = max(0, timeout)
+        await self.request(
+            "POST", f"/containers/{engine_id}/stop", {"t": timeout}, deadline=timeout + self.call_timeout
+        )
+
+    async def remove_container(self, engine_id: str, force: bool = False) -> None:
+        await self.request("DELETE", f"/containers/{engine_id}", {"v": True, "force": force or None})
+
+    async def inspect_container(self, engine_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request("GET", f"/containers/{engine_id}/json")
+        return result
+
+    async def list_containers(self, filters: dict[str, list[str]]) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = await self.request(
+            "GET", "/containers/json", {"all": True, "filters": filters}
+        )
+        return rows
+
+    async def update_container(self, engine_id: str, resources: dict[str, Any]) -> None:
+        await self.call(
+            self.api.update_container,
+            engine_id,
+            cpu_period=resources.get("CpuPeriod") or None,
+            cpu_quota=resources.get("CpuQuota") or None,
+            cpu_shares=resources.get("CpuShares") or None,
+            mem_limit=resources.get("Memory") or None,
+            memswap_limit=resources.get("MemorySwap") or None,
+            cpuset_cpus=resources.get("CpusetCpus") or None,
+            cpuset_mems=resources.get("CpusetMems") or None,
+        )
+
+    async def resize_container(self, engine_id: str, height: int, width: int) -> None:
+        await self.request("POST", f"/containers/{engine_id}/resize", {"h": height, "w": width})
+
+    async def attach_container(self, engine_id: str, stdin: bool, stdout: bool, stderr: bool) -> RawResponse:
+        query = {"stream": 1, "stdin": int(stdin), "stdout": int(stdout), "stderr": int(stderr), "logs": 0}
+        return await self.stream("POST", f"/containers/{engine_id}/attach", query=query, upgrade=True)
+
+    async def container_logs(
+        self, engine_id: str, follow: bool, timestamps: bool, since: str | None
+    ) -> RawResponse:
+        query: dict[str, Any] = {
+            "follow": int(follow),
+            "stdout": 1,
+            "stderr": 1,
+            "timestamps": int(timestamps),
+        }
+        if since is not None:
+            query["since"] = since
+        return await self.stream("GET", f"/containers/{engine_id}/logs", query=query)
+
+    async def exec_create(self, engine_id: str, cmd: list[str], stdin: bool, tty: bool, stderr: bool) -> str:
+        body = {
+            "AttachStdin": stdin,
+            "AttachStdout": True,
+            "AttachStderr": stderr,
+            "Tty": tty,
+            "Cmd": cmd,
+            "Privileged": False,
+        }
+        created = await self.request("POST", f"/containers/{engine_id}/exec", body=body)
+        return str(created["Id"])
+
+    async def exec_start(self, exec_id: str, tty: bool) -> RawResponse:
+        return await self.stream(
+            "POST", f"/exec/{exec_id}/start", body={"Detach": False, "Tty": tty}, upgrade=True
+        )
+
+    async def exec_inspect(self, exec_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request("GET", f"/exec/{exec_id}/json")
+        return result
+
+    async def exec_resize(self, exec_id: str, height: int, width: int) -> None:
+        await self.request("POST", f"/exec/{exec_id}/resize", {"h": height, "w": width})
+
+    async def image_inspect(self, ref: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self.request("GET", f"/images/{quote_ref(ref)}/json")
+        return result
+
+    async def image_list(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = await self.request("GET", "/images/json") or []
+        return rows
+
+    async def image_pull(
+        self, image: str, tag: str, auth: str | None, answer_timeout: float | None
+    ) -> RawResponse:
+        return await self.stream(
+            "POST",
+            "/images/create",
+            query={"fromImage": image, "tag": tag or None},
+            headers={"X-Registry-Auth": auth} if auth else {},
+            answer_timeout=answer_timeout,
+        )
+
+    async def image_remove(self, image_id: str, force: bool = True) -> None:
+        await self.call(self.api.remove_image, image_id, force=force)
+
     # ---------------------------------------------------------------- raw HTTP
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -501,6 +627,14 @@ class RawResponse:
             if payload is None:
                 return
             yield ("stderr" if header[0] == 2 else "stdout"), payload
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    def close_input(self) -> None:
+        if self.writer.can_write_eof():
+            self.writer.write_eof()
 
     def close(self) -> None:
         self.writer.close()

@@ -23,7 +23,7 @@ from backends.linux.usage import UsageCache
 from backends.reference import DEFAULT_DOMAIN, BadReference, Reference, parse
 from cri_api import api_pb2 as pb
 
-from .engine import EngineClient, quote_ref
+from .engine_api import EngineAPI
 
 log = structlog.get_logger(__name__)
 
@@ -82,7 +82,7 @@ def image_user(config_user: str) -> tuple[int | None, str]:
 
 
 class Images:
-    def __init__(self, engine: EngineClient, pause_image: str, no_progress_timeout: float) -> None:
+    def __init__(self, engine: EngineAPI, pause_image: str, no_progress_timeout: float) -> None:
         self._engine = engine
         self.pause_image = pause_image
         self._no_progress_timeout = no_progress_timeout
@@ -110,7 +110,7 @@ class Images:
         if cached:
             return cached
         generation = self._ids_generation
-        info = await self._engine.request("GET", f"/images/{quote_ref(ref)}/json")
+        info = await self._engine.image_inspect(ref)
         image_id = str(info["Id"])
         # An image event during the inspect may concern this very reference:
         # then the answer is not cached.
@@ -132,22 +132,14 @@ class Images:
 
     async def _pull(self, ref: str, auth: pb.AuthConfig | None) -> str:
         image, tag = split_reference(ref)
-        headers = {}
-        header = registry_auth(auth, ref)
-        if header:
-            headers["X-Registry-Auth"] = header
         started = time.monotonic()
         if not ref.strip():
             raise InvalidArgumentError("an image reference is required")
         try:
             # The engine answers once the registry does (TLS fallbacks, auth):
             # a wait for the answer is a wait without progress too.
-            resp = await self._engine.stream(
-                "POST",
-                "/images/create",
-                query={"fromImage": image, "tag": tag or None},
-                headers=headers,
-                answer_timeout=self._no_progress_timeout or None,
+            resp = await self._engine.image_pull(
+                image, tag, registry_auth(auth, ref), answer_timeout=self._no_progress_timeout or None
             )
         except InternalError as exc:
             # The engine answers 500 for every registry-side failure.
@@ -183,14 +175,14 @@ class Images:
                     log.info("image pull progress", image=ref, layers=layers, elapsed=round(now - started, 1))
         finally:
             resp.close()
-        info = await self._engine.request("GET", f"/images/{quote_ref(ref)}/json")
+        info = await self._engine.image_inspect(ref)
         log.info("image pulled", image=ref, id=info["Id"], seconds=round(time.monotonic() - started, 2))
         return str(info["Id"])
 
     async def ensure(self, ref: str) -> str:
         """The ID of ``ref``, pulled first when it is missing."""
         try:
-            info = await self._engine.request("GET", f"/images/{quote_ref(ref)}/json")
+            info = await self._engine.image_inspect(ref)
             return str(info["Id"])
         except NotFoundError:
             return await self.pull(ref, None)
@@ -200,7 +192,7 @@ class Images:
     async def _pause_image_id(self) -> str:
         if not self._pause_id:
             try:
-                info = await self._engine.request("GET", f"/images/{quote_ref(self.pause_image)}/json")
+                info = await self._engine.image_inspect(self.pause_image)
                 self._pause_id = str(info["Id"])
             except NotFoundError:
                 return ""
@@ -227,10 +219,10 @@ class Images:
         self._users[str(info["Id"])] = image_user(str((info.get("Config") or {}).get("User") or ""))
 
     async def list(self) -> list[pb.Image]:
-        rows: list[dict[str, Any]] = await self._engine.request("GET", "/images/json") or []
+        rows: list[dict[str, Any]] = await self._engine.image_list()
         unknown = [r["Id"] for r in rows if r["Id"] not in self._users]
         for info in await asyncio.gather(
-            *(self._engine.request("GET", f"/images/{quote_ref(i)}/json") for i in unknown),
+            *(self._engine.image_inspect(i) for i in unknown),
             return_exceptions=True,
         ):
             if isinstance(info, dict):
@@ -247,7 +239,7 @@ class Images:
         if not ref:
             return None
         try:
-            info = await self._engine.request("GET", f"/images/{quote_ref(ref)}/json")
+            info = await self._engine.image_inspect(ref)
         except NotFoundError:
             return None
         self._remember_user(info)
@@ -268,19 +260,19 @@ class Images:
 
     async def _remove(self, ref: str) -> None:
         try:
-            info = await self._engine.request("GET", f"/images/{quote_ref(ref)}/json")
+            info = await self._engine.image_inspect(ref)
         except NotFoundError:
             return
         try:
             # force: remove every tag of the image at once, as the CRI asks.
-            await self._engine.call(self._engine.api.remove_image, info["Id"], force=True)
+            await self._engine.image_remove(info["Id"], force=True)
         except NotFoundError:
             return
         except CriError:
             # Concurrent removals of one image: the engine fails all but one
             # ("unrecognized image ID", conflicts). Gone is what was asked.
             try:
-                await self._engine.request("GET", f"/images/{quote_ref(info['Id'])}/json")
+                await self._engine.image_inspect(info["Id"])
             except NotFoundError:
                 return
             raise
@@ -298,7 +290,7 @@ class Images:
         cached for 10 s.
         """
         if self._root_usage is None:
-            info = await self._engine.call(self._engine.api.info)
+            info = await self._engine.info()
             root = str(info.get("DockerRootDir") or "/var/lib/docker")
             driver = str(info.get("Driver") or "")
             mount = f"{root}/{driver}" if driver else root
@@ -323,7 +315,7 @@ class Images:
     async def _df_usage(self) -> int:
         now = time.monotonic()
         if self._df is None or now - self._df[0] > 10:
-            df = await self._engine.call(self._engine.api.df, deadline=120)
+            df = await self._engine.df()
             self._df = (now, df)
         df = self._df[1]
         writable = sum(int(c.get("SizeRw") or 0) for c in df.get("Containers") or [])

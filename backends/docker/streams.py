@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from backends.contract import StreamIO, TerminalSize
 
-from .engine import RawResponse
+from .engine_api import EngineStream
 
 
 def kill_tree(pid: int) -> None:
@@ -42,7 +42,7 @@ def kill_tree(pid: int) -> None:
 
 
 async def pump(
-    resp: RawResponse,
+    resp: EngineStream,
     io: StreamIO,
     resize: Callable[[TerminalSize], Awaitable[None]],
 ) -> None:
@@ -57,11 +57,9 @@ async def pump(
 
     async def stdin() -> None:
         while data := await io.read_stdin():
-            resp.writer.write(data)
-            await resp.writer.drain()
+            await resp.send(data)
         # Half-close: the process sees end of input, its output still flows back.
-        if resp.writer.can_write_eof():
-            resp.writer.write_eof()
+        resp.close_input()
 
     async def resizes() -> None:
         async for size in io.resizes():

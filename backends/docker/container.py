@@ -1,0 +1,155 @@
+"""CreateContainer / StartContainer / StopContainer / RemoveContainer / UpdateContainerResources."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import time
+
+import structlog
+
+from backends.contract import ContainerRecord, ExitInfo, LogSink, SandboxRecord
+from backends.contract.errors import CriError, FailedPreconditionError, NotFoundError
+from backends.linux import cgroups
+from cri_api import api_pb2 as pb
+
+from . import convert
+from . import labels as lbl
+from .context import ENGINE_ID, PID, RESOLV, UPPER_DIR, Shared, engine_id, exit_info, parse_time
+from .events import EventWatcher
+from .logs import LogPump
+
+log = structlog.get_logger(__name__)
+
+
+class Containers:
+    def __init__(self, shared: Shared, logs: LogPump, events: EventWatcher) -> None:
+        self._shared = shared
+        self._logs = logs
+        self._events = events
+        self._hugetlb_said: set[str] = set()  # reasons hugepage limits were passed over, logged once
+
+    async def create(self, container: ContainerRecord, sandbox: SandboxRecord) -> None:
+        shared = self._shared
+        config = container.config
+        ref = container.image_ref or config.image.image
+        try:
+            container.image_ref = await shared.images.resolve(ref)
+        except NotFoundError as exc:
+            raise NotFoundError(f"image {ref!r} not found") from exc
+        pause_id = sandbox.backend_data.get(ENGINE_ID)
+        if not pause_id:
+            raise FailedPreconditionError(f"sandbox {sandbox.id} has no pause container")
+        ns = config.linux.security_context.namespace_options
+        target = await shared.engine_id_of(ns.target_id) if ns.pid == pb.TARGET and ns.target_id else ""
+        cfg = convert.container_config(
+            container.id,
+            container.sandbox_id,
+            container.created_at,
+            config,
+            sandbox.config,
+            image_id=container.image_ref,
+            image_name=container.image_name or config.image.image,
+            log_path=container.log_path,
+            pause_engine_id=str(pause_id),
+            target_engine_id=target,
+            runtime=shared.runtime(sandbox.handler),
+            cgroup_parent=shared.cgroup_parent,
+            facts=shared.facts,
+            instance=shared.instance,
+        )
+        resolv = sandbox.backend_data.get(RESOLV)
+        if resolv and convert.sandbox_host_network(sandbox.config):
+            # With the host's network each container gets its own copy of the
+            # host's resolv.conf; the pod's DNS config lives in the pause one.
+            cfg["HostConfig"]["Binds"].append(f"{resolv}:/etc/resolv.conf:ro")
+        eid = await shared.create(lbl.container_name(container.id, config), cfg, container.backend_data)
+        shared.states.container(container.id, eid)
+
+    async def start(self, container: ContainerRecord, logs: LogSink) -> int:
+        shared = self._shared
+        eid = engine_id(container)
+        await shared.engine.start_container(eid)
+        info = await shared.engine.inspect_container(eid)
+        state = info["State"]
+        container.backend_data[PID] = int(state.get("Pid") or 0)
+        # Informational, kept by the shim across the status it sets next.
+        container.status = dataclasses.replace(container.status, pid=container.backend_data[PID])
+        upper = ((info.get("GraphDriver") or {}).get("Data") or {}).get("UpperDir")
+        if upper:
+            container.backend_data[UPPER_DIR] = upper
+        started = parse_time(state.get("StartedAt")) or time.time_ns()
+        if state.get("Running"):
+            try:
+                await self.apply_hugepages(container, eid, container.config.linux.resources)
+            except FailedPreconditionError:
+                # The container must not run without the limits it asked for.
+                with contextlib.suppress(CriError):
+                    await shared.engine.stop_container(eid, 0)
+                raise
+        st = shared.states.container(container.id, eid)
+        st.watched = True
+        self._logs.follow(st, bool(info["Config"].get("Tty")), logs, None)
+        if not state.get("Running") and parse_time(state.get("FinishedAt")):
+            # Exited before we looked: the die event may have come before we watched it.
+            shared.spawn(self._events.report_exit(st))
+        return started
+
+    async def stop(self, container: ContainerRecord, timeout: int) -> ExitInfo:
+        shared = self._shared
+        eid = engine_id(container)
+        st = shared.states.container(container.id, eid)
+        st.stopping, st.watched = True, False
+        try:
+            with contextlib.suppress(NotFoundError):
+                await shared.engine.stop_container(eid, timeout)
+            # The exit status and the end of the output are awaited together.
+            inspected, _ = await asyncio.gather(
+                shared.engine.inspect_container(eid),
+                self._logs.drain(st, stopped=True),
+                return_exceptions=True,
+            )
+            if isinstance(inspected, NotFoundError):
+                return ExitInfo(exit_code=137, finished_at=time.time_ns(), reason="Error", message="gone")
+            if isinstance(inspected, BaseException):
+                raise inspected
+            return exit_info(inspected["State"])
+        finally:
+            st.watched = False
+            st.stopping = False
+
+    async def remove(self, container: ContainerRecord) -> None:
+        self._shared.states.drop_container(container.id)
+        # Without an engine ID (a create that failed or was given up), look the container up by its label.
+        eid = container.backend_data.get(ENGINE_ID) or await self._shared.engine_id_of(container.id)
+        if eid:
+            await self._shared.remove(str(eid))
+
+    async def apply_hugepages(
+        self, container: ContainerRecord, eid: str, resources: pb.LinuxContainerResources
+    ) -> None:
+        """Hugepage limits, written into the cgroup of the running container (the engine has none)."""
+        limits = [(h.page_size, h.limit) for h in resources.hugepage_limits]
+        pid = int(container.backend_data.get(PID) or 0)
+        if not limits or not pid:
+            return
+        work = functools.partial(self._shared.cgroups.set_hugetlb, pid, eid, limits)
+        try:
+            skipped = await self._shared.engine.run(work)
+        except cgroups.HugetlbError as exc:
+            raise FailedPreconditionError(f"hugepage limits of container {container.id}: {exc}") from exc
+        for why in skipped:
+            # The kubelet asks for limits on every container: say each reason once.
+            if why not in self._hugetlb_said:
+                self._hugetlb_said.add(why)
+                log.warning("hugepage limits not applied", container_id=container.id, reason=why)
+
+    async def update_resources(
+        self, container: ContainerRecord, resources: pb.LinuxContainerResources
+    ) -> None:
+        eid = engine_id(container)
+        if container.status.state == pb.CONTAINER_RUNNING:
+            await self.apply_hugepages(container, eid, resources)
+        await self._shared.engine.update_container(eid, convert.resources(resources))

@@ -1,0 +1,91 @@
+"""Recovery after a restart: adopt the engine containers the records claim, remove the rest."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+
+from backends.contract import ContainerRecord, Observed, SandboxRecord, SandboxStatus
+from backends.contract.errors import NotFoundError
+
+from . import convert
+from . import labels as lbl
+from .context import ENGINE_ID, PID, Shared, exit_info, parse_time
+from .logs import LogPump, last_log_marks
+
+log = structlog.get_logger(__name__)
+
+
+async def recover(
+    shared: Shared, logs: LogPump, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
+) -> tuple[dict[str, Observed], dict[str, Observed]]:
+    rows = await shared.ours()
+    by_id = {(r.get("Labels") or {}).get(lbl.ID, ""): r for r in rows}
+    records: dict[str, SandboxRecord | ContainerRecord] = {r.id: r for r in sandboxes}
+    records.update((r.id, r) for r in containers)
+    # Leftovers: engine objects no record claims, or whose record was never committed.
+    for cri_id, row in by_id.items():
+        rec = records.get(cri_id)
+        if rec is None or not rec.committed:
+            log.info("removing leftover engine container", cri_id=cri_id, engine_id=row["Id"][:12])
+            await shared.remove(row["Id"])
+    claimed = [r for r in records.values() if r.committed and r.id in by_id]
+    found = await asyncio.gather(
+        *(shared.engine.inspect_container(by_id[r.id]["Id"]) for r in claimed), return_exceptions=True
+    )
+    infos: dict[str, dict[str, Any]] = {}
+    for rec, info in zip(claimed, found, strict=True):
+        if isinstance(info, NotFoundError):
+            continue  # removed between the list and the inspect
+        if isinstance(info, BaseException):
+            raise info
+        rec.backend_data[ENGINE_ID] = info["Id"]
+        infos[rec.id] = info
+    sb_seen: dict[str, Observed] = {}
+    for sb in sandboxes:
+        info = infos.get(sb.id, {})
+        if not info:
+            sb_seen[sb.id] = Observed(exists=False)
+            continue
+        running = bool(info["State"].get("Running"))
+        sb_state = shared.states.sandbox(sb.id, info["Id"])
+        if running:
+            sb.backend_data[PID] = int(info["State"].get("Pid") or 0)
+            sb_state.watched = True
+        sb_seen[sb.id] = Observed(
+            exists=True,
+            running=running,
+            started_at=parse_time(info["State"].get("StartedAt")),
+            status=SandboxStatus(
+                ready=running,
+                ip=sb.status.ip or ("" if convert.sandbox_host_network(sb.config) else shared.ip_of(info)),
+                additional_ips=sb.status.additional_ips,
+            ),
+        )
+    ct_seen: dict[str, Observed] = {}
+    for ct in containers:
+        info = infos.get(ct.id, {})
+        if not info:
+            ct_seen[ct.id] = Observed(exists=False)
+            continue
+        state = info["State"]
+        running = bool(state.get("Running"))
+        started = parse_time(state.get("StartedAt"))
+        exited = exit_info(state) if not running and started else None
+        ct_state = shared.states.container(ct.id, info["Id"])
+        if running:
+            ct.backend_data[PID] = int(state.get("Pid") or 0)
+            ct_state.watched = True
+            sink = shared.events.log_sink(ct.id) if shared.events else None
+            if sink is not None and ct_state.follower is None:
+                # Resume after the last records the shim wrote before it went
+                # down; with none, all of the output is still to be written.
+                marks = await shared.engine.run(functools.partial(last_log_marks, ct.log_path))
+                tty = bool(info["Config"].get("Tty"))
+                logs.follow(ct_state, tty, sink, marks)
+        ct_seen[ct.id] = Observed(exists=True, running=running, exit=exited, started_at=started)
+    return sb_seen, ct_seen

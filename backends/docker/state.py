@@ -1,0 +1,93 @@
+"""What the backend knows of each live sandbox and container, beyond the shim's records.
+
+One object per CRI ID, kept in one table and dropped in one place when the
+object is removed: nothing of a removed container lingers (its output pump,
+its CPU sample, its OOM flag).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from .engine_api import EngineStream
+
+
+@dataclasses.dataclass(eq=False)
+class LogFollow:
+    """A log pump's followed stream, and whether it is to finish without following."""
+
+    tty: bool
+    resp: EngineStream | None = None
+    finishing: bool = False
+
+
+@dataclasses.dataclass(eq=False)
+class Tracked:
+    """A sandbox's pause container or an app container, as the backend follows it."""
+
+    cri_id: str
+    engine_id: str
+    watched: bool = False  # running: an exit it was not asked for is reported
+    stopping: bool = False  # being stopped on request: its exit is not an event
+    reporting: bool = False  # its exit is being looked into
+    retrying: bool = False  # to be looked at again once the engine answers
+    cpu_prev: tuple[int, int] | None = None  # (timestamp, cpu ns) of the last stats sample
+
+
+@dataclasses.dataclass(eq=False)
+class SandboxState(Tracked):
+    pass
+
+
+@dataclasses.dataclass(eq=False)
+class ContainerState(Tracked):
+    follower: asyncio.Task[None] | None = None  # the output pump
+    follow: LogFollow | None = None  # the pump's open stream
+    oom: bool = False  # the engine reported an OOM kill in it
+    layer_usage: tuple[float, int, int] | None = None  # (monotonic when, bytes, inodes) of its layer
+
+
+class States:
+    """The table of :class:`Tracked` objects by CRI ID."""
+
+    def __init__(self) -> None:
+        self.sandboxes: dict[str, SandboxState] = {}
+        self.containers: dict[str, ContainerState] = {}
+
+    def get(self, cri_id: str) -> Tracked | None:
+        return self.containers.get(cri_id) or self.sandboxes.get(cri_id)
+
+    def sandbox(self, cri_id: str, engine_id: str) -> SandboxState:
+        st = self.sandboxes.get(cri_id)
+        if st is None:
+            st = self.sandboxes[cri_id] = SandboxState(cri_id, engine_id)
+        st.engine_id = engine_id
+        return st
+
+    def container(self, cri_id: str, engine_id: str) -> ContainerState:
+        st = self.containers.get(cri_id)
+        if st is None:
+            st = self.containers[cri_id] = ContainerState(cri_id, engine_id)
+        st.engine_id = engine_id
+        return st
+
+    def watched(self) -> list[Tracked]:
+        return [st for st in (*self.sandboxes.values(), *self.containers.values()) if st.watched]
+
+    def drop_sandbox(self, cri_id: str) -> None:
+        st = self.sandboxes.pop(cri_id, None)
+        if st is not None:
+            st.watched = False
+
+    def drop_container(self, cri_id: str) -> None:
+        """Forget a removed container; its output pump stops."""
+        st = self.containers.pop(cri_id, None)
+        if st is None:
+            return
+        st.watched = False
+        if st.follower is not None:
+            st.follower.cancel()
+
+    def followers(self) -> list[asyncio.Task[None]]:
+        return [st.follower for st in self.containers.values() if st.follower is not None]

@@ -1,0 +1,237 @@
+"""The docker backend's logic over the recording fake engine: no dockerd needed, so not marked docker."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from backends.contract import ContainerRecord, SandboxRecord
+from backends.contract.errors import InternalError, NotFoundError, UnavailableError
+from backends.docker import DockerBackend
+from backends.docker import labels as lbl
+from backends.docker.fake_engine import FakeEngine
+from cri_api import api_pb2 as pb
+from tests.docker.dockerkit import BUSYBOX, PAUSE, Events, container_record, sandbox_record
+
+
+class Kit:
+    def __init__(self, engine: FakeEngine, backend: DockerBackend, events: Events) -> None:
+        self.engine, self.backend, self.events = engine, backend, events
+
+    async def pod(self) -> SandboxRecord:
+        sb = sandbox_record()
+        await self.backend.run_sandbox(sb)
+        sb.committed = True
+        return sb
+
+    async def running(self, sb: SandboxRecord, **config: object) -> ContainerRecord:
+        ct = container_record(sb, ["sleep", "1000"], **config)  # type: ignore[arg-type]
+        await self.backend.create_container(ct, sb)
+        ct.committed = True
+        self.events.sinks[ct.id] = Sink()
+        await self.backend.start_container(ct, sb, self.events.sinks[ct.id])
+        return ct
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.data: list[tuple[str, bytes]] = []
+        self.closed = 0
+
+    def write(self, stream: str, data: bytes, at: int = 0) -> None:
+        self.data.append((stream, data))
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+async def new_kit(engine: FakeEngine | None = None) -> Kit:
+    engine = engine or FakeEngine()
+    if not engine.images:
+        engine.add_image(PAUSE)
+        engine.add_image(BUSYBOX)
+    events = Events()
+    backend = DockerBackend("docker", engine=engine, pause_image=PAUSE, instance="logic")
+    await backend.start(events)
+    await asyncio.sleep(0)  # the event watcher subscribes
+    return Kit(engine, backend, events)
+
+
+@pytest.fixture
+async def kit() -> AsyncIterator[Kit]:
+    k = await new_kit()
+    yield k
+    await k.backend.close()
+
+
+async def test_lifecycle_maps_to_engine_calls(kit: Kit) -> None:
+    sb = await kit.pod()
+    ct = await kit.running(sb)
+    eid = ct.backend_data["engine_id"]
+    assert kit.engine.containers[eid].running
+    assert ct.backend_data["pid"] == kit.engine.containers[eid].pid
+    info = await kit.backend.stop_container(ct, 5)
+    assert (info.exit_code, info.reason) == (143, "Error")
+    assert ct.id not in kit.events.exits  # asked for: not an event
+    await kit.backend.remove_container(ct)
+    await kit.backend.stop_sandbox(sb)
+    await kit.backend.remove_sandbox(sb)
+    assert kit.engine.containers == {}
+    ops = [op for op, _ in kit.engine.calls if op.endswith("_container")]
+    assert ops[:2] == ["create_container", "start_container"]
+    assert kit.backend.states.containers == {} and kit.backend.states.sandboxes == {}
+
+
+async def test_failed_sandbox_start_leaves_nothing(kit: Kit) -> None:
+    kit.engine.fail("start_container", InternalError("no network"))
+    sb = sandbox_record()
+    with pytest.raises(InternalError):
+        await kit.backend.run_sandbox(sb)
+    assert kit.engine.containers == {}
+    assert "engine_id" not in sb.backend_data
+    assert kit.backend.states.sandboxes == {}
+
+
+async def test_leftover_of_the_same_name_is_replaced(kit: Kit) -> None:
+    sb = sandbox_record()
+    await kit.engine.create_container(lbl.sandbox_name(sb.id, sb.config), {"Image": PAUSE})
+    await kit.backend.run_sandbox(sb)
+    assert len(kit.engine.containers) == 1
+    assert kit.engine.count("remove_container") == 1
+
+
+async def test_exit_reported_once_with_oom_reason(kit: Kit) -> None:
+    sb = await kit.pod()
+    ct = await kit.running(sb)
+    kit.engine.exit(ct.backend_data["engine_id"], 137, oom=True, oom_event_first=False)
+    info = await kit.events.exit_of(ct.id, timeout=5)
+    assert (info.exit_code, info.reason) == (137, "OOMKilled")
+    reported = dict(kit.events.exits)
+    await kit.backend._events._check_watched()  # a reconnect looks again: nothing new
+    await asyncio.sleep(0.1)
+    assert kit.events.exits == reported and len(reported) == 1
+
+
+async def test_plain_exit_and_sandbox_death(kit: Kit) -> None:
+    sb = await kit.pod()
+    ct = await kit.running(sb)
+    kit.engine.write(ct.backend_data["engine_id"], "stdout", b"bye\n")
+    kit.engine.exit(ct.backend_data["engine_id"], 3)
+    info = await kit.events.exit_of(ct.id, timeout=5)
+    assert (info.exit_code, info.reason) == (3, "Error")
+    sink = kit.events.sinks[ct.id]
+    assert isinstance(sink, Sink) and ("stdout", b"bye\n") in sink.data  # timestamps stripped
+    kit.engine.exit(sb.backend_data["engine_id"], 0)
+    for _ in range(50):
+        if sb.id in kit.events.not_ready:
+            break
+        await asyncio.sleep(0.02)
+    assert kit.events.not_ready[sb.id] == "pause container exited"
+
+
+async def test_exit_heard_while_engine_down_is_reported_later(kit: Kit) -> None:
+    sb = await kit.pod()
+    ct = await kit.running(sb)
+    kit.engine.fail("inspect_container", UnavailableError("down"))
+    kit.engine.exit(ct.backend_data["engine_id"], 1)
+    await asyncio.sleep(0.2)
+    assert ct.id not in kit.events.exits
+    info = await kit.events.exit_of(ct.id, timeout=5)  # the recheck a second later
+    assert info.exit_code == 1
+
+
+async def test_remove_drops_all_per_object_state(kit: Kit) -> None:
+    sb = await kit.pod()
+    ct = await kit.running(sb)
+    st = kit.backend.states.containers[ct.id]
+    st.cpu_prev = (1, 1)
+    kit.backend.states.sandboxes[sb.id].cpu_prev = (1, 1)
+    follower = st.follower
+    assert follower is not None and not follower.done()
+    await kit.backend.stop_container(ct, 0)
+    await kit.backend.remove_container(ct)
+    await kit.backend.stop_sandbox(sb)
+    await kit.backend.remove_sandbox(sb)
+    await asyncio.sleep(0)
+    assert kit.backend.states.containers == {} and kit.backend.states.sandboxes == {}
+    assert follower.done()
+
+
+async def test_recovery_adopts_marks_and_removes(kit: Kit) -> None:
+    sb = await kit.pod()
+    running = await kit.running(sb)
+    gone = await kit.running(sb, name="gone")
+    stray = container_record(sb, ["true"], name="stray")
+    await kit.backend.create_container(stray, sb)  # never committed: a leftover
+    del kit.engine.containers[gone.backend_data["engine_id"]]
+    kit.engine.exit(running.backend_data["engine_id"], 0)
+    await kit.backend.close()
+
+    later = await new_kit(kit.engine)
+    try:
+        for r in (sb, running, gone):
+            r.backend_data.pop("engine_id", None)
+        sbs, cts = await later.backend.recover([sb], [running, gone])
+        assert sbs[sb.id].exists and sbs[sb.id].running
+        assert cts[running.id].exists and not cts[running.id].running
+        assert cts[running.id].exit is not None and cts[running.id].exit.reason == "Completed"
+        assert not cts[gone.id].exists
+        assert kit.engine.by_cri_id(stray.id) is None
+        assert running.backend_data["engine_id"]
+        assert later.backend.states.sandboxes[sb.id].watched
+    finally:
+        await later.backend.close()
+
+
+async def test_hugepage_reasons_passed_over_are_said_once(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
+    said: list[tuple[int, str, list[tuple[str, int]]]] = []
+
+    def set_hugetlb(pid: int, eid: str, limits: list[tuple[str, int]]) -> list[str]:
+        said.append((pid, eid, limits))
+        return ["no hugetlb controller"]
+
+    monkeypatch.setattr(kit.backend._shared.cgroups, "set_hugetlb", set_hugetlb)
+    sb = await kit.pod()
+    limit = pb.HugepageLimit(page_size="2MB", limit=2 << 20)
+    res = pb.LinuxContainerResources(hugepage_limits=[limit])
+    a = await kit.running(sb, linux=pb.LinuxContainerConfig(resources=res))
+    await kit.running(sb, name="b", linux=pb.LinuxContainerConfig(resources=res))
+    assert [s[2] for s in said] == [[("2MB", 2 << 20)]] * 2
+    assert said[0][:2] == (a.backend_data["pid"], a.backend_data["engine_id"])
+    assert kit.backend._containers._hugetlb_said == {"no hugetlb controller"}
+
+
+async def test_engine_down_is_unavailable() -> None:
+    engine = FakeEngine()
+    engine.down = True
+    k = await new_kit(engine)
+    try:
+        health = await k.backend.health()
+        assert not health.runtime_ready and health.reason == "DockerDaemonNotReady"
+        with pytest.raises(UnavailableError):
+            await k.backend.list_images()
+        with pytest.raises(UnavailableError):
+            await k.backend.run_sandbox(sandbox_record())
+    finally:
+        await k.backend.close()
+
+
+async def test_missing_image_is_not_found_and_creates_nothing(kit: Kit) -> None:
+
+    sb = await kit.pod()
+    ct = container_record(sb, ["true"])
+    ct.config.image.image = "127.0.0.1:5000/absent:1"
+    with pytest.raises(NotFoundError):
+        await kit.backend.create_container(ct, sb)
+    assert kit.engine.count("create_container") == 1  # the pause container only
+    assert ct.id not in kit.backend.states.containers
+
+
+async def test_exec_sync_through_the_engine(kit: Kit) -> None:
+    sb = await kit.pod()
+    ct = await kit.running(sb)
+    result = await kit.backend.exec_sync(ct, ["echo", "ok"], 5)
+    assert (result.exit_code, result.stdout) == (0, b"ok\n")
+    assert ("exec_create", ["echo", "ok"]) in kit.engine.calls
