@@ -21,8 +21,10 @@ from backends import contract
 from backends.contract import errors
 from backends.linux import cgroups, metrics
 from backends.linux.usage import UsageCache
+from backends.runv import config as runv_config
+from backends.runv.agent import messages as m
 from backends.runv.agent.client import AgentClient
-from backends.runv.agent.protocol import Ch, ConnectionLost, Stream
+from backends.runv.agent.protocol import AgentError, Ch, ConnectionLost, Stream
 from backends.runv.hypervisor import MIB, VM, Fault, Hypervisor, VMSpec
 from backends.runv.images.store import Credentials, Image, ImageStore
 from backends.runv.network import PodNetwork, host_ports
@@ -74,6 +76,7 @@ class RunvBackend:
     )
 
     def __init__(self, name: str, config: dict[str, Any], hypervisor: Hypervisor | None = None) -> None:
+        runv_config.check(name, config)
         self.name = name
         self.config = config
         self.root = str(config.get("root", "/var/lib/cri-shim/runv"))
@@ -150,18 +153,22 @@ class RunvBackend:
             # A VM whose agent refuses or has no socket left: that pod is down, not the backend.
             raise errors.UnavailableError(f"agent of VM {pod.vm.id} does not answer: {exc}") from exc
         pod.agent = AgentClient(reader, writer, lambda n, b: self._on_event(pod, n, b), self.agent_timeout)
-        await pod.agent.call("hello")
+        await pod.agent.call(m.HelloRequest())
 
     def _on_event(self, pod: _Pod, name: str, body: dict[str, Any]) -> None:
-        if name == "exit":
-            cid = str(body.get("id", ""))
+        if name == m.EXIT_EVENT:
+            try:
+                state = m.ContainerState.from_dict(body)
+            except AgentError as exc:
+                log.warning("agent sent a bad exit event", sandbox_id=pod.sandbox_id, error=exc.message)
+                return
             info = contract.ExitInfo(
-                exit_code=int(body.get("exit_code", 0)),
-                finished_at=int(body.get("finished_at", 0)) or time.time_ns(),
-                reason=str(body.get("reason", "")),
+                exit_code=state.exit_code,
+                finished_at=state.finished_at or time.time_ns(),
+                reason=state.reason,
             )
             # A client that sees the exit reads the log next: report it once the output is in.
-            task = asyncio.get_running_loop().create_task(self._exit_after_logs(pod, cid, info))
+            task = asyncio.get_running_loop().create_task(self._exit_after_logs(pod, state.id, info))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
@@ -203,7 +210,7 @@ class RunvBackend:
     ) -> tuple[dict[str, contract.Observed], dict[str, contract.Observed]]:
         sb_obs: dict[str, contract.Observed] = {}
         ct_obs: dict[str, contract.Observed] = {}
-        agent_states: dict[str, dict[str, Any]] = {}
+        agent_states: dict[str, m.ContainerState] = {}
         known: set[str] = set()
         for sb in sandboxes:
             data = sb.backend_data.get("vm")
@@ -226,15 +233,15 @@ class RunvBackend:
             try:
                 await self._connect(pod)
                 assert pod.agent is not None
-                listing = await pod.agent.call("list")
+                listing = await pod.agent.call(m.ListRequest())
             except errors.CriError:
                 sb_obs[sb.id] = contract.Observed(
                     exists=True, running=False, status=contract.SandboxStatus(ready=False)
                 )
                 self._watch(pod)
                 continue
-            for c in listing.get("containers", []):
-                agent_states[str(c["id"])] = c
+            for c in listing.containers:
+                agent_states[c.id] = c
             self._watch(pod)
             sb_obs[sb.id] = contract.Observed(exists=True, running=True, status=sb.status)
         for ct in containers:
@@ -245,15 +252,13 @@ class RunvBackend:
                 continue
             self._owner[ct.id] = ct.sandbox_id
             owner.containers.add(ct.id)
-            if state["status"] == "exited":
-                info = contract.ExitInfo(
-                    int(state["exit_code"]), int(state["finished_at"]), str(state["reason"])
-                )
+            if state.status == "exited":
+                info = contract.ExitInfo(state.exit_code, state.finished_at, state.reason)
                 self._reported.add(ct.id)
-                ct_obs[ct.id] = contract.Observed(True, False, info, int(state["started_at"]))
+                ct_obs[ct.id] = contract.Observed(True, False, info, state.started_at)
             else:
-                running = state["status"] == "running"
-                ct_obs[ct.id] = contract.Observed(True, running, None, int(state["started_at"]))
+                running = state.status == "running"
+                ct_obs[ct.id] = contract.Observed(True, running, None, state.started_at)
                 sink = self._events.log_sink(ct.id) if self._events is not None else None
                 if running and sink is not None:
                     await self._pump_logs(owner, ct.id, sink)
@@ -304,14 +309,11 @@ class RunvBackend:
                 ip = await self._plumb(sandbox, pod, ports)
             dns = cfg.dns_config
             await pod.agent.call(
-                "setup",
-                hostname=cfg.hostname or sandbox.id[:12],
-                dns={
-                    "servers": list(dns.servers),
-                    "searches": list(dns.searches),
-                    "options": list(dns.options),
-                },
-                sysctls=dict(cfg.linux.sysctls),
+                m.SetupRequest(
+                    hostname=cfg.hostname or sandbox.id[:12],
+                    dns=m.Dns(list(dns.servers), list(dns.searches), list(dns.options)),
+                    sysctls=dict(cfg.linux.sysctls),
+                )
             )
         except BaseException:
             if pod.agent is not None:
@@ -339,12 +341,13 @@ class RunvBackend:
         await self.net.create_veth(pod.vm.id)
         guest_if = await self.hv.attach_interface(pod.vm, peer)
         await agent.call(
-            "network",
-            interface=guest_if,
-            name="eth0",
-            address=f"{ip}/{self.net.prefix}",
-            gateway=self.net.gateway,
-            mtu=self.net.mtu,
+            m.NetworkRequest(
+                interface=guest_if,
+                name="eth0",
+                address=f"{ip}/{self.net.prefix}",
+                gateway=self.net.gateway,
+                mtu=self.net.mtu,
+            )
         )
         await self.net.add_host_ports(sandbox.id, ip, ports)
         return ip
@@ -370,7 +373,7 @@ class RunvBackend:
         pod.stopping = True
         if pod.agent is not None and not pod.agent.closed and not pod.dead:
             try:
-                await pod.agent.call("shutdown", timeout=min(self.agent_timeout, 5.0))
+                await pod.agent.call(m.ShutdownRequest(), timeout=min(self.agent_timeout, 5.0))
                 graceful = True
             except errors.CriError:
                 graceful = False  # a hung or lost agent: no point waiting for a power-off
@@ -442,36 +445,31 @@ class RunvBackend:
             for layer in self.images.lowers(img):
                 tag = "layer-" + os.path.basename(os.path.dirname(layer))[:12]
                 lowers.append(await self.hv.attach_share(pod.vm, tag, layer, readonly=True))
-            mounts: list[dict[str, Any]] = []
-            for m in cfg.mounts:
-                if m.selinux_relabel and not self._selinux_said:
+            mounts: list[m.Mount] = []
+            for mnt in cfg.mounts:
+                if mnt.selinux_relabel and not self._selinux_said:
                     # No SELinux in the VM (nor, mostly, on the host): nothing to relabel.
                     self._selinux_said = True
                     log.info("selinux_relabel ignored: runv VMs have no SELinux", container_id=container.id)
-                if not os.path.exists(m.host_path):  # noqa: ASYNC240 - one stat
-                    raise errors.InvalidArgumentError(f"mount source {m.host_path} does not exist")
+                if not os.path.exists(mnt.host_path):  # noqa: ASYNC240 - one stat
+                    raise errors.InvalidArgumentError(f"mount source {mnt.host_path} does not exist")
                 guest = await self.hv.attach_share(
-                    pod.vm, f"mnt-{container.id[:12]}-{len(mounts)}", m.host_path, m.readonly
+                    pod.vm, f"mnt-{container.id[:12]}-{len(mounts)}", mnt.host_path, mnt.readonly
                 )
                 mounts.append(
-                    {
-                        "source": guest,
-                        "destination": m.container_path,
-                        "readonly": m.readonly,
+                    m.Mount(
+                        source=guest,
+                        destination=mnt.container_path,
+                        readonly=mnt.readonly,
                         # Host mounts reach the VM (a slave of the host), and from there a
                         # HOST_TO_CONTAINER mount; nothing propagates back out of a VM, so
                         # BIDIRECTIONAL is served as HOST_TO_CONTAINER.
-                        "propagation": "rprivate" if m.propagation == pb.PROPAGATION_PRIVATE else "rslave",
-                    }
+                        propagation="rprivate" if mnt.propagation == pb.PROPAGATION_PRIVATE else "rslave",
+                    )
                 )
-            spec = _process_spec(cfg, img)
-            spec["rootfs"] = {
-                "lowers": lowers,
-                "upper": os.path.join(rw, "upper"),
-                "work": os.path.join(rw, "work"),
-            }
-            spec["mounts"] = mounts
-            await agent.call("create", id=container.id, spec=spec)
+            rootfs = m.Rootfs(lowers=lowers, upper=os.path.join(rw, "upper"), work=os.path.join(rw, "work"))
+            spec = _process_spec(cfg, img, rootfs, mounts)
+            await agent.call(m.CreateRequest(id=container.id, spec=spec))
         except BaseException:
             shutil.rmtree(host_dir, ignore_errors=True)
             raise
@@ -482,7 +480,7 @@ class RunvBackend:
     async def _pump_logs(self, pod: _Pod, cid: str, logs: contract.LogSink) -> None:
         agent = self._agent(pod)
         stream = agent.stream()
-        await agent.call("output", id=cid, stream=stream.id)
+        await agent.call(m.OutputRequest(id=cid, stream=stream.id))
 
         async def pump() -> None:
             try:
@@ -506,26 +504,26 @@ class RunvBackend:
         pod = self._pod(sandbox.id)
         agent = self._agent(pod)
         await self._pump_logs(pod, container.id, logs)
-        state = await agent.call("start", id=container.id)
-        return int(state.get("started_at") or time.time_ns())
+        state = await agent.call(m.StartRequest(id=container.id))
+        return state.started_at or time.time_ns()
 
     async def stop_container(self, container: contract.ContainerRecord, timeout: int) -> contract.ExitInfo:
         pod = self._pods.get(container.sandbox_id)
         if pod is None or pod.dead:
             return contract.ExitInfo(VM_CRASH_EXIT, time.time_ns(), VM_CRASH_REASON, "the pod's VM is gone")
         agent = self._agent(pod)
-        state = await agent.call("state", id=container.id)
-        if state["status"] == "running":
+        state = await agent.call(m.StateRequest(id=container.id))
+        if state.status == "running":
             sig = _signal_number(int(container.config.stop_signal))
-            await agent.call("signal", id=container.id, signal=sig)
+            await agent.call(m.SignalRequest(id=container.id, signal=sig))
             try:
-                state = await agent.call("wait", id=container.id, timeout=max(timeout, 0) or 0.01)
+                state = await agent.call(m.WaitRequest(id=container.id), timeout=max(timeout, 0) or 0.01)
             except errors.UnavailableError:
-                await agent.call("signal", id=container.id, signal=int(signal.SIGKILL))
-                state = await agent.call("wait", id=container.id)
-        elif state["status"] == "created":
+                await agent.call(m.SignalRequest(id=container.id, signal=int(signal.SIGKILL)))
+                state = await agent.call(m.WaitRequest(id=container.id))
+        elif state.status == "created":
             return contract.ExitInfo(0, time.time_ns(), "Completed")
-        info = contract.ExitInfo(int(state["exit_code"]), int(state["finished_at"]), str(state["reason"]))
+        info = contract.ExitInfo(state.exit_code, state.finished_at, state.reason)
         await self._drain_logs(pod, container.id)
         self._report_exit(container.id, info)
         return info
@@ -533,7 +531,7 @@ class RunvBackend:
     async def remove_container(self, container: contract.ContainerRecord) -> None:
         pod = self._pods.get(container.sandbox_id)
         if pod is not None and not pod.dead and pod.agent is not None and not pod.agent.closed:
-            await pod.agent.call("remove", id=container.id)
+            await pod.agent.call(m.RemoveRequest(id=container.id))
         if pod is not None:
             for tag in [t for t in pod.vm.shares if t.startswith(f"mnt-{container.id[:12]}-")]:
                 await self.hv.detach_share(pod.vm, tag)
@@ -557,7 +555,7 @@ class RunvBackend:
                 await self.hv.set_vcpus(pod.vm, need)
         if resources.memory_limit_in_bytes > pod.vm.memory_bytes:
             await self.hv.set_memory(pod.vm, resources.memory_limit_in_bytes + self.overhead_memory)
-        await agent.call("update", id=container.id, resources=_resources(resources))
+        await agent.call(m.UpdateRequest(id=container.id, resources=_resources(resources)))
 
     # ------------------------------------------------------------------ exec
     async def _exec(
@@ -576,7 +574,8 @@ class RunvBackend:
         stream = agent.stream()
         call = asyncio.ensure_future(
             agent.call(
-                "exec", timeout=None, id=container.id, stream=stream.id, args=list(cmd), stdin=stdin, tty=tty
+                m.ExecRequest(id=container.id, stream=stream.id, args=list(cmd), stdin=stdin, tty=tty),
+                timeout=None,
             )
         )
         helpers: list[asyncio.Task[None]] = []
@@ -603,7 +602,9 @@ class RunvBackend:
             async def resize() -> None:
                 async for size in resizes:
                     with contextlib.suppress(errors.CriError):
-                        await agent.call("resize", stream=stream.id, width=size.width, height=size.height)
+                        await agent.call(
+                            m.ResizeRequest(stream=stream.id, width=size.width, height=size.height)
+                        )
 
             helpers.append(asyncio.ensure_future(resize()))
         reader = asyncio.ensure_future(read_output())
@@ -611,10 +612,10 @@ class RunvBackend:
             async with asyncio.timeout(timeout or None):
                 result = await call
                 await reader
-            return int(result["exit_code"])
+            return result.exit_code
         except TimeoutError:
             with contextlib.suppress(errors.CriError):
-                await agent.call("exec_kill", id=container.id, stream=stream.id)
+                await agent.call(m.ExecKillRequest(id=container.id, stream=stream.id))
             raise errors.DeadlineExceededError(f"command {list(cmd)} timed out after {timeout}s") from None
         finally:
             for task in (*helpers, reader, call):
@@ -657,7 +658,7 @@ class RunvBackend:
         pod = self._pod_of(container)
         agent = self._agent(pod)
         stream = agent.stream()
-        await agent.call("attach", id=container.id, stream=stream.id, stdin=io.stdin)
+        await agent.call(m.AttachRequest(id=container.id, stream=stream.id, stdin=io.stdin))
         tasks: list[asyncio.Task[None]] = []
         if io.stdin:
 
@@ -671,7 +672,7 @@ class RunvBackend:
 
             async def resize() -> None:
                 async for size in io.resizes():
-                    await agent.call("resize", id=container.id, width=size.width, height=size.height)
+                    await agent.call(m.ResizeRequest(id=container.id, width=size.width, height=size.height))
 
             tasks.append(asyncio.ensure_future(resize()))
         try:
@@ -697,7 +698,7 @@ class RunvBackend:
         pod = self._pod(sandbox.id)
         agent = self._agent(pod)
         st: Stream = agent.stream()
-        await agent.call("port_forward", port=port, stream=st.id)
+        await agent.call(m.PortForwardRequest(port=port, stream=st.id))
 
         async def upstream() -> None:
             try:
@@ -737,7 +738,7 @@ class RunvBackend:
             if pod is None or pod.dead or pod.agent is None or pod.agent.closed:
                 return None
             try:
-                s = await pod.agent.call("stats", id=ct.id)
+                s = await pod.agent.call(m.StatsRequest(id=ct.id))
             except errors.CriError:
                 return None
             used, inodes = await self._writable_usage(ct.id).get()
@@ -745,13 +746,11 @@ class RunvBackend:
             st = contract.container_stats_of(ct)
             st.MergeFrom(
                 pb.ContainerStats(
-                    cpu=pb.CpuUsage(
-                        timestamp=now, usage_core_nano_seconds=pb.UInt64Value(value=int(s["cpu_ns"]))
-                    ),
+                    cpu=pb.CpuUsage(timestamp=now, usage_core_nano_seconds=pb.UInt64Value(value=s.cpu_ns)),
                     memory=pb.MemoryUsage(
                         timestamp=now,
-                        working_set_bytes=pb.UInt64Value(value=int(s["working_set_bytes"])),
-                        usage_bytes=pb.UInt64Value(value=int(s["memory_bytes"])),
+                        working_set_bytes=pb.UInt64Value(value=s.working_set_bytes),
+                        usage_bytes=pb.UInt64Value(value=s.memory_bytes),
                     ),
                     writable_layer=pb.FilesystemUsage(
                         timestamp=now,
@@ -814,24 +813,17 @@ class RunvBackend:
                 return pm
             cts = running.get(sb.id, [])
             try:
-                got = await pod.agent.call("metrics", ids=[c.id for c in cts])
+                got = await pod.agent.call(m.MetricsRequest(ids=[c.id for c in cts]))
             except errors.CriError:
                 return pm
             md = sb.config.metadata
             if not pod.vm.host_network:
                 labels = ("POD", sb.id, "", pod.vm.id, md.namespace, md.name)
-                ifaces = [cgroups.Interface(**i) for i in got.get("interfaces") or []]
-                pm.metrics.extend(metrics.network_metrics(labels, ifaces))
+                pm.metrics.extend(metrics.network_metrics(labels, got.interfaces))
             for ct in cts:
-                found = (got.get("containers") or {}).get(ct.id)
-                if not found:
+                found = got.containers.get(ct.id)
+                if found is None:
                     continue
-                sample = cgroups.Sample(**found["sample"])
-                detail = None
-                if found.get("detail"):
-                    d = dict(found["detail"])
-                    d["devices"] = tuple(cgroups.Device(**x) for x in d.get("devices") or ())
-                    detail = cgroups.Detail(**d)
                 layer = None
                 if layer_fs is not None:
                     used, _inodes = await self._writable_usage(ct.id).get()
@@ -847,7 +839,7 @@ class RunvBackend:
                 pm.container_metrics.add(
                     container_id=ct.id,
                     metrics=metrics.container_metrics(
-                        labels, sample, detail, ct.status.started_at, layer, cgroups.device_name
+                        labels, found.sample, found.detail, ct.status.started_at, layer, cgroups.device_name
                     ),
                 )
             return pm
@@ -925,16 +917,18 @@ class RunvBackend:
 # ---------------------------------------------------------------------- translation
 
 
-def _resources(res: pb.LinuxContainerResources) -> dict[str, int]:
-    return {
-        "cpu_quota": res.cpu_quota,
-        "cpu_period": res.cpu_period,
-        "cpu_shares": res.cpu_shares,
-        "memory": res.memory_limit_in_bytes,
-    }
+def _resources(res: pb.LinuxContainerResources) -> m.Resources:
+    return m.Resources(
+        cpu_quota=res.cpu_quota,
+        cpu_period=res.cpu_period,
+        cpu_shares=res.cpu_shares,
+        memory=res.memory_limit_in_bytes,
+    )
 
 
-def _process_spec(cfg: pb.ContainerConfig, img: Image) -> dict[str, Any]:
+def _process_spec(
+    cfg: pb.ContainerConfig, img: Image, rootfs: m.Rootfs, mounts: list[m.Mount]
+) -> m.ContainerSpec:
     """The neutral container description the agent turns into an OCI config."""
     icfg = img.config
     entry = list(cfg.command) or list(icfg.get("Entrypoint") or [])
@@ -953,47 +947,51 @@ def _process_spec(cfg: pb.ContainerConfig, img: Image) -> dict[str, Any]:
         f"{kv.key}={kv.value.decode(errors='replace')}" for kv in cfg.envs
     ]
     sc = cfg.linux.security_context
-    user: dict[str, Any] = {}
+    uid: int | None = None
+    gid: int | None = None
+    user_name = group_name = ""
     if sc.HasField("run_as_user"):
-        user["uid"] = sc.run_as_user.value
+        uid = sc.run_as_user.value
     elif sc.run_as_username:
-        user["name"] = sc.run_as_username
+        user_name = sc.run_as_username
     else:
         image_user = str(icfg.get("User") or "")
         name, _, group = image_user.partition(":")
         if name.isdigit():
-            user["uid"] = int(name)
-        elif name:
-            user["name"] = name
+            uid = int(name)
+        else:
+            user_name = name
         if group.isdigit():
-            user["gid"] = int(group)
-        elif group:
-            user["group"] = group
+            gid = int(group)
+        else:
+            group_name = group
     if sc.HasField("run_as_group"):
-        user["gid"] = sc.run_as_group.value
-    return {
-        "args": args,
-        "env": env,
-        "cwd": cfg.working_dir or str(icfg.get("WorkingDir") or "/"),
-        "user": user,
-        "supplemental_groups": list(sc.supplemental_groups),
-        "tty": cfg.tty,
-        "stdin": cfg.stdin,
-        "stdin_once": cfg.stdin_once,
-        "privileged": sc.privileged,
-        "readonly_rootfs": sc.readonly_rootfs,
-        "no_new_privs": sc.no_new_privs,
-        "seccomp": _seccomp(sc),
-        "pid_mode": {pb.POD: "pod", pb.NODE: "node"}.get(sc.namespace_options.pid, "container"),
-        "masked_paths": list(sc.masked_paths),
-        "readonly_paths": list(sc.readonly_paths),
-        "add_caps": ["CAP_" + c.upper().removeprefix("CAP_") for c in sc.capabilities.add_capabilities],
-        "drop_caps": ["CAP_" + c.upper().removeprefix("CAP_") for c in sc.capabilities.drop_capabilities],
-        "resources": _resources(cfg.linux.resources),
-    }
+        gid = sc.run_as_group.value
+    return m.ContainerSpec(
+        args=args,
+        rootfs=rootfs,
+        env=env,
+        cwd=cfg.working_dir or str(icfg.get("WorkingDir") or "/"),
+        user=m.User(uid=uid, name=user_name, gid=gid, group=group_name),
+        supplemental_groups=list(sc.supplemental_groups),
+        tty=cfg.tty,
+        stdin=cfg.stdin,
+        stdin_once=cfg.stdin_once,
+        privileged=sc.privileged,
+        readonly_rootfs=sc.readonly_rootfs,
+        no_new_privs=sc.no_new_privs,
+        seccomp=_seccomp(sc),
+        pid_mode={pb.POD: "pod", pb.NODE: "node"}.get(sc.namespace_options.pid, "container"),
+        masked_paths=list(sc.masked_paths),
+        readonly_paths=list(sc.readonly_paths),
+        add_caps=["CAP_" + c.upper().removeprefix("CAP_") for c in sc.capabilities.add_capabilities],
+        drop_caps=["CAP_" + c.upper().removeprefix("CAP_") for c in sc.capabilities.drop_capabilities],
+        resources=_resources(cfg.linux.resources),
+        mounts=mounts,
+    )
 
 
-def _seccomp(sc: pb.LinuxContainerSecurityContext) -> dict[str, Any] | None:
+def _seccomp(sc: pb.LinuxContainerSecurityContext) -> m.Seccomp | None:
     """The container's seccomp: None (unconfined), the runtime default, or a localhost profile."""
     if sc.privileged:
         return None  # privileged containers run unconfined, as with runc/containerd
@@ -1003,13 +1001,13 @@ def _seccomp(sc: pb.LinuxContainerSecurityContext) -> dict[str, Any] | None:
         if kind == pb.SecurityProfile.Unconfined:
             return None
         if kind == pb.SecurityProfile.RuntimeDefault:
-            return {"default": True}
+            return m.Seccomp(default=True)
     else:
         path = sc.seccomp_profile_path  # the deprecated string form; empty means unconfined
         if path in ("", "unconfined"):
             return None
         if path in ("runtime/default", "docker/default"):
-            return {"default": True}
+            return m.Seccomp(default=True)
         if not path.startswith("localhost/"):
             raise errors.InvalidArgumentError(f"unknown seccomp profile {path!r}")
         ref = path.removeprefix("localhost/")
@@ -1020,7 +1018,7 @@ def _seccomp(sc: pb.LinuxContainerSecurityContext) -> dict[str, Any] | None:
         raise errors.InvalidArgumentError(f"seccomp profile {ref!r}: {exc}") from None
     if not isinstance(profile, dict):
         raise errors.InvalidArgumentError(f"seccomp profile {ref!r} is not a JSON object")
-    return {"profile": profile}
+    return m.Seccomp(profile=profile)
 
 
 def _fs_of(path: str) -> metrics.Layer | None:

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from backends.runv.agent import oci
+from backends.runv.agent.messages import ContainerSpec
 
 
 def _config(tmp_path: Path, **spec: Any) -> dict[str, Any]:
-    return oci.build_config({"args": ["true"], **spec}, str(tmp_path), {}, "/x")
+    return oci.build_config(ContainerSpec.from_dict({"args": ["true"], **spec}), str(tmp_path), {}, "/x")
 
 
 def test_capabilities_limited_to_the_agents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

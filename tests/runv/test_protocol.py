@@ -11,6 +11,7 @@ import pytest
 
 from backends.runv.agent import protocol as p
 from backends.runv.agent.client import AgentClient
+from backends.runv.agent.messages import StateRequest
 from shim import errors
 
 VECTORS = [
@@ -102,6 +103,8 @@ async def _handler_for(pair: Pair) -> p.Handler:
             raise p.AgentError("not_found", "no such thing")
         if op == "boom":
             raise RuntimeError("kaput")
+        if op == "state":  # a result of the wrong shape
+            return {"id": 5, "status": "running"}
         if op == "slow":
             await asyncio.sleep(10)
             return {}
@@ -154,14 +157,20 @@ async def test_request_response(pair: Pair) -> None:
 async def test_errors_map_to_conditions(pair: Pair, op: str, exc: type[Exception], text: str) -> None:
     assert pair.client is not None
     with pytest.raises(exc, match=text):
-        await pair.client.call(op, timeout=0.3 if op == "slow" else 1.0)
+        await pair.client.raw(op, {}, timeout=0.3 if op == "slow" else 1.0)
+
+
+async def test_typed_call_checks_the_result(pair: Pair) -> None:
+    assert pair.client is not None
+    with pytest.raises(errors.InternalError, match="agent state: bad result: id: expected str, got int"):
+        await pair.client.call(StateRequest(id="c1"))
 
 
 async def test_concurrent_requests_and_stream(pair: Pair) -> None:
     assert pair.client is not None
     st = pair.client.stream()
-    call = asyncio.ensure_future(pair.client.call("stream", stream=st.id))
-    echoes = [asyncio.ensure_future(pair.client.call("echo", n=i)) for i in range(20)]
+    call = asyncio.ensure_future(pair.client.raw("stream", {"stream": st.id}))
+    echoes = [asyncio.ensure_future(pair.client.raw("echo", {"n": i})) for i in range(20)]
     await st.write(p.Ch.STDIN, b"abc" * 50_000)  # several DATA frames
     await st.close(p.Ch.STDIN)
     out = bytearray()
@@ -179,7 +188,7 @@ async def test_concurrent_requests_and_stream(pair: Pair) -> None:
 
 async def test_peer_gone_fails_pending_requests(pair: Pair) -> None:
     assert pair.client is not None and pair.server is not None
-    pending = asyncio.ensure_future(pair.client.call("slow", timeout=5.0))
+    pending = asyncio.ensure_future(pair.client.raw("slow", {}, timeout=5.0))
     await asyncio.sleep(0.05)
     await pair.server.aclose()
     with pytest.raises(errors.UnavailableError, match="lost"):

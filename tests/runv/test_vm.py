@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from backends.contract import TerminalSize
+from backends.runv.agent.messages import StateRequest
 from backends.runv.backend import VM_CRASH_REASON, RunvBackend
 from backends.runv.hypervisor import MIB, Fault
 from cri_api import api_pb2 as pb
@@ -103,7 +104,7 @@ async def test_vm_crash_exits_containers(runv: tuple[RunvBackend, Events]) -> No
     ct = container_record(sb, IMAGE, ["sleep", "60"])
     await backend.create_container(ct, sb)
     await backend.start_container(ct, sb, MemorySink())
-    ct_pid = (await backend._pods[sb.id].agent.call("state", id=ct.id))["pid"]  # type: ignore[union-attr]
+    ct_pid = (await backend._pods[sb.id].agent.call(StateRequest(id=ct.id))).pid  # type: ignore[union-attr]
     vm_pid = backend._pods[sb.id].vm.pid
 
     backend.inject(Fault.CRASH, sb.id)

@@ -1,4 +1,4 @@
-"""Host side of the agent channel: requests with deadlines, errors as shim conditions."""
+"""Host side of the agent channel: typed requests with deadlines, errors as shim conditions."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from backends.contract import errors
+from backends.runv.agent.messages import R, Request
 from backends.runv.agent.protocol import AgentError, Channel, ConnectionLost, Stream
 
 _CODES: dict[str, type[errors.CriError]] = {
@@ -37,8 +38,17 @@ class AgentClient:
     def stream(self) -> Stream:
         return self.channel.new_stream()
 
-    async def call(self, op: str, timeout: float | None = -1.0, **args: Any) -> dict[str, Any]:
-        """One request; ``timeout=None`` waits forever (e.g. wait for exit), -1 is the default."""
+    async def call(self, req: Request[R], timeout: float | None = -1.0) -> R:
+        """One request, its typed result; ``timeout=None`` waits forever (e.g. for an exit),
+        -1 is the client's default."""
+        data = await self.raw(req.OP, req.to_dict(), timeout)
+        try:
+            return req.result(data)
+        except AgentError as exc:
+            raise errors.InternalError(f"agent {req.OP}: bad result: {exc.message}") from exc
+
+    async def raw(self, op: str, args: dict[str, Any], timeout: float | None = -1.0) -> dict[str, Any]:
+        """One request as plain JSON objects (``call`` is the typed form)."""
         limit = self.timeout if timeout == -1.0 else timeout
         try:
             return await self.channel.request(op, args, timeout=limit)

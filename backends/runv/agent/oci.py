@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from backends.runv.agent.messages import ContainerSpec, Seccomp, User
+
 DEFAULT_CAPS = [
     "CAP_CHOWN",
     "CAP_DAC_OVERRIDE",
@@ -69,11 +71,11 @@ EPERM = 1
 _SECCOMP_KEYS = ("defaultAction", "defaultErrnoRet", "architectures", "flags", "listenerPath")
 
 
-def seccomp_config(seccomp: dict[str, Any] | None, caps: list[str]) -> dict[str, Any] | None:
+def seccomp_config(seccomp: Seccomp | None, caps: list[str]) -> dict[str, Any] | None:
     """OCI linux.seccomp from the agent spec's seccomp (runtime default or a Docker-format profile)."""
-    if not seccomp:
+    if seccomp is None:
         return None
-    if seccomp.get("default"):
+    if seccomp.default:
         names = list(DENIED_SYSCALLS)
         if "CAP_SYS_ADMIN" not in caps:
             names += DENIED_WITHOUT_SYS_ADMIN
@@ -81,7 +83,9 @@ def seccomp_config(seccomp: dict[str, Any] | None, caps: list[str]) -> dict[str,
             "defaultAction": "SCMP_ACT_ALLOW",
             "syscalls": [{"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM}],
         }
-    profile = dict(seccomp["profile"])
+    if seccomp.profile is None:
+        return None
+    profile = dict(seccomp.profile)
     out: dict[str, Any] = {k: profile[k] for k in _SECCOMP_KEYS if k in profile}
     out.setdefault("defaultAction", "SCMP_ACT_ALLOW")
     if "archMap" in profile and "architectures" not in out:
@@ -160,11 +164,11 @@ def _lookup(path: str, key: str, by_name: bool) -> tuple[int, int] | None:
     return None
 
 
-def resolve_user(rootfs: str, user: dict[str, Any]) -> tuple[int, int]:
+def resolve_user(rootfs: str, user: User) -> tuple[int, int]:
     """uid/gid of the CRI user spec (uid or name, optional gid) inside the image."""
-    name = str(user.get("name") or "")
-    uid = user.get("uid")
-    gid = user.get("gid")
+    name = user.name
+    uid = user.uid
+    gid = user.gid
     passwd = os.path.join(rootfs, "etc/passwd")
     if name:
         found = _lookup(passwd, name, by_name=True)
@@ -175,7 +179,7 @@ def resolve_user(rootfs: str, user: dict[str, Any]) -> tuple[int, int]:
         uid = int(uid or 0)
         found = _lookup(passwd, str(uid), by_name=False)
         default_gid = found[1] if found else 0
-    group = str(user.get("group") or "")
+    group = user.group
     if group:
         g = _lookup(os.path.join(rootfs, "etc/group"), group, by_name=True)
         if g is None:
@@ -185,12 +189,13 @@ def resolve_user(rootfs: str, user: dict[str, Any]) -> tuple[int, int]:
 
 
 def build_config(
-    spec: dict[str, Any], rootfs: str, etc_files: dict[str, str], cgroup_path: str
+    spec: ContainerSpec, rootfs: str, etc_files: dict[str, str], cgroup_path: str, pid_ns_path: str = ""
 ) -> dict[str, Any]:
-    uid, gid = resolve_user(rootfs, spec.get("user") or {})
-    privileged = bool(spec.get("privileged"))
-    drop = set(spec.get("drop_caps") or [])
-    add = list(spec.get("add_caps") or [])
+    """config.json of ``spec``; ``pid_ns_path``: the pod's shared PID namespace (pid_mode pod)."""
+    uid, gid = resolve_user(rootfs, spec.user)
+    privileged = spec.privileged
+    drop = set(spec.drop_caps)
+    add = list(spec.add_caps)
     if privileged or "CAP_ALL" in add:
         caps = list(ALL_CAPS)
     else:
@@ -209,44 +214,42 @@ def build_config(
                 "options": ["nosuid", "noexec", "nodev", "relatime", "ro"],
             }
         )
-    taken = {m["destination"] for m in spec.get("mounts") or []}
+    taken = {m.destination for m in spec.mounts}
     for dest, src in etc_files.items():
         if dest not in taken:
             mounts.append(
                 {"destination": dest, "type": "bind", "source": src, "options": ["rbind", "rprivate"]}
             )
-    for m in spec.get("mounts") or []:
-        opts = ["rbind", str(m.get("propagation") or "rprivate"), "ro" if m.get("readonly") else "rw"]
-        mounts.append(
-            {"destination": m["destination"], "type": "bind", "source": m["source"], "options": opts}
-        )
+    for m in spec.mounts:
+        opts = ["rbind", m.propagation or "rprivate", "ro" if m.readonly else "rw"]
+        mounts.append({"destination": m.destination, "type": "bind", "source": m.source, "options": opts})
     resources: dict[str, Any] = {"devices": [{"allow": privileged, "access": "rwm"}]}
-    res = spec.get("resources") or {}
-    if res.get("memory"):
-        resources["memory"] = {"limit": int(res["memory"])}
+    res = spec.resources
+    if res.memory:
+        resources["memory"] = {"limit": res.memory}
     cpu: dict[str, Any] = {}
-    if res.get("cpu_quota"):
-        cpu["quota"] = int(res["cpu_quota"])
-        cpu["period"] = int(res.get("cpu_period") or 100000)
-    if res.get("cpu_shares"):
-        cpu["shares"] = int(res["cpu_shares"])
+    if res.cpu_quota:
+        cpu["quota"] = res.cpu_quota
+        cpu["period"] = res.cpu_period or 100000
+    if res.cpu_shares:
+        cpu["shares"] = res.cpu_shares
     if cpu:
         resources["cpu"] = cpu
-    env = list(spec.get("env") or [])
+    env = list(spec.env)
     if not any(e.startswith("PATH=") for e in env):
         env.insert(0, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-    if spec.get("tty") and not any(e.startswith("TERM=") for e in env):
+    if spec.tty and not any(e.startswith("TERM=") for e in env):
         env.append("TERM=xterm")
     capset = {"bounding": caps, "effective": caps, "permitted": caps}
     # CONTAINER: a PID namespace of its own; POD: the pod's (pid_ns_path, made by the agent);
     # NODE: the VM's (the "host" of a container in a VM is its guest).
     namespaces: list[dict[str, str]] = [{"type": "mount"}]
-    if spec.get("pid_ns_path"):
-        namespaces.insert(0, {"type": "pid", "path": str(spec["pid_ns_path"])})
-    elif spec.get("pid_mode", "container") == "container":
+    if pid_ns_path:
+        namespaces.insert(0, {"type": "pid", "path": pid_ns_path})
+    elif spec.pid_mode == "container":
         namespaces.insert(0, {"type": "pid"})
-    masked = spec.get("masked_paths") or DEFAULT_MASKED
-    readonly = spec.get("readonly_paths") or DEFAULT_READONLY
+    masked = spec.masked_paths or DEFAULT_MASKED
+    readonly = spec.readonly_paths or DEFAULT_READONLY
     linux: dict[str, Any] = {
         "namespaces": namespaces,
         "cgroupsPath": cgroup_path,
@@ -254,21 +257,21 @@ def build_config(
         "maskedPaths": [] if privileged else masked,
         "readonlyPaths": [] if privileged else readonly,
     }
-    seccomp = None if privileged else seccomp_config(spec.get("seccomp"), caps)
+    seccomp = None if privileged else seccomp_config(spec.seccomp, caps)
     if seccomp is not None:
         linux["seccomp"] = seccomp
     return {
         "ociVersion": "1.0.2",
         "process": {
             "terminal": False,
-            "user": {"uid": uid, "gid": gid, "additionalGids": list(spec.get("supplemental_groups") or [])},
-            "args": list(spec["args"]),
+            "user": {"uid": uid, "gid": gid, "additionalGids": list(spec.supplemental_groups)},
+            "args": list(spec.args),
             "env": env,
-            "cwd": spec.get("cwd") or "/",
+            "cwd": spec.cwd or "/",
             "capabilities": capset,
-            "noNewPrivileges": bool(spec.get("no_new_privs")),
+            "noNewPrivileges": spec.no_new_privs,
         },
-        "root": {"path": rootfs, "readonly": bool(spec.get("readonly_rootfs"))},
+        "root": {"path": rootfs, "readonly": spec.readonly_rootfs},
         "mounts": mounts,
         # net, ipc and uts are the VM's, shared by the pod's containers.
         "linux": linux,

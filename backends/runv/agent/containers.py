@@ -1,0 +1,298 @@
+# ruff: noqa: ASYNC230, ASYNC240
+# The agent owns its VM: small local file writes are not worth a thread hop here.
+"""Container lifecycle in the guest: the OCI bundle, ``runc create/start/kill/delete/update``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+
+from backends.runv.agent import oci, proc
+from backends.runv.agent.guest import Container, Guest, as_exit_code, runc_log, spawn
+from backends.runv.agent.messages import (
+    EXIT_EVENT,
+    ContainerList,
+    ContainerSpec,
+    ContainerState,
+    Created,
+    CreateRequest,
+    Empty,
+    ListRequest,
+    RemoveRequest,
+    SignalRequest,
+    StartRequest,
+    StateRequest,
+    UpdateRequest,
+    WaitRequest,
+)
+from backends.runv.agent.protocol import AgentError, Ch
+
+MNT_DETACH = 2
+MS_BIND = 4096
+MS_REC = 16384
+
+# PID 1 of a pod's shared PID namespace: reaps whatever is orphaned in it, like pause.
+POD_INIT = """
+import os, signal
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+while True:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+    signal.sigtimedwait({signal.SIGCHLD}, 60)
+"""
+
+
+def _mount(source: str, target: str, fstype: str, options: str, flags: int = 0) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(source.encode(), target.encode(), fstype.encode(), flags, options.encode()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {fstype} on {target}: {os.strerror(err)}")
+
+
+def _umount(target: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.umount2(target.encode(), MNT_DETACH)
+
+
+def _exit_reason(code: int) -> str:
+    return "Completed" if code == 0 else "Error"
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(x) for x in fh.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _oom_killed(cgroup: str) -> bool:
+    """Whether the kernel OOM-killed a process of the container's memory cgroup (v1 or v2)."""
+    rel = cgroup.strip("/")
+    for path in (f"/sys/fs/cgroup/memory/{rel}/memory.oom_control", f"/sys/fs/cgroup/{rel}/memory.events"):
+        try:
+            with open(path) as fh:
+                for line in fh:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill" and int(value) > 0:
+                        return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+async def _pod_pid_ns(g: Guest) -> str:
+    """The pod's shared PID namespace (as a pause container gives): PID 1 is a reaper.
+
+    Separate from the VM's own, so the pod's containers do not see the agent and runc.
+    """
+    if g.pod_init and os.path.exists(f"/proc/{g.pod_init}/ns/pid"):
+        return f"/proc/{g.pod_init}/ns/pid"
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        holder = proc.spawn(
+            ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", POD_INIT],
+            devnull,
+            devnull,
+            devnull,
+        )
+    finally:
+        os.close(devnull)
+    g.reaper.wait(holder)  # reaped whenever it ends (with the VM)
+    for _ in range(500):
+        kids = _children(holder)
+        if kids:
+            g.pod_init = kids[0]
+            return f"/proc/{g.pod_init}/ns/pid"
+        await asyncio.sleep(0.01)
+    raise AgentError("failed", "the pod PID namespace did not come up")
+
+
+async def create(g: Guest, req: CreateRequest) -> Created:
+    cid = req.id
+    if cid in g.containers:
+        raise AgentError("exists", f"container {cid} exists")
+    spec = req.spec
+    bundle = os.path.join(g.state_dir, "containers", cid)
+    rootfs = os.path.join(bundle, "rootfs")
+    os.makedirs(rootfs, exist_ok=True)
+    container = Container(cid, bundle, spec.tty)
+    container.shared_pid = spec.pid_mode != "container"
+    try:
+        src = spec.rootfs
+        if src.lowers:
+            opts = f"lowerdir={':'.join(src.lowers)},upperdir={src.upper},workdir={src.work}"
+            _mount("overlay", rootfs, "overlay", opts)
+        else:
+            _mount(src.path, rootfs, "", "", MS_BIND | MS_REC)
+    except OSError as exc:
+        shutil.rmtree(bundle, ignore_errors=True)
+        raise AgentError("failed", str(exc)) from None
+    try:
+        etc = {
+            f"/etc/{n}": os.path.join(g.etc_dir, n)
+            for n in ("hosts", "hostname", "resolv.conf")
+            if os.path.exists(os.path.join(g.etc_dir, n))
+        }
+        pid_ns = await _pod_pid_ns(g) if spec.pid_mode == "pod" else ""
+        config = oci.build_config(spec, rootfs, etc, f"{g.cgroup_parent}/{cid}", pid_ns_path=pid_ns)
+        with open(os.path.join(bundle, "config.json"), "w") as fh:
+            json.dump(config, fh)
+        await _runc_create(g, container, spec)
+    except Exception as exc:
+        _umount(rootfs)
+        shutil.rmtree(bundle, ignore_errors=True)
+        if isinstance(exc, AgentError):
+            raise
+        raise AgentError("failed", str(exc)) from None
+    g.containers[cid] = container
+    return Created(pid=container.pid)
+
+
+async def _runc_create(g: Guest, c: Container, spec: ContainerSpec) -> None:
+    to_close: list[int] = []
+    if c.tty:
+        master, slave = os.openpty()
+        stdin = stdout = stderr = slave
+        to_close.append(slave)
+        c.tty_master = master
+        c.open_outputs = 1
+        c.readers.append(proc.PipeReader(os.dup(master), lambda d: c.output(Ch.STDOUT, d)))
+    else:
+        out_r, stdout = os.pipe()
+        err_r, stderr = os.pipe()
+        to_close += [stdout, stderr]
+        c.open_outputs = 2
+        c.readers.append(proc.PipeReader(out_r, lambda d: c.output(Ch.STDOUT, d)))
+        c.readers.append(proc.PipeReader(err_r, lambda d: c.output(Ch.STDERR, d)))
+        if spec.stdin:
+            stdin, c.stdin_w = os.pipe()
+            to_close.append(stdin)
+        else:
+            stdin = os.open(os.devnull, os.O_RDONLY)
+            to_close.append(stdin)
+    c.stdin_once = spec.stdin_once
+    log = os.path.join(c.bundle, "runc.log")
+    pid_file = os.path.join(c.bundle, "pid")
+    argv = g.runc_argv("--log", log, "--log-format", "json", "create", "--bundle", c.bundle)
+    argv += ["--pid-file", pid_file, c.id]
+    try:
+        pid = proc.spawn(argv, stdin, stdout, stderr)
+    finally:
+        for fd in to_close:
+            os.close(fd)
+    code = await g.reaper.wait(pid)
+    if code != 0:
+        for r in c.readers:
+            r.close()
+        raise AgentError("failed", f"runc create: {runc_log(log)}")
+    with open(pid_file) as fh:
+        c.pid = int(fh.read().strip())
+    waiter = g.reaper.wait(c.pid)
+    waiter.add_done_callback(lambda f: _exited(g, c, f.result()))
+
+
+def _exited(g: Guest, c: Container, code: int) -> None:
+    c.status = "exited"
+    c.exit_code = as_exit_code(code)
+    c.finished_at = time.time_ns()
+    if not c.reason and c.exit_code != 0 and _oom_killed(f"{g.cgroup_parent}/{c.id}"):
+        c.reason = "OOMKilled"
+    c.reason = c.reason or _exit_reason(c.exit_code)
+    c.exited.set()
+    if c.stdin_w is not None:
+        with contextlib.suppress(OSError):
+            os.close(c.stdin_w)
+        c.stdin_w = None
+    if c.shared_pid:
+        # Without a PID namespace of its own, the container's other processes survive its
+        # init (and hold its output open): end them, as a container runtime shim does.
+        spawn(_kill_rest(g, c))
+    spawn(g.send_event(EXIT_EVENT, c.describe()))
+
+
+async def _kill_rest(g: Guest, c: Container) -> None:
+    with contextlib.suppress(AgentError):
+        await g.runc_ok("kill", "--all", c.id, "KILL")
+
+
+async def start(g: Guest, req: StartRequest) -> ContainerState:
+    c = g.get(req.id)
+    if c.status != "created":
+        raise AgentError("failed", f"container {c.id} is {c.status}")
+    await g.runc_ok("start", c.id)
+    c.status = "running" if not c.exited.is_set() else c.status
+    c.started_at = time.time_ns()
+    return c.describe()
+
+
+async def signal_(g: Guest, req: SignalRequest) -> Empty:
+    c = g.get(req.id)
+    if c.pid and not c.exited.is_set():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(c.pid, req.signal)
+    return Empty()
+
+
+async def wait(g: Guest, req: WaitRequest) -> ContainerState:
+    c = g.get(req.id)
+    await c.exited.wait()
+    return c.describe()
+
+
+async def state(g: Guest, req: StateRequest) -> ContainerState:
+    return g.get(req.id).describe()
+
+
+async def list_(g: Guest, req: ListRequest) -> ContainerList:
+    return ContainerList(containers=[c.describe() for c in g.containers.values()])
+
+
+async def remove(g: Guest, req: RemoveRequest) -> Empty:
+    c = g.containers.get(req.id)
+    if c is None:
+        return Empty()
+    if not c.exited.is_set() and c.status == "running":
+        raise AgentError("failed", f"container {c.id} is running")
+    await proc.run(g.reaper, g.runc_argv("delete", "--force", c.id))
+    for r in c.readers:
+        r.close()
+    if c.tty_master is not None:
+        os.close(c.tty_master)
+    _umount(os.path.join(c.bundle, "rootfs"))
+    shutil.rmtree(c.bundle, ignore_errors=True)
+    del g.containers[c.id]
+    return Empty()
+
+
+async def update(g: Guest, req: UpdateRequest) -> Empty:
+    c = g.get(req.id)
+    res = req.resources
+    flags: list[str] = []
+    if res.memory:
+        flags += ["--memory", str(res.memory)]
+    if res.cpu_quota:
+        flags += ["--cpu-quota", str(res.cpu_quota), "--cpu-period", str(res.cpu_period or 100000)]
+    if res.cpu_shares:
+        flags += ["--cpu-share", str(res.cpu_shares)]
+    if flags and not c.exited.is_set():
+        await g.runc_ok("update", *flags, c.id)
+    return Empty()
+
+
+def kill_all(g: Guest) -> None:
+    """SIGKILL every running container's init (the VM powers off next)."""
+    for c in list(g.containers.values()):
+        if c.status == "running":
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(c.pid, signal.SIGKILL)

@@ -1,0 +1,81 @@
+# ruff: noqa: ASYNC230
+# The agent owns its VM: small local file writes are not worth a thread hop here.
+"""The VM as a whole: hello, setup (hostname, DNS, sysctls), a hot-plugged NIC, shutdown."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from backends.runv.agent import containers, proc
+from backends.runv.agent.guest import Guest
+from backends.runv.agent.messages import (
+    Empty,
+    Hello,
+    HelloRequest,
+    NetworkRequest,
+    NetworkResult,
+    SetupRequest,
+    ShutdownRequest,
+)
+from backends.runv.agent.protocol import AgentError
+
+VERSION = 1  # of the operations; the frame's version byte is protocol.VERSION
+
+
+async def hello(g: Guest, req: HelloRequest) -> Hello:
+    return Hello(version=VERSION, pid=os.getpid(), containers=len(g.containers))
+
+
+async def setup(g: Guest, req: SetupRequest) -> Empty:
+    os.makedirs(g.etc_dir, exist_ok=True)
+    hostname = req.hostname or socket.gethostname()
+    proc.sethostname(hostname)
+    with open(os.path.join(g.etc_dir, "hostname"), "w") as fh:
+        fh.write(hostname + "\n")
+    with open(os.path.join(g.etc_dir, "hosts"), "w") as fh:
+        fh.write(f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n")
+    dns = req.dns
+    lines = [f"nameserver {s}" for s in dns.servers]
+    if dns.searches:
+        lines.append("search " + " ".join(dns.searches))
+    if dns.options:
+        lines.append("options " + " ".join(dns.options))
+    with open(os.path.join(g.etc_dir, "resolv.conf"), "w") as fh:
+        fh.write("".join(line + "\n" for line in lines))
+    code, _, err = await proc.run(g.reaper, ["ip", "link", "set", "lo", "up"])
+    if code != 0:
+        raise AgentError("failed", f"loopback up: {err.decode(errors='replace')}")
+    for key, value in req.sysctls.items():
+        path = "/proc/sys/" + key.replace(".", "/")
+        try:
+            with open(path, "w") as fh:
+                fh.write(value)
+        except OSError as exc:
+            raise AgentError("invalid", f"sysctl {key}: {exc.strerror}") from None
+    return Empty()
+
+
+async def network(g: Guest, req: NetworkRequest) -> NetworkResult:
+    """Configure a NIC the host hot-plugged: rename, address, up, default route."""
+    name = req.name or req.interface
+    steps = []
+    if name != req.interface:
+        steps.append(["ip", "link", "set", "dev", req.interface, "name", name])
+    if req.mtu:
+        steps.append(["ip", "link", "set", "dev", name, "mtu", str(req.mtu)])
+    steps += [
+        ["ip", "addr", "replace", req.address, "dev", name],
+        ["ip", "link", "set", "dev", name, "up"],
+    ]
+    if req.gateway:
+        steps.append(["ip", "route", "replace", "default", "via", req.gateway, "dev", name])
+    for argv in steps:
+        await g.run(argv)
+    return NetworkResult(name=name)
+
+
+async def shutdown(g: Guest, req: ShutdownRequest) -> Empty:
+    containers.kill_all(g)
+    g.stopping.set()
+    return Empty()
