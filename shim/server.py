@@ -28,7 +28,7 @@ from backends.contract import Backend, PortStream, StreamIO
 from backends.registry import Registry, create_backend
 from shim.config import Config
 from shim.context import Shim
-from shim.errors import FailedPreconditionError, NotFoundError, UnimplementedError
+from shim.errors import CriError, FailedPreconditionError, NotFoundError, UnimplementedError
 from shim.recovery import recover
 from shim.servicer import IMAGE_SERVICE, RUNTIME_SERVICE, CriServicer, RpcObserver
 from shim.store import StateDir, Store, new_id
@@ -166,7 +166,11 @@ class Server:
             opts.setdefault("pause_image", self.config.images.pause_image)
             opts.setdefault("pull_no_progress_timeout", self.config.images.pull_no_progress_timeout)
             opts.setdefault("cgroup_driver", self.config.server.cgroup_driver)
-            out[name] = create_backend(h.type, name, opts)
+            try:
+                out[name] = create_backend(h.type, name, opts)
+            except (CriError, ValueError, TypeError) as exc:
+                # A backend checks its own options: say which table, never a traceback.
+                raise ServerError(f"configuration error in [handlers.{name}]: {exc}") from None
         return out
 
     async def start(self) -> None:

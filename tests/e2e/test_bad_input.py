@@ -257,3 +257,18 @@ async def test_resources_the_kernel_cannot_take_are_invalid(
     await r.rt.UpdateContainerResources(
         pb.UpdateContainerResourcesRequest(container_id=cid, linux=kubelet_like)
     )
+
+
+async def test_a_backend_option_it_does_not_know_stops_the_start_with_a_clear_error(short_tmp: str) -> None:
+    import dataclasses
+
+    from shim.config import HandlerConfig
+    from shim.server import Server, ServerError
+    from tests.conftest import server_config
+
+    cfg = server_config(short_tmp)
+    cfg = dataclasses.replace(
+        cfg, handlers={**cfg.handlers, "vm": HandlerConfig(name="vm", type="runv", options={"bogus": 1})}
+    )
+    with pytest.raises(ServerError, match=r"\[handlers\.vm\].*unknown key 'bogus'"):
+        await Server(cfg).start()
