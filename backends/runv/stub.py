@@ -175,7 +175,10 @@ class StubHypervisor:
         self.unshare = str(config.get("unshare", "unshare"))
         self.ip = str(config.get("ip", "ip"))
         cpus = os.cpu_count() or 1
-        self.total_vcpus = int(config.get("capacity_vcpus", cpus * int(config.get("cpu_overcommit", 16))))
+        # A stub VM's vCPU is a CFS quota, not a reserved core. 64 per host CPU lets a 2-core
+        # node hold the kubelet's default 110 pods at 1 vCPU each (16 refused the 33rd pod
+        # the kubelet had admitted).
+        self.total_vcpus = int(config.get("capacity_vcpus", cpus * int(config.get("cpu_overcommit", 64))))
         self.total_memory = int(config.get("capacity_memory", _mem_total()))
         self._reserved: dict[str, tuple[int, int]] = {}
         self._faults: set[Fault] = set()
