@@ -25,10 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from backends.contract import ContainerRecord, ExecResult, SandboxRecord, errors
+from backends.reference import BadReference, parse
 
 PROGRAM_ANNOTATION = "fake.cri-shim.io/program"
 
@@ -274,3 +278,85 @@ def program_from_command(argv: Sequence[str], ctx: ShellContext | None = None) -
         for line in text.splitlines():
             lines.append(OutputLine(0.0, stream, line))
     return Program(output=tuple(lines), exit_code=res.exit_code, exit_after=res.sleep)
+
+
+# --------------------------------------------------------------------------- the handler's rules
+
+
+class Programs:
+    """The handler's ``programs`` table and ``exec`` rules, and which program a container runs."""
+
+    def __init__(self, name: str, options: Mapping[str, Any]) -> None:
+        self._programs: dict[str, Program] = {}
+        self._exec_rules: list[tuple[list[str], ExecResult, float]] = []
+        for image, prog in dict(options.get("programs", {})).items():
+            self._programs[image] = parse_program(prog, f"[handlers.{name}.programs.{image}]")
+        for i, rule in enumerate(options.get("exec", [])):
+            cmd = rule.get("cmd")
+            if not isinstance(cmd, list) or not cmd:
+                raise ValueError(f"[handlers.{name}] exec[{i}].cmd must be a non-empty list")
+            res = ExecResult(
+                exit_code=int(rule.get("exit_code", 0)),
+                stdout=str(rule.get("stdout", "")).encode(),
+                stderr=str(rule.get("stderr", "")).encode(),
+            )
+            self.add_exec_rule([str(c) for c in cmd], res, float(rule.get("delay", 0.0)))
+
+    def add_exec_rule(self, cmd: Sequence[str], result: ExecResult, delay: float = 0.0) -> None:
+        self._exec_rules.append((list(cmd), result, delay))
+
+    def program_for(self, c: ContainerRecord, ctx: Callable[[], ShellContext]) -> Program:
+        """The annotation's program, else the table's for the image, else the command's, else the default."""
+        raw = c.config.annotations.get(PROGRAM_ANNOTATION)
+        if raw is not None:
+            try:
+                return parse_program(raw, f"annotation {PROGRAM_ANNOTATION}")
+            except ProgramError as exc:
+                raise errors.InvalidArgumentError(str(exc)) from None
+        image = c.config.image.image
+        prog = self._programs.get(image)
+        if prog is None:
+            try:
+                ref = parse(image)
+                prog = self._programs.get(ref.repository) or self._programs.get(ref.tagged)
+            except BadReference:
+                prog = None
+        if prog is not None:
+            return prog
+        argv = list(c.config.command) + list(c.config.args)
+        return program_from_command(argv, ctx()) or Program()
+
+    def exec(self, cmd: Sequence[str], ctx: ShellContext) -> tuple[ExecResult, float]:
+        """The first matching exec rule (a trailing "*" matches any rest), else the built-ins."""
+        for rule_cmd, res, delay in self._exec_rules:
+            if list(cmd) == rule_cmd or (
+                rule_cmd[-1] == "*" and list(cmd[: len(rule_cmd) - 1]) == rule_cmd[:-1]
+            ):
+                return res, delay
+        r = run_shell(cmd, ctx)
+        return ExecResult(exit_code=r.exit_code, stdout=r.stdout, stderr=r.stderr), r.sleep
+
+
+def shell_context(c: ContainerRecord, sb: SandboxRecord | None, running: bool) -> ShellContext:
+    """What the built-ins see of container ``c`` in its sandbox ``sb`` (None: unknown to the runtime)."""
+    hostname = (sb.config.hostname if sb else "") or c.sandbox_id[:12]
+    files = {
+        "/etc/hostname": hostname + "\n",
+        "/etc/hosts": f"127.0.0.1\tlocalhost\n{sb.status.ip if sb else ''}\t{hostname}\n",
+    }
+    sysctls: dict[str, str] = {}
+    if sb is not None:
+        dns = sb.config.dns_config
+        resolv = "".join(f"nameserver {s}\n" for s in dns.servers)
+        if dns.searches:
+            resolv += "search " + " ".join(dns.searches) + "\n"
+        if dns.options:
+            resolv += "options " + " ".join(dns.options) + "\n"
+        files["/etc/resolv.conf"] = resolv
+        sysctls = dict(sb.config.linux.sysctls)
+        for key, value in sysctls.items():
+            files["/proc/sys/" + key.replace(".", "/")] = value + "\n"
+    argv = list(c.config.command) + list(c.config.args)
+    processes = [os.path.basename(argv[0])] if argv and running else []
+    env = {kv.key: kv.value.decode(errors="replace") for kv in c.config.envs}
+    return ShellContext(env=env, hostname=hostname, files=files, sysctls=sysctls, processes=processes)

@@ -1,0 +1,230 @@
+"""The fake's image store: images in memory, persisted in the state directory.
+
+A pull takes ``pull_seconds`` (0.01), as a real one takes time, so that client
+deadlines mean something. All tags of one repository path are one image, on
+every registry (a mirror such as k8s.gcr.io/pause serves
+registry.k8s.io/pause), except the pinned sandbox image; the ``images`` rules
+(by ``REPO`` or ``REPO:TAG``) may give ``id``, ``size``, ``uid`` or
+``username``; ``missing_images`` patterns make pulls fail with NOT_FOUND.
+Every pull is recorded in ``pulls`` with the auth it carried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import fnmatch
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from backends.contract import errors
+from backends.reference import BadReference, Reference, parse
+from cri_api import api_pb2 as pb
+
+
+@dataclasses.dataclass(slots=True)
+class FakeImage:
+    id: str
+    repo_tags: list[str]
+    repo_digests: list[str]
+    size: int
+    uid: int | None
+    username: str
+    pinned: bool = False
+
+    def to_pb(self) -> pb.Image:
+        img = pb.Image(
+            id=self.id,
+            repo_tags=self.repo_tags,
+            repo_digests=self.repo_digests,
+            size=self.size,
+            username=self.username,
+            pinned=self.pinned,
+        )
+        if self.uid is not None:
+            img.uid.value = self.uid
+        img.spec.image = self.id
+        return img
+
+
+class ImageStore:
+    """Pull, list, status, remove and the filesystem figures of the fake's images."""
+
+    def __init__(self, options: Mapping[str, Any], clock: Callable[[], int] = time.time_ns) -> None:
+        self.clock = clock
+        self.state_dir = str(options.get("state_dir", ""))
+        self.pulls: list[tuple[str, pb.AuthConfig | None]] = []
+        self._images: dict[str, FakeImage] = {}
+        self._pull_seconds = float(options.get("pull_seconds", 0.01))
+        self._pause_image = str(options.get("pause_image", ""))
+        self._pause_ref = ""
+        self._rules = {str(k): dict(v) for k, v in dict(options.get("images", {})).items()}
+        self._missing = [str(p) for p in options.get("missing_images", [])]
+
+    def load(self) -> None:
+        """Reload the persisted store and pin the sandbox image (at backend start)."""
+        if self.state_dir:
+            # ImageFsInfo and the writable-layer stats name it: the kubelet stats what they name.
+            os.makedirs(self.state_dir, exist_ok=True)
+        self._load()
+        if self._pause_image:
+            try:
+                ref = parse(self._pause_image)
+            except BadReference:
+                return
+            self._pause_ref = ref.tagged
+            img = self._images.get(self._image_id(ref)) or self._add(ref)
+            img.pinned = True
+
+    # ------------------------------------------------------------------ the Images protocol
+    async def pull_image(
+        self, image: pb.ImageSpec, auth: pb.AuthConfig | None, sandbox_config: pb.PodSandboxConfig | None
+    ) -> str:
+        self.pulls.append((image.image, auth))
+        if self._pull_seconds:
+            await asyncio.sleep(self._pull_seconds)
+        try:
+            ref = parse(image.image)
+        except BadReference as exc:
+            raise errors.InvalidArgumentError(str(exc)) from None
+        if any(fnmatch.fnmatch(ref.name, p) or fnmatch.fnmatch(image.image, p) for p in self._missing):
+            raise errors.NotFoundError(f"image {image.image!r} not found in the (fake) registry")
+        img = self._add(ref)
+        self._save()
+        return img.id
+
+    async def list_images(self) -> list[pb.Image]:
+        return [i.to_pb() for i in self._images.values()]
+
+    async def image_status(self, image: pb.ImageSpec) -> pb.Image | None:
+        found = self.find(image.image)
+        return found.to_pb() if found is not None else None
+
+    async def remove_image(self, image: pb.ImageSpec) -> None:
+        found = self.find(image.image)
+        if found is not None:
+            self._images.pop(found.id, None)
+            self._save()
+
+    def fs_info(self, containers: int) -> pb.ImageFsInfoResponse:
+        """ImageFsInfo, with the writable layers of ``containers`` containers."""
+        now = self.clock()
+        resp = pb.ImageFsInfoResponse()
+        if not self.state_dir:
+            return resp  # nothing on disk: no filesystem of its own to report
+        # The simulated store lives in the state directory (images.json): an existing
+        # directory the kubelet can take the filesystem's capacity from; the usage is simulated.
+        fs = resp.image_filesystems.add(timestamp=now)
+        fs.fs_id.mountpoint = self.state_dir
+        fs.used_bytes.value = sum(i.size for i in self._images.values())
+        fs.inodes_used.value = len(self._images) * 100
+        cfs = resp.container_filesystems.add(timestamp=now)
+        cfs.fs_id.mountpoint = self.state_dir
+        cfs.used_bytes.value = 4096 * containers
+        cfs.inodes_used.value = 3 * containers
+        return resp
+
+    # ------------------------------------------------------------------ lookup
+    def find(self, name: str) -> FakeImage | None:
+        """The image by ID, unique ID prefix (12+ hex digits), tag or digest reference."""
+        img = self._images.get(name) or self._images.get("sha256:" + name)
+        if img is not None:
+            return img
+        if len(name) >= 12 and all(ch in "0123456789abcdef" for ch in name.removeprefix("sha256:")):
+            matches = [
+                i
+                for i in self._images.values()
+                if i.id.removeprefix("sha256:").startswith(name.removeprefix("sha256:"))
+            ]
+            if len(matches) == 1:
+                return matches[0]
+        try:
+            ref = parse(name)
+        except BadReference:
+            return None
+        for img in self._images.values():
+            if (ref.digest and ref.name in img.repo_digests) or (
+                not ref.digest and ref.tagged in img.repo_tags
+            ):
+                return img
+        return None
+
+    @staticmethod
+    def display_name(requested: str, img: FakeImage) -> str:
+        """The image as the client named it, normalised, when that name is one of the image's."""
+        try:
+            name = parse(requested).name
+        except BadReference:
+            name = ""
+        if name in img.repo_tags or name in img.repo_digests:
+            return name
+        return img.repo_tags[0] if img.repo_tags else requested
+
+    def _image_id(self, ref: Reference) -> str:
+        rule = self._rule(ref)
+        if "id" in rule:
+            return str(rule["id"])
+        # All tags of one repository path are one image, except the pinned sandbox
+        # image, which stays apart from other tags of its repository.
+        if ref.tagged and ref.tagged == self._pause_ref:
+            return "sha256:" + hashlib.sha256(ref.tagged.encode()).hexdigest()
+        return "sha256:" + hashlib.sha256(ref.path.encode()).hexdigest()
+
+    def _rule(self, ref: Reference) -> dict[str, Any]:
+        return self._rules.get(ref.tagged) or self._rules.get(ref.repository) or {}
+
+    def _add(self, ref: Reference) -> FakeImage:
+        iid = self._image_id(ref)
+        img = self._images.get(iid)
+        rule = self._rule(ref)
+        if img is None:
+            seed = int(iid[7:15], 16)
+            img = FakeImage(
+                id=iid,
+                repo_tags=[],
+                repo_digests=[],
+                size=int(rule.get("size", (1 + seed % 64) << 20)),
+                uid=int(rule["uid"]) if "uid" in rule else (None if "username" in rule else 0),
+                username=str(rule.get("username", "")),
+            )
+            self._images[iid] = img
+        if ref.tag and ref.tagged not in img.repo_tags:
+            img.repo_tags.append(ref.tagged)
+        digest = ref.digest or "sha256:" + hashlib.sha256(iid.encode()).hexdigest()
+        dref = f"{ref.repository}@{digest}"
+        if dref not in img.repo_digests:
+            img.repo_digests.append(dref)
+        return img
+
+    # ------------------------------------------------------------------ persistence
+    # The image store is the only state of the fake that must outlive the
+    # process: a real runtime keeps its images across a shim restart.
+    def _path(self) -> str:
+        return os.path.join(self.state_dir, "images.json") if self.state_dir else ""
+
+    def _save(self) -> None:
+        path = self._path()
+        if not path:
+            return
+        os.makedirs(self.state_dir, exist_ok=True)
+        data = json.dumps([dataclasses.asdict(i) for i in self._images.values()]).encode()
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+
+    def _load(self) -> None:
+        path = self._path()
+        if not path or not os.path.exists(path):
+            return
+        try:
+            with open(path, "rb") as f:
+                for d in json.loads(f.read()):
+                    img = FakeImage(**d)
+                    self._images[img.id] = img
+        except (OSError, ValueError, TypeError):
+            os.replace(path, path + ".corrupt")

@@ -1,0 +1,246 @@
+"""The fake's pods and containers: sandboxes with pod IPs, containers running programs, exits, logs.
+
+It keeps no processes: a "running" container is a record and, only when its
+program has timed output or an end, one timer task. That is what lets one
+process hold 10,000 pods and 30,000 containers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import ipaddress
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from backends.contract import (
+    ContainerRecord,
+    EventSink,
+    ExitInfo,
+    Health,
+    LogSink,
+    Observed,
+    SandboxNetwork,
+    SandboxRecord,
+    StreamIO,
+    errors,
+)
+from backends.fake.images import ImageStore
+from backends.fake.program import OutputLine, Program, Programs, ShellContext, shell_context
+from cri_api import api_pb2 as pb
+
+
+@dataclasses.dataclass(slots=True)
+class Running:
+    """Live state of one started container."""
+
+    program: Program
+    started_mono: float
+    task: asyncio.Task[None] | None = None
+    exited: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    attached: list[StreamIO] = dataclasses.field(default_factory=list)
+
+
+async def send(io: StreamIO, stream: str, data: bytes) -> None:
+    """Write ``data`` of ``stream`` to a session (stderr goes to stdout under a TTY)."""
+    if stream == "stderr" and io.stderr and not io.tty:
+        await io.write_stderr(data)
+    elif io.stdout:
+        await io.write_stdout(data)
+
+
+class FakeLifecycle:
+    """The Lifecycle protocol in memory (and UpdateContainerResources, which it accepts)."""
+
+    def __init__(
+        self,
+        options: Mapping[str, Any],
+        images: ImageStore,
+        programs: Programs,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.clock = clock
+        self.images = images
+        self.programs = programs
+        self.events: EventSink | None = None
+        self.runtime_ready = True
+        self.network_ready = True
+        self.sandboxes: dict[str, SandboxRecord] = {}
+        self.containers: set[str] = set()
+        self.running: dict[str, Running] = {}
+        self._cgroup_driver = str(options.get("cgroup_driver", "cgroupfs"))
+        self._network = ipaddress.ip_network(str(options.get("pod_cidr", "10.88.0.0/16")))
+        self._next_ip = 2  # offset in the pod network of the next address to try
+        self._ips: set[str] = set()  # addresses held by sandboxes
+
+    # ------------------------------------------------------------------ the backend itself
+    async def start(self, events: EventSink) -> None:
+        self.events = events
+
+    async def close(self) -> None:
+        for r in self.running.values():
+            if r.task is not None:
+                r.task.cancel()
+        self.running.clear()
+
+    async def health(self) -> Health:
+        ready = self.runtime_ready and self.network_ready
+        return Health(
+            runtime_ready=self.runtime_ready,
+            network_ready=self.network_ready,
+            reason="" if ready else "FakeNotReady",
+            message="" if ready else "set not ready by a test",
+        )
+
+    def runtime_config(self) -> pb.RuntimeConfigResponse:
+        resp = pb.RuntimeConfigResponse()
+        resp.linux.cgroup_driver = pb.SYSTEMD if self._cgroup_driver == "systemd" else pb.CGROUPFS
+        return resp
+
+    async def recover(
+        self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
+    ) -> tuple[dict[str, Observed], dict[str, Observed]]:
+        # The fake "runtime" outlives the shim: whatever was running still runs
+        # (with the default program, as timers do not survive a restart).
+        seen_sb = {}
+        for s in sandboxes:
+            self.sandboxes[s.id] = s
+            if s.backend_data.get("ip"):
+                self._ips.add(str(s.backend_data["ip"]))  # a restarted runtime keeps its pods' IPs
+            seen_sb[s.id] = Observed(exists=True)
+        seen_ct = {}
+        for c in containers:
+            self.containers.add(c.id)
+            running = c.status.state == pb.CONTAINER_RUNNING
+            if running:
+                self.running[c.id] = Running(Program(), time.monotonic())
+            seen_ct[c.id] = Observed(exists=True, running=running, started_at=c.status.started_at)
+        return seen_sb, seen_ct
+
+    # ------------------------------------------------------------------ sandboxes
+    async def run_sandbox(self, sandbox: SandboxRecord) -> SandboxNetwork:
+        self.sandboxes[sandbox.id] = sandbox
+        if sandbox.config.linux.security_context.namespace_options.network == pb.NODE:
+            return SandboxNetwork(ip="")
+        ip = sandbox.backend_data.get("ip")
+        if not ip:
+            ip = self._allocate_ip()
+            sandbox.backend_data["ip"] = ip
+        self._ips.add(ip)
+        return SandboxNetwork(ip=ip)
+
+    def _allocate_ip(self) -> str:
+        """The next free address of the pod network, round-robin (never one a pod holds)."""
+        size = self._network.num_addresses
+        for _ in range(max(size - 3, 0)):
+            offset = self._next_ip
+            self._next_ip = offset + 1 if offset + 2 < size else 2
+            ip = str(self._network.network_address + offset)
+            if ip not in self._ips:
+                return ip
+        raise errors.ResourceExhaustedError(f"no free pod IP left in {self._network}")
+
+    async def stop_sandbox(self, sandbox: SandboxRecord) -> None:
+        pass
+
+    async def remove_sandbox(self, sandbox: SandboxRecord) -> None:
+        self.sandboxes.pop(sandbox.id, None)
+        self._ips.discard(str(sandbox.backend_data.get("ip", "")))
+
+    # ------------------------------------------------------------------ containers
+    def shell_context(self, c: ContainerRecord) -> ShellContext:
+        return shell_context(c, self.sandboxes.get(c.sandbox_id), c.id in self.running)
+
+    async def create_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> None:
+        image = container.config.image.image
+        found = self.images.find(image)
+        if found is None:
+            raise errors.NotFoundError(f"image {image!r} is not present; pull it first")
+        container.image_ref = found.id
+        container.image_name = self.images.display_name(image, found)
+        self._program_for(container)  # a bad program annotation fails the create, not the start
+        self.containers.add(container.id)
+
+    def _program_for(self, c: ContainerRecord) -> Program:
+        return self.programs.program_for(c, lambda: self.shell_context(c))
+
+    async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord, logs: LogSink) -> int:
+        if container.id not in self.containers:
+            raise errors.NotFoundError(f"container {container.id} does not exist in the fake runtime")
+        program = self._program_for(container)
+        run = Running(program, time.monotonic())
+        self.running[container.id] = run
+        started = self.clock()
+        immediate = [o for o in program.output if o.after <= 0]
+        for o in immediate:
+            logs.write(o.stream, o.line.encode() + b"\n")
+        later = [o for o in program.output if o.after > 0]
+        if later or program.finite or program.repeat_every:
+            run.task = asyncio.get_running_loop().create_task(self._play(container.id, run, later, logs))
+        return started
+
+    async def _play(self, cid: str, run: Running, later: list[OutputLine], logs: LogSink) -> None:
+        t0 = run.started_mono
+        for o in later:
+            await asyncio.sleep(max(0.0, t0 + o.after - time.monotonic()))
+            logs.write(o.stream, o.line.encode() + b"\n")
+            for io in run.attached:
+                await send(io, o.stream, o.line.encode() + b"\n")
+        period = run.program.repeat_every
+        while period:
+            t0 += period
+            await asyncio.sleep(max(0.0, t0 - time.monotonic()))
+            for o in run.program.output:
+                logs.write(o.stream, o.line.encode() + b"\n")
+                for io in run.attached:
+                    await send(io, o.stream, o.line.encode() + b"\n")
+        if run.program.exit_after is None:
+            return
+        await asyncio.sleep(max(0.0, t0 + run.program.exit_after - time.monotonic()))
+        self._finish(cid, ExitInfo(exit_code=run.program.exit_code, finished_at=self.clock()))
+
+    def _finish(self, cid: str, info: ExitInfo) -> None:
+        run = self.running.pop(cid, None)
+        if run is None:
+            return
+        run.exited.set()
+        if self.events is not None:
+            self.events.container_exited(cid, info)
+
+    async def stop_container(self, container: ContainerRecord, timeout: int) -> ExitInfo:
+        run = self.running.get(container.id)
+        if run is None:
+            return ExitInfo(exit_code=0, finished_at=self.clock(), reason="Completed")
+        if run.program.ignore_sigterm and timeout > 0:
+            try:
+                await asyncio.wait_for(run.exited.wait(), timeout)
+            except TimeoutError:
+                pass
+            if container.id not in self.running:
+                return ExitInfo(exit_code=run.program.exit_code, finished_at=self.clock())
+            info = ExitInfo(
+                exit_code=137, finished_at=self.clock(), reason="Error", message="killed after timeout"
+            )
+        elif timeout == 0 and run.program.ignore_sigterm:
+            info = ExitInfo(exit_code=137, finished_at=self.clock(), reason="Error")
+        else:
+            code = run.program.term_exit_code
+            info = ExitInfo(
+                exit_code=code, finished_at=self.clock(), reason="Completed" if code == 0 else "Error"
+            )
+        if run.task is not None:
+            run.task.cancel()
+        self._finish(container.id, info)
+        return info
+
+    async def remove_container(self, container: ContainerRecord) -> None:
+        run = self.running.pop(container.id, None)
+        if run is not None and run.task is not None:
+            run.task.cancel()
+        self.containers.discard(container.id)
+
+    async def update_container_resources(
+        self, container: ContainerRecord, resources: pb.LinuxContainerResources
+    ) -> None:
+        pass  # accepted: the fake enforces no limits

@@ -1,0 +1,171 @@
+"""Fault injection as a wrapper: any backend can wear it, and the fake does."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from backends.contract import (
+    Backend,
+    Capability,
+    Checkpointer,
+    ContainerRecord,
+    MetricsBackend,
+    SandboxRecord,
+    SandboxResourceUpdater,
+)
+from backends.contract.errors import NotFoundError, UnavailableError
+from backends.fake import FakeBackend, FakeRuntime, FaultInjector
+from cri_api import api_pb2 as pb
+
+
+def sandbox(sid: str = "a" * 64) -> SandboxRecord:
+    return SandboxRecord(id=sid, handler="", backend="x", config=pb.PodSandboxConfig(), created_at=0)
+
+
+class MetricsRuntime(FakeRuntime):
+    """A minimal backend with an optional protocol the fake lacks."""
+
+    async def metric_descriptors(self) -> list[pb.MetricDescriptor]:
+        return [pb.MetricDescriptor(name="container_cpu_usage_seconds_total")]
+
+    async def sandbox_metrics(
+        self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
+    ) -> list[pb.PodSandboxMetrics]:
+        return [pb.PodSandboxMetrics(pod_sandbox_id=s.id) for s in sandboxes]
+
+
+class CheckpointRuntime(FakeRuntime):
+    checkpoints: list[str]
+
+    async def checkpoint_container(self, container: ContainerRecord, location: str, timeout: int) -> None:
+        self.checkpoints = [*getattr(self, "checkpoints", []), location]
+
+
+async def test_errors_are_fifo_per_method_and_never_reach_the_inner_backend() -> None:
+    inner = FakeRuntime("inner", {})
+    faults = FaultInjector(inner)
+    faults.inject_error("run_sandbox", UnavailableError("first"))
+    faults.inject_error("run_sandbox", UnavailableError("second"))
+    for expected in ("first", "second"):
+        with pytest.raises(UnavailableError, match=expected):
+            await faults.run_sandbox(sandbox())
+        assert inner.lifecycle.sandboxes == {}
+    net = await faults.run_sandbox(sandbox())
+    assert net.ip == "10.88.0.2" and list(inner.lifecycle.sandboxes) == ["a" * 64]
+    # Other methods were never affected, and every call is recorded, failed or not.
+    assert (await faults.health()).runtime_ready
+    assert [(c.method, c.args) for c in faults.calls] == [("run_sandbox", ("a" * 64,))] * 3 + [("health", ())]
+
+
+async def test_latency_delays_only_its_method() -> None:
+    faults = FaultInjector(FakeRuntime("inner", {}))
+    faults.set_latency("list_images", 0.2)
+    t0 = time.monotonic()
+    slow = asyncio.ensure_future(faults.list_images())
+    await faults.health()
+    assert time.monotonic() - t0 < 0.1  # the other method did not wait
+    assert await slow == []
+    assert time.monotonic() - t0 >= 0.2
+
+
+async def test_configured_from_handler_options() -> None:
+    clock = iter(range(100)).__next__
+    faults = FaultInjector(
+        FakeRuntime("inner", {}),
+        {
+            "latency": {"image_fs_info": 0.01},
+            "errors": {"pull_image": ["NOT_FOUND: gone", "UNAVAILABLE"]},
+            "max_calls": 2,
+        },
+        clock=clock,
+    )
+    spec = pb.ImageSpec(image="busybox:1")
+    with pytest.raises(NotFoundError, match="gone"):
+        await faults.pull_image(spec, None, None)
+    with pytest.raises(UnavailableError, match="injected UNAVAILABLE"):
+        await faults.pull_image(spec, None, None)
+    assert (await faults.pull_image(spec, None, None)).startswith("sha256:")
+    # The log is bounded, and stamped by the given clock.
+    assert [(c.method, c.args, c.at) for c in faults.calls] == [
+        ("pull_image", ("busybox:1",), 1),
+        ("pull_image", ("busybox:1",), 2),
+    ]
+    with pytest.raises(ValueError, match="unknown error code"):
+        FaultInjector(FakeRuntime("inner", {}), {"errors": {"health": ["BROKEN: x"]}})
+
+
+async def test_is_a_backend_and_forwards_what_is_not_a_call() -> None:
+    inner = FakeRuntime("inner", {"cgroup_driver": "systemd"})
+    faults = FaultInjector(inner)
+    assert isinstance(faults, Backend) and faults.wrapped is inner
+    assert faults.name == "inner"
+    faults.capabilities = Capability.EXEC_SYNC
+    assert inner.capabilities == Capability.EXEC_SYNC
+    assert faults.runtime_config().linux.cgroup_driver == pb.SYSTEMD
+    assert list(faults.calls) == []  # runtime_config is not a call to fail
+
+
+@pytest.mark.parametrize(
+    ("inner_cls", "present"),
+    [
+        (FakeRuntime, ()),
+        (MetricsRuntime, (MetricsBackend,)),
+        (CheckpointRuntime, (Checkpointer,)),
+    ],
+    ids=["fake", "metrics", "checkpoint"],
+)
+def test_optional_protocols_pass_through_only_when_the_inner_backend_has_them(
+    inner_cls: type[FakeRuntime], present: tuple[type, ...]
+) -> None:
+    faults = FaultInjector(inner_cls("inner", {}))
+    assert isinstance(faults, FaultInjector) and isinstance(faults, Backend)
+    for proto in (MetricsBackend, Checkpointer, SandboxResourceUpdater):
+        assert isinstance(faults, proto) == (proto in present), proto.__name__
+    # One class per combination, not one per instance.
+    assert type(FaultInjector(inner_cls("other", {}))) is type(faults)
+
+
+async def test_optional_calls_are_recorded_and_injectable() -> None:
+    faults = FaultInjector(MetricsRuntime("inner", {}))
+    assert isinstance(faults, MetricsBackend)
+    faults.inject_error("metric_descriptors", UnavailableError("cadvisor down"))
+    with pytest.raises(UnavailableError):
+        await faults.metric_descriptors()
+    assert [d.name for d in await faults.metric_descriptors()] == ["container_cpu_usage_seconds_total"]
+    metrics = await faults.sandbox_metrics([sandbox("b" * 64)], [])
+    assert [m.pod_sandbox_id for m in metrics] == ["b" * 64]
+    assert [(c.method, c.args) for c in faults.calls] == [
+        ("metric_descriptors", ()),
+        ("metric_descriptors", ()),
+        ("sandbox_metrics", (1,)),
+    ]
+
+    checkpointing = FaultInjector(CheckpointRuntime("inner", {}))
+    assert isinstance(checkpointing, Checkpointer)
+    container = ContainerRecord(
+        id="c" * 64, sandbox_id="b" * 64, backend="x", config=pb.ContainerConfig(), created_at=0, log_path=""
+    )
+    await checkpointing.checkpoint_container(container, "/tmp/x.tar", 5)
+    assert checkpointing.calls_to("checkpoint_container")[0].args == ("c" * 64, "/tmp/x.tar", 5)
+
+
+async def test_fake_backend_wears_the_injector_and_can_be_wrapped_again() -> None:
+    fake = FakeBackend("fake", {"errors": {"run_sandbox": ["UNAVAILABLE: inner"]}})
+    assert isinstance(fake, FaultInjector) and isinstance(fake.wrapped, FakeRuntime)
+    outer = FaultInjector(fake)
+    outer.inject_error("run_sandbox", UnavailableError("outer"))
+    with pytest.raises(UnavailableError, match="outer"):
+        await outer.run_sandbox(sandbox())
+    assert fake.calls_to("run_sandbox") == []  # stopped in front of the fake
+    with pytest.raises(UnavailableError, match="inner"):
+        await outer.run_sandbox(sandbox())
+    assert (await outer.run_sandbox(sandbox())).ip
+    assert len(outer.calls_to("run_sandbox")) == 3 and len(fake.calls_to("run_sandbox")) == 2
+    # The fake's own helpers reach its parts.
+    fake.runtime_ready = False
+    assert not (await outer.health()).runtime_ready
+    assert fake.runtime.lifecycle.runtime_ready is False
