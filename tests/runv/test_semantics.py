@@ -189,7 +189,7 @@ async def test_kubelet_style_file_and_directory_mounts(
     runv: tuple[RunvBackend, Events], tmp_path: Path
 ) -> None:
     """The kubelet mounts files (/etc/hosts, /dev/termination-log) and directories (emptyDir)."""
-    backend, _events = runv
+    backend, events = runv
     pod_dir = tmp_path / "pod"
     (pod_dir / "volumes" / "data").mkdir(parents=True)
     hosts = pod_dir / "etc-hosts"
@@ -224,7 +224,7 @@ async def test_kubelet_style_file_and_directory_mounts(
     await backend.create_container(second, sb)
     sink = MemorySink()
     await backend.start_container(second, sb, sink)
-    await asyncio.wait_for(sink.closed.wait(), 10)
+    await events.wait_for(lambda: second.id in events.exits)
     assert sink.data["stdout"] == b"x\n"
     await backend.remove_container(second)
     await backend.stop_container(ct, timeout=1)
