@@ -30,6 +30,7 @@ from backends.contract.errors import (
     InvalidArgumentError,
     ResourceExhaustedError,
 )
+from backends.linux import procfs
 from backends.runv import host
 from backends.runv.hypervisor import MIB, VM, BootError, Fault, VMSpec
 
@@ -153,14 +154,6 @@ def _proc_start(pid: int) -> int:
     return int(fields[19])
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as fh:
-            return [int(x) for x in fh.read().split()]
-    except (OSError, ValueError):
-        return []
-
-
 class StubHypervisor:
     name = "stub"
 
@@ -189,7 +182,7 @@ class StubHypervisor:
         return Cgroup(f"{self.cgroup_parent}/{vm_id}")
 
     def _agent_pid(self, vm: VM) -> int:
-        kids = _children(vm.pid)
+        kids = procfs.children(vm.pid)
         return kids[0] if kids else 0
 
     def capacity(self) -> tuple[int, int, int, int]:

@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 
+from backends.linux import procfs
 from backends.runv.agent import oci, proc
 from backends.runv.agent.guest import Container, Guest, as_exit_code, runc_log, spawn
 from backends.runv.agent.messages import (
@@ -68,14 +69,6 @@ def _exit_reason(code: int) -> str:
     return "Completed" if code == 0 else "Error"
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as fh:
-            return [int(x) for x in fh.read().split()]
-    except (OSError, ValueError):
-        return []
-
-
 def _oom_killed(cgroup: str) -> bool:
     """Whether the kernel OOM-killed a process of the container's memory cgroup (v1 or v2)."""
     rel = cgroup.strip("/")
@@ -110,7 +103,7 @@ async def _pod_pid_ns(g: Guest) -> str:
         os.close(devnull)
     g.reaper.wait(holder)  # reaped whenever it ends (with the VM)
     for _ in range(500):
-        kids = _children(holder)
+        kids = procfs.children(holder)
         if kids:
             g.pod_init = kids[0]
             return f"/proc/{g.pod_init}/ns/pid"
