@@ -132,20 +132,13 @@ async def test_stop_timeout_kills(harness: Harness, tmp_path: Path) -> None:
     assert ct.id not in harness.events.exits  # a requested stop is not an event
 
 
-async def test_exec_sync_and_timeout(harness: Harness, tmp_path: Path) -> None:
+async def test_exec_sync_streams_and_code(harness: Harness, tmp_path: Path) -> None:
     sb = await harness.run_sandbox()
     ct = await harness.create(container_record(sb, ["sleep", "1000"]), sb)
     await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     res = await harness.backend.exec_sync(ct, ["sh", "-c", "echo hi; echo oops >&2; exit 7"], 10)
     assert (res.exit_code, res.stdout, res.stderr) == (7, b"hi\n", b"oops\n")
-
-    t0 = time.monotonic()
-    with pytest.raises(DeadlineExceededError):
-        await harness.backend.exec_sync(ct, ["sleep", "57"], 1)
-    assert time.monotonic() - t0 < 5
-    ps = await harness.backend.exec_sync(ct, ["ps", "-o", "args"], 10)
-    assert b"sleep 57" not in ps.stdout, ps.stdout
-    assert b"sleep 1000" in ps.stdout
+    # The timeout and its kill are in tests/contract (every backend).
 
 
 async def test_stats(harness: Harness, tmp_path: Path) -> None:
@@ -871,7 +864,7 @@ async def test_pull_without_progress_times_out(engine: docker.APIClient) -> None
         await registry.stop()
 
 
-async def test_pod_dns_and_oom_killed(harness: Harness, tmp_path: Path) -> None:
+async def test_pod_dns(harness: Harness, tmp_path: Path) -> None:
     sb = await harness.run_sandbox(
         sandbox_record(
             "dns", dns_config=pb.DNSConfig(servers=["10.96.0.10"], searches=["ns.svc.cluster.local"])
@@ -880,17 +873,14 @@ async def test_pod_dns_and_oom_killed(harness: Harness, tmp_path: Path) -> None:
     ct = await harness.create(
         container_record(
             sb,
-            ["sh", "-c", "cat /etc/resolv.conf; head -c 200000000 /dev/zero | tail > /dev/null"],
-            linux=pb.LinuxContainerConfig(
-                resources=pb.LinuxContainerResources(memory_limit_in_bytes=16 << 20)
-            ),
+            ["cat", "/etc/resolv.conf"],
         ),
         sb,
     )
     log_path = tmp_path / "c.log"
     await harness.backend.start_container(ct, sb, CriLogWriter(str(log_path)))
     info = await harness.events.exit_of(ct.id, timeout=60)
-    assert (info.exit_code, info.reason) == (137, "OOMKilled")
+    assert info.exit_code == 0  # OOMKilled is in tests/contract (every backend)
     out = [content for stream, _tag, content in log_records(log_path) if stream == "stdout"]
     assert "nameserver 10.96.0.10" in out and "search ns.svc.cluster.local" in out
 
