@@ -14,7 +14,7 @@ import json
 
 import structlog
 
-from backends.contract import Backend, Capability
+from backends.contract import Backend, Capability, ImageInfo
 from cri_api import api_pb2 as pb
 from shim.context import Shim
 from shim.errors import InvalidArgumentError
@@ -66,16 +66,16 @@ class ImageService:
         want = req.filter.image.image if req.HasField("filter") and req.filter.HasField("image") else ""
         merged: dict[str, pb.Image] = {}
         backends = [b for b in self.shim.registry if b.capabilities & Capability.IMAGES]
-        for images in await asyncio.gather(*(b.list_images() for b in backends)):
-            for img in images:
-                seen = merged.get(img.id)
+        for infos in await asyncio.gather(*(b.list_images() for b in backends)):
+            for info in infos:
+                seen = merged.get(info.id)
                 if seen is None:
-                    merged[img.id] = img
+                    merged[info.id] = image_pb(info)
                     continue
-                for tag in img.repo_tags:
+                for tag in info.repo_tags:
                     if tag not in seen.repo_tags:
                         seen.repo_tags.append(tag)
-                for dg in img.repo_digests:
+                for dg in info.repo_digests:
                     if dg not in seen.repo_digests:
                         seen.repo_digests.append(dg)
         images = list(merged.values())
@@ -85,10 +85,11 @@ class ImageService:
 
     async def status(self, req: pb.ImageStatusRequest) -> pb.ImageStatusResponse:
         self._require_image(req.image, req.HasField("image"))
-        img = await self._backend(req.image).image_status(req.image)
+        info = await self._backend(req.image).image_status(req.image)
         resp = pb.ImageStatusResponse()
         # A missing image is not an error: the response simply has no image.
-        if img is not None:
+        if info is not None:
+            img = image_pb(info)
             resp.image.CopyFrom(img)
             if req.verbose:
                 resp.info["info"] = json.dumps({"id": img.id, "repoTags": list(img.repo_tags)})
@@ -121,6 +122,22 @@ class ImageService:
                         have.add(fs.fs_id.mountpoint)
                         out.append(fs)
         return resp
+
+
+def image_pb(info: ImageInfo) -> pb.Image:
+    """The CRI's Image of what a backend's store reports (built here once for every backend)."""
+    img = pb.Image(
+        id=info.id,
+        repo_tags=[t for t in info.repo_tags if t != "<none>:<none>"],
+        repo_digests=[d for d in info.repo_digests if d != "<none>@<none>"],
+        size=max(0, info.size),
+        username=info.username,
+        spec=pb.ImageSpec(image=info.id),
+        pinned=info.pinned,
+    )
+    if info.uid is not None:
+        img.uid.value = info.uid
+    return img
 
 
 def _matches(img: pb.Image, want: str) -> bool:

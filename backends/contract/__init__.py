@@ -54,9 +54,11 @@ from backends.contract.values import (
     ExecResult,
     ExitInfo,
     Health,
+    ImageInfo,
     Observed,
     SandboxNetwork,
     TerminalSize,
+    image_user,
 )
 
 __all__ = [
@@ -74,6 +76,7 @@ __all__ = [
     "ExitInfo",
     "FailedPreconditionError",
     "Health",
+    "ImageInfo",
     "Images",
     "InternalError",
     "InvalidArgumentError",
@@ -95,5 +98,6 @@ __all__ = [
     "UnavailableError",
     "UnimplementedError",
     "container_stats_of",
+    "image_user",
     "sandbox_stats_of",
 ]

@@ -20,7 +20,15 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, runtime_checkable
 
 from backends.contract.records import ContainerRecord, SandboxRecord
-from backends.contract.values import ExecResult, ExitInfo, Health, Observed, SandboxNetwork, TerminalSize
+from backends.contract.values import (
+    ExecResult,
+    ExitInfo,
+    Health,
+    ImageInfo,
+    Observed,
+    SandboxNetwork,
+    TerminalSize,
+)
 from cri_api import api_pb2 as pb
 
 
@@ -169,9 +177,9 @@ class Images(Protocol):
     ) -> str:
         """Pull and return the image reference (its ID)."""
 
-    async def list_images(self) -> list[pb.Image]: ...
+    async def list_images(self) -> list[ImageInfo]: ...
 
-    async def image_status(self, image: pb.ImageSpec) -> pb.Image | None:
+    async def image_status(self, image: pb.ImageSpec) -> ImageInfo | None:
         """The image, or None when it is not present."""
 
     async def remove_image(self, image: pb.ImageSpec) -> None:

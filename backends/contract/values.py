@@ -51,3 +51,26 @@ class Observed:
 class TerminalSize:
     width: int
     height: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ImageInfo:
+    """An image as a backend's store knows it; the CRI layer builds the protobuf from it."""
+
+    id: str
+    repo_tags: tuple[str, ...] = ()
+    repo_digests: tuple[str, ...] = ()
+    size: int = 0
+    uid: int | None = None  # the image config's user, when numeric
+    username: str = ""  # the image config's user, when a name
+    pinned: bool = False  # the sandbox image: never garbage-collected
+
+
+def image_user(config_user: str) -> tuple[int | None, str]:
+    """(uid, username) of an OCI image config's ``User`` ("1002", "www-data", "1003:1004"...)."""
+    user = config_user.partition(":")[0]
+    if not user:
+        return None, ""
+    if user.isdigit():
+        return int(user), ""
+    return None, user

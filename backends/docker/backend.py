@@ -24,6 +24,7 @@ from backends.contract import (
     ExecResult,
     ExitInfo,
     Health,
+    ImageInfo,
     LogSink,
     Observed,
     PortStream,
@@ -212,10 +213,10 @@ class DockerBackend:
     ) -> str:
         return await self.images.pull(image.image, auth)
 
-    async def list_images(self) -> list[pb.Image]:
+    async def list_images(self) -> list[ImageInfo]:
         return await self.images.list()
 
-    async def image_status(self, image: pb.ImageSpec) -> pb.Image | None:
+    async def image_status(self, image: pb.ImageSpec) -> ImageInfo | None:
         return await self.images.status(image.image)
 
     async def remove_image(self, image: pb.ImageSpec) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import structlog
 
+from backends.contract import ImageInfo, image_user
 from backends.contract.errors import (
     CriError,
     DeadlineExceededError,
@@ -69,16 +70,6 @@ def registry_auth(auth: pb.AuthConfig | None, ref: str) -> str | None:
     if auth.registry_token:
         body["registrytoken"] = auth.registry_token
     return base64.urlsafe_b64encode(json.dumps(body).encode()).decode()
-
-
-def image_user(config_user: str) -> tuple[int | None, str]:
-    """(uid, username) from an image config's User ("1002", "www-data", "1003:1004", ...)."""
-    user = config_user.partition(":")[0]
-    if not user:
-        return None, ""
-    if user.isdigit():
-        return int(user), ""
-    return None, user
 
 
 class Images:
@@ -198,27 +189,24 @@ class Images:
                 return ""
         return self._pause_id
 
-    def _to_pb(
+    def _info(
         self, image_id: str, tags: list[str], digests: list[str], size: int, pause_id: str
-    ) -> pb.Image:
+    ) -> ImageInfo:
         uid, username = self._users.get(image_id, (None, ""))
-        img = pb.Image(
+        return ImageInfo(
             id=image_id,
-            repo_tags=[t for t in tags if t != "<none>:<none>"],
-            repo_digests=[d for d in digests if d != "<none>@<none>"],
-            size=max(0, size),
+            repo_tags=tuple(tags),
+            repo_digests=tuple(digests),
+            size=size,
+            uid=uid,
             username=username,
-            spec=pb.ImageSpec(image=image_id),
             pinned=bool(pause_id) and image_id == pause_id,
         )
-        if uid is not None:
-            img.uid.value = uid
-        return img
 
     def _remember_user(self, info: dict[str, Any]) -> None:
         self._users[str(info["Id"])] = image_user(str((info.get("Config") or {}).get("User") or ""))
 
-    async def list(self) -> list[pb.Image]:
+    async def list(self) -> list[ImageInfo]:
         rows: list[dict[str, Any]] = await self._engine.image_list()
         unknown = [r["Id"] for r in rows if r["Id"] not in self._users]
         for info in await asyncio.gather(
@@ -229,13 +217,13 @@ class Images:
                 self._remember_user(info)
         pause_id = await self._pause_image_id()
         return [
-            self._to_pb(
+            self._info(
                 r["Id"], r.get("RepoTags") or [], r.get("RepoDigests") or [], r.get("Size", 0), pause_id
             )
             for r in rows
         ]
 
-    async def status(self, ref: str) -> pb.Image | None:
+    async def status(self, ref: str) -> ImageInfo | None:
         if not ref:
             return None
         try:
@@ -243,7 +231,7 @@ class Images:
         except NotFoundError:
             return None
         self._remember_user(info)
-        return self._to_pb(
+        return self._info(
             str(info["Id"]),
             info.get("RepoTags") or [],
             info.get("RepoDigests") or [],

@@ -24,6 +24,7 @@ from backends.contract import (
     ExecResult,
     ExitInfo,
     Health,
+    ImageInfo,
     LogSink,
     Observed,
     PortStream,
@@ -116,10 +117,10 @@ class FakeRuntime:
     ) -> str:
         return await self.images.pull_image(image, auth, sandbox_config)
 
-    async def list_images(self) -> list[pb.Image]:
+    async def list_images(self) -> list[ImageInfo]:
         return await self.images.list_images()
 
-    async def image_status(self, image: pb.ImageSpec) -> pb.Image | None:
+    async def image_status(self, image: pb.ImageSpec) -> ImageInfo | None:
         return await self.images.image_status(image)
 
     async def remove_image(self, image: pb.ImageSpec) -> None:

@@ -40,6 +40,7 @@ from backends.contract import (
     ExecResult,
     ExitInfo,
     Health,
+    ImageInfo,
     LogSink,
     MetricsBackend,
     Observed,
@@ -220,11 +221,11 @@ class FaultInjector(_Faults):
         await self._enter("pull_image", image.image)
         return await self._inner.pull_image(image, auth, sandbox_config)
 
-    async def list_images(self) -> list[pb.Image]:
+    async def list_images(self) -> list[ImageInfo]:
         await self._enter("list_images")
         return await self._inner.list_images()
 
-    async def image_status(self, image: pb.ImageSpec) -> pb.Image | None:
+    async def image_status(self, image: pb.ImageSpec) -> ImageInfo | None:
         await self._enter("image_status", image.image)
         return await self._inner.image_status(image)
 

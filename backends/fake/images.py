@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from backends.contract import errors
+from backends.contract import ImageInfo, errors
 from backends.reference import BadReference, Reference, parse
 from cri_api import api_pb2 as pb
 
@@ -36,19 +36,16 @@ class FakeImage:
     username: str
     pinned: bool = False
 
-    def to_pb(self) -> pb.Image:
-        img = pb.Image(
+    def info(self) -> ImageInfo:
+        return ImageInfo(
             id=self.id,
-            repo_tags=self.repo_tags,
-            repo_digests=self.repo_digests,
+            repo_tags=tuple(self.repo_tags),
+            repo_digests=tuple(self.repo_digests),
             size=self.size,
+            uid=self.uid,
             username=self.username,
             pinned=self.pinned,
         )
-        if self.uid is not None:
-            img.uid.value = self.uid
-        img.spec.image = self.id
-        return img
 
 
 class ImageStore:
@@ -97,12 +94,12 @@ class ImageStore:
         self._save()
         return img.id
 
-    async def list_images(self) -> list[pb.Image]:
-        return [i.to_pb() for i in self._images.values()]
+    async def list_images(self) -> list[ImageInfo]:
+        return [i.info() for i in self._images.values()]
 
-    async def image_status(self, image: pb.ImageSpec) -> pb.Image | None:
+    async def image_status(self, image: pb.ImageSpec) -> ImageInfo | None:
         found = self.find(image.image)
-        return found.to_pb() if found is not None else None
+        return found.info() if found is not None else None
 
     async def remove_image(self, image: pb.ImageSpec) -> None:
         found = self.find(image.image)

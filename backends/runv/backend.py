@@ -857,28 +857,24 @@ class RunvBackend:
             )
         return await self.images.pull(image.image, creds)
 
-    def _to_pb(self, img: Image) -> pb.Image:
-        msg = pb.Image(
+    def _info(self, img: Image) -> contract.ImageInfo:
+        uid, username = contract.image_user(str(img.config.get("User") or ""))
+        return contract.ImageInfo(
             id=img.id,
-            repo_tags=img.repo_tags,
-            repo_digests=img.repo_digests,
+            repo_tags=tuple(img.repo_tags),
+            repo_digests=tuple(img.repo_digests),
             size=max(img.size, 1),
-            spec=pb.ImageSpec(image=img.id),
+            uid=uid,
+            username=username,
             pinned=img.pinned,
         )
-        user = str(img.config.get("User") or "").split(":")[0]
-        if user.isdigit():
-            msg.uid.value = int(user)
-        elif user:
-            msg.username = user
-        return msg
 
-    async def list_images(self) -> list[pb.Image]:
-        return [self._to_pb(i) for i in self.images.all()]
+    async def list_images(self) -> list[contract.ImageInfo]:
+        return [self._info(i) for i in self.images.all()]
 
-    async def image_status(self, image: pb.ImageSpec) -> pb.Image | None:
+    async def image_status(self, image: pb.ImageSpec) -> contract.ImageInfo | None:
         img = self.images.resolve(image.image)
-        return None if img is None else self._to_pb(img)
+        return None if img is None else self._info(img)
 
     async def remove_image(self, image: pb.ImageSpec) -> None:
         await asyncio.to_thread(self.images.remove, image.image)

@@ -471,7 +471,7 @@ async def test_images_pull_list_status_remove(harness: Harness) -> None:
     by_digest = await backend.image_status(pb.ImageSpec(image=status.repo_digests[0]))
     assert by_digest is not None and by_digest.id == image_id
     pause = await backend.image_status(pb.ImageSpec(image=PAUSE))
-    assert pause is not None and pause.uid.value == 65535 and pause.pinned
+    assert pause is not None and pause.uid == 65535 and pause.pinned
 
     fs = await backend.image_fs_info()
     store = fs.image_filesystems[0]

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
+from backends.contract import image_user
 from backends.docker import convert
 from backends.docker import labels as lbl
 from backends.docker.backend import LogResume, _last_log_marks, exit_info, parse_time
-from backends.docker.images import _pull_error, image_user, registry_auth, split_reference
+from backends.docker.images import _pull_error, registry_auth, split_reference
 from backends.linux.cgroups import CgroupReader
 from cri_api import api_pb2 as pb
 from shim.errors import FailedPreconditionError, InternalError, InvalidArgumentError, NotFoundError

@@ -104,13 +104,13 @@ async def test_image_rules_missing_images_and_pinned_pause(tmp_path: Path) -> No
     )
     store.load()
     [pause] = await store.list_images()
-    assert pause.pinned and pause.repo_tags == ["registry.k8s.io/pause:3.10"]
+    assert pause.pinned and pause.repo_tags == ("registry.k8s.io/pause:3.10",)
     auth = pb.AuthConfig(username="u")
     assert (
         await store.pull_image(pb.ImageSpec(image="example.com/app:1"), auth, None) == "sha256:" + "ab" * 32
     )
     app = await store.image_status(pb.ImageSpec(image="example.com/app:1"))
-    assert app is not None and (app.size, app.username, app.HasField("uid")) == (123, "app", False)
+    assert app is not None and (app.size, app.username, app.uid) == (123, "app", None)
     with pytest.raises(NotFoundError):
         await store.pull_image(pb.ImageSpec(image="example.com/private/x:1"), None, None)
     with pytest.raises(InvalidArgumentError):
