@@ -58,6 +58,7 @@ from backends.contract.values import (
     Observed,
     SandboxNetwork,
     TerminalSize,
+    host_signal,
     image_user,
 )
 
@@ -98,6 +99,7 @@ __all__ = [
     "UnavailableError",
     "UnimplementedError",
     "container_stats_of",
+    "host_signal",
     "image_user",
     "sandbox_stats_of",
 ]

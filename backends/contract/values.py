@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 
 from backends.contract.records import SandboxStatus
+from cri_api import api_pb2 as pb
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,3 +76,16 @@ def image_user(config_user: str) -> tuple[int | None, str]:
     if user.isdigit():
         return int(user), ""
     return None, user
+
+
+def host_signal(cri_signal: int) -> signal.Signals | None:
+    """The host signal a CRI ``Signal`` names (a container's stop signal); None for
+    RUNTIME_DEFAULT, or a value this host has no signal for."""
+    if not cri_signal:
+        return None
+    try:
+        name = pb.Signal.Name(cri_signal)
+    except ValueError:
+        return None
+    found = getattr(signal, name, None)
+    return found if isinstance(found, signal.Signals) else None

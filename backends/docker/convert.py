@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal as _signal
 import stat
 from typing import Any
 
+from backends.contract import host_signal
 from backends.contract.errors import InvalidArgumentError
 from cri_api import api_pb2 as pb
 
@@ -346,10 +346,9 @@ def container_config(
         cfg["Cmd"] = list(config.args)
     elif config.args:
         cfg["Cmd"] = list(config.args)
-    if config.stop_signal:
-        name = pb.Signal.Name(config.stop_signal)
-        if name != "RUNTIME_DEFAULT" and hasattr(_signal, name):
-            cfg["StopSignal"] = name
+    stop = host_signal(config.stop_signal)
+    if stop is not None:  # else the image's StopSignal, as the engine does
+        cfg["StopSignal"] = stop.name
     return cfg
 
 

@@ -54,14 +54,6 @@ def _vm_id(sandbox_id: str) -> str:
     return sandbox_id[:16]
 
 
-def _signal_number(sig: int) -> int:
-    """CRI Signal enum to the host signal number (0 = runtime default)."""
-    if sig == 0:
-        return int(signal.SIGTERM)
-    name = pb.Signal.Name(sig)
-    return int(getattr(signal, name, signal.SIGTERM))
-
-
 class RunvBackend:
     capabilities = (
         contract.Capability.EXEC_SYNC
@@ -514,7 +506,7 @@ class RunvBackend:
         agent = self._agent(pod)
         state = await agent.call(m.StateRequest(id=container.id))
         if state.status == "running":
-            sig = _signal_number(int(container.config.stop_signal))
+            sig = int(contract.host_signal(container.config.stop_signal) or signal.SIGTERM)
             await agent.call(m.SignalRequest(id=container.id, signal=sig))
             try:
                 state = await agent.call(m.WaitRequest(id=container.id), timeout=max(timeout, 0) or 0.01)

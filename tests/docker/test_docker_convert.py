@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from backends.contract import image_user
 from backends.docker import convert
 from backends.docker import labels as lbl
 from backends.docker.backend import LogResume, _last_log_marks, exit_info, parse_time
@@ -265,15 +264,6 @@ def test_registry_auth_header() -> None:
     assert header is not None
     body = json.loads(base64.urlsafe_b64decode(header))
     assert body == {"serveraddress": "reg.io:5000", "username": "u", "password": "p:w"}
-
-
-@pytest.mark.parametrize(
-    ("user", "want"),
-    [("", (None, "")), ("1002", (1002, "")), ("www-data", (None, "www-data")), ("1003:1004", (1003, ""))],
-    ids=["none", "uid", "name", "uid-gid"],
-)
-def test_image_user(user: str, want: tuple[int | None, str]) -> None:
-    assert image_user(user) == want
 
 
 def test_parse_time_and_exit_info() -> None:
