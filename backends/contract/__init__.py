@@ -57,9 +57,11 @@ from backends.contract.values import (
     ImageInfo,
     Observed,
     SandboxNetwork,
+    Seccomp,
     TerminalSize,
     host_signal,
     image_user,
+    seccomp_of,
 )
 
 __all__ = [
@@ -93,6 +95,7 @@ __all__ = [
     "SandboxRecord",
     "SandboxResourceUpdater",
     "SandboxStatus",
+    "Seccomp",
     "Stats",
     "StreamIO",
     "TerminalSize",
@@ -102,4 +105,5 @@ __all__ = [
     "host_signal",
     "image_user",
     "sandbox_stats_of",
+    "seccomp_of",
 ]

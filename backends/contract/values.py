@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import signal
 
+from backends.contract.errors import InvalidArgumentError
 from backends.contract.records import SandboxStatus
 from cri_api import api_pb2 as pb
 
@@ -89,3 +91,47 @@ def host_signal(cri_signal: int) -> signal.Signals | None:
         return None
     found = getattr(signal, name, None)
     return found if isinstance(found, signal.Signals) else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Seccomp:
+    """What seccomp a container asked for: "unconfined", "default" (the runtime's own profile)
+    or "localhost" with the profile file's JSON text (checked to be a JSON object)."""
+
+    kind: str
+    profile: str = ""
+
+
+def seccomp_of(
+    profile: pb.SecurityProfile | None, deprecated_path: str = "", privileged: bool = False
+) -> Seccomp:
+    """A container's (or pod's) seccomp, from its ``seccomp`` field or else the deprecated
+    ``seccomp_profile_path`` string. As containerd: nothing asked for is unconfined, and so is
+    a privileged container. A profile that cannot be read is INVALID_ARGUMENT."""
+    if privileged:
+        return Seccomp("unconfined")
+    if profile is None:
+        path = deprecated_path
+        if path in ("", "unconfined"):
+            return Seccomp("unconfined")
+        if path in ("runtime/default", "docker/default"):
+            return Seccomp("default")
+        if not path.startswith("localhost/"):
+            raise InvalidArgumentError(f"unknown seccomp profile {path!r}")
+        profile = pb.SecurityProfile(profile_type=pb.SecurityProfile.Localhost, localhost_ref=path[10:])
+    if profile.profile_type == pb.SecurityProfile.Unconfined:
+        return Seccomp("unconfined")
+    if profile.profile_type == pb.SecurityProfile.RuntimeDefault:
+        return Seccomp("default")
+    ref = profile.localhost_ref
+    try:
+        with open(ref) as fh:
+            text = fh.read()
+        parsed = json.loads(text)
+    except OSError as exc:
+        raise InvalidArgumentError(f"seccomp profile {ref!r}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise InvalidArgumentError(f"seccomp profile {ref!r}: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidArgumentError(f"seccomp profile {ref!r} is not a JSON object")
+    return Seccomp("localhost", text)

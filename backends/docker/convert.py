@@ -11,7 +11,7 @@ import os
 import stat
 from typing import Any
 
-from backends.contract import host_signal
+from backends.contract import Seccomp, host_signal, seccomp_of
 from backends.contract.errors import InvalidArgumentError
 from cri_api import api_pb2 as pb
 
@@ -134,7 +134,9 @@ def sandbox_config(
         "ReadonlyRootfs": sc.readonly_rootfs,
         "CgroupParent": linux.cgroup_parent or cgroup_parent,
         "Sysctls": dict(linux.sysctls),
-        "SecurityOpt": security_opts(sc.seccomp if sc.HasField("seccomp") else None, None, False),
+        "SecurityOpt": security_opts(
+            seccomp_of(sc.seccomp if sc.HasField("seccomp") else None, sc.seccomp_profile_path), None, False
+        ),
     }
     if runtime:
         host["Runtime"] = runtime
@@ -195,21 +197,15 @@ def _profile_from_path(path: str) -> pb.SecurityProfile | None:
 
 
 def security_opts(
-    seccomp: pb.SecurityProfile | None,
+    seccomp: Seccomp,
     apparmor: pb.SecurityProfile | None,
     no_new_privs: bool,
 ) -> list[str]:
     opts: list[str] = []
-    # Like containerd: no seccomp profile asked for means unconfined.
-    if seccomp is None or seccomp.profile_type == pb.SecurityProfile.Unconfined:
+    if seccomp.kind == "unconfined":
         opts.append("seccomp=unconfined")
-    elif seccomp.profile_type == pb.SecurityProfile.Localhost:
-        ref = seccomp.localhost_ref
-        try:
-            with open(ref) as f:
-                opts.append("seccomp=" + f.read())
-        except OSError as exc:
-            raise InvalidArgumentError(f"seccomp profile {ref!r}: {exc.strerror}") from exc
+    elif seccomp.kind == "localhost":
+        opts.append("seccomp=" + seccomp.profile)
     if apparmor is not None:
         if apparmor.profile_type == pb.SecurityProfile.Unconfined:
             opts.append("apparmor=unconfined")
@@ -285,7 +281,7 @@ def container_config(
             for d in config.devices
         ],
         "SecurityOpt": security_opts(
-            sc.seccomp if sc.HasField("seccomp") else _profile_from_path(sc.seccomp_profile_path),
+            seccomp_of(sc.seccomp if sc.HasField("seccomp") else None, sc.seccomp_profile_path),
             sc.apparmor if sc.HasField("apparmor") else _profile_from_path(sc.apparmor_profile),
             sc.no_new_privs,
         ),

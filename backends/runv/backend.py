@@ -980,33 +980,15 @@ def _process_spec(
 
 
 def _seccomp(sc: pb.LinuxContainerSecurityContext) -> m.Seccomp | None:
-    """The container's seccomp: None (unconfined), the runtime default, or a localhost profile."""
-    if sc.privileged:
-        return None  # privileged containers run unconfined, as with runc/containerd
-    if sc.HasField("seccomp"):
-        kind = sc.seccomp.profile_type
-        ref = sc.seccomp.localhost_ref
-        if kind == pb.SecurityProfile.Unconfined:
-            return None
-        if kind == pb.SecurityProfile.RuntimeDefault:
-            return m.Seccomp(default=True)
-    else:
-        path = sc.seccomp_profile_path  # the deprecated string form; empty means unconfined
-        if path in ("", "unconfined"):
-            return None
-        if path in ("runtime/default", "docker/default"):
-            return m.Seccomp(default=True)
-        if not path.startswith("localhost/"):
-            raise errors.InvalidArgumentError(f"unknown seccomp profile {path!r}")
-        ref = path.removeprefix("localhost/")
-    try:
-        with open(ref) as fh:
-            profile = json.load(fh)
-    except (OSError, ValueError) as exc:
-        raise errors.InvalidArgumentError(f"seccomp profile {ref!r}: {exc}") from None
-    if not isinstance(profile, dict):
-        raise errors.InvalidArgumentError(f"seccomp profile {ref!r} is not a JSON object")
-    return m.Seccomp(profile=profile)
+    """The container's seccomp for the agent: None (unconfined), the runtime default, or a profile."""
+    choice = contract.seccomp_of(
+        sc.seccomp if sc.HasField("seccomp") else None, sc.seccomp_profile_path, sc.privileged
+    )
+    if choice.kind == "unconfined":
+        return None
+    if choice.kind == "default":
+        return m.Seccomp(default=True)
+    return m.Seccomp(profile=json.loads(choice.profile))
 
 
 def _fs_of(path: str) -> metrics.Layer | None:
