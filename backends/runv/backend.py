@@ -609,6 +609,11 @@ class RunvBackend:
             with contextlib.suppress(errors.CriError):
                 await agent.call(m.ExecKillRequest(id=container.id, stream=stream.id))
             raise errors.DeadlineExceededError(f"command {list(cmd)} timed out after {timeout}s") from None
+        except asyncio.CancelledError:
+            # The client gave up (its own deadline, a closed session): the process goes too.
+            with contextlib.suppress(errors.CriError):
+                await asyncio.shield(agent.call(m.ExecKillRequest(id=container.id, stream=stream.id)))
+            raise
         finally:
             for task in (*helpers, reader, call):
                 task.cancel()

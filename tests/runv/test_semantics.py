@@ -232,3 +232,24 @@ async def test_metrics_come_from_the_vms_cgroups_and_network(runv: tuple[RunvBac
     assert stats[ct.id].cpu.usage_core_nano_seconds.value > 0
     assert stats[ct.id].memory.working_set_bytes.value > 0
     await backend.remove_sandbox(sb)
+
+
+async def test_an_exec_whose_caller_gives_up_is_killed(runv: tuple[RunvBackend, Events]) -> None:
+    """A kubelet's exec probe that hits its own deadline cancels the call: the process goes too."""
+    backend, _events = runv
+    sb = sandbox_record("exec-cancel")
+    await backend.run_sandbox(sb)
+    ct = container_record(sb, IMAGE, ["sleep", "300"])
+    await backend.create_container(ct, sb)
+    await backend.start_container(ct, sb, MemorySink())
+    call = asyncio.ensure_future(backend.exec_sync(ct, ["sleep", "4322"], timeout=0))
+    for _ in range(50):
+        if b"4322" in (await backend.exec_sync(ct, ["ps", "-o", "args"], timeout=10)).stdout:
+            break
+        await asyncio.sleep(0.1)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    ps = await backend.exec_sync(ct, ["ps", "-o", "args"], timeout=10)
+    assert b"4322" not in ps.stdout and b"sleep 300" in ps.stdout, ps.stdout
+    await backend.remove_sandbox(sb)
