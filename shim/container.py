@@ -23,6 +23,7 @@ from cri_api import api_pb2 as pb
 from shim import validate
 from shim.context import Shim, container_pb, container_status_pb
 from shim.errors import (
+    DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
@@ -235,7 +236,13 @@ class ContainerService:
         if req.timeout < 0:
             raise InvalidArgumentError("timeout must not be negative")
         timeout = float(min(req.timeout, MAX_TIMEOUT))
-        result = await self.shim.backend(c.backend).exec_sync(c, list(req.cmd), timeout)
+        backend = self.shim.backend(c.backend)
+        try:
+            # The timeout once for every backend: the cancelled call kills what it started.
+            async with asyncio.timeout(timeout or None):
+                result = await backend.exec_sync(c, list(req.cmd))
+        except TimeoutError:
+            raise DeadlineExceededError(f"command {list(req.cmd)!r} timed out after {timeout:g}s") from None
         return pb.ExecSyncResponse(
             stdout=result.stdout[:EXEC_OUTPUT_LIMIT],
             stderr=result.stderr[:EXEC_OUTPUT_LIMIT],

@@ -192,8 +192,9 @@ class Images(Protocol):
 class Exec(Protocol):
     """Commands in a running container, and streams to it (EXEC_SYNC, EXEC, ATTACH, PORT_FORWARD)."""
 
-    async def exec_sync(self, container: ContainerRecord, cmd: Sequence[str], timeout: float) -> ExecResult:
-        """Run cmd in the container; raise DeadlineExceededError (killing it) past timeout>0."""
+    async def exec_sync(self, container: ContainerRecord, cmd: Sequence[str]) -> ExecResult:
+        """Run cmd in the container until it ends. The shim times it out by cancelling the
+        call: a cancelled call kills what it started before it returns."""
 
     async def exec(self, container: ContainerRecord, cmd: Sequence[str], io: StreamIO) -> int:
         """Run cmd with the session's streams; return its exit code."""

@@ -176,8 +176,8 @@ class DockerBackend:
 
     # ---------------------------------------------------------------- exec, attach, port-forward
 
-    async def exec_sync(self, container: ContainerRecord, cmd: Sequence[str], timeout: float) -> ExecResult:
-        return await self._execs.run_sync(container, cmd, timeout)
+    async def exec_sync(self, container: ContainerRecord, cmd: Sequence[str]) -> ExecResult:
+        return await self._execs.run_sync(container, cmd)
 
     async def exec(self, container: ContainerRecord, cmd: Sequence[str], io: StreamIO) -> int:
         return await self._execs.run(container, cmd, io)

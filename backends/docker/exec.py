@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from backends.contract import ContainerRecord, ExecResult, PortStream, SandboxRecord, StreamIO, TerminalSize
-from backends.contract.errors import CriError, DeadlineExceededError, FailedPreconditionError
+from backends.contract.errors import CriError, FailedPreconditionError
 
 from . import streams
 from .context import PID, Shared, engine_id
@@ -39,12 +39,7 @@ class Execs:
             if info.get("Running") and pid:
                 await self._shared.engine.run(lambda: streams.kill_tree(pid))
 
-    async def run_sync(
-        self,
-        container: ContainerRecord,
-        cmd: Sequence[str],
-        timeout: float,
-    ) -> ExecResult:
+    async def run_sync(self, container: ContainerRecord, cmd: Sequence[str]) -> ExecResult:
         eid = engine_id(container)
         exec_id = await self._shared.engine.exec_create(eid, list(cmd), stdin=False, tty=False, stderr=True)
         resp = await self._shared.engine.exec_start(exec_id, tty=False)
@@ -55,12 +50,9 @@ class Execs:
                 (err if stream == "stderr" else out).extend(data)
 
         try:
-            async with asyncio.timeout(timeout if timeout > 0 else None):
-                await collect()
-        except TimeoutError as exc:
-            await self._exec_kill(exec_id)
-            raise DeadlineExceededError(f"command {list(cmd)!r} timed out after {timeout}s") from exc
+            await collect()
         except BaseException:
+            # Cancelled: the shim's timeout, or the client gave up. The process goes too.
             await asyncio.shield(self._exec_kill(exec_id))
             raise
         finally:

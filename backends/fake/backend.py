@@ -130,8 +130,8 @@ class FakeRuntime:
         return self.images.fs_info(len(self.lifecycle.containers))
 
     # ------------------------------------------------------------------ exec and streams
-    async def exec_sync(self, container: ContainerRecord, cmd: Sequence[str], timeout: float) -> ExecResult:
-        return await self.streams.exec_sync(container, cmd, timeout)
+    async def exec_sync(self, container: ContainerRecord, cmd: Sequence[str]) -> ExecResult:
+        return await self.streams.exec_sync(container, cmd)
 
     async def exec(self, container: ContainerRecord, cmd: Sequence[str], io: StreamIO) -> int:
         return await self.streams.exec(container, cmd, io)

@@ -238,9 +238,9 @@ class FaultInjector(_Faults):
         return await self._inner.image_fs_info()
 
     # ------------------------------------------------------------------ exec and streams
-    async def exec_sync(self, container: ContainerRecord, cmd: Sequence[str], timeout: float) -> ExecResult:
-        await self._enter("exec_sync", container.id, tuple(cmd), timeout)
-        return await self._inner.exec_sync(container, cmd, timeout)
+    async def exec_sync(self, container: ContainerRecord, cmd: Sequence[str]) -> ExecResult:
+        await self._enter("exec_sync", container.id, tuple(cmd))
+        return await self._inner.exec_sync(container, cmd)
 
     async def exec(self, container: ContainerRecord, cmd: Sequence[str], io: StreamIO) -> int:
         await self._enter("exec", container.id, tuple(cmd))

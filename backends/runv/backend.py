@@ -559,7 +559,6 @@ class RunvBackend:
         on_output: Any,
         stdin_source: Any = None,
         resizes: Any = None,
-        timeout: float = 0,
     ) -> int:
         pod = self._pod_of(container)
         agent = self._agent(pod)
@@ -601,16 +600,12 @@ class RunvBackend:
             helpers.append(asyncio.ensure_future(resize()))
         reader = asyncio.ensure_future(read_output())
         try:
-            async with asyncio.timeout(timeout or None):
-                result = await call
-                await reader
+            result = await call
+            await reader
             return result.exit_code
-        except TimeoutError:
-            with contextlib.suppress(errors.CriError):
-                await agent.call(m.ExecKillRequest(id=container.id, stream=stream.id))
-            raise errors.DeadlineExceededError(f"command {list(cmd)} timed out after {timeout}s") from None
         except asyncio.CancelledError:
-            # The client gave up (its own deadline, a closed session): the process goes too.
+            # The shim's timeout, or the client gave up (its own deadline, a closed session):
+            # the process goes too.
             with contextlib.suppress(errors.CriError):
                 await asyncio.shield(agent.call(m.ExecKillRequest(id=container.id, stream=stream.id)))
             raise
@@ -620,16 +615,14 @@ class RunvBackend:
             await asyncio.gather(*helpers, reader, call, return_exceptions=True)
             stream.forget()
 
-    async def exec_sync(
-        self, container: contract.ContainerRecord, cmd: Sequence[str], timeout: float
-    ) -> contract.ExecResult:
+    async def exec_sync(self, container: contract.ContainerRecord, cmd: Sequence[str]) -> contract.ExecResult:
         out = bytearray()
         err = bytearray()
 
         async def collect(ch: int, data: bytes) -> None:
             (err if ch == Ch.STDERR else out).extend(data)
 
-        code = await self._exec(container, cmd, False, False, collect, timeout=timeout)
+        code = await self._exec(container, cmd, False, False, collect)
         return contract.ExecResult(code, bytes(out), bytes(err))
 
     async def exec(

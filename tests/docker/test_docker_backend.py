@@ -122,7 +122,7 @@ async def test_stop_timeout_kills(harness: Harness, tmp_path: Path) -> None:
     )
     await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     # A TERM that came before the trap was set would end it at once.
-    await harness.backend.exec_sync(ct, ["sh", "-c", "until [ -e /tmp/ready ]; do sleep 0.05; done"], 10)
+    await harness.backend.exec_sync(ct, ["sh", "-c", "until [ -e /tmp/ready ]; do sleep 0.05; done"])
     t0 = time.monotonic()
     info = await harness.backend.stop_container(ct, 1)
     elapsed = time.monotonic() - t0
@@ -136,7 +136,7 @@ async def test_exec_sync_streams_and_code(harness: Harness, tmp_path: Path) -> N
     sb = await harness.run_sandbox()
     ct = await harness.create(container_record(sb, ["sleep", "1000"]), sb)
     await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
-    res = await harness.backend.exec_sync(ct, ["sh", "-c", "echo hi; echo oops >&2; exit 7"], 10)
+    res = await harness.backend.exec_sync(ct, ["sh", "-c", "echo hi; echo oops >&2; exit 7"])
     assert (res.exit_code, res.stdout, res.stderr) == (7, b"hi\n", b"oops\n")
     # The timeout and its kill are in tests/contract (every backend).
 
@@ -313,9 +313,11 @@ async def test_port_forward_into_pod(harness: Harness, tmp_path: Path) -> None:
         sb,
     )
     await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
-    await harness.backend.exec_sync(
-        ct,
-        ["sh", "-c", "until wget -q -O /dev/null http://127.0.0.1:8080/index.html; do sleep 0.1; done"],
+    await asyncio.wait_for(
+        harness.backend.exec_sync(
+            ct,
+            ["sh", "-c", "until wget -q -O /dev/null http://127.0.0.1:8080/index.html; do sleep 0.1; done"],
+        ),
         10,
     )
 
@@ -557,7 +559,7 @@ async def test_published_port_and_security_settings(harness: Harness, tmp_path: 
     )
     await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     res = await harness.backend.exec_sync(
-        ct, ["sh", "-c", "id; cat /proc/sys/net/ipv4/ip_unprivileged_port_start; touch /x"], 10
+        ct, ["sh", "-c", "id; cat /proc/sys/net/ipv4/ip_unprivileged_port_start; touch /x"]
     )
     assert b"uid=33" in res.stdout and b"gid=33" in res.stdout and b"50" in res.stdout, res.stdout
     assert res.stdout.splitlines()[1] == b"0"
@@ -632,12 +634,12 @@ async def test_exec_client_gone_ends_process(harness: Harness, tmp_path: Path) -
     await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     session = asyncio.create_task(harness.backend.exec(ct, ["sleep", "301"], Session(None)))
     await asyncio.sleep(0.5)
-    ps = await harness.backend.exec_sync(ct, ["ps", "-o", "args"], 10)
+    ps = await harness.backend.exec_sync(ct, ["ps", "-o", "args"])
     assert b"sleep 301" in ps.stdout
     session.cancel()
     with pytest.raises(asyncio.CancelledError):
         await session
-    ps = await harness.backend.exec_sync(ct, ["ps", "-o", "args"], 10)
+    ps = await harness.backend.exec_sync(ct, ["ps", "-o", "args"])
     assert b"sleep 301" not in ps.stdout, ps.stdout
 
 
@@ -737,7 +739,7 @@ async def test_engine_outage_and_return(engine: docker.APIClient, tmp_path: Path
         with pytest.raises(UnavailableError):
             await backend.list_images()
         with pytest.raises(UnavailableError):
-            await backend.exec_sync(ct, ["true"], 5)
+            await backend.exec_sync(ct, ["true"])
         # It dies while the shim cannot hear the engine.
         engine.kill(ct.backend_data["engine_id"], "SIGKILL")
         await asyncio.sleep(0.5)
@@ -966,7 +968,7 @@ async def test_all_output_is_logged_when_the_exit_is_reported(
     await harness.backend.start_container(ct, sb, CriLogWriter(str(log_path)))
     if how == "stopped":
         for _ in range(200):
-            done = await harness.backend.exec_sync(ct, ["test", "-e", "/tmp/done"], 10)
+            done = await harness.backend.exec_sync(ct, ["test", "-e", "/tmp/done"])
             if done.exit_code == 0:
                 break
             await asyncio.sleep(0.05)
@@ -992,11 +994,11 @@ async def test_masked_and_readonly_paths(harness: Harness, tmp_path: Path) -> No
         # Say what the image holds, so that a failure here tells image from runtime.
         plain = await harness.create(container_record(sb, ["sleep", "1000"], name="plain"), sb)
         await harness.backend.start_container(plain, sb, CriLogWriter(str(tmp_path / "p.log")))
-        listing = await harness.backend.exec_sync(plain, ["ls", "-li", "/bin/ls", "/bin/sleep"], 10)
+        listing = await harness.backend.exec_sync(plain, ["ls", "-li", "/bin/ls", "/bin/sleep"])
         pytest.fail(f"start with /bin/ls masked failed: {exc}; image: {listing.stdout!r} {listing.stderr!r}")
-    masked = await harness.backend.exec_sync(ct, ["/bin/ls", "/"], 10)
+    masked = await harness.backend.exec_sync(ct, ["/bin/ls", "/"])
     assert masked.exit_code != 0  # /bin/ls is /dev/null now
-    shell = await harness.backend.exec_sync(ct, ["sh", "-c", "echo alive"], 10)
+    shell = await harness.backend.exec_sync(ct, ["sh", "-c", "echo alive"])
     assert shell.stdout == b"alive\n"  # busybox itself is not masked with it
-    ro = await harness.backend.exec_sync(ct, ["touch", "/tmp/x"], 10)
+    ro = await harness.backend.exec_sync(ct, ["touch", "/tmp/x"])
     assert ro.exit_code != 0 and b"Read-only file system" in ro.stderr

@@ -232,6 +232,6 @@ async def test_missing_image_is_not_found_and_creates_nothing(kit: Kit) -> None:
 async def test_exec_sync_through_the_engine(kit: Kit) -> None:
     sb = await kit.pod()
     ct = await kit.running(sb)
-    result = await kit.backend.exec_sync(ct, ["echo", "ok"], 5)
+    result = await kit.backend.exec_sync(ct, ["echo", "ok"])
     assert (result.exit_code, result.stdout) == (0, b"ok\n")
     assert ("exec_create", ["echo", "ok"]) in kit.engine.calls

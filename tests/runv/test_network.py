@@ -138,11 +138,11 @@ async def test_pod_ip_reachable_host_port_and_cleanup(runv: tuple[RunvBackend, E
     await backend.create_container(ct, sb)
     await backend.start_container(ct, sb, MemorySink())
     # Inside: eth0 with the pod IP and a default route via the gateway.
-    res = await backend.exec_sync(ct, ["sh", "-c", "ip addr show eth0; ip route"], timeout=10)
+    res = await backend.exec_sync(ct, ["sh", "-c", "ip addr show eth0; ip route"])
     if res.exit_code == 0:  # busybox has the ip applet only when built with it
         assert f"inet {ip}/{backend.net.prefix}" in res.stdout.decode()
         assert f"default via {backend.net.gateway}" in res.stdout.decode()
-    ifaces = await backend.exec_sync(ct, ["cat", "/proc/net/dev"], timeout=10)
+    ifaces = await backend.exec_sync(ct, ["cat", "/proc/net/dev"])
     assert b"eth0:" in ifaces.stdout
 
     assert await _fetch(ip, 8080) == b"pong\n"  # the pod IP, from the host

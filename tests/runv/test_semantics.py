@@ -37,10 +37,10 @@ async def test_pid_namespace_modes(
     await backend.create_container(ct, sb)
     sink = MemorySink()
     await backend.start_container(ct, sb, sink)
-    res = await backend.exec_sync(ct, ["cat", "/proc/1/cmdline"], timeout=10)
+    res = await backend.exec_sync(ct, ["cat", "/proc/1/cmdline"])
     # PID 1 is the container's own init, or the VM's agent when the pod's namespace is shared.
     assert (b"sleep" in res.stdout) == own_ns, res.stdout
-    ps = (await backend.exec_sync(ct, ["ps", "-o", "args"], timeout=10)).stdout
+    ps = (await backend.exec_sync(ct, ["ps", "-o", "args"])).stdout
     # POD: the pod's namespace, whose PID 1 is a reaper; the agent is seen only in NODE mode.
     assert (b"backends.runv.agent" in ps) == (mode == pb.NODE), ps
     info = await backend.stop_container(ct, timeout=1)
@@ -58,7 +58,7 @@ async def test_drop_all_capabilities(runv: tuple[RunvBackend, Events]) -> None:
     ct.config.linux.security_context.capabilities.drop_capabilities.append("ALL")
     await backend.create_container(ct, sb)
     await backend.start_container(ct, sb, MemorySink())
-    res = await backend.exec_sync(ct, ["cat", "/proc/self/status"], timeout=10)
+    res = await backend.exec_sync(ct, ["cat", "/proc/self/status"])
     assert b"CapBnd:\t0000000000000000" in res.stdout
     await backend.remove_sandbox(sb)
 
@@ -85,12 +85,10 @@ async def test_seccomp_profiles(runv: tuple[RunvBackend, Events], tmp_path: Path
     for ct in (local, default, unconfined):
         await backend.create_container(ct, sb)
         await backend.start_container(ct, sb, MemorySink())
-    assert (await backend.exec_sync(local, ["busybox", "chmod", "400", "/tmp"], timeout=10)).exit_code != 0
-    assert (
-        await backend.exec_sync(unconfined, ["busybox", "chmod", "700", "/tmp"], timeout=10)
-    ).exit_code == 0
+    assert (await backend.exec_sync(local, ["busybox", "chmod", "400", "/tmp"])).exit_code != 0
+    assert (await backend.exec_sync(unconfined, ["busybox", "chmod", "700", "/tmp"])).exit_code == 0
     for ct, mode in ((default, b"2"), (unconfined, b"0")):
-        status = (await backend.exec_sync(ct, ["cat", "/proc/self/status"], timeout=10)).stdout
+        status = (await backend.exec_sync(ct, ["cat", "/proc/self/status"])).stdout
         assert b"Seccomp:\t" + mode in status
     await backend.remove_sandbox(sb)
 
@@ -121,13 +119,13 @@ async def test_host_mounts_reach_the_vm(runv: tuple[RunvBackend, Events], tmp_pa
         await backend.create_container(ct, sb)
         await backend.start_container(ct, sb, MemorySink())
         for path in ("/mnt/slave/early", "/mnt/private/early"):
-            assert (await backend.exec_sync(ct, ["ls", path], timeout=10)).stdout == b"e\n"
+            assert (await backend.exec_sync(ct, ["ls", path])).stdout == b"e\n"
         # After the container started: only the HOST_TO_CONTAINER mount sees it.
         subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(share / "sub")], check=True)
         mounted.append(share / "sub")
         (share / "sub" / "flag").write_text("x")
-        slave = await backend.exec_sync(ct, ["ls", "/mnt/slave/sub"], timeout=10)
-        private = await backend.exec_sync(ct, ["ls", "/mnt/private/sub"], timeout=10)
+        slave = await backend.exec_sync(ct, ["ls", "/mnt/slave/sub"])
+        private = await backend.exec_sync(ct, ["ls", "/mnt/private/sub"])
         assert (slave.stdout, private.stdout) == (b"flag\n", b"")
         # The shares live in the VM only: the host can unmount and delete what it shared.
         with open("/proc/self/mountinfo") as fh:
@@ -171,7 +169,7 @@ async def test_kubelet_style_file_and_directory_mounts(
     await backend.start_container(ct, sb, MemorySink())
 
     async def sh(script: str) -> pb.ExecSyncResponse:
-        return await backend.exec_sync(ct, ["sh", "-c", script], timeout=10)
+        return await backend.exec_sync(ct, ["sh", "-c", script])
 
     assert b"kubelet-pod" in (await sh("cat /etc/hosts")).stdout
     assert (await sh("echo bye > /dev/termination-log && echo x > /data/marker")).exit_code == 0
@@ -242,14 +240,14 @@ async def test_an_exec_whose_caller_gives_up_is_killed(runv: tuple[RunvBackend, 
     ct = container_record(sb, IMAGE, ["sleep", "300"])
     await backend.create_container(ct, sb)
     await backend.start_container(ct, sb, MemorySink())
-    call = asyncio.ensure_future(backend.exec_sync(ct, ["sleep", "4322"], timeout=0))
+    call = asyncio.ensure_future(backend.exec_sync(ct, ["sleep", "4322"]))
     for _ in range(50):
-        if b"4322" in (await backend.exec_sync(ct, ["ps", "-o", "args"], timeout=10)).stdout:
+        if b"4322" in (await backend.exec_sync(ct, ["ps", "-o", "args"])).stdout:
             break
         await asyncio.sleep(0.1)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
-    ps = await backend.exec_sync(ct, ["ps", "-o", "args"], timeout=10)
+    ps = await backend.exec_sync(ct, ["ps", "-o", "args"])
     assert b"4322" not in ps.stdout and b"sleep 300" in ps.stdout, ps.stdout
     await backend.remove_sandbox(sb)
