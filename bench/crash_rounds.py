@@ -70,7 +70,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from docker_bench import BUSYBOX, DOCKER_SOCK, PAUSE, Cri, Raw, Shim, _interrupt  # noqa: E402
+from docker_bench import BUSYBOX, DOCKER_SOCK, PAUSE, Cri, Raw, Shim, _interrupt, pod_sandbox_config  # noqa: E402
 
 from cri_api import api_pb2 as pb  # noqa: E402
 
@@ -332,15 +332,12 @@ class Run:
             else:
                 self.seq += 1
                 name = f"cr-{self.run_id}-{self.seq}"
-                pod_dir = os.path.join(self.logs, name)
-                os.makedirs(pod_dir, exist_ok=True)
-                config = pb.PodSandboxConfig(
-                    metadata=pb.PodSandboxMetadata(
-                        name=name, namespace=f"crash-rounds-{self.run_id}", uid=f"{self.run_id}-{self.seq}"
-                    ),
-                    hostname=name,
-                    log_directory=pod_dir,
-                    labels={"crash-rounds": self.run_id},
+                config = pod_sandbox_config(
+                    name,
+                    f"crash-rounds-{self.run_id}",
+                    f"{self.run_id}-{self.seq}",
+                    os.path.join(self.logs, name),
+                    {"crash-rounds": self.run_id},
                 )
                 # Whole lifecycles weigh more: every step gets exercised, and pods are removed too.
                 target = self.rng.choice((1, 2, 3, 4, 5, 6, 7, 8, 8, 8))

@@ -107,6 +107,19 @@ def clock(samples: Samples, op: str) -> Iterator[None]:
 # ---------------------------------------------------------------- CRI (cri-shim and containerd)
 
 
+def pod_sandbox_config(
+    name: str, namespace: str, uid: str, log_dir: str, labels: dict[str, str]
+) -> pb.PodSandboxConfig:
+    """A benchmark pod's config (hostname = name), with its log directory made."""
+    os.makedirs(log_dir, exist_ok=True)
+    return pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name=name, namespace=namespace, uid=uid),
+        hostname=name,
+        log_directory=log_dir,
+        labels=labels,
+    )
+
+
 class Cri:
     """One CRI endpoint; remembers the pods it made so that they can be removed."""
 
@@ -150,22 +163,15 @@ class Cri:
 
     def pod_config(self) -> pb.PodSandboxConfig:
         self.seq += 1
-        name = f"bench-{self.seq}"
-        pod_dir = os.path.join(self.log_dir, f"{self.name}-{self.seq}")
-        os.makedirs(pod_dir, exist_ok=True)
-        return pb.PodSandboxConfig(
-            metadata=pb.PodSandboxMetadata(
-                name=name, namespace=f"cri-shim-bench-{self.run_id}", uid=f"{self.run_id}-{self.seq}"
-            ),
-            hostname=name,
-            log_directory=pod_dir,
-            labels={"cri-shim-bench": self.run_id},
-            linux=pb.LinuxPodSandboxConfig(
-                security_context=pb.LinuxSandboxSecurityContext(
-                    namespace_options=pb.NamespaceOption(pid=pb.CONTAINER)
-                )
-            ),
+        sc = pod_sandbox_config(
+            f"bench-{self.seq}",
+            f"cri-shim-bench-{self.run_id}",
+            f"{self.run_id}-{self.seq}",
+            os.path.join(self.log_dir, f"{self.name}-{self.seq}"),
+            {"cri-shim-bench": self.run_id},
         )
+        sc.linux.security_context.namespace_options.pid = pb.CONTAINER
+        return sc
 
     def container_config(self, name: str) -> pb.ContainerConfig:
         return pb.ContainerConfig(

@@ -54,7 +54,7 @@ from shim.errors import ResourceExhaustedError  # noqa: E402
 
 # The same child-process pattern, images and percentile as the docker benchmark.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from docker_bench import BUSYBOX, Cri, Samples, Shim, _interrupt, clock, pct  # noqa: E402
+from docker_bench import BUSYBOX, Cri, Samples, Shim, _interrupt, clock, pct, pod_sandbox_config  # noqa: E402
 
 STEPS = ["RunPodSandbox", "CreateContainer", "StartContainer", "total"]
 HANDLERS = ("runv", "docker")
@@ -277,15 +277,12 @@ class Client(Cri):
     def start_pod(self, handler: str, samples: Samples) -> None:
         self.seq += 1
         name = f"bench-{handler}-{self.seq}"
-        pod_dir = os.path.join(self.log_dir, name)
-        os.makedirs(pod_dir, exist_ok=True)
-        sc = pb.PodSandboxConfig(
-            metadata=pb.PodSandboxMetadata(
-                name=name, namespace=f"cri-shim-bench-{self.run_id}", uid=f"{self.run_id}-{self.seq}"
-            ),
-            hostname=name,
-            log_directory=pod_dir,
-            labels={"cri-shim-bench": self.run_id},
+        sc = pod_sandbox_config(
+            name,
+            f"cri-shim-bench-{self.run_id}",
+            f"{self.run_id}-{self.seq}",
+            os.path.join(self.log_dir, name),
+            {"cri-shim-bench": self.run_id},
         )
         cc = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name="app"),

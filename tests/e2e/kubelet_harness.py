@@ -941,34 +941,42 @@ def _normalize(line: str, limit: int = 260) -> str:
     return line if len(line) <= limit else line[:limit] + "..."
 
 
-def shim_problems(path: Path) -> collections.Counter[str]:
-    """The shim's warnings and errors, and its RPCs that did not answer OK, grouped."""
+def _grouped(path: Path, key: Callable[[str], str | None]) -> collections.Counter[str]:
+    """The lines of a log that ``key`` picks, under the key it gives them, counted."""
     counts: collections.Counter[str] = collections.Counter()
     try:
         text = path.read_text(errors="replace")
     except OSError:
         return counts
     for line in text.splitlines():
+        picked = key(line)
+        if picked is not None:
+            counts[_normalize(picked)] += 1
+    return counts
+
+
+def shim_problems(path: Path) -> collections.Counter[str]:
+    """The shim's warnings and errors, and its RPCs that did not answer OK, grouped."""
+
+    def key(line: str) -> str | None:
         if re.search(r"\[(warning|error|critical)\s*\]|\b(Traceback|ERROR|WARNING)\b", line) or (
             " rpc " in line and "code=OK" not in line
         ):
             line = re.sub(r"^\S+Z \[(\w+)\s*\]\s+", r"\1 ", line)
-            counts[_normalize(re.sub(r"\s+ms=\S+", "", line))] += 1
-    return counts
+            return re.sub(r"\s+ms=\S+", "", line)
+        return None
+
+    return _grouped(path, key)
 
 
 def klog_errors(path: Path) -> collections.Counter[str]:
     """klog lines at level E, grouped by source location and message (IDs and times folded)."""
-    counts: collections.Counter[str] = collections.Counter()
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return counts
-    for line in text.splitlines():
+
+    def key(line: str) -> str | None:
         m = KLOG_ERROR.match(line)
-        if m:
-            counts[_normalize(m.group("msg"))] += 1
-    return counts
+        return m.group("msg") if m else None
+
+    return _grouped(path, key)
 
 
 # ---------------------------------------------------------------------- static-pod checks
