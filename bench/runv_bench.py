@@ -51,6 +51,7 @@ from backends.runv.network import PodNetwork  # noqa: E402
 from backends.runv.stub import Cgroup  # noqa: E402
 from cri_api import api_pb2 as pb  # noqa: E402
 from shim.errors import ResourceExhaustedError  # noqa: E402
+from shim.io import ContainerIO  # noqa: E402
 
 # The same child-process pattern, images and percentile as the docker benchmark.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -70,24 +71,8 @@ def ms(seconds: list[float]) -> list[float]:
 class _Events:
     """EventSink: this benchmark only lets containers sleep, so nothing needs recording."""
 
-    def container_exited(self, container_id: str, info: contract.ExitInfo) -> None:
-        pass
-
     def sandbox_not_ready(self, sandbox_id: str, reason: str) -> None:
         print(f"  pod {sandbox_id[:12]} not ready: {reason}", file=sys.stderr)
-
-    def log_sink(self, container_id: str) -> contract.LogSink | None:
-        return None
-
-
-class _NullSink:
-    """LogSink that drops the (empty) output of `sleep`."""
-
-    def write(self, stream: str, data: bytes, at: int = 0) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def _sandbox(name: str) -> contract.SandboxRecord:
@@ -145,6 +130,7 @@ def runv_config(tmp: str, tag: str, net: dict[str, Any]) -> dict[str, Any]:
 async def in_process(cfg: dict[str, Any], vms: int, density_max: int) -> None:
     backend = RunvBackend("runv", cfg)
     await backend.start(_Events())
+    followed = ContainerIO(lambda _cid, _info: None)
     boots: list[float] = []
     # The driver's create alone, apart from what run_sandbox adds around it.
     create: Callable[[VMSpec], Awaitable[VM]] = backend.hv.create
@@ -176,7 +162,8 @@ async def in_process(cfg: dict[str, Any], vms: int, density_max: int) -> None:
             t1 = time.perf_counter()
             ct = _container(sb)
             await backend.create_container(ct, sb)
-            await backend.start_container(ct, sb, _NullSink())
+            started = await backend.start_container(ct, sb)
+            followed.follow(ct.id, started.process, None)  # as the shim does; `sleep` writes nothing
             t2 = time.perf_counter()
             run_sb.append(t1 - t0)
             starts.append(t2 - t0)

@@ -29,6 +29,7 @@ from shim.errors import (
     NotFoundError,
     UnimplementedError,
 )
+from shim.io import CriLogWriter, touch_log
 from shim.store import container_name, container_to_json
 from shim.wire import ListCache, labels_match
 
@@ -105,26 +106,22 @@ class ContainerService:
             if sb is None or not sb.status.ready:
                 raise FailedPreconditionError(f"pod sandbox {c.sandbox_id} of container {c.id} is not ready")
             backend = shim.backend(c.backend)
-            writer = shim.open_log(c)
-            shim.starting[c.id] = None
             try:
-                started = await backend.start_container(c, sb, writer or _DiscardLog())
+                started = await backend.start_container(c, sb)
             except Exception as exc:
-                shim.starting.pop(c.id, None)
                 # As containerd does: a container that failed to start is exited, with the reason.
                 now = shim.clock()
                 c.status = ContainerStatus(
                     started_at=now, finished_at=now, exit_code=128, reason="StartError", message=str(exc)
                 )
                 shim.store.put_container(c)
-                shim.close_log(c.id)
+                await asyncio.to_thread(touch_log, c.log_path)  # an empty log for the kubelet to read
                 raise
-            early_exit = shim.starting.pop(c.id, None)
-            c.status = ContainerStatus(started_at=started or shim.clock(), pid=c.status.pid)
+            c.status = ContainerStatus(started_at=started.started_at or shim.clock(), pid=c.status.pid)
             shim.store.put_container(c)
             shim.publish(c, pb.CONTAINER_STARTED_EVENT)
-            if early_exit is not None:
-                shim.record_exit(c, early_exit)
+            # After the record says RUNNING: an exit that came already is recorded after it.
+            shim.follow(c, started.process)
         return pb.StartContainerResponse()
 
     async def stop(self, req: pb.StopContainerRequest) -> pb.StopContainerResponse:
@@ -137,8 +134,7 @@ class ContainerService:
             return pb.StopContainerResponse()
         async with shim.locks.hold(c.id):
             if c.status.state == pb.CONTAINER_RUNNING:
-                info = await shim.backend(c.backend).stop_container(c, min(int(req.timeout), MAX_TIMEOUT))
-                shim.record_exit(c, info)
+                await shim.stop_container(shim.backend(c.backend), c, min(int(req.timeout), MAX_TIMEOUT))
         return pb.StopContainerResponse()
 
     async def remove(self, req: pb.RemoveContainerRequest) -> pb.RemoveContainerResponse:
@@ -152,10 +148,10 @@ class ContainerService:
             backend = shim.backend(c.backend)
             if c.status.state == pb.CONTAINER_RUNNING:
                 # The CRI asks for a forcible removal of a running container.
-                shim.record_exit(c, await backend.stop_container(c, 0))
+                await shim.stop_container(backend, c, 0)
             await backend.remove_container(c)
             shim.store.drop_container(c)
-            shim.close_log(c.id)
+            shim.io.close(c.id)
         shim.publish(c, pb.CONTAINER_DELETED_EVENT)
         return pb.RemoveContainerResponse()
 
@@ -222,8 +218,8 @@ class ContainerService:
         c = self._get(req.container_id)
         if c.status.state != pb.CONTAINER_RUNNING:
             raise FailedPreconditionError(f"container {c.id} is not running; its log cannot be reopened")
-        writer = self.shim.logs.get(c.id)
-        if writer is not None:
+        writer = self.shim.io.writer(c.id)
+        if isinstance(writer, CriLogWriter):
             # The file may have been renamed by the kubelet's rotation; reopen in a
             # thread so a slow disk never stalls the event loop.
             await asyncio.to_thread(writer.reopen)
@@ -354,14 +350,6 @@ class ContainerService:
         if c.status.state != pb.CONTAINER_RUNNING:
             raise FailedPreconditionError(f"container {c.id} is {_STATE_NAMES[c.status.state]}, not running")
         return c
-
-
-class _DiscardLog:
-    def write(self, stream: str, data: bytes, at: int = 0) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def _find(shim: Shim, ref: str) -> ContainerRecord | None:

@@ -1,9 +1,10 @@
-"""The CRI layer's shared state: store, backends, events, locks, log writers.
+"""The CRI layer's shared state: store, backends, events, locks, container IO.
 
 The services (`runtime`, `sandbox`, `container`, `image`) are thin
-modules over one ``Shim``. It also is the backends' ``EventSink``: a
-container that exits on its own is reported here, recorded, persisted and
-published as a CRI event.
+modules over one ``Shim``. It also is the backends' ``EventSink`` (a pod
+that lost its VM or network), and it follows every running container's
+process (:mod:`shim.io`): an exit is recorded, persisted and published as a
+CRI event once, after the output is in the log.
 """
 
 from __future__ import annotations
@@ -16,13 +17,20 @@ from collections.abc import AsyncIterator, Callable
 
 import structlog
 
-from backends.contract import Backend, ContainerRecord, ContainerStatus, ExitInfo, SandboxRecord
+from backends.contract import (
+    Backend,
+    ContainerProcess,
+    ContainerRecord,
+    ContainerStatus,
+    ExitInfo,
+    SandboxRecord,
+)
 from backends.registry import Registry
 from cri_api import api_pb2 as pb
 from shim.config import Config
 from shim.errors import UnavailableError
 from shim.events import EventHub
-from shim.logs import CriLogWriter
+from shim.io import ContainerIO, CriLogWriter, last_log_marks
 from shim.stats import CpuRates
 from shim.store import Store, new_id
 
@@ -69,9 +77,7 @@ class Shim:
         self.new_id = id_factory
         self.locks = KeyedLocks()
         self.events = EventHub()
-        self.logs: dict[str, CriLogWriter] = {}
-        # Containers inside StartContainer, with an exit the backend reported meanwhile.
-        self.starting: dict[str, ExitInfo | None] = {}
+        self.io = ContainerIO(self._process_exited)
         self.pod_cidr = ""
         self.streaming: object | None = None  # shim.streaming.StreamingServer once wired
         self.cpu_rates = CpuRates()
@@ -89,33 +95,33 @@ class Shim:
             if self.store.sandboxes.get(i) is None and self.store.containers.get(i) is None:
                 return i
 
-    # ------------------------------------------------------------------ logs
-    def open_log(self, c: ContainerRecord) -> CriLogWriter | None:
-        if not c.log_path:
-            return None
-        writer = self.logs.get(c.id)
-        if writer is None:
-            writer = CriLogWriter(c.log_path)
-            self.logs[c.id] = writer
-        return writer
+    # ------------------------------------------------------------------ container IO
+    def follow(self, c: ContainerRecord, process: ContainerProcess) -> None:
+        """Follow a running container's process: its output into its log, its exit into its record."""
+        self.io.follow(c.id, process, CriLogWriter(c.log_path) if c.log_path else None)
 
-    def close_log(self, container_id: str) -> None:
-        writer = self.logs.pop(container_id, None)
-        if writer is not None:
-            writer.close()
+    async def reattach(self, backend: Backend, c: ContainerRecord) -> bool:
+        """Follow a container a restarted shim found running; False if it is not running any more."""
+        marks = await asyncio.to_thread(last_log_marks, c.log_path)
+        process = await backend.reattach(c, marks)
+        if process is None:
+            return False
+        self.follow(c, process)
+        return True
 
-    # ------------------------------------------------------------------ EventSink
-    def container_exited(self, container_id: str, info: ExitInfo) -> None:
-        if container_id in self.starting:
-            # It ended before StartContainer returned: recorded after the start,
-            # so that the state and the events keep their order.
-            self.starting[container_id] = info
-            return
+    async def stop_container(self, backend: Backend, c: ContainerRecord, timeout: int) -> None:
+        """Stop a running container and record its exit once its output is in the log."""
+        info = await backend.stop_container(c, timeout)
+        await self.io.drain(c.id)
+        self.record_exit(c, info)
+
+    def _process_exited(self, container_id: str, info: ExitInfo) -> None:
         c = self.store.containers.get(container_id)
         if c is None or c.status.finished_at:
             return
         self.record_exit(c, info)
 
+    # ------------------------------------------------------------------ EventSink
     def sandbox_not_ready(self, sandbox_id: str, reason: str) -> None:
         sb = self.store.sandboxes.get(sandbox_id)
         if sb is None or not sb.status.ready:
@@ -123,10 +129,6 @@ class Shim:
         sb.status = dataclasses.replace(sb.status, ready=False)
         self.store.put_sandbox(sb)
         log.warning("sandbox.not_ready", sandbox_id=sandbox_id, reason=reason)
-
-    def log_sink(self, container_id: str) -> CriLogWriter | None:
-        c = self.store.containers.get(container_id)
-        return self.open_log(c) if c is not None else None
 
     # ------------------------------------------------------------------ state changes
     def record_exit(self, c: ContainerRecord, info: ExitInfo) -> None:
@@ -143,7 +145,7 @@ class Shim:
             pid=0,
         )
         self.store.put_container(c)
-        self.close_log(c.id)
+        self.io.close(c.id)
         self.publish(c, pb.CONTAINER_STOPPED_EVENT)
 
     def publish(self, c: ContainerRecord, kind: pb.ContainerEventType) -> None:

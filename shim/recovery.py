@@ -6,8 +6,8 @@ Runs once at start, before the socket opens:
 - a sandbox the backend lost is NOTREADY; a container it lost is EXITED with
   reason ``ContainerLost``; one that ended while the shim was down gets its
   real exit;
-- running containers stay RUNNING with the same IDs, and their output is
-  attached to their log files again by the backend.
+- running containers stay RUNNING with the same IDs, and the shim follows
+  their processes again (output into the log after what it holds, exits).
 """
 
 from __future__ import annotations
@@ -70,6 +70,17 @@ async def recover(shim: Shim) -> None:
             if c.status.state == pb.CONTAINER_RUNNING and not obs.running and obs.exit is not None:
                 shim.record_exit(c, obs.exit)
             elif c.status.state == pb.CONTAINER_RUNNING:
+                try:
+                    followed = await shim.reattach(backend, c)
+                except Exception as exc:
+                    log.warning("recovery.reattach_failed", container_id=c.id, error=str(exc))
+                    followed = False
+                if not followed:
+                    # Ended between the backend's look and ours: it says how, if it can.
+                    shim.record_exit(
+                        c,
+                        obs.exit or ExitInfo(LOST_EXIT_CODE, shim.clock(), "Error", "ended during recovery"),
+                    )
                 adopted += 1
         for s in sandboxes:
             if not s.committed:

@@ -97,7 +97,7 @@ class SandboxService:
                 async with shim.locks.hold(c.id):
                     await backend.remove_container(c)
                     shim.store.drop_container(c)
-                    shim.close_log(c.id)
+                    shim.io.close(c.id)
                     shim.publish(c, pb.CONTAINER_DELETED_EVENT)
             await backend.remove_sandbox(sb)
             shim.store.drop_sandbox(sb)
@@ -237,8 +237,7 @@ async def stop_sandbox(shim: Shim, sb: SandboxRecord) -> None:
         if c.status.state == pb.CONTAINER_RUNNING:
             async with shim.locks.hold(c.id):
                 if c.status.state == pb.CONTAINER_RUNNING:
-                    info = await backend.stop_container(c, 0)
-                    shim.record_exit(c, info)
+                    await shim.stop_container(backend, c, 0)
         elif c.status.state == pb.CONTAINER_CREATED:
             # Never started: it can no longer start once the sandbox is gone.
             shim.record_exit(c, ExitInfo(exit_code=0, finished_at=shim.clock(), reason="SandboxStopped"))

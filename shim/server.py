@@ -301,13 +301,12 @@ class Server:
             with contextlib.suppress(Exception):
                 await self.streaming.stop()
         if self.shim is not None:
+            await self.shim.io.aclose()  # before the backends whose processes it reads
             for _, backend in self.shim.registry.items():
                 try:
                     await backend.close()
                 except Exception as exc:
                     log.error("backend.close_failed", handler=backend.name, error=str(exc))
-            for cid in list(self.shim.logs):
-                self.shim.close_log(cid)
         if self.socket_path and self.config.server.listen.startswith(("unix://", "/")):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.socket_path)

@@ -5,6 +5,8 @@
 - :mod:`~backends.contract.records`: the shim's records of pods and containers;
 - :mod:`~backends.contract.values`: what backends report (exits, networks,
   recovery observations, exec results);
+- :mod:`~backends.contract.process`: a started container's output and exit,
+  which the shim follows (log, exit reported once after the drain);
 - :mod:`~backends.contract.protocols`: the narrow protocols (lifecycle,
   images, exec and streams, stats, resources) and the optional ones the shim
   checks with ``isinstance`` (metrics, pod resources, checkpoints).
@@ -26,6 +28,14 @@ from backends.contract.errors import (
     UnavailableError,
     UnimplementedError,
 )
+from backends.contract.process import (
+    ContainerProcess,
+    ExitLatch,
+    LogMarks,
+    Output,
+    ProcessPipe,
+    Started,
+)
 from backends.contract.protocols import (
     Backend,
     Capability,
@@ -34,7 +44,6 @@ from backends.contract.protocols import (
     Exec,
     Images,
     Lifecycle,
-    LogSink,
     MetricsBackend,
     PortStream,
     Resources,
@@ -69,6 +78,7 @@ __all__ = [
     "Backend",
     "Capability",
     "Checkpointer",
+    "ContainerProcess",
     "ContainerRecord",
     "ContainerStatus",
     "CriError",
@@ -77,6 +87,7 @@ __all__ = [
     "Exec",
     "ExecResult",
     "ExitInfo",
+    "ExitLatch",
     "FailedPreconditionError",
     "Health",
     "ImageInfo",
@@ -84,11 +95,13 @@ __all__ = [
     "InternalError",
     "InvalidArgumentError",
     "Lifecycle",
-    "LogSink",
+    "LogMarks",
     "MetricsBackend",
     "NotFoundError",
     "Observed",
+    "Output",
     "PortStream",
+    "ProcessPipe",
     "ResourceExhaustedError",
     "Resources",
     "SandboxNetwork",
@@ -96,6 +109,7 @@ __all__ = [
     "SandboxResourceUpdater",
     "SandboxStatus",
     "Seccomp",
+    "Started",
     "Stats",
     "StreamIO",
     "TerminalSize",

@@ -19,6 +19,7 @@ import enum
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, runtime_checkable
 
+from backends.contract.process import ContainerProcess, LogMarks, Started
 from backends.contract.records import ContainerRecord, SandboxRecord
 from backends.contract.values import (
     ExecResult,
@@ -55,35 +56,15 @@ class Capability(enum.Flag):
     RECURSIVE_READ_ONLY_MOUNTS = enum.auto()
 
 
-class LogSink(Protocol):
-    """Where a backend sends a container's output.
-
-    The shim owns the CRI log file behind it (format, splitting of long
-    lines into partial records, rotation on ReopenContainerLog).
-    """
-
-    def write(self, stream: str, data: bytes, at: int = 0) -> None:
-        """Append raw bytes of ``stream`` ("stdout" or "stderr").
-
-        ``at``: when the container wrote them (ns since the epoch), if the
-        runtime knows; else the time of the call is used.
-        """
-
-    def close(self) -> None:
-        """Flush any unterminated line; called once when the output ends."""
-
-
 class EventSink(Protocol):
-    """How a backend tells the shim about changes it did not ask for."""
+    """How a backend tells the shim about changes it did not ask for.
 
-    def container_exited(self, container_id: str, info: ExitInfo) -> None:
-        """A container stopped on its own (or was killed by the runtime)."""
+    A container's exit is not an event: it is the end of the
+    :class:`~backends.contract.process.ContainerProcess` its start returned.
+    """
 
     def sandbox_not_ready(self, sandbox_id: str, reason: str) -> None:
         """A sandbox lost its network or VM without being asked to stop."""
-
-    def log_sink(self, container_id: str) -> LogSink | None:
-        """The log sink of a container, e.g. to re-attach its output after a restart."""
 
 
 class StreamIO(Protocol):
@@ -158,8 +139,16 @@ class Lifecycle(Protocol):
     async def create_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> None:
         """Create the container (not started); sets container.image_ref."""
 
-    async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord, logs: LogSink) -> int:
-        """Start it and stream its output to ``logs``; return the start time (ns)."""
+    async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> Started:
+        """Start it; return the start time and its process (output and exit), which the shim follows."""
+
+    async def reattach(self, container: ContainerRecord, after: LogMarks | None) -> ContainerProcess | None:
+        """The process of a container ``recover`` found running, for a restarted shim to follow.
+
+        ``after``: where the shim's CRI log of it ends; output already there
+        is not to come again, where the runtime can tell. None when it is not
+        running any more (its exit is then the one ``recover`` reported).
+        """
 
     async def stop_container(self, container: ContainerRecord, timeout: int) -> ExitInfo:
         """Signal TERM, wait ``timeout`` seconds, then KILL; return how it ended."""

@@ -25,11 +25,12 @@ from backends.contract import (
     ExitInfo,
     Health,
     ImageInfo,
-    LogSink,
+    LogMarks,
     Observed,
     PortStream,
     SandboxNetwork,
     SandboxRecord,
+    Started,
     StreamIO,
 )
 from backends.contract.errors import CriError
@@ -43,13 +44,11 @@ from .engine_api import EngineAPI
 from .events import EventWatcher
 from .exec import Execs
 from .images import Images
-from .logs import LogPump, LogResume, last_log_marks
+from .logs import DockerProcess, LogResume
 from .sandbox import Sandboxes
 from .stats import Stats
 
-__all__ = ["DockerBackend", "LogResume", "_last_log_marks", "exit_info", "parse_time"]
-
-_last_log_marks = last_log_marks  # the name the log-resume tests know
+__all__ = ["DockerBackend", "LogResume", "exit_info", "parse_time"]
 
 
 class DockerBackend:
@@ -96,10 +95,9 @@ class DockerBackend:
             cgroup_parent=cgroup_parent,
         )
         self.states = self._shared.states
-        self._logs = LogPump(self._shared)
-        self._events = EventWatcher(self._shared, self._logs)
+        self._events = EventWatcher(self._shared)
         self._sandboxes = Sandboxes(self._shared)
-        self._containers = Containers(self._shared, self._logs, self._events)
+        self._containers = Containers(self._shared, self._events)
         self._execs = Execs(self._shared)
         self._stats = Stats(self._shared)
         self._cgroup_driver = pb.SYSTEMD if cgroup_driver == "systemd" else pb.CGROUPFS
@@ -118,14 +116,9 @@ class DockerBackend:
     async def close(self) -> None:
         shared = self._shared
         shared.closed = True
-        followers = shared.states.followers()
-        for f in followers:
-            f.cancel()
         for t in list(shared.tasks):
             t.cancel()
-        await asyncio.gather(*shared.tasks, *followers, return_exceptions=True)
-        for st in shared.states.containers.values():
-            st.follower = None
+        await asyncio.gather(*shared.tasks, return_exceptions=True)
         self._execs.close()
         await self.engine.close()
 
@@ -142,7 +135,7 @@ class DockerBackend:
     async def recover(
         self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
     ) -> tuple[dict[str, Observed], dict[str, Observed]]:
-        return await recovery.recover(self._shared, self._logs, sandboxes, containers)
+        return await recovery.recover(self._shared, sandboxes, containers)
 
     # ---------------------------------------------------------------- sandboxes
 
@@ -160,8 +153,11 @@ class DockerBackend:
     async def create_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> None:
         await self._containers.create(container, sandbox)
 
-    async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord, logs: LogSink) -> int:
-        return await self._containers.start(container, logs)
+    async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> Started:
+        return await self._containers.start(container)
+
+    async def reattach(self, container: ContainerRecord, after: LogMarks | None) -> DockerProcess | None:
+        return self._containers.reattach(container, after)
 
     async def stop_container(self, container: ContainerRecord, timeout: int) -> ExitInfo:
         return await self._containers.stop(container, timeout)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -10,7 +9,7 @@ import time
 
 import structlog
 
-from backends.contract import ContainerRecord, ExitInfo, LogSink, SandboxRecord
+from backends.contract import ContainerRecord, ExitInfo, LogMarks, SandboxRecord, Started
 from backends.contract.errors import CriError, FailedPreconditionError, NotFoundError
 from backends.linux import cgroups
 from cri_api import api_pb2 as pb
@@ -19,15 +18,14 @@ from . import convert
 from . import labels as lbl
 from .context import ENGINE_ID, PID, RESOLV, UPPER_DIR, Shared, engine_id, exit_info, parse_time
 from .events import EventWatcher
-from .logs import LogPump
+from .logs import DockerProcess
 
 log = structlog.get_logger(__name__)
 
 
 class Containers:
-    def __init__(self, shared: Shared, logs: LogPump, events: EventWatcher) -> None:
+    def __init__(self, shared: Shared, events: EventWatcher) -> None:
         self._shared = shared
-        self._logs = logs
         self._events = events
         self._hugetlb_said: set[str] = set()  # reasons hugepage limits were passed over, logged once
 
@@ -68,7 +66,7 @@ class Containers:
         eid = await shared.create(lbl.container_name(container.id, config), cfg, container.backend_data)
         shared.states.container(container.id, eid)
 
-    async def start(self, container: ContainerRecord, logs: LogSink) -> int:
+    async def start(self, container: ContainerRecord) -> Started:
         shared = self._shared
         eid = engine_id(container)
         await shared.engine.start_container(eid)
@@ -90,12 +88,23 @@ class Containers:
                     await shared.engine.stop_container(eid, 0)
                 raise
         st = shared.states.container(container.id, eid)
+        st.tty = bool(info["Config"].get("Tty"))
+        process = st.process = DockerProcess(shared, st, st.tty, None)
         st.watched = True
-        self._logs.follow(st, bool(info["Config"].get("Tty")), logs, None)
         if not state.get("Running") and parse_time(state.get("FinishedAt")):
             # Exited before we looked: the die event may have come before we watched it.
             shared.spawn(self._events.report_exit(st))
-        return started
+        return Started(started, process)
+
+    def reattach(self, container: ContainerRecord, after: LogMarks | None) -> DockerProcess | None:
+        """The process of a container recovery found running (and watches)."""
+        st = self._shared.states.containers.get(container.id)
+        if st is None or not (st.watched or st.exit):
+            return None
+        st.process = DockerProcess(self._shared, st, st.tty, after)
+        if st.exit is not None:
+            st.process.exited(st.exit)
+        return st.process
 
     async def stop(self, container: ContainerRecord, timeout: int) -> ExitInfo:
         shared = self._shared
@@ -105,17 +114,16 @@ class Containers:
         try:
             with contextlib.suppress(NotFoundError):
                 await shared.engine.stop_container(eid, timeout)
-            # The exit status and the end of the output are awaited together.
-            inspected, _ = await asyncio.gather(
-                shared.engine.inspect_container(eid),
-                self._logs.drain(st, stopped=True),
-                return_exceptions=True,
-            )
-            if isinstance(inspected, NotFoundError):
-                return ExitInfo(exit_code=137, finished_at=time.time_ns(), reason="Error", message="gone")
-            if isinstance(inspected, BaseException):
-                raise inspected
-            return exit_info(inspected["State"])
+            process = st.process
+            if process is not None:
+                process.stopped()  # the rest of its output is read while we ask how it ended
+            try:
+                info = exit_info((await shared.engine.inspect_container(eid))["State"])
+            except NotFoundError:
+                info = ExitInfo(exit_code=137, finished_at=time.time_ns(), reason="Error", message="gone")
+            if process is not None:
+                process.exit.set(info)
+            return info
         finally:
             st.watched = False
             st.stopping = False

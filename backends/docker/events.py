@@ -12,7 +12,6 @@ from backends.contract.errors import CriError, NotFoundError
 
 from . import labels as lbl
 from .context import Shared, engine_time, exit_info
-from .logs import LogPump
 from .state import ContainerState, Tracked
 
 _EXIT_RECHECK = 1.0  # s between looks at a container that died while the engine did not answer
@@ -23,9 +22,8 @@ _FILTERS = {
 
 
 class EventWatcher:
-    def __init__(self, shared: Shared, logs: LogPump) -> None:
+    def __init__(self, shared: Shared) -> None:
         self._shared = shared
-        self._logs = logs
 
     async def watch(self) -> None:
         """Follow the engine's events; reconnect (catching up) when dockerd comes back.
@@ -107,8 +105,13 @@ class EventWatcher:
             if not isinstance(st, ContainerState):
                 events.sandbox_not_ready(st.cri_id, "pause container exited")
                 return
-            await self._logs.drain(st, stopped=True)
-            events.container_exited(st.cri_id, await self._exit_of(st, state))
+            if st.process is not None:
+                st.process.stopped()  # the rest of the output is read while the OOM race settles
+            info = await self._exit_of(st, state)
+            if st.process is not None:
+                st.process.exited(info)
+            else:
+                st.exit = info  # recovered, and not followed yet: its process starts ended
         finally:
             st.reporting = False
 

@@ -1,58 +1,71 @@
-"""Container output into the CRI log: the log pump, and where a restarted pump resumes."""
+"""A container's process as the shim follows it: the engine's log stream, and the exit."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import time
+from collections.abc import AsyncIterator
 
-from backends.contract import LogSink
+from backends.contract import ExitInfo, ExitLatch, LogMarks, Output
 from backends.contract.errors import CriError, NotFoundError
 
 from .context import Shared, engine_time, parse_time
 from .state import ContainerState, LogFollow
 
-# s at most for a follower to write the last output before an exit is reported: the engine
-# serves a burst of 40,000 lines in over 2 s on a slow node, and a short output takes ms.
-_LOG_DRAIN_WAIT = 10.0
-_RESUME_OVERLAP_NS = 2_000_000_000  # a resumed log read goes back this far (see LogPump._pump)
-Marks = dict[str, tuple[int, int]]  # per stream: time of the last record written, records at that time
+_RESUME_OVERLAP_NS = 2_000_000_000  # a resumed log read goes back this far (see DockerProcess.output)
 
 
-class LogPump:
-    """One output pump per running container, kept in its :class:`ContainerState`."""
+class DockerProcess:
+    """One running container's output (read from the engine's log) and its exit.
 
-    def __init__(self, shared: Shared) -> None:
+    The exit is set by the event watcher (an exit nobody asked for) or by a
+    stop; setting it cuts the followed log stream short (:meth:`exited`).
+    """
+
+    def __init__(self, shared: Shared, st: ContainerState, tty: bool, after: LogMarks | None) -> None:
         self._shared = shared
+        self._st = st
+        self._tty = tty
+        self._after = after
+        self.exit = ExitLatch()
 
-    def follow(self, st: ContainerState, tty: bool, sink: LogSink, marks: Marks | None) -> None:
-        old = st.follower
-        if old is not None:
-            old.cancel()
-        st.follower = asyncio.create_task(self._pump(st, tty, sink, marks))
+    def exited(self, info: ExitInfo) -> None:
+        """How the container ended; its output is cut short (:meth:`stopped`)."""
+        self.stopped()
+        self.exit.set(info)
 
-    async def _pump(self, st: ContainerState, tty: bool, sink: LogSink, marks: Marks | None) -> None:
-        """Copy the container's output into its sink until it exits; resume if the stream breaks.
+    def stopped(self) -> None:
+        """The container has stopped: its output is complete on the engine's side.
 
         The engine ends a followed log stream some milliseconds after the
-        container has stopped. When the container is known to have stopped,
-        :meth:`drain` cuts the followed stream and the rest is read
-        without following: by then the engine has written all of the output.
-
-        A resumed read skips what was written already (:class:`LogResume`).
-        Records are stamped with the engine's time (without a TTY), so that
-        after a restart the log itself says where to resume (``marks``).
+        container has stopped; rather than wait for that, the followed stream
+        is cut and the rest is read without following (see :meth:`output`).
+        With a TTY the records carry no time to resume from: the stream is
+        left to end by itself.
         """
-        resume = LogResume(marks)
-        follow = LogFollow(tty=tty)
+        follow = self._st.follow
+        if follow is not None and not follow.tty:
+            follow.finishing = True
+            if follow.resp is not None:
+                follow.resp.close()
+
+    async def output(self) -> AsyncIterator[Output]:
+        """The container's output until it has exited; resumed where a broken stream left off.
+
+        A resumed read skips what was read already (:class:`LogResume`).
+        Records are stamped with the engine's time (without a TTY), so that
+        after a restart the CRI log itself says where to resume (``after``).
+        """
+        st, tty, engine = self._st, self._tty, self._shared.engine
+        resume = LogResume(self._after)
+        follow = LogFollow(tty=tty, finishing=self.exit.info is not None and not tty)  # ended already
         st.follow = follow
         try:
             while True:
                 final = follow.finishing
                 since = resume.since(tty)
                 try:
-                    resp = await self._shared.engine.container_logs(
+                    resp = await engine.container_logs(
                         st.engine_id,
                         follow=not final,
                         timestamps=not tty,
@@ -77,18 +90,18 @@ class LogPump:
                                 at = 0
                             if not resume.fresh(stream, at):
                                 continue
-                        sink.write(stream, data, at)
+                        yield Output(stream, data, at)
                 finally:
                     follow.resp = None
                     resp.close()
                 if final:
                     return
                 if follow.finishing:
-                    continue  # cut by _drain_logs: the rest, without following
-                if st.stopping:
-                    return  # stopped by us: the stream ended because the container did
+                    continue  # cut by exited(): the rest, without following
+                if self.exit.info is not None:
+                    return  # the stream ended because the container did
                 try:
-                    info = await self._shared.engine.inspect_container(st.engine_id)
+                    info = await engine.inspect_container(st.engine_id)
                 except NotFoundError:
                     return
                 except CriError:
@@ -101,28 +114,6 @@ class LogPump:
         finally:
             if st.follow is follow:
                 st.follow = None
-            with contextlib.suppress(Exception):
-                sink.close()
-
-    async def drain(self, st: ContainerState, stopped: bool) -> None:
-        """Wait (a bounded time) until the container's output is all in its log.
-
-        ``stopped``: the engine reports the container not running, so its
-        output is complete on the engine's side and the followed stream can be
-        cut short (see :meth:`_pump`).
-        """
-        f = st.follower
-        if f is None:
-            return
-        follow = st.follow
-        # With a TTY the records carry no time to resume from: wait for the end.
-        if stopped and follow is not None and not follow.tty:
-            follow.finishing = True
-            if follow.resp is not None:
-                follow.resp.close()
-        with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
-            async with asyncio.timeout(_LOG_DRAIN_WAIT):
-                await asyncio.shield(f)
 
 
 class LogResume:
@@ -136,7 +127,7 @@ class LogResume:
     last one written, and as many records of that very time as were written.
     """
 
-    def __init__(self, marks: Marks | None = None) -> None:
+    def __init__(self, marks: LogMarks | None = None) -> None:
         marks = marks or {}
         # Per stream: [time of the last record written, records written at that time].
         self.marks = {name: list(marks.get(name, (0, 0))) for name in ("stdout", "stderr")}
@@ -171,51 +162,3 @@ class LogResume:
         self._repeats[stream] = 0
         self.newest = max(self.newest or 0, at)
         return True
-
-
-def last_log_marks(path: str) -> Marks | None:
-    """Where a CRI log file ends, per stream: (time of its last record, records at that time).
-
-    Read from the last 64 KiB. A stream with no record there gets the time
-    of the first record read and a count of 0: it wrote nothing since.
-    None without any record.
-    """
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 65536))
-            tail = f.read()
-    except OSError:
-        return None
-    marks: dict[str, tuple[int, int]] = {}
-    done: set[str] = set()
-    first = 0
-    for line in reversed(tail.splitlines()):
-        parts = line.split(b" ", 2)
-        if len(parts) < 2:
-            continue
-        try:
-            at = parse_time(parts[0].decode())
-            stream = parts[1].decode()
-        except (ValueError, UnicodeDecodeError):
-            continue
-        if stream not in ("stdout", "stderr"):
-            continue
-        first = at
-        if stream in done:
-            continue
-        mark = marks.get(stream)
-        if mark is None:
-            marks[stream] = (at, 1)
-        elif mark[0] == at:
-            marks[stream] = (at, mark[1] + 1)
-        else:
-            done.add(stream)
-    if not marks:
-        return None
-    for stream in ("stdout", "stderr"):
-        marks.setdefault(stream, (first, 0))
-    return marks

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,13 +14,12 @@ from backends.contract.errors import NotFoundError
 from . import convert
 from . import labels as lbl
 from .context import ENGINE_ID, PID, Shared, exit_info, parse_time
-from .logs import LogPump, last_log_marks
 
 log = structlog.get_logger(__name__)
 
 
 async def recover(
-    shared: Shared, logs: LogPump, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
+    shared: Shared, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
 ) -> tuple[dict[str, Observed], dict[str, Observed]]:
     rows = await shared.ours()
     by_id = {(r.get("Labels") or {}).get(lbl.ID, ""): r for r in rows}
@@ -79,13 +77,7 @@ async def recover(
         ct_state = shared.states.container(ct.id, info["Id"])
         if running:
             ct.backend_data[PID] = int(state.get("Pid") or 0)
-            ct_state.watched = True
-            sink = shared.events.log_sink(ct.id) if shared.events else None
-            if sink is not None and ct_state.follower is None:
-                # Resume after the last records the shim wrote before it went
-                # down; with none, all of the output is still to be written.
-                marks = await shared.engine.run(functools.partial(last_log_marks, ct.log_path))
-                tty = bool(info["Config"].get("Tty"))
-                logs.follow(ct_state, tty, sink, marks)
+            ct_state.watched = True  # the shim follows it next (reattach)
+            ct_state.tty = bool(info["Config"].get("Tty"))
         ct_seen[ct.id] = Observed(exists=True, running=running, exit=exited, started_at=started)
     return sb_seen, ct_seen

@@ -7,10 +7,15 @@ its CPU sample, its OOM flag).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
+from typing import TYPE_CHECKING
+
+from backends.contract import ExitInfo
 
 from .engine_api import EngineStream
+
+if TYPE_CHECKING:
+    from .logs import DockerProcess
 
 
 @dataclasses.dataclass(eq=False)
@@ -42,8 +47,10 @@ class SandboxState(Tracked):
 
 @dataclasses.dataclass(eq=False)
 class ContainerState(Tracked):
-    follower: asyncio.Task[None] | None = None  # the output pump
-    follow: LogFollow | None = None  # the pump's open stream
+    process: DockerProcess | None = None  # while it runs: what the shim follows
+    follow: LogFollow | None = None  # the open stream of its process's output
+    tty: bool = False
+    exit: ExitInfo | None = None  # how it ended, heard before anything followed it
     oom: bool = False  # the engine reported an OOM kill in it
     layer_usage: tuple[float, int, int] | None = None  # (monotonic when, bytes, inodes) of its layer
 
@@ -81,13 +88,8 @@ class States:
             st.watched = False
 
     def drop_container(self, cri_id: str) -> None:
-        """Forget a removed container; its output pump stops."""
+        """Forget a removed container."""
         st = self.containers.pop(cri_id, None)
         if st is None:
             return
         st.watched = False
-        if st.follower is not None:
-            st.follower.cancel()
-
-    def followers(self) -> list[asyncio.Task[None]]:
-        return [st.follower for st in self.containers.values() if st.follower is not None]

@@ -19,17 +19,19 @@ from typing import Any, Self
 
 from backends.contract import (
     Capability,
+    ContainerProcess,
     ContainerRecord,
     EventSink,
     ExecResult,
     ExitInfo,
     Health,
     ImageInfo,
-    LogSink,
+    LogMarks,
     Observed,
     PortStream,
     SandboxNetwork,
     SandboxRecord,
+    Started,
     StreamIO,
 )
 from backends.fake.exec import FakeExec
@@ -97,8 +99,11 @@ class FakeRuntime:
     async def create_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> None:
         await self.lifecycle.create_container(container, sandbox)
 
-    async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord, logs: LogSink) -> int:
-        return await self.lifecycle.start_container(container, sandbox, logs)
+    async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> Started:
+        return await self.lifecycle.start_container(container, sandbox)
+
+    async def reattach(self, container: ContainerRecord, after: LogMarks | None) -> ContainerProcess | None:
+        return await self.lifecycle.reattach(container, after)
 
     async def stop_container(self, container: ContainerRecord, timeout: int) -> ExitInfo:
         return await self.lifecycle.stop_container(container, timeout)

@@ -35,19 +35,21 @@ from backends.contract import (
     Backend,
     Capability,
     Checkpointer,
+    ContainerProcess,
     ContainerRecord,
     EventSink,
     ExecResult,
     ExitInfo,
     Health,
     ImageInfo,
-    LogSink,
+    LogMarks,
     MetricsBackend,
     Observed,
     PortStream,
     SandboxNetwork,
     SandboxRecord,
     SandboxResourceUpdater,
+    Started,
     StreamIO,
     errors,
 )
@@ -202,9 +204,13 @@ class FaultInjector(_Faults):
         await self._enter("create_container", container.id, sandbox.id)
         await self._inner.create_container(container, sandbox)
 
-    async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord, logs: LogSink) -> int:
+    async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> Started:
         await self._enter("start_container", container.id)
-        return await self._inner.start_container(container, sandbox, logs)
+        return await self._inner.start_container(container, sandbox)
+
+    async def reattach(self, container: ContainerRecord, after: LogMarks | None) -> ContainerProcess | None:
+        await self._enter("reattach", container.id)
+        return await self._inner.reattach(container, after)
 
     async def stop_container(self, container: ContainerRecord, timeout: int) -> ExitInfo:
         await self._enter("stop_container", container.id, timeout)

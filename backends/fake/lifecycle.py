@@ -19,10 +19,12 @@ from backends.contract import (
     EventSink,
     ExitInfo,
     Health,
-    LogSink,
+    LogMarks,
     Observed,
+    ProcessPipe,
     SandboxNetwork,
     SandboxRecord,
+    Started,
     StreamIO,
     errors,
 )
@@ -39,6 +41,7 @@ class Running:
     started_mono: float
     task: asyncio.Task[None] | None = None
     exited: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    pipe: ProcessPipe = dataclasses.field(default_factory=ProcessPipe)  # its output and exit, for the shim
     attached: list[StreamIO] = dataclasses.field(default_factory=list)
 
 
@@ -113,7 +116,7 @@ class FakeLifecycle:
         for c in containers:
             self.containers.add(c.id)
             running = c.status.state == pb.CONTAINER_RUNNING
-            if running:
+            if running and c.id not in self.running:
                 self.running[c.id] = Running(Program(), time.monotonic())
             seen_ct[c.id] = Observed(exists=True, running=running, started_at=c.status.started_at)
         return seen_sb, seen_ct
@@ -165,36 +168,45 @@ class FakeLifecycle:
     def _program_for(self, c: ContainerRecord) -> Program:
         return self.programs.program_for(c, lambda: self.shell_context(c))
 
-    async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord, logs: LogSink) -> int:
+    async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> Started:
         if container.id not in self.containers:
             raise errors.NotFoundError(f"container {container.id} does not exist in the fake runtime")
         program = self._program_for(container)
         run = Running(program, time.monotonic())
         self.running[container.id] = run
         started = self.clock()
-        immediate = [o for o in program.output if o.after <= 0]
-        for o in immediate:
-            logs.write(o.stream, o.line.encode() + b"\n")
+        for o in program.output:
+            if o.after <= 0:
+                run.pipe.put(o.stream, o.line.encode() + b"\n")
         later = [o for o in program.output if o.after > 0]
         if later or program.finite or program.repeat_every:
-            run.task = asyncio.get_running_loop().create_task(self._play(container.id, run, later, logs))
-        return started
+            run.task = asyncio.get_running_loop().create_task(self._play(container.id, run, later))
+        return Started(started, run.pipe)
 
-    async def _play(self, cid: str, run: Running, later: list[OutputLine], logs: LogSink) -> None:
+    async def reattach(self, container: ContainerRecord, after: LogMarks | None) -> ProcessPipe | None:
+        run = self.running.get(container.id)
+        if run is None:
+            return None
+        run.pipe = ProcessPipe()  # the old one went with the shim that followed it
+        return run.pipe
+
+    async def _write(self, run: Running, o: OutputLine) -> None:
+        data = o.line.encode() + b"\n"
+        run.pipe.put(o.stream, data)
+        for io in run.attached:
+            await send(io, o.stream, data)
+
+    async def _play(self, cid: str, run: Running, later: list[OutputLine]) -> None:
         t0 = run.started_mono
         for o in later:
             await asyncio.sleep(max(0.0, t0 + o.after - time.monotonic()))
-            logs.write(o.stream, o.line.encode() + b"\n")
-            for io in run.attached:
-                await send(io, o.stream, o.line.encode() + b"\n")
+            await self._write(run, o)
         period = run.program.repeat_every
         while period:
             t0 += period
             await asyncio.sleep(max(0.0, t0 - time.monotonic()))
             for o in run.program.output:
-                logs.write(o.stream, o.line.encode() + b"\n")
-                for io in run.attached:
-                    await send(io, o.stream, o.line.encode() + b"\n")
+                await self._write(run, o)
         if run.program.exit_after is None:
             return
         await asyncio.sleep(max(0.0, t0 + run.program.exit_after - time.monotonic()))
@@ -205,8 +217,8 @@ class FakeLifecycle:
         if run is None:
             return
         run.exited.set()
-        if self.events is not None:
-            self.events.container_exited(cid, info)
+        run.pipe.end()  # everything it wrote is in the pipe already
+        run.pipe.exit.set(info)
 
     async def stop_container(self, container: ContainerRecord, timeout: int) -> ExitInfo:
         run = self.running.get(container.id)
@@ -236,8 +248,10 @@ class FakeLifecycle:
 
     async def remove_container(self, container: ContainerRecord) -> None:
         run = self.running.pop(container.id, None)
-        if run is not None and run.task is not None:
-            run.task.cancel()
+        if run is not None:
+            if run.task is not None:
+                run.task.cancel()
+            run.pipe.end()
         self.containers.discard(container.id)
 
     async def update_container_resources(

@@ -2,7 +2,7 @@
 
 ``create`` is the factory the backend registry calls for handler type ``runv``.
 Config keys: ``root``, ``run_dir``, ``agent_timeout``, ``overhead_vcpus``,
-``overhead_memory_mib``, ``insecure_registries``, ``log_drain_timeout`` and a ``stub`` table
+``overhead_memory_mib``, ``insecure_registries`` and a ``stub`` table
 (``boot_latency``, ``shutdown_latency``, ``boot_timeout``, ``capacity_vcpus``,
 ``capacity_memory``, ``cpu_overcommit``, ``runc``, ``unshare``, ``python``, ``cgroup_parent``,
 ``run_dir``, ``ip``) and a ``network``

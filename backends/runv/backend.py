@@ -12,7 +12,7 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import structlog
@@ -46,7 +46,33 @@ class _Pod:
     stopping: bool = False
     dead: bool = False
     monitor: asyncio.Task[None] | None = None
-    pumps: dict[str, asyncio.Task[None]] = dataclasses.field(default_factory=dict)
+    procs: dict[str, VmProcess] = dataclasses.field(default_factory=dict)  # started containers
+
+
+class VmProcess:
+    """A container in the VM as the shim follows it: the agent's output stream, the exit.
+
+    The stream is subscribed before the container starts (the agent keeps a
+    backlog until then) and ends when the agent closes it (all output sent) or
+    the channel goes (VM stopped or dead).
+    """
+
+    def __init__(self, stream: Stream) -> None:
+        self._stream = stream
+        self.exit = contract.ExitLatch()
+
+    async def output(self) -> AsyncIterator[contract.Output]:
+        stream = self._stream
+        try:
+            while True:
+                ch, data = await stream.read()
+                if not data:
+                    if ch == Ch.STDOUT:
+                        return
+                    continue
+                yield contract.Output("stderr" if ch == Ch.STDERR else "stdout", data)
+        finally:
+            stream.forget()
 
 
 def _vm_id(sandbox_id: str) -> str:
@@ -89,10 +115,7 @@ class RunvBackend:
         self.net = PodNetwork(net_config)
         self._pods: dict[str, _Pod] = {}
         self._owner: dict[str, str] = {}  # container ID -> sandbox ID
-        self._reported: set[str] = set()  # containers whose exit was sent to the shim
         self._events: contract.EventSink | None = None
-        self._background: set[asyncio.Task[None]] = set()
-        self.log_drain_timeout = float(config.get("log_drain_timeout", 2.0))
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, events: contract.EventSink) -> None:
@@ -101,9 +124,10 @@ class RunvBackend:
 
     async def close(self) -> None:
         # VMs keep running (recovered on the next start); only our side goes away.
-        tasks: list[asyncio.Task[None]] = list(self._background)
+        tasks: list[asyncio.Task[None]] = []
         for pod in self._pods.values():
-            tasks += [t for t in (pod.monitor, *pod.pumps.values()) if t is not None]
+            if pod.monitor is not None:
+                tasks.append(pod.monitor)
             if pod.agent is not None:
                 await pod.agent.close()
         for task in tasks:
@@ -159,27 +183,14 @@ class RunvBackend:
                 finished_at=state.finished_at or time.time_ns(),
                 reason=state.reason,
             )
-            # A client that sees the exit reads the log next: report it once the output is in.
-            task = asyncio.get_running_loop().create_task(self._exit_after_logs(pod, state.id, info))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._report_exit(pod, state.id, info)
 
-    async def _drain_logs(self, pod: _Pod, cid: str) -> None:
-        """Wait (bounded) until the log pump of an exited container has written everything."""
-        task = pod.pumps.get(cid)
-        if task is not None and not task.done():
-            await asyncio.wait({task}, timeout=self.log_drain_timeout)
-
-    async def _exit_after_logs(self, pod: _Pod, cid: str, info: contract.ExitInfo) -> None:
-        await self._drain_logs(pod, cid)
-        self._report_exit(cid, info)
-
-    def _report_exit(self, cid: str, info: contract.ExitInfo) -> None:
-        if cid in self._reported:
-            return
-        self._reported.add(cid)
-        if self._events is not None:
-            self._events.container_exited(cid, info)
+    @staticmethod
+    def _report_exit(pod: _Pod, cid: str, info: contract.ExitInfo) -> None:
+        """The container's exit, to the shim following it (the first report wins)."""
+        proc = pod.procs.get(cid)
+        if proc is not None:
+            proc.exit.set(info)
 
     def _watch(self, pod: _Pod) -> None:
         async def monitor() -> None:
@@ -190,7 +201,7 @@ class RunvBackend:
             now = time.time_ns()
             msg = f"the VM of the pod exited unexpectedly: {self.hv.console(pod.vm)[-200:].strip()}"
             for cid in sorted(pod.containers):
-                self._report_exit(cid, contract.ExitInfo(VM_CRASH_EXIT, now, VM_CRASH_REASON, msg))
+                self._report_exit(pod, cid, contract.ExitInfo(VM_CRASH_EXIT, now, VM_CRASH_REASON, msg))
             if self._events is not None:
                 self._events.sandbox_not_ready(pod.sandbox_id, VM_CRASH_REASON)
 
@@ -246,14 +257,10 @@ class RunvBackend:
             owner.containers.add(ct.id)
             if state.status == "exited":
                 info = contract.ExitInfo(state.exit_code, state.finished_at, state.reason)
-                self._reported.add(ct.id)
                 ct_obs[ct.id] = contract.Observed(True, False, info, state.started_at)
             else:
                 running = state.status == "running"
                 ct_obs[ct.id] = contract.Observed(True, running, None, state.started_at)
-                sink = self._events.log_sink(ct.id) if self._events is not None else None
-                if running and sink is not None:
-                    await self._pump_logs(owner, ct.id, sink)
         for vm in self.hv.leftovers(known):
             await self.hv.destroy(vm)
             # A RunPodSandbox killed between making the VM's veth and recording it.
@@ -382,9 +389,7 @@ class RunvBackend:
             pod.monitor.cancel()
         now = time.time_ns()
         for cid in sorted(pod.containers):
-            self._report_exit(cid, contract.ExitInfo(137, now, "Error", "the pod's VM was stopped"))
-        for task in pod.pumps.values():
-            task.cancel()
+            self._report_exit(pod, cid, contract.ExitInfo(137, now, "Error", "the pod's VM was stopped"))
         del self._pods[sandbox.id]
         await self._unplumb(sandbox)
 
@@ -397,7 +402,6 @@ class RunvBackend:
     def _forget(self, cid: str) -> None:
         self._owner.pop(cid, None)
         self._layer_usage_of.pop(cid, None)
-        self._reported.discard(cid)
         shutil.rmtree(os.path.join(self._containers_dir, cid), ignore_errors=True)
 
     # ------------------------------------------------------------------ containers
@@ -469,35 +473,41 @@ class RunvBackend:
         pod.containers.add(container.id)
         container.backend_data["vm"] = pod.vm.id
 
-    async def _pump_logs(self, pod: _Pod, cid: str, logs: contract.LogSink) -> None:
+    async def _subscribe(self, pod: _Pod, cid: str) -> VmProcess:
+        """The container's output stream, subscribed before anything of it can be missed."""
         agent = self._agent(pod)
         stream = agent.stream()
-        await agent.call(m.OutputRequest(id=cid, stream=stream.id))
-
-        async def pump() -> None:
-            try:
-                while True:
-                    ch, data = await stream.read()
-                    if not data:
-                        if ch == Ch.STDOUT:
-                            break
-                        continue
-                    logs.write("stderr" if ch == Ch.STDERR else "stdout", data)
-            finally:
-                stream.forget()
-                logs.close()
-                pod.pumps.pop(cid, None)
-
-        pod.pumps[cid] = asyncio.get_running_loop().create_task(pump())
+        try:
+            await agent.call(m.OutputRequest(id=cid, stream=stream.id))
+        except BaseException:
+            stream.forget()
+            raise
+        proc = pod.procs[cid] = VmProcess(stream)
+        return proc
 
     async def start_container(
-        self, container: contract.ContainerRecord, sandbox: contract.SandboxRecord, logs: contract.LogSink
-    ) -> int:
+        self, container: contract.ContainerRecord, sandbox: contract.SandboxRecord
+    ) -> contract.Started:
         pod = self._pod(sandbox.id)
         agent = self._agent(pod)
-        await self._pump_logs(pod, container.id, logs)
+        proc = await self._subscribe(pod, container.id)
         state = await agent.call(m.StartRequest(id=container.id))
-        return state.started_at or time.time_ns()
+        return contract.Started(state.started_at or time.time_ns(), proc)
+
+    async def reattach(
+        self, container: contract.ContainerRecord, after: contract.LogMarks | None
+    ) -> VmProcess | None:
+        # The agent sends what it holds of the output (its backlog since the
+        # last reader), so nothing written while the shim was away is lost.
+        pod = self._pods.get(container.sandbox_id)
+        if pod is None or pod.dead or container.id not in pod.containers:
+            return None
+        proc = await self._subscribe(pod, container.id)
+        # An exit event that came before the subscription found no process to report to.
+        state = await self._agent(pod).call(m.StateRequest(id=container.id))
+        if state.status == "exited":
+            proc.exit.set(contract.ExitInfo(state.exit_code, state.finished_at, state.reason))
+        return proc
 
     async def stop_container(self, container: contract.ContainerRecord, timeout: int) -> contract.ExitInfo:
         pod = self._pods.get(container.sandbox_id)
@@ -516,8 +526,7 @@ class RunvBackend:
         elif state.status == "created":
             return contract.ExitInfo(0, time.time_ns(), "Completed")
         info = contract.ExitInfo(state.exit_code, state.finished_at, state.reason)
-        await self._drain_logs(pod, container.id)
-        self._report_exit(container.id, info)
+        self._report_exit(pod, container.id, info)
         return info
 
     async def remove_container(self, container: contract.ContainerRecord) -> None:
@@ -530,9 +539,7 @@ class RunvBackend:
             await self.hv.detach_share(pod.vm, f"ct-{container.id[:12]}")
         if pod is not None:
             pod.containers.discard(container.id)
-            task = pod.pumps.pop(container.id, None)
-            if task is not None:
-                task.cancel()
+            pod.procs.pop(container.id, None)
         self._forget(container.id)
 
     async def update_container_resources(

@@ -33,7 +33,6 @@ TOP: dict[str, str] = {
     "overhead_vcpus": NUMBER,
     "overhead_memory_mib": INT,
     "insecure_registries": STRINGS,
-    "log_drain_timeout": NUMBER,
 }
 
 STUB: dict[str, str] = {

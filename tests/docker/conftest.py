@@ -65,6 +65,7 @@ async def harness(engine: docker.APIClient) -> AsyncIterator[Harness]:
         yield h
     finally:
         await h.cleanup()
+        await h.events.close()
         # A test may have replaced the backend (a restart); close the one in use too.
         for b in {id(backend): backend, id(h.backend): h.backend}.values():
             await b.close()

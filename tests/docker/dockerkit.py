@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import secrets
 import time
@@ -10,9 +9,10 @@ from typing import Any
 
 import docker
 
-from backends.contract import ContainerRecord, ExitInfo, LogSink, SandboxRecord
+from backends.contract import ContainerRecord, SandboxRecord
 from backends.docker import DockerBackend, create
 from cri_api import api_pb2 as pb
+from tests.follow import Follower
 
 ENDPOINT = os.environ.get("CRI_SHIM_DOCKER_ENDPOINT", "unix:///var/run/docker.sock")
 REGISTRY = "127.0.0.1:5000"
@@ -23,32 +23,7 @@ PAUSE = f"{REGISTRY}/pause:3.10"
 INSTANCE = f"test-{os.getpid()}"
 
 
-class Events:
-    """A recording EventSink."""
-
-    def __init__(self) -> None:
-        self.exits: dict[str, ExitInfo] = {}
-        self.not_ready: dict[str, str] = {}
-        self.sinks: dict[str, LogSink] = {}
-        self._changed = asyncio.Event()
-
-    def container_exited(self, container_id: str, info: ExitInfo) -> None:
-        self.exits[container_id] = info
-        self._changed.set()
-
-    def sandbox_not_ready(self, sandbox_id: str, reason: str) -> None:
-        self.not_ready[sandbox_id] = reason
-        self._changed.set()
-
-    def log_sink(self, container_id: str) -> LogSink | None:
-        return self.sinks.get(container_id)
-
-    async def exit_of(self, container_id: str, timeout: float = 20) -> ExitInfo:
-        async with asyncio.timeout(timeout):
-            while container_id not in self.exits:
-                self._changed.clear()
-                await self._changed.wait()
-        return self.exits[container_id]
+Events = Follower  # a recording EventSink that follows containers as the shim does
 
 
 def new_id() -> str:

@@ -23,7 +23,7 @@ from backends.docker import create
 from backends.docker import labels as lbl
 from cri_api import api_pb2 as pb
 from shim.errors import CriError, DeadlineExceededError, NotFoundError, UnavailableError
-from shim.logs import CriLogWriter
+from shim.io import CriLogWriter, last_log_marks
 from tests.docker.dockerkit import (
     BUSYBOX,
     ENDPOINT,
@@ -93,7 +93,7 @@ async def test_container_exit_code_and_logs(harness: Harness, tmp_path: Path) ->
     )
     assert ct.image_ref.startswith("sha256:")
     log_path = tmp_path / "c.log"
-    started = await harness.backend.start_container(ct, sb, CriLogWriter(str(log_path)))
+    started = await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(log_path)))
     assert abs(started - time.time_ns()) < 30e9
     exit_info = await harness.events.exit_of(ct.id)
     assert exit_info.exit_code == 3
@@ -109,7 +109,7 @@ async def test_container_exit_code_and_logs(harness: Harness, tmp_path: Path) ->
 async def test_container_completed_reason(harness: Harness, tmp_path: Path) -> None:
     sb = await harness.run_sandbox()
     ct = await harness.create(container_record(sb, ["true"]), sb)
-    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     info = await harness.events.exit_of(ct.id)
     assert (info.exit_code, info.reason) == (0, "Completed")
 
@@ -120,7 +120,7 @@ async def test_stop_timeout_kills(harness: Harness, tmp_path: Path) -> None:
         container_record(sb, ["sh", "-c", "trap '' TERM; touch /tmp/ready; sleep 1000 & wait; sleep 1000"]),
         sb,
     )
-    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     # A TERM that came before the trap was set would end it at once.
     await harness.backend.exec_sync(ct, ["sh", "-c", "until [ -e /tmp/ready ]; do sleep 0.05; done"])
     t0 = time.monotonic()
@@ -128,14 +128,14 @@ async def test_stop_timeout_kills(harness: Harness, tmp_path: Path) -> None:
     elapsed = time.monotonic() - t0
     assert 0.9 <= elapsed < 10, elapsed
     assert info.exit_code == 137
-    await asyncio.sleep(0.5)
-    assert ct.id not in harness.events.exits  # a requested stop is not an event
+    # The process ends with the stop's exit, not with a second one the event watcher heard.
+    assert await harness.events.exit_of(ct.id) == info
 
 
 async def test_exec_sync_streams_and_code(harness: Harness, tmp_path: Path) -> None:
     sb = await harness.run_sandbox()
     ct = await harness.create(container_record(sb, ["sleep", "1000"]), sb)
-    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     res = await harness.backend.exec_sync(ct, ["sh", "-c", "echo hi; echo oops >&2; exit 7"])
     assert (res.exit_code, res.stdout, res.stderr) == (7, b"hi\n", b"oops\n")
     # The timeout and its kill are in tests/contract (every backend).
@@ -144,7 +144,7 @@ async def test_exec_sync_streams_and_code(harness: Harness, tmp_path: Path) -> N
 async def test_stats(harness: Harness, tmp_path: Path) -> None:
     sb = await harness.run_sandbox()
     ct = await harness.create(container_record(sb, ["sh", "-c", "while :; do :; done"]), sb)
-    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     await asyncio.sleep(0.3)
     first = (await harness.backend.container_stats([ct]))[ct.id]
     await asyncio.sleep(0.3)
@@ -171,7 +171,7 @@ async def test_pod_metrics(harness: Harness, tmp_path: Path) -> None:
         sb,
     )
     idle = await harness.create(container_record(sb, ["sleep", "1000"], name="idle"), sb)
-    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     ct.status = dataclasses.replace(ct.status, started_at=time.time_ns())
     await asyncio.sleep(1.2)  # past one whole second of CPU time, at half a core
     descriptors = {d.name: list(d.label_keys) for d in await harness.backend.metric_descriptors()}
@@ -257,7 +257,7 @@ async def test_hugepage_limits(harness: Harness, tmp_path: Path) -> None:
     ct = await harness.create(
         container_record(sb, ["sleep", "1000"], linux=pb.LinuxContainerConfig(resources=res)), sb
     )
-    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     pid = ct.backend_data["pid"]
     assert hugetlb_file(pid, "2MB").read_text().strip() == str(4 << 20)
     if "hugepages-1048576kB" in sizes:
@@ -297,7 +297,7 @@ class Session:
 async def test_streaming_exec_stdin_half_close(harness: Harness, tmp_path: Path) -> None:
     sb = await harness.run_sandbox()
     ct = await harness.create(container_record(sb, ["sleep", "1000"]), sb)
-    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     io = Session(b"hello\nworld\n")
     code = await harness.backend.exec(ct, ["sh", "-c", "cat; echo done >&2; exit 4"], io)
     assert (code, bytes(io.out), bytes(io.err)) == (4, b"hello\nworld\n", b"done\n")
@@ -312,7 +312,7 @@ async def test_port_forward_into_pod(harness: Harness, tmp_path: Path) -> None:
         container_record(sb, ["sh", "-c", "echo pong > /tmp/index.html; httpd -f -p 127.0.0.1:8080 -h /tmp"]),
         sb,
     )
-    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     await asyncio.wait_for(
         harness.backend.exec_sync(
             ct,
@@ -341,16 +341,16 @@ async def test_port_forward_into_pod(harness: Harness, tmp_path: Path) -> None:
 async def test_recover_after_restart(harness: Harness, tmp_path: Path) -> None:
     sb = await harness.run_sandbox()
     running = await harness.create(container_record(sb, ["sleep", "1000"], name="run"), sb)
-    await harness.backend.start_container(running, sb, CriLogWriter(str(tmp_path / "a.log")))
+    await harness.events.start(harness.backend, running, sb, CriLogWriter(str(tmp_path / "a.log")))
     exited = await harness.create(container_record(sb, ["sh", "-c", "exit 5"], name="ex"), sb)
-    await harness.backend.start_container(exited, sb, CriLogWriter(str(tmp_path / "b.log")))
+    await harness.events.start(harness.backend, exited, sb, CriLogWriter(str(tmp_path / "b.log")))
     await harness.events.exit_of(exited.id)
     leftover = await harness.create(container_record(sb, ["true"], name="left"), sb)
     left_eid = leftover.backend_data["engine_id"]
+    await harness.events.close()
     await harness.backend.close()
 
     events = Events()
-    events.sinks[running.id] = CriLogWriter(str(tmp_path / "a.log"))
     harness.backend = await new_backend(events)
     harness.events = events
     # The shim's records as persisted: the leftover's record was never committed.
@@ -366,6 +366,8 @@ async def test_recover_after_restart(harness: Harness, tmp_path: Path) -> None:
     assert not containers[leftover.id].exists
     with pytest.raises(docker.errors.NotFound):
         harness.engine.inspect_container(left_eid)
+    assert await events.reattach(harness.backend, running, CriLogWriter(str(tmp_path / "a.log")))
+    assert not await events.reattach(harness.backend, exited)
 
     # The recovered backend still sees exits it did not ask for.
     harness.engine.kill(running.backend_data["engine_id"], "SIGKILL")
@@ -381,19 +383,22 @@ async def test_log_resumes_exactly_after_a_restart(harness: Harness, tmp_path: P
     script = f"i=0; while [ $i -lt {lines} ]; do i=$((i+1)); echo $i; echo e$i >&2; done; sleep 1000"
     sb = await harness.run_sandbox()
     ct = await harness.create(container_record(sb, ["sh", "-c", script], log_path=str(log_path)), sb)
-    await harness.backend.start_container(ct, sb, CriLogWriter(str(log_path)))
+    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(log_path)))
     for _ in range(100):
         await asyncio.sleep(0.05)
         if log_path.exists() and log_path.stat().st_size > 20_000:
             break
+    await harness.events.close()
     await harness.backend.close()
     assert len(log_records(log_path)) < 2 * lines  # cut in the middle
 
     events = Events()
-    events.sinks[ct.id] = CriLogWriter(str(log_path))
     harness.backend = await new_backend(events)
+    harness.events = events
     _, seen = await harness.backend.recover([sb], [ct])
     assert seen[ct.id].running
+    after = last_log_marks(str(log_path))
+    assert await events.reattach(harness.backend, ct, CriLogWriter(str(log_path)), after)
     for _ in range(200):
         if len(log_records(log_path)) >= 2 * lines:
             break
@@ -517,7 +522,7 @@ async def test_attach_stdin_once(harness: Harness, tmp_path: Path) -> None:
         sb,
     )
     log_path = tmp_path / "l.log"
-    await harness.backend.start_container(ct, sb, CriLogWriter(str(log_path)))
+    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(log_path)))
     io = Session(b"ping\n")
     await asyncio.wait_for(harness.backend.attach(ct, io), 10)
     assert bytes(io.out) == b"got:ping\n" and bytes(io.err) == b"bye\n"
@@ -557,7 +562,7 @@ async def test_published_port_and_security_settings(harness: Harness, tmp_path: 
         ),
         sb,
     )
-    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     res = await harness.backend.exec_sync(
         ct, ["sh", "-c", "id; cat /proc/sys/net/ipv4/ip_unprivileged_port_start; touch /x"]
     )
@@ -612,17 +617,19 @@ async def test_recover_resumes_output_without_repeats(harness: Harness, tmp_path
     )
     log_path = tmp_path / "c.log"
     ct.log_path = str(log_path)
-    await harness.backend.start_container(ct, sb, CriLogWriter(str(log_path)))
+    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(log_path)))
     await asyncio.sleep(0.6)
+    await harness.events.close()
     await harness.backend.close()  # the shim goes down while the container keeps printing
     await asyncio.sleep(0.4)
 
     events = Events()
-    events.sinks[ct.id] = CriLogWriter(str(log_path))
     harness.backend = await new_backend(events)
     harness.events = events
     _, seen = await harness.backend.recover([sb], [ct])
     assert seen[ct.id].running
+    after = last_log_marks(str(log_path))
+    assert await events.reattach(harness.backend, ct, CriLogWriter(str(log_path)), after)
     await events.exit_of(ct.id)
     numbers = [int(content) for stream, _tag, content in log_records(log_path) if stream == "stdout"]
     assert numbers == list(range(40))
@@ -631,7 +638,7 @@ async def test_recover_resumes_output_without_repeats(harness: Harness, tmp_path
 async def test_exec_client_gone_ends_process(harness: Harness, tmp_path: Path) -> None:
     sb = await harness.run_sandbox()
     ct = await harness.create(container_record(sb, ["sleep", "1000"]), sb)
-    await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     session = asyncio.create_task(harness.backend.exec(ct, ["sleep", "301"], Session(None)))
     await asyncio.sleep(0.5)
     ps = await harness.backend.exec_sync(ct, ["ps", "-o", "args"])
@@ -717,6 +724,7 @@ async def behind_proxy(
     finally:
         proxy.refusing = False
         await h.cleanup()
+        await events.close()
         await backend.close()
         await proxy.down()
 
@@ -724,7 +732,7 @@ async def behind_proxy(
 async def start_sleeper(h: Harness, tmp_path: Path) -> ContainerRecord:
     sb = await h.run_sandbox()
     ct = await h.create(container_record(sb, ["sleep", "1000"]), sb)
-    await h.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await h.events.start(h.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     return ct
 
 
@@ -880,7 +888,7 @@ async def test_pod_dns(harness: Harness, tmp_path: Path) -> None:
         sb,
     )
     log_path = tmp_path / "c.log"
-    await harness.backend.start_container(ct, sb, CriLogWriter(str(log_path)))
+    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(log_path)))
     info = await harness.events.exit_of(ct.id, timeout=60)
     assert info.exit_code == 0  # OOMKilled is in tests/contract (every backend)
     out = [content for stream, _tag, content in log_records(log_path) if stream == "stdout"]
@@ -940,7 +948,7 @@ async def test_long_line_split_into_partial_records(harness: Harness, tmp_path: 
         container_record(sb, ["sh", "-c", "head -c 40000 /dev/zero | tr '\\0' a; echo; echo next"]), sb
     )
     log_path = tmp_path / "c.log"
-    await harness.backend.start_container(ct, sb, CriLogWriter(str(log_path)))
+    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(log_path)))
     await harness.events.exit_of(ct.id)
     records = log_records(log_path)
     assert [(tag, len(content)) for _s, tag, content in records] == [
@@ -965,14 +973,14 @@ async def test_all_output_is_logged_when_the_exit_is_reported(
     sb = await harness.run_sandbox()
     ct = await harness.create(container_record(sb, ["sh", "-c", script]), sb)
     log_path = tmp_path / "c.log"
-    await harness.backend.start_container(ct, sb, CriLogWriter(str(log_path)))
+    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(log_path)))
     if how == "stopped":
         for _ in range(200):
             done = await harness.backend.exec_sync(ct, ["test", "-e", "/tmp/done"])
             if done.exit_code == 0:
                 break
             await asyncio.sleep(0.05)
-        info = await harness.backend.stop_container(ct, 0)
+        info = await harness.events.stop(harness.backend, ct, 0)  # StopContainer: drained, then recorded
         assert info.exit_code in (137, 143)
     else:
         assert (await harness.events.exit_of(ct.id)).exit_code == 3
@@ -989,11 +997,11 @@ async def test_masked_and_readonly_paths(harness: Harness, tmp_path: Path) -> No
         container_record(sb, ["sleep", "1000"], linux=pb.LinuxContainerConfig(security_context=sc)), sb
     )
     try:
-        await harness.backend.start_container(ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+        await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     except CriError as exc:
         # Say what the image holds, so that a failure here tells image from runtime.
         plain = await harness.create(container_record(sb, ["sleep", "1000"], name="plain"), sb)
-        await harness.backend.start_container(plain, sb, CriLogWriter(str(tmp_path / "p.log")))
+        await harness.events.start(harness.backend, plain, sb, CriLogWriter(str(tmp_path / "p.log")))
         listing = await harness.backend.exec_sync(plain, ["ls", "-li", "/bin/ls", "/bin/sleep"])
         pytest.fail(f"start with /bin/ls masked failed: {exc}; image: {listing.stdout!r} {listing.stderr!r}")
     masked = await harness.backend.exec_sync(ct, ["/bin/ls", "/"])

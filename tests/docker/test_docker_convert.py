@@ -13,11 +13,12 @@ import pytest
 
 from backends.docker import convert
 from backends.docker import labels as lbl
-from backends.docker.backend import LogResume, _last_log_marks, exit_info, parse_time
+from backends.docker.backend import LogResume, exit_info, parse_time
 from backends.docker.images import _pull_error, registry_auth, split_reference
 from backends.linux.cgroups import CgroupReader
 from cri_api import api_pb2 as pb
 from shim.errors import FailedPreconditionError, InternalError, InvalidArgumentError, NotFoundError
+from shim.io import last_log_marks
 
 SB_ID = "a" * 64
 CT_ID = "b" * 64
@@ -364,7 +365,7 @@ def test_log_resume_marks_read_off_a_cri_log(tmp_path: Path) -> None:
         f"{t.format(1)} stdout F a\n{t.format(2)} stderr F b\n{t.format(3)} stdout P c\n{t.format(3)} stdout F d\n"
     )
     base = parse_time(t.format(0))
-    marks = _last_log_marks(str(path))
+    marks = last_log_marks(str(path))
     assert marks == {"stdout": (base + 3, 2), "stderr": (base + 2, 1)}
     r = LogResume(marks)
     r.reread()
@@ -374,11 +375,11 @@ def test_log_resume_marks_read_off_a_cri_log(tmp_path: Path) -> None:
         for s, d in [("stdout", 1), ("stderr", 2), ("stdout", 3), ("stdout", 3), ("stdout", 4)]
     ]
     assert got == [False, False, False, False, True]
-    assert _last_log_marks(str(tmp_path / "absent.log")) is None
+    assert last_log_marks(str(tmp_path / "absent.log")) is None
     only_out = tmp_path / "o.log"
     only_out.write_text(f"{t.format(1)} stdout F a\n{t.format(5)} stdout F b\n")
     # stderr wrote nothing in what was read: anything of it from the first record on is new.
-    assert _last_log_marks(str(only_out)) == {"stdout": (base + 5, 1), "stderr": (base + 1, 0)}
+    assert last_log_marks(str(only_out)) == {"stdout": (base + 5, 1), "stderr": (base + 1, 0)}
 
 
 def test_hugepage_limits_of_a_container_that_already_exited_are_no_error() -> None:

@@ -19,6 +19,7 @@ from tests.docker.dockerkit import BUSYBOX, PAUSE, Events, container_record, san
 class Kit:
     def __init__(self, engine: FakeEngine, backend: DockerBackend, events: Events) -> None:
         self.engine, self.backend, self.events = engine, backend, events
+        self.logs: dict[str, Sink] = {}
 
     async def pod(self) -> SandboxRecord:
         sb = sandbox_record()
@@ -30,8 +31,8 @@ class Kit:
         ct = container_record(sb, ["sleep", "1000"], **config)  # type: ignore[arg-type]
         await self.backend.create_container(ct, sb)
         ct.committed = True
-        self.events.sinks[ct.id] = Sink()
-        await self.backend.start_container(ct, sb, self.events.sinks[ct.id])
+        self.logs[ct.id] = Sink()
+        await self.events.start(self.backend, ct, sb, self.logs[ct.id])
         return ct
 
 
@@ -42,6 +43,9 @@ class Sink:
 
     def write(self, stream: str, data: bytes, at: int = 0) -> None:
         self.data.append((stream, data))
+
+    def flush_partial(self) -> None:
+        pass
 
     def close(self) -> None:
         self.closed += 1
@@ -63,6 +67,7 @@ async def new_kit(engine: FakeEngine | None = None) -> Kit:
 async def kit() -> AsyncIterator[Kit]:
     k = await new_kit()
     yield k
+    await k.events.close()
     await k.backend.close()
 
 
@@ -74,7 +79,7 @@ async def test_lifecycle_maps_to_engine_calls(kit: Kit) -> None:
     assert ct.backend_data["pid"] == kit.engine.containers[eid].pid
     info = await kit.backend.stop_container(ct, 5)
     assert (info.exit_code, info.reason) == (143, "Error")
-    assert ct.id not in kit.events.exits  # asked for: not an event
+    assert await kit.events.exit_of(ct.id, timeout=5) == info  # the process ends with the stop's exit
     await kit.backend.remove_container(ct)
     await kit.backend.stop_sandbox(sb)
     await kit.backend.remove_sandbox(sb)
@@ -121,7 +126,7 @@ async def test_plain_exit_and_sandbox_death(kit: Kit) -> None:
     kit.engine.exit(ct.backend_data["engine_id"], 3)
     info = await kit.events.exit_of(ct.id, timeout=5)
     assert (info.exit_code, info.reason) == (3, "Error")
-    sink = kit.events.sinks[ct.id]
+    sink = kit.logs[ct.id]
     assert isinstance(sink, Sink) and ("stdout", b"bye\n") in sink.data  # timestamps stripped
     kit.engine.exit(sb.backend_data["engine_id"], 0)
     for _ in range(50):
@@ -148,15 +153,15 @@ async def test_remove_drops_all_per_object_state(kit: Kit) -> None:
     st = kit.backend.states.containers[ct.id]
     st.cpu_prev = (1, 1)
     kit.backend.states.sandboxes[sb.id].cpu_prev = (1, 1)
-    follower = st.follower
-    assert follower is not None and not follower.done()
-    await kit.backend.stop_container(ct, 0)
+    process = st.process
+    assert process is not None and ct.id in kit.events.io
+    await kit.events.stop(kit.backend, ct, 0)
     await kit.backend.remove_container(ct)
     await kit.backend.stop_sandbox(sb)
     await kit.backend.remove_sandbox(sb)
     await asyncio.sleep(0)
     assert kit.backend.states.containers == {} and kit.backend.states.sandboxes == {}
-    assert follower.done()
+    assert process.exit.info is not None and ct.id not in kit.events.io  # nothing follows it any more
 
 
 async def test_recovery_adopts_marks_and_removes(kit: Kit) -> None:

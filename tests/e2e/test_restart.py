@@ -13,6 +13,8 @@ import time
 import grpc
 
 from backends.fake import FakeBackend
+from backends.fake.lifecycle import Running
+from backends.fake.program import Program
 from cri_api import api_pb2 as pb
 from cri_api import api_pb2_grpc
 from shim.server import Server
@@ -239,6 +241,7 @@ class StartedBehindTheShimsBack(FakeBackend):
         for c in containers:
             if c.status.state == pb.CONTAINER_CREATED:
                 seen_ct[c.id] = dataclasses.replace(seen_ct[c.id], running=True, started_at=12345)
+                self.runtime.lifecycle.running[c.id] = Running(Program(), 0.0)  # so it is followed as running
         return seen_sb, seen_ct
 
 

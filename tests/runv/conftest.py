@@ -110,6 +110,7 @@ async def runv(
     try:
         yield backend, events
     finally:
+        await events.close()
         for pod in list(backend._pods.values()):
             await backend.hv.destroy(pod.vm)
         await backend.close()

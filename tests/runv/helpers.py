@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import time
@@ -14,6 +13,7 @@ import pytest
 from backends import contract
 from backends.runv.stub import CGROUP_ROOT
 from cri_api import api_pb2 as pb
+from tests.follow import Follower, MemoryLog
 
 BUSYBOX = shutil.which("busybox")
 
@@ -39,49 +39,8 @@ def _v2() -> bool:
 needs_vm = pytest.mark.skipif(bool(vm_support()), reason=vm_support() or "ok")
 
 
-class Events:
-    """An EventSink that records what the backend reports."""
-
-    def __init__(self) -> None:
-        self.exits: dict[str, contract.ExitInfo] = {}
-        self.not_ready: dict[str, str] = {}
-        self.sinks: dict[str, contract.LogSink] = {}
-        self.changed = asyncio.Event()
-
-    def container_exited(self, container_id: str, info: contract.ExitInfo) -> None:
-        self.exits[container_id] = info
-        self.changed.set()
-
-    def sandbox_not_ready(self, sandbox_id: str, reason: str) -> None:
-        self.not_ready[sandbox_id] = reason
-        self.changed.set()
-
-    def log_sink(self, container_id: str) -> contract.LogSink | None:
-        return self.sinks.get(container_id)
-
-    async def wait_for(self, cond: Any, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            self.changed.clear()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError("timed out waiting for an event")
-            try:
-                await asyncio.wait_for(self.changed.wait(), left)
-            except TimeoutError:
-                pass
-
-
-class MemorySink:
-    def __init__(self) -> None:
-        self.data: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
-        self.closed = asyncio.Event()
-
-    def write(self, stream: str, data: bytes, at: int = 0) -> None:
-        self.data[stream] += data
-
-    def close(self) -> None:
-        self.closed.set()
+Events = Follower  # what the backend reports, and its containers followed as the shim does
+MemorySink = MemoryLog
 
 
 def sandbox_record(name: str = "pod", **linux: Any) -> contract.SandboxRecord:

@@ -24,7 +24,6 @@ def _valid(tmp_path: Path) -> dict[str, Any]:
         "overhead_vcpus": 0.5,
         "overhead_memory_mib": 32,
         "insecure_registries": ["127.0.0.1:5000"],
-        "log_drain_timeout": 2.0,
         "stub": {"cgroup_parent": "cri-shim-runv-cfgtest", "capacity_vcpus": 4, "boot_timeout": 20},
         "network": {"bridge": "rvcfg0", "subnet": "10.95.0.0/24", "mtu": 1400, "ipam_dir": str(tmp_path)},
     }

@@ -120,7 +120,7 @@ def test_veth_names_fit_ifnamsiz() -> None:
 
 @needs_vm
 async def test_pod_ip_reachable_host_port_and_cleanup(runv: tuple[RunvBackend, Events]) -> None:
-    backend, _events = runv
+    backend, events = runv
     hport = _free_port()
     sb = sandbox_record("net")
     sb.config.port_mappings.add(container_port=8080, host_port=hport)
@@ -136,7 +136,7 @@ async def test_pod_ip_reachable_host_port_and_cleanup(runv: tuple[RunvBackend, E
 
     ct = container_record(sb, IMAGE, ["sh", "-c", SERVER])
     await backend.create_container(ct, sb)
-    await backend.start_container(ct, sb, MemorySink())
+    await events.start(backend, ct, sb, MemorySink())
     # Inside: eth0 with the pod IP and a default route via the gateway.
     res = await backend.exec_sync(ct, ["sh", "-c", "ip addr show eth0; ip route"])
     if res.exit_code == 0:  # busybox has the ip applet only when built with it
@@ -195,7 +195,8 @@ async def test_host_network_pod(runv: tuple[RunvBackend, Events]) -> None:
 @needs_vm
 async def test_network_survives_restart(runv_config: dict[str, Any], busybox_rootfs: Path) -> None:
     first = RunvBackend("runv", dict(runv_config))
-    await first.start(Events())
+    ev1 = Events()
+    await first.start(ev1)
     first.images.import_dir(IMAGE, str(busybox_rootfs))
     hport = _free_port()
     sb = sandbox_record("netrestart")
@@ -204,7 +205,7 @@ async def test_network_survives_restart(runv_config: dict[str, Any], busybox_roo
     sb.committed = True
     ct = container_record(sb, IMAGE, ["sh", "-c", SERVER])
     await first.create_container(ct, sb)
-    await first.start_container(ct, sb, MemorySink())
+    await ev1.start(first, ct, sb, MemorySink())
     ct.committed = True
     # A pod of an earlier shim whose record is gone: its rule and IP are collected at recovery.
     ghost = sandbox_record("ghost")
@@ -212,6 +213,7 @@ async def test_network_survives_restart(runv_config: dict[str, Any], busybox_roo
         ghost.id, "10.255.255.254", host_ports([pb.PortMapping(container_port=1, host_port=_free_port())])
     )
     first.net.reserve(ghost.id, "10.255.255.254")
+    await ev1.close()
     await first.close()
     assert await _fetch("127.0.0.1", hport) == b"pong\n"  # no shim: the kernel still forwards
 

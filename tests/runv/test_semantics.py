@@ -29,14 +29,14 @@ IMAGE = "test/busybox:1"
 async def test_pid_namespace_modes(
     runv: tuple[RunvBackend, Events], mode: pb.NamespaceMode, own_ns: bool
 ) -> None:
-    backend, _events = runv
+    backend, events = runv
     sb = sandbox_record("pid")
     await backend.run_sandbox(sb)
     ct = container_record(sb, IMAGE, ["sh", "-c", "sleep 300 & sleep 300"])
     ct.config.linux.security_context.namespace_options.pid = mode
     await backend.create_container(ct, sb)
     sink = MemorySink()
-    await backend.start_container(ct, sb, sink)
+    await events.start(backend, ct, sb, sink)
     res = await backend.exec_sync(ct, ["cat", "/proc/1/cmdline"])
     # PID 1 is the container's own init, or the VM's agent when the pod's namespace is shared.
     assert (b"sleep" in res.stdout) == own_ns, res.stdout
@@ -51,20 +51,20 @@ async def test_pid_namespace_modes(
 
 
 async def test_drop_all_capabilities(runv: tuple[RunvBackend, Events]) -> None:
-    backend, _events = runv
+    backend, events = runv
     sb = sandbox_record("caps")
     await backend.run_sandbox(sb)
     ct = container_record(sb, IMAGE, ["sleep", "300"])
     ct.config.linux.security_context.capabilities.drop_capabilities.append("ALL")
     await backend.create_container(ct, sb)
-    await backend.start_container(ct, sb, MemorySink())
+    await events.start(backend, ct, sb, MemorySink())
     res = await backend.exec_sync(ct, ["cat", "/proc/self/status"])
     assert b"CapBnd:\t0000000000000000" in res.stdout
     await backend.remove_sandbox(sb)
 
 
 async def test_seccomp_profiles(runv: tuple[RunvBackend, Events], tmp_path: Path) -> None:
-    backend, _events = runv
+    backend, events = runv
     sb = sandbox_record("seccomp")
     await backend.run_sandbox(sb)
     profile = tmp_path / "block-chmod.json"
@@ -84,7 +84,7 @@ async def test_seccomp_profiles(runv: tuple[RunvBackend, Events], tmp_path: Path
     unconfined = container_record(sb, IMAGE, ["sleep", "300"], name="none")
     for ct in (local, default, unconfined):
         await backend.create_container(ct, sb)
-        await backend.start_container(ct, sb, MemorySink())
+        await events.start(backend, ct, sb, MemorySink())
     assert (await backend.exec_sync(local, ["busybox", "chmod", "400", "/tmp"])).exit_code != 0
     assert (await backend.exec_sync(unconfined, ["busybox", "chmod", "700", "/tmp"])).exit_code == 0
     for ct, mode in ((default, b"2"), (unconfined, b"0")):
@@ -95,7 +95,7 @@ async def test_seccomp_profiles(runv: tuple[RunvBackend, Events], tmp_path: Path
 
 async def test_host_mounts_reach_the_vm(runv: tuple[RunvBackend, Events], tmp_path: Path) -> None:
     """Volumes are live shares: mounts made on the host after the VM booted show in containers."""
-    backend, _events = runv
+    backend, events = runv
     share = tmp_path / "share"
     (share / "sub").mkdir(parents=True)
     (share / "early").mkdir()
@@ -117,7 +117,7 @@ async def test_host_mounts_reach_the_vm(runv: tuple[RunvBackend, Events], tmp_pa
         )
         ct.config.mounts.add(host_path=str(share), container_path="/mnt/private")
         await backend.create_container(ct, sb)
-        await backend.start_container(ct, sb, MemorySink())
+        await events.start(backend, ct, sb, MemorySink())
         for path in ("/mnt/slave/early", "/mnt/private/early"):
             assert (await backend.exec_sync(ct, ["ls", path])).stdout == b"e\n"
         # After the container started: only the HOST_TO_CONTAINER mount sees it.
@@ -166,7 +166,7 @@ async def test_kubelet_style_file_and_directory_mounts(
     ct.config.mounts.add(host_path=str(pod_dir / "volumes" / "data"), container_path="/data")
     ct.config.mounts.add(host_path=str(config), container_path="/etc/app.conf", readonly=True)
     await backend.create_container(ct, sb)
-    await backend.start_container(ct, sb, MemorySink())
+    await events.start(backend, ct, sb, MemorySink())
 
     async def sh(script: str) -> pb.ExecSyncResponse:
         return await backend.exec_sync(ct, ["sh", "-c", script])
@@ -183,7 +183,7 @@ async def test_kubelet_style_file_and_directory_mounts(
     second.config.mounts.add(host_path=str(pod_dir / "volumes" / "data"), container_path="/data")
     await backend.create_container(second, sb)
     sink = MemorySink()
-    await backend.start_container(second, sb, sink)
+    await events.start(backend, second, sb, sink)
     await events.wait_for(lambda: second.id in events.exits)
     assert sink.data["stdout"] == b"x\n"
     await backend.remove_container(second)
@@ -207,14 +207,14 @@ async def test_a_missing_mount_source_is_invalid(runv: tuple[RunvBackend, Events
 
 
 async def test_metrics_come_from_the_vms_cgroups_and_network(runv: tuple[RunvBackend, Events]) -> None:
-    backend, _events = runv
+    backend, events = runv
     sb = sandbox_record("metrics")
     await backend.run_sandbox(sb)
     ct = container_record(
         sb, IMAGE, ["sh", "-c", "x=0; while [ $x -lt 20000 ]; do x=$((x+1)); done; sleep 300"]
     )
     await backend.create_container(ct, sb)
-    await backend.start_container(ct, sb, MemorySink())
+    await events.start(backend, ct, sb, MemorySink())
     ct.status = dataclasses.replace(ct.status, started_at=time.time_ns())
     names = {d.name for d in await backend.metric_descriptors()}
     assert {"container_cpu_usage_seconds_total", "container_memory_working_set_bytes"} <= names
@@ -234,12 +234,12 @@ async def test_metrics_come_from_the_vms_cgroups_and_network(runv: tuple[RunvBac
 
 async def test_an_exec_whose_caller_gives_up_is_killed(runv: tuple[RunvBackend, Events]) -> None:
     """A kubelet's exec probe that hits its own deadline cancels the call: the process goes too."""
-    backend, _events = runv
+    backend, events = runv
     sb = sandbox_record("exec-cancel")
     await backend.run_sandbox(sb)
     ct = container_record(sb, IMAGE, ["sleep", "300"])
     await backend.create_container(ct, sb)
-    await backend.start_container(ct, sb, MemorySink())
+    await events.start(backend, ct, sb, MemorySink())
     call = asyncio.ensure_future(backend.exec_sync(ct, ["sleep", "4322"]))
     for _ in range(50):
         if b"4322" in (await backend.exec_sync(ct, ["ps", "-o", "args"])).stdout:

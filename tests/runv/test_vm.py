@@ -48,7 +48,7 @@ async def test_pod_lifecycle(runv: tuple[RunvBackend, Events]) -> None:
     await backend.create_container(ct, sb)
     assert ct.image_ref.startswith("sha256:")
     sink = MemorySink()
-    started = await backend.start_container(ct, sb, sink)
+    started = await events.start(backend, ct, sb, sink)
     assert started > 0
 
     res = await backend.exec_sync(ct, ["sh", "-c", "echo out; echo err >&2; exit 7"])
@@ -88,7 +88,7 @@ async def test_exit_code_and_event(runv: tuple[RunvBackend, Events]) -> None:
     await backend.run_sandbox(sb)
     ct = container_record(sb, IMAGE, ["sh", "-c", "exit 3"])
     await backend.create_container(ct, sb)
-    await backend.start_container(ct, sb, MemorySink())
+    await events.start(backend, ct, sb, MemorySink())
     await events.wait_for(lambda: ct.id in events.exits)
     assert events.exits[ct.id].exit_code == 3
     assert events.exits[ct.id].reason == "Error"
@@ -101,7 +101,7 @@ async def test_vm_crash_exits_containers(runv: tuple[RunvBackend, Events]) -> No
     await backend.run_sandbox(sb)
     ct = container_record(sb, IMAGE, ["sleep", "60"])
     await backend.create_container(ct, sb)
-    await backend.start_container(ct, sb, MemorySink())
+    await events.start(backend, ct, sb, MemorySink())
     ct_pid = (await backend._pods[sb.id].agent.call(StateRequest(id=ct.id))).pid  # type: ignore[union-attr]
     vm_pid = backend._pods[sb.id].vm.pid
 
@@ -118,7 +118,7 @@ async def test_vm_crash_exits_containers(runv: tuple[RunvBackend, Events]) -> No
 
 
 async def test_capacity_exhausted(runv: tuple[RunvBackend, Events]) -> None:
-    backend, _ = runv
+    backend, _events = runv
     big = sandbox_record("big", memory_limit_in_bytes=2 << 30)  # node has 1 GiB in this test
     with pytest.raises(errors.ResourceExhaustedError):
         await backend.run_sandbox(big)
@@ -136,7 +136,7 @@ async def test_capacity_exhausted(runv: tuple[RunvBackend, Events]) -> None:
 
 
 async def test_boot_failure_leaves_nothing(runv: tuple[RunvBackend, Events]) -> None:
-    backend, _ = runv
+    backend, _events = runv
     backend.inject(Fault.BOOT_FAILURE)
     sb = sandbox_record("noboot")
     with pytest.raises(errors.UnavailableError, match="boot"):
@@ -147,7 +147,7 @@ async def test_boot_failure_leaves_nothing(runv: tuple[RunvBackend, Events]) -> 
 
 
 async def test_agent_hang(runv: tuple[RunvBackend, Events]) -> None:
-    backend, _ = runv
+    backend, _events = runv
     backend.agent_timeout = 0.5
     sb = sandbox_record("hang")
     await backend.run_sandbox(sb)
@@ -171,21 +171,22 @@ async def test_recover_after_restart(runv_config: dict[str, object], busybox_roo
     sb.committed = True
     ct = container_record(sb, IMAGE, ["sh", "-c", "while true; do echo tick; sleep 0.2; done"])
     await first.create_container(ct, sb)
-    await first.start_container(ct, sb, MemorySink())
+    await ev1.start(first, ct, sb, MemorySink())
     ct.committed = True
     vm_pid = first._pods[sb.id].vm.pid
+    await ev1.close()
     await first.close()  # the shim goes away; the VM stays
     assert _alive(vm_pid)
 
     second = RunvBackend("runv", dict(runv_config))
     ev2 = Events()
     sink = MemorySink()
-    ev2.sinks[ct.id] = sink
     await second.start(ev2)
     try:
         sb_obs, ct_obs = await second.recover([sb], [ct])
         assert sb_obs[sb.id].exists and sb_obs[sb.id].running
         assert ct_obs[ct.id].exists and ct_obs[ct.id].running
+        assert await ev2.reattach(second, ct, sink)
         res = await second.exec_sync(ct, ["echo", "back"])
         assert res.stdout == b"back\n"
         for _ in range(30):
@@ -259,7 +260,7 @@ def _registry_up() -> bool:
     not _registry_up(), reason="no local registry on 127.0.0.1:5000 (scripts/testenv/up starts one)"
 )
 async def test_pulled_image_runs_in_vm(runv: tuple[RunvBackend, Events]) -> None:
-    backend, _ = runv
+    backend, events = runv
     ref = "127.0.0.1:5000/busybox:1.36"
     image_id = await backend.pull_image(pb.ImageSpec(image=ref), None, None)
     status = await backend.image_status(pb.ImageSpec(image=ref))
@@ -269,7 +270,7 @@ async def test_pulled_image_runs_in_vm(runv: tuple[RunvBackend, Events]) -> None
     ct = container_record(sb, ref, ["sleep", "30"])
     await backend.create_container(ct, sb)
     assert ct.image_ref == image_id
-    await backend.start_container(ct, sb, MemorySink())
+    await events.start(backend, ct, sb, MemorySink())
     res = await backend.exec_sync(ct, ["sh", "-c", "touch /new && ls / && grep -c . /etc/passwd"])
     assert res.exit_code == 0 and b"new" in res.stdout, res
     await backend.stop_sandbox(sb)
@@ -314,13 +315,13 @@ class FakePort:
 
 
 async def test_streaming_exec_port_forward_and_hotplug(runv: tuple[RunvBackend, Events]) -> None:
-    backend, _ = runv
+    backend, events = runv
     sb = sandbox_record("stream")
     await backend.run_sandbox(sb)
     # A one-shot TCP server inside the VM's network namespace.
     ct = container_record(sb, IMAGE, ["sh", "-c", "echo pong | nc -l -p 8080; sleep 30"])
     await backend.create_container(ct, sb)
-    await backend.start_container(ct, sb, MemorySink())
+    await events.start(backend, ct, sb, MemorySink())
 
     io = FakeIO([b"line1\n", b"line2\n"])
     code = await backend.exec(ct, ["sh", "-c", "cat; echo e >&2; exit 4"], io)
@@ -360,7 +361,7 @@ async def test_attach_feeds_stdin(runv: tuple[RunvBackend, Events]) -> None:
     ct = container_record(sb, IMAGE, ["sh", "-c", "read line; echo got:$line"], stdin=True, stdin_once=True)
     await backend.create_container(ct, sb)
     sink = MemorySink()
-    await backend.start_container(ct, sb, sink)
+    await events.start(backend, ct, sb, sink)
     io = FakeIO([b"hi\n"])
     await asyncio.wait_for(backend.attach(ct, io), 10)
     assert bytes(io.out) == b"got:hi\n"
@@ -374,7 +375,7 @@ async def test_attach_feeds_stdin(runv: tuple[RunvBackend, Events]) -> None:
     not _registry_up(), reason="no local registry on 127.0.0.1:5000 (scripts/testenv/up starts one)"
 )
 async def test_image_pulled_elsewhere_is_fetched_by_name(runv: tuple[RunvBackend, Events]) -> None:
-    backend, _ = runv
+    backend, _events = runv
     ref = "127.0.0.1:5000/busybox:1.36"
     assert await backend.image_status(pb.ImageSpec(image=ref)) is None
     sb = sandbox_record("byname")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.contract import ContainerRecord, ExecResult, ExitInfo, LogSink, SandboxRecord
+from backends.contract import ContainerRecord, ExecResult, SandboxRecord
 from backends.contract.errors import (
     InvalidArgumentError,
     NotFoundError,
@@ -20,31 +20,8 @@ from backends.fake.lifecycle import FakeLifecycle
 from backends.fake.program import PROGRAM_ANNOTATION, Program, Programs, ShellContext
 from backends.fake.stats import FakeStats
 from cri_api import api_pb2 as pb
-
-
-class Events:
-    def __init__(self) -> None:
-        self.exits: list[tuple[str, ExitInfo]] = []
-
-    def container_exited(self, container_id: str, info: ExitInfo) -> None:
-        self.exits.append((container_id, info))
-
-    def sandbox_not_ready(self, sandbox_id: str, reason: str) -> None:
-        pass
-
-    def log_sink(self, container_id: str) -> LogSink | None:
-        return None
-
-
-class Logs:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, bytes]] = []
-
-    def write(self, stream: str, data: bytes, at: int = 0) -> None:
-        self.lines.append((stream, data))
-
-    def close(self) -> None:
-        pass
+from tests.follow import Follower as Events
+from tests.follow import MemoryLog
 
 
 def sandbox(sid: str, network: pb.NamespaceMode = pb.POD) -> SandboxRecord:
@@ -177,17 +154,15 @@ async def test_program_output_and_exit_reach_logs_and_events() -> None:
     await images.pull_image(pb.ImageSpec(image="busybox:1"), None, None)
     c = container("a" * 64, command=["sh", "-c", "echo hi; sleep 0.05; exit 4"])
     with pytest.raises(NotFoundError):
-        await life.start_container(c, sandbox("5" * 64), Logs())  # never created
+        await life.start_container(c, sandbox("5" * 64))  # never created
     await life.create_container(c, sandbox("5" * 64))
     assert c.image_ref.startswith("sha256:") and c.image_name == "docker.io/library/busybox:1"
-    logs = Logs()
-    await life.start_container(c, sandbox("5" * 64), logs)
-    assert logs.lines == [("stdout", b"hi\n")]
-    for _ in range(100):
-        if events.exits:
-            break
-        await asyncio.sleep(0.01)
-    assert [(cid, e.exit_code) for cid, e in events.exits] == [("a" * 64, 4)]
+    logs = MemoryLog()
+    await events.start(life, c, sandbox("5" * 64), logs)
+    await asyncio.sleep(0)
+    assert logs.data["stdout"] == b"hi\n"
+    assert (await events.exit_of(c.id, timeout=1)).exit_code == 4
+    assert list(events.exits) == [c.id]
     assert c.id not in life.running
     with pytest.raises(NotFoundError):
         await life.create_container(container("b" * 64, image="absent:1"), sandbox("5" * 64))
@@ -201,7 +176,7 @@ async def test_stop_kills_a_program_that_ignores_sigterm() -> None:
     polite = container("b" * 64)
     for c in (stubborn, polite):
         await life.create_container(c, sandbox("5" * 64))
-        await life.start_container(c, sandbox("5" * 64), Logs())
+        await life.start_container(c, sandbox("5" * 64))
     assert (await life.stop_container(stubborn, 0)).exit_code == 137
     assert (await life.stop_container(polite, 10)).exit_code == 143
     assert (await life.stop_container(polite, 10)).reason == "Completed"  # already stopped
@@ -234,7 +209,7 @@ async def test_exec_sync_is_cancellable_and_stats_count_running(tmp_path: Path) 
     running, created = container("a" * 64, command=["top"]), container("b" * 64)
     for c in (running, created):
         await life.create_container(c, sb)
-    await life.start_container(running, sb, Logs())
+    await life.start_container(running, sb)
     assert (await streams.exec_sync(running, ["pgrep", "top"])).exit_code == 0
     with pytest.raises(TimeoutError):  # the shim's timeout cancels the call, which ends at once
         async with asyncio.timeout(0.05):

@@ -208,10 +208,10 @@ async def test_exit_during_start_is_recorded_after_it(scripted: Running, short_t
     fake = scripted.fake
     original = fake.start_container
 
-    async def start_then_die(container, sandbox, logs):  # type: ignore[no-untyped-def]
-        started = await original(container, sandbox, logs)
-        assert fake.events is not None
-        fake.events.container_exited(container.id, ExitInfo(exit_code=5, finished_at=started + 1))
+    async def start_then_die(container, sandbox):  # type: ignore[no-untyped-def]
+        started = await original(container, sandbox)
+        started.process.end()  # all its output written
+        started.process.exit.set(ExitInfo(exit_code=5, finished_at=started.started_at + 1))
         return started
 
     fake.start_container = start_then_die  # type: ignore[method-assign]

@@ -1,0 +1,342 @@
+"""Container IO: every container's output into its CRI log, and its exit reported once, after the drain.
+
+A backend hands the shim a :class:`~backends.contract.ContainerProcess` for
+each container it starts (or finds running after a restart). :class:`ContainerIO`
+copies that process's output into the container's CRI log file, and when the
+process has ended it waits, a bounded time, until the output is all written
+before the exit is reported: a client that sees EXITED and reads the log
+finds everything. A stop on request waits for the same drain. This is the one
+place that knows this for every backend.
+
+Each record is one line: ``RFC3339Nano-timestamp STREAM TAG content``, where
+STREAM is ``stdout`` or ``stderr`` and TAG is ``F`` for a full line or ``P``
+for a partial one (a line longer than the record limit, or output that ended
+without a newline). The kubelet and ``crictl logs`` parse exactly this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import structlog
+
+from backends.contract import ContainerProcess, ExitInfo, LogMarks, Output, ProcessPipe
+
+log = structlog.get_logger("io")
+
+MAX_RECORD = 16 * 1024  # content bytes per record before a line is split
+# s at most between a process's end and its exit being reported, for the rest of its
+# output to arrive: the engine serves a burst of 40,000 lines in over 2 s on a slow
+# node; a short output takes milliseconds.
+DRAIN_WAIT = 10.0
+
+_STREAMS = {"stdout": b"stdout", "stderr": b"stderr"}
+
+
+def rfc3339_nano(ns: int) -> bytes:
+    secs, frac = divmod(ns, 1_000_000_000)
+    base = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs))
+    return f"{base}.{frac:09d}Z".encode()
+
+
+def parse_rfc3339_nano(value: bytes) -> int:
+    """The time of a record as :func:`rfc3339_nano` wrote it; ValueError otherwise."""
+    text = value.decode("ascii").removesuffix("Z")
+    main, _, frac = text.partition(".")
+    if not frac.isdigit() or len(frac) > 9:
+        raise ValueError(f"not a record time: {value!r}")
+    secs = calendar.timegm(time.strptime(main, "%Y-%m-%dT%H:%M:%S"))
+    return secs * 1_000_000_000 + int(frac.ljust(9, "0"))
+
+
+class CriLogWriter:
+    """Writes one container's output to its CRI log file.
+
+    Thread-safe: backends may feed it from a worker thread. ``reopen`` closes
+    the file and opens the path again, so a rotated file (renamed by the
+    kubelet) is replaced by a fresh one.
+    """
+
+    def __init__(self, path: str, clock_ns: object = None) -> None:
+        self.path = path
+        self._clock = clock_ns if callable(clock_ns) else time.time_ns
+        self._lock = threading.Lock()
+        self._pending: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+        self._file: int | None = None
+        self._closed = False
+        self._open()
+
+    def _open(self) -> None:
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        self._file = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+
+    def _emit(self, stream: str, content: bytes, tag: bytes, at: int = 0) -> None:
+        if self._file is None:
+            return
+        line = b"%s %s %s %s\n" % (rfc3339_nano(at or self._clock()), _STREAMS[stream], tag, content)
+        try:
+            os.write(self._file, line)
+        except OSError:
+            # A full disk must not kill the container's output pump; the
+            # kubelet sees the gap in the log.
+            pass
+
+    def write(self, stream: str, data: bytes, at: int = 0) -> None:
+        """Append output; complete lines become records stamped ``at`` (default: now)."""
+        if stream not in _STREAMS:
+            raise ValueError(f"unknown stream {stream!r}")
+        with self._lock:
+            if self._closed:
+                return
+            buf = self._pending[stream]
+            buf += data
+            start = 0
+            while True:
+                nl = buf.find(b"\n", start)
+                if nl < 0:
+                    break
+                line = bytes(buf[start:nl])
+                start = nl + 1
+                while len(line) > MAX_RECORD:
+                    self._emit(stream, line[:MAX_RECORD], b"P", at)
+                    line = line[MAX_RECORD:]
+                self._emit(stream, line, b"F", at)
+            del buf[:start]
+            while len(buf) > MAX_RECORD:
+                self._emit(stream, bytes(buf[:MAX_RECORD]), b"P", at)
+                del buf[:MAX_RECORD]
+
+    def flush_partial(self) -> None:
+        """Write out unterminated output as partial records."""
+        with self._lock:
+            for stream, buf in self._pending.items():
+                if buf:
+                    self._emit(stream, bytes(buf), b"P")
+                    buf.clear()
+
+    def reopen(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                os.close(self._file)
+                self._file = None
+            if not self._closed:
+                self._open()
+
+    def close(self) -> None:
+        self.flush_partial()
+        with self._lock:
+            self._closed = True
+            if self._file is not None:
+                os.close(self._file)
+                self._file = None
+
+
+def touch_log(path: str) -> None:
+    """Create an empty log file (and its directory) if there is none: a container that never ran."""
+    if not path:
+        return
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o640))
+
+
+def last_log_marks(path: str) -> LogMarks | None:
+    """Where a CRI log file ends, per stream: (time of its last record, records at that time).
+
+    Read from the last 64 KiB; handed to a backend re-attaching a running
+    container after a restart, so that output already in the log is not
+    written twice. A stream with no record there gets the time of the first
+    record read and a count of 0: it wrote nothing since. None without any
+    record.
+    """
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 65536))
+            tail = f.read()
+    except OSError:
+        return None
+    marks: LogMarks = {}
+    done: set[str] = set()
+    first = 0
+    for line in reversed(tail.splitlines()):
+        parts = line.split(b" ", 2)
+        if len(parts) < 2:
+            continue
+        try:
+            at = parse_rfc3339_nano(parts[0])
+            stream = parts[1].decode()
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if stream not in _STREAMS:
+            continue
+        first = at
+        if stream in done:
+            continue
+        mark = marks.get(stream)
+        if mark is None:
+            marks[stream] = (at, 1)
+        elif mark[0] == at:
+            marks[stream] = (at, mark[1] + 1)
+        else:
+            done.add(stream)
+    if not marks:
+        return None
+    for stream in _STREAMS:
+        marks.setdefault(stream, (first, 0))
+    return marks
+
+
+class LogWriter(Protocol):
+    """Where a followed process's output goes: a :class:`CriLogWriter`, or memory in tests."""
+
+    def write(self, stream: str, data: bytes, at: int = 0) -> None: ...
+
+    def flush_partial(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _Followed:
+    """One container's process as the shim follows it."""
+
+    __slots__ = ("drained", "output_done", "process", "pump", "reported", "timer", "writer")
+
+    def __init__(self, process: ContainerProcess, writer: LogWriter | None) -> None:
+        self.process = process
+        self.writer = writer
+        self.pump: asyncio.Task[None] | None = None  # reads a pulled output; None for a pipe
+        self.output_done = False
+        self.drained: asyncio.Event | None = None  # made for whoever waits in drain()
+        self.timer: asyncio.TimerHandle | None = None  # gives up on the drain
+        self.reported = False
+
+    def write(self, out: Output) -> None:
+        if self.writer is not None:
+            self.writer.write(out.stream, out.data, out.at)
+
+
+class ContainerIO:
+    """The output and the exit of every running container, for every backend.
+
+    ``on_exit(container_id, info)`` is called once per followed process,
+    when its exit is known and its output has ended (or :data:`DRAIN_WAIT`
+    has passed since the exit); it is the shim's record of the exit, which
+    ignores an exit already recorded (a stop on request records its own,
+    after :meth:`drain`).
+
+    A :class:`~backends.contract.ProcessPipe` is followed by callbacks, with
+    no task: a container that writes nothing costs a few objects. Any other
+    process's output is read by one task.
+    """
+
+    def __init__(self, on_exit: Callable[[str, ExitInfo], None], drain_wait: float = DRAIN_WAIT) -> None:
+        self._on_exit = on_exit
+        self._drain_wait = drain_wait
+        self._followed: dict[str, _Followed] = {}
+
+    def __contains__(self, container_id: str) -> bool:
+        return container_id in self._followed
+
+    def follow(self, container_id: str, process: ContainerProcess, writer: LogWriter | None) -> None:
+        """Copy the process's output into ``writer`` (None: read and dropped) and report its exit."""
+        self.close(container_id)
+        f = _Followed(process, writer)
+        self._followed[container_id] = f
+        if isinstance(process, ProcessPipe):
+            process.connect(f.write, lambda: self._output_ended(container_id, f))
+        else:
+            f.pump = asyncio.get_running_loop().create_task(self._pump(container_id, f))
+        process.exit.on_set(lambda _info: self._exit_known(container_id, f))
+
+    async def _pump(self, container_id: str, f: _Followed) -> None:
+        try:
+            async for out in f.process.output():
+                f.write(out)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # The runtime's side broke (not ours): the log has a gap; the exit still comes.
+            log.warning("io.output_failed", container_id=container_id, error=str(exc) or type(exc).__name__)
+        self._output_ended(container_id, f)
+
+    def _output_ended(self, container_id: str, f: _Followed) -> None:
+        f.output_done = True
+        if f.writer is not None:
+            f.writer.flush_partial()
+        if f.drained is not None:
+            f.drained.set()
+        if f.process.exit.info is not None:
+            self._report(container_id, f)
+
+    def _exit_known(self, container_id: str, f: _Followed) -> None:
+        if f.output_done:
+            self._report(container_id, f)
+        elif f.timer is None and self._followed.get(container_id) is f:
+            f.timer = asyncio.get_running_loop().call_later(self._drain_wait, self._report, container_id, f)
+
+    def _report(self, container_id: str, f: _Followed) -> None:
+        if f.reported:
+            return
+        f.reported = True
+        if f.timer is not None:
+            f.timer.cancel()
+        info = f.process.exit.info
+        if info is not None and self._followed.get(container_id) is f:
+            self._on_exit(container_id, info)
+
+    async def drain(self, container_id: str) -> None:
+        """Wait (bounded) until the output of a process that has ended is all in its log."""
+        f = self._followed.get(container_id)
+        if f is None or f.output_done:
+            return
+        if f.drained is None:
+            f.drained = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(f.drained.wait(), self._drain_wait)
+
+    def writer(self, container_id: str) -> LogWriter | None:
+        """The writer of a followed container (ReopenContainerLog); None if not followed."""
+        f = self._followed.get(container_id)
+        return f.writer if f is not None else None
+
+    def close(self, container_id: str) -> None:
+        """Stop following a container (its exit is recorded, or it is removed); flush its log."""
+        f = self._followed.pop(container_id, None)
+        if f is None:
+            return
+        f.reported = True
+        if f.timer is not None:
+            f.timer.cancel()
+        if isinstance(f.process, ProcessPipe):
+            f.process.disconnect()
+        if f.pump is not None and not f.pump.done() and f.pump is not _current_task():
+            f.pump.cancel()
+        if f.drained is not None:
+            f.drained.set()
+        if f.writer is not None:
+            f.writer.close()
+
+    async def aclose(self) -> None:
+        """Stop following everything (shutdown): the runtimes keep their containers."""
+        tasks = [f.pump for f in self._followed.values() if f.pump is not None]
+        for cid in list(self._followed):
+            self.close(cid)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _current_task() -> asyncio.Task[object] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no loop: called from a thread
+        return None
