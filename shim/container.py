@@ -17,10 +17,9 @@ from backends.contract import (
     ContainerStatus,
     ExitInfo,
     SandboxRecord,
-    container_stats_of,
 )
 from cri_api import api_pb2 as pb
-from shim import validate
+from shim import stats, validate
 from shim.context import Shim, container_pb, container_status_pb
 from shim.errors import (
     DeadlineExceededError,
@@ -290,7 +289,7 @@ class ContainerService:
             raise UnimplementedError(f"runtime handler {c.backend!r} does not report stats")
         got = await backend.container_stats([c])
         return pb.ContainerStatsResponse(
-            stats=self.shim.cpu_rates.container(got.get(c.id) or container_stats_of(c))
+            stats=stats.container_stats(c, got.get(c.id), self.shim.cpu_rates, self.shim.clock())
         )
 
     async def list_stats(self, req: pb.ListContainerStatsRequest) -> pb.ListContainerStatsResponse:
@@ -317,7 +316,8 @@ class ContainerService:
             if not backend.capabilities & Capability.STATS:
                 return []
             got = await backend.container_stats(group)
-            return [shim.cpu_rates.container(got.get(c.id) or container_stats_of(c)) for c in group]
+            now = shim.clock()
+            return [stats.container_stats(c, got.get(c.id), shim.cpu_rates, now) for c in group]
 
         if not f.id and not f.pod_sandbox_id and not f.label_selector:
             # Every container is in this answer: a good time to forget the removed ones.

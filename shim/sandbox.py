@@ -17,10 +17,9 @@ from backends.contract import (
     SandboxRecord,
     SandboxResourceUpdater,
     SandboxStatus,
-    sandbox_stats_of,
 )
 from cri_api import api_pb2 as pb
-from shim import validate
+from shim import cadvisor, stats, validate
 from shim.context import Shim, sandbox_pb, sandbox_status_pb
 from shim.errors import InvalidArgumentError, UnimplementedError
 from shim.store import sandbox_name, sandbox_to_json
@@ -135,9 +134,10 @@ class SandboxService:
     async def stats(self, req: pb.PodSandboxStatsRequest) -> pb.PodSandboxStatsResponse:
         sb = self.shim.store.sandboxes.resolve(req.pod_sandbox_id)
         backend = _stats_backend(self.shim, sb)
-        got = await backend.sandbox_stats([sb], self.shim.store.containers_of(sb.id))
+        containers = self.shim.store.containers_of(sb.id)
+        got = await backend.sandbox_stats([sb], containers)
         return pb.PodSandboxStatsResponse(
-            stats=self.shim.cpu_rates.sandbox(got.get(sb.id) or sandbox_stats_of(sb))
+            stats=stats.sandbox_stats(sb, got.get(sb.id), containers, self.shim.cpu_rates, self.shim.clock())
         )
 
     async def list_stats(self, req: pb.ListPodSandboxStatsRequest) -> pb.ListPodSandboxStatsResponse:
@@ -169,7 +169,12 @@ class SandboxService:
         for sb in group:
             containers.extend(self.shim.store.containers_of(sb.id))
         got = await backend.sandbox_stats(group, containers)
-        return [self.shim.cpu_rates.sandbox(got[sb.id]) for sb in group if sb.id in got]
+        now = self.shim.clock()
+        return [
+            stats.sandbox_stats(sb, got[sb.id], containers, self.shim.cpu_rates, now)
+            for sb in group
+            if sb.id in got
+        ]
 
     async def metric_descriptors(
         self, req: pb.ListMetricDescriptorsRequest
@@ -182,14 +187,7 @@ class SandboxService:
         ]
         if not exporting:
             raise UnimplementedError("no runtime handler exports metrics")
-        resp = pb.ListMetricDescriptorsResponse()
-        seen: set[str] = set()
-        for backend in exporting:
-            for d in await backend.metric_descriptors():
-                if d.name not in seen:
-                    seen.add(d.name)
-                    resp.descriptors.append(d)
-        return resp
+        return pb.ListMetricDescriptorsResponse(descriptors=cadvisor.descriptors())
 
     async def metrics(self, req: pb.ListPodSandboxMetricsRequest) -> pb.ListPodSandboxMetricsResponse:
         resp = pb.ListPodSandboxMetricsResponse()
@@ -199,7 +197,8 @@ class SandboxService:
                 continue
             sandboxes = [sb for sb in store.sandboxes.values() if sb.backend == backend.name and sb.committed]
             containers = [c for sb in sandboxes for c in store.containers_of(sb.id) if c.committed]
-            resp.pod_metrics.extend(await backend.sandbox_metrics(sandboxes, containers))
+            got = await backend.sandbox_metrics(sandboxes, containers)
+            resp.pod_metrics.extend(cadvisor.pod_metrics(sb, got.get(sb.id), containers) for sb in sandboxes)
         return resp
 
     async def update_resources(

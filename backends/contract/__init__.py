@@ -5,6 +5,7 @@
 - :mod:`~backends.contract.records`: the shim's records of pods and containers;
 - :mod:`~backends.contract.values`: what backends report (exits, networks,
   recovery observations, exec results);
+- :mod:`~backends.contract.usage`: usage samples (stats and metrics figures);
 - :mod:`~backends.contract.process`: a started container's output and exit,
   which the shim follows (log, exit reported once after the drain);
 - :mod:`~backends.contract.protocols`: the narrow protocols (lifecycle,
@@ -56,9 +57,8 @@ from backends.contract.records import (
     ContainerStatus,
     SandboxRecord,
     SandboxStatus,
-    container_stats_of,
-    sandbox_stats_of,
 )
+from backends.contract.usage import ContainerUsage, PodMetrics, SandboxUsage
 from backends.contract.values import (
     ExecResult,
     ExitInfo,
@@ -81,6 +81,7 @@ __all__ = [
     "ContainerProcess",
     "ContainerRecord",
     "ContainerStatus",
+    "ContainerUsage",
     "CriError",
     "DeadlineExceededError",
     "EventSink",
@@ -100,6 +101,7 @@ __all__ = [
     "NotFoundError",
     "Observed",
     "Output",
+    "PodMetrics",
     "PortStream",
     "ProcessPipe",
     "ResourceExhaustedError",
@@ -108,6 +110,7 @@ __all__ = [
     "SandboxRecord",
     "SandboxResourceUpdater",
     "SandboxStatus",
+    "SandboxUsage",
     "Seccomp",
     "Started",
     "Stats",
@@ -115,9 +118,7 @@ __all__ = [
     "TerminalSize",
     "UnavailableError",
     "UnimplementedError",
-    "container_stats_of",
     "host_signal",
     "image_user",
-    "sandbox_stats_of",
     "seccomp_of",
 ]

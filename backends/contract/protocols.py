@@ -21,6 +21,7 @@ from typing import Protocol, runtime_checkable
 
 from backends.contract.process import ContainerProcess, LogMarks, Started
 from backends.contract.records import ContainerRecord, SandboxRecord
+from backends.contract.usage import ContainerUsage, PodMetrics, SandboxUsage
 from backends.contract.values import (
     ExecResult,
     ExitInfo,
@@ -195,15 +196,15 @@ class Exec(Protocol):
 
 @runtime_checkable
 class Stats(Protocol):
-    """Usage figures (STATS)."""
+    """Usage figures (STATS), as measured: the shim builds the CRI messages and the CPU rate."""
 
-    async def container_stats(self, containers: Sequence[ContainerRecord]) -> dict[str, pb.ContainerStats]:
-        """Stats for each given container that the backend can measure."""
+    async def container_stats(self, containers: Sequence[ContainerRecord]) -> dict[str, ContainerUsage]:
+        """Figures of each given container that the backend can measure."""
 
     async def sandbox_stats(
         self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
-    ) -> dict[str, pb.PodSandboxStats]:
-        """Stats for each given sandbox; ``containers`` are all of theirs."""
+    ) -> dict[str, SandboxUsage]:
+        """Figures of each given sandbox, with its containers'; ``containers`` are all of theirs."""
 
 
 @runtime_checkable
@@ -225,13 +226,16 @@ class Backend(Lifecycle, Images, Exec, Stats, Resources, Protocol):
 
 @runtime_checkable
 class MetricsBackend(Protocol):
-    """ListMetricDescriptors / ListPodSandboxMetrics (METRICS): cAdvisor's container_* families."""
+    """ListPodSandboxMetrics (METRICS): the figures of cAdvisor's container_* families.
 
-    async def metric_descriptors(self) -> list[pb.MetricDescriptor]: ...
+    The shim names the families and builds the metrics (``shim/cadvisor.py``);
+    a backend reports, per pod, its running containers' samples with their
+    detail and layer, and the pod's interfaces.
+    """
 
     async def sandbox_metrics(
         self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
-    ) -> list[pb.PodSandboxMetrics]: ...
+    ) -> dict[str, PodMetrics]: ...
 
 
 @runtime_checkable

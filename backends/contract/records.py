@@ -88,23 +88,3 @@ class ContainerRecord:
     @property
     def state(self) -> pb.ContainerState:
         return self.status.state
-
-
-def container_stats_of(c: ContainerRecord) -> pb.ContainerStats:
-    """Stats of a container with its attributes filled in and no figures yet."""
-    cfg = c.config
-    return pb.ContainerStats(
-        attributes=pb.ContainerAttributes(
-            id=c.id, metadata=cfg.metadata, labels=dict(cfg.labels), annotations=dict(cfg.annotations)
-        )
-    )
-
-
-def sandbox_stats_of(sb: SandboxRecord) -> pb.PodSandboxStats:
-    """Stats of a pod sandbox with its attributes filled in and no figures yet."""
-    cfg = sb.config
-    return pb.PodSandboxStats(
-        attributes=pb.PodSandboxAttributes(
-            id=sb.id, metadata=cfg.metadata, labels=dict(cfg.labels), annotations=dict(cfg.annotations)
-        )
-    )

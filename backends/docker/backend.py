@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from backends.contract import (
     Capability,
     ContainerRecord,
+    ContainerUsage,
     EventSink,
     ExecResult,
     ExitInfo,
@@ -27,9 +28,11 @@ from backends.contract import (
     ImageInfo,
     LogMarks,
     Observed,
+    PodMetrics,
     PortStream,
     SandboxNetwork,
     SandboxRecord,
+    SandboxUsage,
     Started,
     StreamIO,
 )
@@ -186,20 +189,17 @@ class DockerBackend:
 
     # ---------------------------------------------------------------- stats and metrics
 
-    async def container_stats(self, containers: Sequence[ContainerRecord]) -> dict[str, pb.ContainerStats]:
+    async def container_stats(self, containers: Sequence[ContainerRecord]) -> dict[str, ContainerUsage]:
         return await self._stats.containers(containers)
 
     async def sandbox_stats(
         self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
-    ) -> dict[str, pb.PodSandboxStats]:
+    ) -> dict[str, SandboxUsage]:
         return await self._stats.sandboxes(sandboxes, containers)
-
-    async def metric_descriptors(self) -> list[pb.MetricDescriptor]:
-        return await self._stats.descriptors()
 
     async def sandbox_metrics(
         self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
-    ) -> list[pb.PodSandboxMetrics]:
+    ) -> dict[str, PodMetrics]:
         return await self._stats.metrics(sandboxes, containers)
 
     # ---------------------------------------------------------------- images

@@ -2,7 +2,7 @@
 
 One object per CRI ID, kept in one table and dropped in one place when the
 object is removed: nothing of a removed container lingers (its output pump,
-its CPU sample, its OOM flag).
+its OOM flag, its layer's usage).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ class Tracked:
     stopping: bool = False  # being stopped on request: its exit is not an event
     reporting: bool = False  # its exit is being looked into
     retrying: bool = False  # to be looked at again once the engine answers
-    cpu_prev: tuple[int, int] | None = None  # (timestamp, cpu ns) of the last stats sample
 
 
 @dataclasses.dataclass(eq=False)

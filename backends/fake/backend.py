@@ -21,6 +21,7 @@ from backends.contract import (
     Capability,
     ContainerProcess,
     ContainerRecord,
+    ContainerUsage,
     EventSink,
     ExecResult,
     ExitInfo,
@@ -31,6 +32,7 @@ from backends.contract import (
     PortStream,
     SandboxNetwork,
     SandboxRecord,
+    SandboxUsage,
     Started,
     StreamIO,
 )
@@ -148,12 +150,12 @@ class FakeRuntime:
         await self.streams.port_forward(sandbox, port, stream)
 
     # ------------------------------------------------------------------ stats
-    async def container_stats(self, containers: Sequence[ContainerRecord]) -> dict[str, pb.ContainerStats]:
+    async def container_stats(self, containers: Sequence[ContainerRecord]) -> dict[str, ContainerUsage]:
         return await self.stats.container_stats(containers)
 
     async def sandbox_stats(
         self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
-    ) -> dict[str, pb.PodSandboxStats]:
+    ) -> dict[str, SandboxUsage]:
         return await self.stats.sandbox_stats(sandboxes, containers)
 
 

@@ -37,6 +37,7 @@ from backends.contract import (
     Checkpointer,
     ContainerProcess,
     ContainerRecord,
+    ContainerUsage,
     EventSink,
     ExecResult,
     ExitInfo,
@@ -45,10 +46,12 @@ from backends.contract import (
     LogMarks,
     MetricsBackend,
     Observed,
+    PodMetrics,
     PortStream,
     SandboxNetwork,
     SandboxRecord,
     SandboxResourceUpdater,
+    SandboxUsage,
     Started,
     StreamIO,
     errors,
@@ -261,13 +264,13 @@ class FaultInjector(_Faults):
         await self._inner.port_forward(sandbox, port, stream)
 
     # ------------------------------------------------------------------ stats and resources
-    async def container_stats(self, containers: Sequence[ContainerRecord]) -> dict[str, pb.ContainerStats]:
+    async def container_stats(self, containers: Sequence[ContainerRecord]) -> dict[str, ContainerUsage]:
         await self._enter("container_stats", len(containers))
         return await self._inner.container_stats(containers)
 
     async def sandbox_stats(
         self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
-    ) -> dict[str, pb.PodSandboxStats]:
+    ) -> dict[str, SandboxUsage]:
         await self._enter("sandbox_stats", len(sandboxes))
         return await self._inner.sandbox_stats(sandboxes, containers)
 
@@ -282,13 +285,9 @@ class FaultInjector(_Faults):
 
 
 class _MetricsFaults(_Faults):
-    async def metric_descriptors(self) -> list[pb.MetricDescriptor]:
-        await self._enter("metric_descriptors")
-        return await cast(MetricsBackend, self._inner).metric_descriptors()
-
     async def sandbox_metrics(
         self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
-    ) -> list[pb.PodSandboxMetrics]:
+    ) -> dict[str, PodMetrics]:
         await self._enter("sandbox_metrics", len(sandboxes))
         return await cast(MetricsBackend, self._inner).sandbox_metrics(sandboxes, containers)
 

@@ -9,83 +9,26 @@ not matter.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import time
 from collections.abc import Sequence
 
-_UNLIMITED = 1 << 60
+from backends.contract.usage import UNLIMITED, Detail, Device, Interface, Sample, available
+
+__all__ = [
+    "CgroupReader",
+    "Detail",
+    "Device",
+    "HugetlbError",
+    "Interface",
+    "Sample",
+    "available",
+    "net_interfaces",
+]
+
+_UNLIMITED = UNLIMITED
 _NS_PER_TICK = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Sample:
-    timestamp: int  # ns
-    cpu_ns: int | None = None
-    memory_usage: int | None = None
-    working_set: int | None = None
-    rss: int | None = None
-    page_faults: int | None = None
-    major_page_faults: int | None = None
-    memory_limit: int | None = None
-    pids: int | None = None
-    # For ListPodSandboxMetrics (cAdvisor's container_* families).
-    cpu_user_ns: int | None = None
-    cpu_system_ns: int | None = None
-    cpu_periods: int | None = None
-    cpu_throttled_periods: int | None = None
-    cpu_throttled_ns: int | None = None
-    cpu_shares: int | None = None  # v1 shares; v2 weight converted back to shares
-    cpu_quota_us: int | None = None  # -1: no quota
-    cpu_period_us: int | None = None
-    memory_cache: int | None = None
-    memory_swap: int | None = None
-    memory_failcnt: int | None = None
-    oom_kills: int | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Device:
-    """Block I/O of a cgroup on one device."""
-
-    major: int
-    minor: int
-    read_bytes: int = 0
-    write_bytes: int = 0
-    reads: int = 0
-    writes: int = 0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Detail:
-    """What ListPodSandboxMetrics needs beyond a Sample (dearer to read: every process's fds)."""
-
-    processes: int | None = None
-    threads: int | None = None
-    threads_max: int | None = None  # 0: no limit
-    file_descriptors: int | None = None
-    sockets: int | None = None
-    memory_kernel: int | None = None
-    memory_mapped_file: int | None = None
-    memory_max_usage: int | None = None
-    memory_swap_limit: int | None = None
-    page_faults_local: int | None = None  # this cgroup alone (v1); the Sample's are hierarchical
-    major_page_faults_local: int | None = None
-    devices: tuple[Device, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Interface:
-    name: str
-    rx_bytes: int
-    rx_errors: int
-    tx_bytes: int
-    tx_errors: int
-    rx_packets: int = 0
-    rx_dropped: int = 0
-    tx_packets: int = 0
-    tx_dropped: int = 0
 
 
 class HugetlbError(Exception):
@@ -336,6 +279,7 @@ def _blkio_v1(base: str) -> tuple[Device, ...]:
             v.get("write_bytes", 0),
             v.get("read_ops", 0),
             v.get("write_ops", 0),
+            device_name(major, minor),
         )
         for (major, minor), v in sorted(found.items())
     )
@@ -353,7 +297,13 @@ def _io_v2(base: str) -> tuple[Device, ...]:
             continue
         out.append(
             Device(
-                major, minor, kv.get("rbytes", 0), kv.get("wbytes", 0), kv.get("rios", 0), kv.get("wios", 0)
+                major,
+                minor,
+                kv.get("rbytes", 0),
+                kv.get("wbytes", 0),
+                kv.get("rios", 0),
+                kv.get("wios", 0),
+                device_name(major, minor),
             )
         )
     return tuple(out)
@@ -477,12 +427,6 @@ def _kv(base: str, name: str) -> dict[str, int]:
         except ValueError:
             continue
     return out
-
-
-def available(sample: Sample) -> int | None:
-    if sample.memory_limit is None or sample.working_set is None or sample.memory_limit >= _UNLIMITED:
-        return None
-    return max(0, sample.memory_limit - sample.working_set)
 
 
 def net_interfaces(pid: int) -> list[Interface]:

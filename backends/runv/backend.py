@@ -19,7 +19,8 @@ import structlog
 
 from backends import contract
 from backends.contract import errors
-from backends.linux import cgroups, metrics
+from backends.contract.usage import Layer, Sample
+from backends.linux import cgroups
 from backends.linux.usage import UsageCache
 from backends.runv import config as runv_config
 from backends.runv.agent import messages as m
@@ -729,8 +730,8 @@ class RunvBackend:
 
     async def container_stats(
         self, containers: Sequence[contract.ContainerRecord]
-    ) -> dict[str, pb.ContainerStats]:
-        async def one(ct: contract.ContainerRecord) -> pb.ContainerStats | None:
+    ) -> dict[str, contract.ContainerUsage]:
+        async def one(ct: contract.ContainerRecord) -> contract.ContainerUsage | None:
             pod = self._pods.get(ct.sandbox_id)
             if pod is None or pod.dead or pod.agent is None or pod.agent.closed:
                 return None
@@ -739,109 +740,78 @@ class RunvBackend:
             except errors.CriError:
                 return None
             used, inodes = await self._writable_usage(ct.id).get()
-            now = time.time_ns()
-            st = contract.container_stats_of(ct)
-            st.MergeFrom(
-                pb.ContainerStats(
-                    cpu=pb.CpuUsage(timestamp=now, usage_core_nano_seconds=pb.UInt64Value(value=s.cpu_ns)),
-                    memory=pb.MemoryUsage(
-                        timestamp=now,
-                        working_set_bytes=pb.UInt64Value(value=s.working_set_bytes),
-                        usage_bytes=pb.UInt64Value(value=s.memory_bytes),
-                    ),
-                    writable_layer=pb.FilesystemUsage(
-                        timestamp=now,
-                        fs_id=pb.FilesystemIdentifier(mountpoint=self._containers_dir),
-                        used_bytes=pb.UInt64Value(value=used),
-                        inodes_used=pb.UInt64Value(value=inodes),
-                    ),
-                )
+            sample = Sample(
+                timestamp=time.time_ns(),
+                cpu_ns=s.cpu_ns,
+                memory_usage=s.memory_bytes,
+                working_set=s.working_set_bytes,
             )
-            return st
+            return contract.ContainerUsage(sample, Layer(self._containers_dir, used, inodes))
 
         # Each VM's agent answers for its own containers: ask them all at once.
         got = await asyncio.gather(*(one(ct) for ct in containers))
-        return {ct.id: st for ct, st in zip(containers, got, strict=True) if st is not None}
+        return {ct.id: u for ct, u in zip(containers, got, strict=True) if u is not None}
 
     async def sandbox_stats(
         self, sandboxes: Sequence[contract.SandboxRecord], containers: Sequence[contract.ContainerRecord]
-    ) -> dict[str, pb.PodSandboxStats]:
+    ) -> dict[str, contract.SandboxUsage]:
         per_ct = await self.container_stats(containers)
-        out: dict[str, pb.PodSandboxStats] = {}
+        out: dict[str, contract.SandboxUsage] = {}
         for sb in sandboxes:
             pod = self._pods.get(sb.id)
             if pod is None or pod.dead:
                 continue
             cpu, mem = self.hv.usage(pod.vm)
-            now = time.time_ns()
-            out[sb.id] = st = contract.sandbox_stats_of(sb)
-            st.linux.CopyFrom(
-                pb.LinuxPodSandboxStats(
-                    cpu=pb.CpuUsage(timestamp=now, usage_core_nano_seconds=pb.UInt64Value(value=cpu)),
-                    memory=pb.MemoryUsage(
-                        timestamp=now,
-                        working_set_bytes=pb.UInt64Value(value=mem),
-                        usage_bytes=pb.UInt64Value(value=mem),
-                        available_bytes=pb.UInt64Value(value=max(pod.vm.memory_bytes - mem, 0)),
-                    ),
-                    containers=[s for cid, s in per_ct.items() if self._owner.get(cid) == sb.id],
-                ),
+            # The VM is the pod: its cgroup's figures, its memory as the limit.
+            sample = Sample(
+                timestamp=time.time_ns(),
+                cpu_ns=cpu,
+                memory_usage=mem,
+                working_set=mem,
+                memory_limit=pod.vm.memory_bytes,
             )
+            mine = {cid: u for cid, u in per_ct.items() if self._owner.get(cid) == sb.id}
+            out[sb.id] = contract.SandboxUsage(sample, containers=mine)
         return out
-
-    async def metric_descriptors(self) -> list[pb.MetricDescriptor]:
-        return metrics.descriptors()
 
     async def sandbox_metrics(
         self, sandboxes: Sequence[contract.SandboxRecord], containers: Sequence[contract.ContainerRecord]
-    ) -> list[pb.PodSandboxMetrics]:
-        """cAdvisor's container_* families, from each VM's agent (its containers' cgroups and
-        its network), with the same builder as the docker backend's."""
+    ) -> dict[str, contract.PodMetrics]:
+        """cAdvisor's container_* figures, from each VM's agent (its containers' cgroups and
+        its network)."""
         running: dict[str, list[contract.ContainerRecord]] = {}
         for ct in containers:
             if ct.status.state == pb.CONTAINER_RUNNING:
                 running.setdefault(ct.sandbox_id, []).append(ct)
         layer_fs = await asyncio.to_thread(_fs_of, self._containers_dir)
 
-        async def one(sb: contract.SandboxRecord) -> pb.PodSandboxMetrics:
-            pm = pb.PodSandboxMetrics(pod_sandbox_id=sb.id)
+        async def one(sb: contract.SandboxRecord) -> contract.PodMetrics | None:
             pod = self._pods.get(sb.id)
             if pod is None or pod.dead or pod.agent is None or pod.agent.closed:
-                return pm
+                return None
             cts = running.get(sb.id, [])
             try:
                 got = await pod.agent.call(m.MetricsRequest(ids=[c.id for c in cts]))
             except errors.CriError:
-                return pm
-            md = sb.config.metadata
-            if not pod.vm.host_network:
-                labels = ("POD", sb.id, "", pod.vm.id, md.namespace, md.name)
-                pm.metrics.extend(metrics.network_metrics(labels, got.interfaces))
+                return None
+            found: dict[str, contract.ContainerUsage] = {}
             for ct in cts:
-                found = got.containers.get(ct.id)
-                if found is None:
+                part = got.containers.get(ct.id)
+                if part is None:
                     continue
-                layer = None
-                if layer_fs is not None:
-                    used, _inodes = await self._writable_usage(ct.id).get()
-                    layer = dataclasses.replace(layer_fs, used_bytes=used)
-                labels = (
-                    ct.config.metadata.name,
-                    ct.id,
-                    ct.image_name or ct.config.image.image,
-                    ct.id,
-                    md.namespace,
-                    md.name,
+                used, inodes = await self._writable_usage(ct.id).get()
+                layer = (
+                    dataclasses.replace(layer_fs, used_bytes=used, inodes_used=inodes) if layer_fs else None
                 )
-                pm.container_metrics.add(
-                    container_id=ct.id,
-                    metrics=metrics.container_metrics(
-                        labels, found.sample, found.detail, ct.status.started_at, layer, cgroups.device_name
-                    ),
-                )
-            return pm
+                found[ct.id] = contract.ContainerUsage(part.sample, layer, part.detail)
+            return contract.PodMetrics(
+                name=pod.vm.id,
+                interfaces=None if pod.vm.host_network else tuple(got.interfaces),
+                containers=found,
+            )
 
-        return list(await asyncio.gather(*(one(sb) for sb in sandboxes)))
+        got = await asyncio.gather(*(one(sb) for sb in sandboxes))
+        return {sb.id: pm for sb, pm in zip(sandboxes, got, strict=True) if pm is not None}
 
     # ------------------------------------------------------------------ images
     async def pull_image(
@@ -996,15 +966,17 @@ def _seccomp(sc: pb.LinuxContainerSecurityContext) -> m.Seccomp | None:
     return m.Seccomp(profile=json.loads(choice.profile))
 
 
-def _fs_of(path: str) -> metrics.Layer | None:
+def _fs_of(path: str) -> Layer | None:
     """The filesystem holding ``path``: its device and size (usage filled in per container)."""
     try:
         st, vfs = os.stat(path), os.statvfs(path)
     except OSError:
         return None
-    return metrics.Layer(
-        device=cgroups.device_name(os.major(st.st_dev), os.minor(st.st_dev)),
+    return Layer(
+        mountpoint=path,
         used_bytes=0,
+        inodes_used=0,
+        device=cgroups.device_name(os.major(st.st_dev), os.minor(st.st_dev)),
         capacity_bytes=vfs.f_blocks * vfs.f_frsize,
         inodes_total=vfs.f_files,
         inodes_free=vfs.f_ffree,

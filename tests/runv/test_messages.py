@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from backends.linux.cgroups import Detail, Device, Interface, Sample
+from backends.contract.usage import Detail, Device, Interface, Sample
 from backends.runv.agent import messages as m
 from backends.runv.agent.protocol import AgentError
 from backends.runv.agent.server import ROUTES

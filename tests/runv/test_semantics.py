@@ -18,6 +18,7 @@ import pytest
 from backends.runv.backend import RunvBackend
 from cri_api import api_pb2 as pb
 from shim import errors
+from tests.as_shim import AsShim
 from tests.runv.helpers import Events, MemorySink, container_record, needs_vm, sandbox_record
 
 pytestmark = needs_vm
@@ -216,9 +217,9 @@ async def test_metrics_come_from_the_vms_cgroups_and_network(runv: tuple[RunvBac
     await backend.create_container(ct, sb)
     await events.start(backend, ct, sb, MemorySink())
     ct.status = dataclasses.replace(ct.status, started_at=time.time_ns())
-    names = {d.name for d in await backend.metric_descriptors()}
+    names = {d.name for d in AsShim.metric_descriptors()}
     assert {"container_cpu_usage_seconds_total", "container_memory_working_set_bytes"} <= names
-    [pm] = await backend.sandbox_metrics([sb], [ct])
+    [pm] = await AsShim.sandbox_metrics(backend, [sb], [ct])
     [cm] = pm.container_metrics
     got = {m.name: m for m in cm.metrics}
     assert set(got) <= names
@@ -226,7 +227,7 @@ async def test_metrics_come_from_the_vms_cgroups_and_network(runv: tuple[RunvBac
     assert got["container_fs_usage_bytes"].label_values[-1]  # the device of the writable layers
     assert got["container_threads"].value.value >= 1
     assert {m.name for m in pm.metrics} >= {"container_network_receive_bytes_total"}
-    stats = await backend.container_stats([ct])
+    stats = await AsShim().container_stats(backend, [ct])
     assert stats[ct.id].cpu.usage_core_nano_seconds.value > 0
     assert stats[ct.id].memory.working_set_bytes.value > 0
     await backend.remove_sandbox(sb)

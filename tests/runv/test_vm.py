@@ -16,6 +16,7 @@ from backends.runv.backend import VM_CRASH_REASON, RunvBackend
 from backends.runv.hypervisor import MIB, Fault
 from cri_api import api_pb2 as pb
 from shim import errors
+from tests.as_shim import AsShim
 from tests.runv.helpers import Events, MemorySink, container_record, needs_vm, sandbox_record
 
 pytestmark = needs_vm
@@ -54,9 +55,9 @@ async def test_pod_lifecycle(runv: tuple[RunvBackend, Events]) -> None:
     res = await backend.exec_sync(ct, ["sh", "-c", "echo out; echo err >&2; exit 7"])
     assert (res.exit_code, res.stdout, res.stderr) == (7, b"out\n", b"err\n")
 
-    stats = await backend.container_stats([ct])
+    stats = await AsShim().container_stats(backend, [ct])
     assert stats[ct.id].memory.working_set_bytes.value > 0
-    sb_stats = await backend.sandbox_stats([sb], [ct])
+    sb_stats = await AsShim().sandbox_stats(backend, [sb], [ct])
     assert sb_stats[sb.id].linux.memory.usage_bytes.value > 0
 
     for _ in range(50):

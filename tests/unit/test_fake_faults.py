@@ -18,6 +18,7 @@ from backends.contract import (
     SandboxResourceUpdater,
 )
 from backends.contract.errors import NotFoundError, UnavailableError
+from backends.contract.usage import PodMetrics
 from backends.fake import FakeBackend, FakeRuntime, FaultInjector
 from cri_api import api_pb2 as pb
 
@@ -29,13 +30,10 @@ def sandbox(sid: str = "a" * 64) -> SandboxRecord:
 class MetricsRuntime(FakeRuntime):
     """A minimal backend with an optional protocol the fake lacks."""
 
-    async def metric_descriptors(self) -> list[pb.MetricDescriptor]:
-        return [pb.MetricDescriptor(name="container_cpu_usage_seconds_total")]
-
     async def sandbox_metrics(
         self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
-    ) -> list[pb.PodSandboxMetrics]:
-        return [pb.PodSandboxMetrics(pod_sandbox_id=s.id) for s in sandboxes]
+    ) -> dict[str, PodMetrics]:
+        return {s.id: PodMetrics(name=s.id[:12]) for s in sandboxes}
 
 
 class CheckpointRuntime(FakeRuntime):
@@ -132,15 +130,13 @@ def test_optional_protocols_pass_through_only_when_the_inner_backend_has_them(
 async def test_optional_calls_are_recorded_and_injectable() -> None:
     faults = FaultInjector(MetricsRuntime("inner", {}))
     assert isinstance(faults, MetricsBackend)
-    faults.inject_error("metric_descriptors", UnavailableError("cadvisor down"))
+    faults.inject_error("sandbox_metrics", UnavailableError("cadvisor down"))
     with pytest.raises(UnavailableError):
-        await faults.metric_descriptors()
-    assert [d.name for d in await faults.metric_descriptors()] == ["container_cpu_usage_seconds_total"]
+        await faults.sandbox_metrics([sandbox("b" * 64)], [])
     metrics = await faults.sandbox_metrics([sandbox("b" * 64)], [])
-    assert [m.pod_sandbox_id for m in metrics] == ["b" * 64]
+    assert {sid: m.name for sid, m in metrics.items()} == {"b" * 64: "b" * 12}
     assert [(c.method, c.args) for c in faults.calls] == [
-        ("metric_descriptors", ()),
-        ("metric_descriptors", ()),
+        ("sandbox_metrics", (1,)),
         ("sandbox_metrics", (1,)),
     ]
 

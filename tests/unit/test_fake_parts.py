@@ -20,6 +20,7 @@ from backends.fake.lifecycle import FakeLifecycle
 from backends.fake.program import PROGRAM_ANNOTATION, Program, Programs, ShellContext
 from backends.fake.stats import FakeStats
 from cri_api import api_pb2 as pb
+from tests.as_shim import AsShim
 from tests.follow import Follower as Events
 from tests.follow import MemoryLog
 
@@ -214,9 +215,9 @@ async def test_exec_sync_is_cancellable_and_stats_count_running(tmp_path: Path) 
     with pytest.raises(TimeoutError):  # the shim's timeout cancels the call, which ends at once
         async with asyncio.timeout(0.05):
             await streams.exec_sync(running, ["slow"])
-    per_sb = await stats.sandbox_stats([sb], [running, created])
+    per_sb = await AsShim().sandbox_stats(stats, [sb], [running, created])
     assert per_sb[sb.id].linux.process.process_count.value == 1
-    per_c = await stats.container_stats([running, created])
+    per_c = await AsShim().container_stats(stats, [running, created])
     assert per_c[running.id].memory.working_set_bytes.value > 0
     assert per_c[created.id].memory.working_set_bytes.value == 0
     assert per_c[created.id].writable_layer.fs_id.mountpoint == str(tmp_path)

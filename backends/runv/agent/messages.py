@@ -16,7 +16,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
-from backends.linux.cgroups import Detail, Interface, Sample
+from backends.contract.usage import Detail, Interface, Sample
 from backends.runv.agent.protocol import AgentError
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""ListMetricDescriptors / ListPodSandboxMetrics for engine containers, from cgroups.
+"""ListMetricDescriptors / ListPodSandboxMetrics, built once for every backend from its samples.
 
 With the kubelet's PodAndContainerStatsFromCRI gate, its /metrics/cadvisor
 endpoint is served from these two calls instead of its own cAdvisor. The
@@ -12,7 +12,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from backends.linux.cgroups import _UNLIMITED, Detail, Device, Interface, Sample
+from backends.contract import ContainerRecord, SandboxRecord
+from backends.contract.usage import (
+    UNLIMITED,
+    ContainerUsage,
+    Detail,
+    Device,
+    Interface,
+    Layer,
+    PodMetrics,
+    Sample,
+)
 from cri_api import api_pb2 as pb
 
 LABELS = ("container", "id", "image", "name", "namespace", "pod")
@@ -33,7 +43,7 @@ def _seconds(ns: int | None) -> int | None:
 
 
 def _limit(value: int | None) -> int | None:
-    return 0 if value is not None and value >= _UNLIMITED else value
+    return 0 if value is not None and value >= UNLIMITED else value
 
 
 def _quota(value: int | None) -> int | None:
@@ -213,17 +223,6 @@ BLKIO = (
 BLKIO_LABELS = (*LABELS, "device", "major", "minor", "operation")
 
 
-@dataclasses.dataclass(frozen=True)
-class Layer:
-    """A container's writable layer and the filesystem it is on."""
-
-    device: str
-    used_bytes: int
-    capacity_bytes: int
-    inodes_total: int
-    inodes_free: int
-
-
 NETWORK: tuple[tuple[str, str, Callable[[Interface], int]], ...] = (
     ("container_network_receive_bytes_total", "Bytes received on the interface.", lambda i: i.rx_bytes),
     ("container_network_receive_packets_total", "Packets received on the interface.", lambda i: i.rx_packets),
@@ -267,15 +266,9 @@ def descriptors() -> list[pb.MetricDescriptor]:
     return out
 
 
-def container_metrics(
-    labels: Sequence[str],
-    sample: Sample,
-    detail: Detail | None,
-    started_at: int,
-    layer: Layer | None,
-    device_name: Callable[[int, int], str],
-) -> list[pb.Metric]:
+def container_metrics(labels: Sequence[str], usage: ContainerUsage, started_at: int) -> list[pb.Metric]:
     """One running container's metrics; ``labels`` are the values of LABELS."""
+    sample, detail, layer = usage.sample, usage.detail, usage.layer
     out = []
     for f in CONTAINER:
         v = f.value(sample)
@@ -299,15 +292,45 @@ def container_metrics(
             if v is not None:
                 out.append(_metric(FAILURES[0], C, (*labels, kind_, scope), v))
         for dev in detail.devices:
-            name = device_name(dev.major, dev.minor)
+            name = dev.name or f"{dev.major}:{dev.minor}"
             for metric, _help, get_io in IO:
                 out.append(_metric(metric, C, (*labels, name), get_io(dev)))
             for op, v in (("Read", dev.read_bytes), ("Write", dev.write_bytes)):
                 out.append(_metric(BLKIO[0], C, (*labels, name, str(dev.major), str(dev.minor), op), v))
-    if layer is not None:
+    if layer is not None and layer.device:
         for name, _help, kind, get_fs in FS:
             out.append(_metric(name, kind, (*labels, layer.device), get_fs(layer)))
     return out
+
+
+def pod_metrics(
+    sb: SandboxRecord, found: PodMetrics | None, containers: Sequence[ContainerRecord]
+) -> pb.PodSandboxMetrics:
+    """A pod's metrics from what its backend measured (nothing: an empty entry)."""
+    pm = pb.PodSandboxMetrics(pod_sandbox_id=sb.id)
+    if found is None:
+        return pm
+    md = sb.config.metadata
+    if found.interfaces is not None:
+        pm.metrics.extend(
+            network_metrics(("POD", sb.id, found.image, found.name, md.namespace, md.name), found.interfaces)
+        )
+    for c in containers:
+        usage = found.containers.get(c.id) if c.sandbox_id == sb.id else None
+        if usage is None:
+            continue
+        labels = (
+            c.config.metadata.name,
+            c.id,
+            c.image_name or c.config.image.image,
+            found.container_names.get(c.id, c.id),
+            md.namespace,
+            md.name,
+        )
+        pm.container_metrics.add(
+            container_id=c.id, metrics=container_metrics(labels, usage, c.status.started_at)
+        )
+    return pm
 
 
 def network_metrics(labels: Sequence[str], interfaces: Sequence[Interface]) -> list[pb.Metric]:
