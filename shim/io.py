@@ -208,11 +208,15 @@ class LogWriter(Protocol):
 
 
 class _Followed:
-    """One container's process as the shim follows it."""
+    """One container's process as the shim follows it (small: there may be 30,000 of them)."""
 
-    __slots__ = ("drained", "output_done", "process", "pump", "reported", "timer", "writer")
+    __slots__ = ("cid", "drained", "io", "output_done", "process", "pump", "reported", "timer", "writer")
 
-    def __init__(self, process: ContainerProcess, writer: LogWriter | None) -> None:
+    def __init__(
+        self, io: ContainerIO, cid: str, process: ContainerProcess, writer: LogWriter | None
+    ) -> None:
+        self.io = io
+        self.cid = cid
         self.process = process
         self.writer = writer
         self.pump: asyncio.Task[None] | None = None  # reads a pulled output; None for a pipe
@@ -225,6 +229,31 @@ class _Followed:
         if self.writer is not None:
             self.writer.write(out.stream, out.data, out.at)
 
+    def output_ended(self) -> None:
+        self.output_done = True
+        if self.writer is not None:
+            self.writer.flush_partial()
+        if self.drained is not None:
+            self.drained.set()
+        if self.process.exit.info is not None:
+            self.report()
+
+    def exit_known(self, _info: ExitInfo) -> None:
+        if self.output_done:
+            self.report()
+        elif self.timer is None and not self.reported:
+            self.timer = asyncio.get_running_loop().call_later(self.io.drain_wait, self.report)
+
+    def report(self) -> None:
+        if self.reported:
+            return
+        self.reported = True
+        if self.timer is not None:
+            self.timer.cancel()
+        info = self.process.exit.info
+        if info is not None:
+            self.io.on_exit(self.cid, info)
+
 
 class ContainerIO:
     """The output and the exit of every running container, for every backend.
@@ -236,13 +265,13 @@ class ContainerIO:
     after :meth:`drain`).
 
     A :class:`~backends.contract.ProcessPipe` is followed by callbacks, with
-    no task: a container that writes nothing costs a few objects. Any other
-    process's output is read by one task.
+    no task: a container that writes nothing costs a few small objects. Any
+    other process's output is read by one task.
     """
 
     def __init__(self, on_exit: Callable[[str, ExitInfo], None], drain_wait: float = DRAIN_WAIT) -> None:
-        self._on_exit = on_exit
-        self._drain_wait = drain_wait
+        self.on_exit = on_exit
+        self.drain_wait = drain_wait
         self._followed: dict[str, _Followed] = {}
 
     def __contains__(self, container_id: str) -> bool:
@@ -251,15 +280,15 @@ class ContainerIO:
     def follow(self, container_id: str, process: ContainerProcess, writer: LogWriter | None) -> None:
         """Copy the process's output into ``writer`` (None: read and dropped) and report its exit."""
         self.close(container_id)
-        f = _Followed(process, writer)
+        f = _Followed(self, container_id, process, writer)
         self._followed[container_id] = f
         if isinstance(process, ProcessPipe):
-            process.connect(f.write, lambda: self._output_ended(container_id, f))
+            process.connect(f.write, f.output_ended)
         else:
-            f.pump = asyncio.get_running_loop().create_task(self._pump(container_id, f))
-        process.exit.on_set(lambda _info: self._exit_known(container_id, f))
+            f.pump = asyncio.get_running_loop().create_task(self._pump(f))
+        process.exit.on_set(f.exit_known)
 
-    async def _pump(self, container_id: str, f: _Followed) -> None:
+    async def _pump(self, f: _Followed) -> None:
         try:
             async for out in f.process.output():
                 f.write(out)
@@ -267,33 +296,8 @@ class ContainerIO:
             raise
         except Exception as exc:
             # The runtime's side broke (not ours): the log has a gap; the exit still comes.
-            log.warning("io.output_failed", container_id=container_id, error=str(exc) or type(exc).__name__)
-        self._output_ended(container_id, f)
-
-    def _output_ended(self, container_id: str, f: _Followed) -> None:
-        f.output_done = True
-        if f.writer is not None:
-            f.writer.flush_partial()
-        if f.drained is not None:
-            f.drained.set()
-        if f.process.exit.info is not None:
-            self._report(container_id, f)
-
-    def _exit_known(self, container_id: str, f: _Followed) -> None:
-        if f.output_done:
-            self._report(container_id, f)
-        elif f.timer is None and self._followed.get(container_id) is f:
-            f.timer = asyncio.get_running_loop().call_later(self._drain_wait, self._report, container_id, f)
-
-    def _report(self, container_id: str, f: _Followed) -> None:
-        if f.reported:
-            return
-        f.reported = True
-        if f.timer is not None:
-            f.timer.cancel()
-        info = f.process.exit.info
-        if info is not None and self._followed.get(container_id) is f:
-            self._on_exit(container_id, info)
+            log.warning("io.output_failed", container_id=f.cid, error=str(exc) or type(exc).__name__)
+        f.output_ended()
 
     async def drain(self, container_id: str) -> None:
         """Wait (bounded) until the output of a process that has ended is all in its log."""
@@ -303,7 +307,7 @@ class ContainerIO:
         if f.drained is None:
             f.drained = asyncio.Event()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(f.drained.wait(), self._drain_wait)
+            await asyncio.wait_for(f.drained.wait(), self.drain_wait)
 
     def writer(self, container_id: str) -> LogWriter | None:
         """The writer of a followed container (ReopenContainerLog); None if not followed."""

@@ -12,66 +12,136 @@
   images, exec and streams, stats, resources) and the optional ones the shim
   checks with ``isinstance`` (metrics, pod resources, checkpoints).
 
+The names below are loaded on first use, so that a light importer (the
+runv guest agent reads only :mod:`~backends.contract.usage`) does not load
+the CRI protobufs the protocols need.
+
 Imports run one way: ``cri_api`` <- this package <- the backends; ``shim``
 uses this package and the registry; nothing here imports ``shim`` or gRPC
 (tests/unit/test_import_contract.py).
 """
 
-from backends.contract.errors import (
-    AlreadyExistsError,
-    CriError,
-    DeadlineExceededError,
-    FailedPreconditionError,
-    InternalError,
-    InvalidArgumentError,
-    NotFoundError,
-    ResourceExhaustedError,
-    UnavailableError,
-    UnimplementedError,
-)
-from backends.contract.process import (
-    ContainerProcess,
-    ExitLatch,
-    LogMarks,
-    Output,
-    ProcessPipe,
-    Started,
-)
-from backends.contract.protocols import (
-    Backend,
-    Capability,
-    Checkpointer,
-    EventSink,
-    Exec,
-    Images,
-    Lifecycle,
-    MetricsBackend,
-    PortStream,
-    Resources,
-    SandboxResourceUpdater,
-    Stats,
-    StreamIO,
-)
-from backends.contract.records import (
-    ContainerRecord,
-    ContainerStatus,
-    SandboxRecord,
-    SandboxStatus,
-)
-from backends.contract.usage import ContainerUsage, PodMetrics, SandboxUsage
-from backends.contract.values import (
-    ExecResult,
-    ExitInfo,
-    Health,
-    ImageInfo,
-    Observed,
-    SandboxNetwork,
-    Seccomp,
-    TerminalSize,
-    host_signal,
-    image_user,
-    seccomp_of,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from backends.contract.errors import (
+        AlreadyExistsError,
+        CriError,
+        DeadlineExceededError,
+        FailedPreconditionError,
+        InternalError,
+        InvalidArgumentError,
+        NotFoundError,
+        ResourceExhaustedError,
+        UnavailableError,
+        UnimplementedError,
+    )
+    from backends.contract.process import (
+        ContainerProcess,
+        ExitLatch,
+        LogMarks,
+        Output,
+        ProcessPipe,
+        Started,
+    )
+    from backends.contract.protocols import (
+        Backend,
+        Capability,
+        Checkpointer,
+        EventSink,
+        Exec,
+        Images,
+        Lifecycle,
+        MetricsBackend,
+        PortStream,
+        Resources,
+        SandboxResourceUpdater,
+        Stats,
+        StreamIO,
+    )
+    from backends.contract.records import (
+        ContainerRecord,
+        ContainerStatus,
+        SandboxRecord,
+        SandboxStatus,
+    )
+    from backends.contract.usage import ContainerUsage, PodMetrics, SandboxUsage
+    from backends.contract.values import (
+        ExecResult,
+        ExitInfo,
+        Health,
+        ImageInfo,
+        Observed,
+        SandboxNetwork,
+        Seccomp,
+        TerminalSize,
+        host_signal,
+        image_user,
+        seccomp_of,
+    )
+
+_WHERE = {
+    "AlreadyExistsError": "errors",
+    "Backend": "protocols",
+    "Capability": "protocols",
+    "Checkpointer": "protocols",
+    "ContainerProcess": "process",
+    "ContainerRecord": "records",
+    "ContainerStatus": "records",
+    "ContainerUsage": "usage",
+    "CriError": "errors",
+    "DeadlineExceededError": "errors",
+    "EventSink": "protocols",
+    "Exec": "protocols",
+    "ExecResult": "values",
+    "ExitInfo": "values",
+    "ExitLatch": "process",
+    "FailedPreconditionError": "errors",
+    "Health": "values",
+    "ImageInfo": "values",
+    "Images": "protocols",
+    "InternalError": "errors",
+    "InvalidArgumentError": "errors",
+    "Lifecycle": "protocols",
+    "LogMarks": "process",
+    "MetricsBackend": "protocols",
+    "NotFoundError": "errors",
+    "Observed": "values",
+    "Output": "process",
+    "PodMetrics": "usage",
+    "PortStream": "protocols",
+    "ProcessPipe": "process",
+    "ResourceExhaustedError": "errors",
+    "Resources": "protocols",
+    "SandboxNetwork": "values",
+    "SandboxRecord": "records",
+    "SandboxResourceUpdater": "protocols",
+    "SandboxStatus": "records",
+    "SandboxUsage": "usage",
+    "Seccomp": "values",
+    "Started": "process",
+    "Stats": "protocols",
+    "StreamIO": "protocols",
+    "TerminalSize": "values",
+    "UnavailableError": "errors",
+    "UnimplementedError": "errors",
+    "host_signal": "values",
+    "image_user": "values",
+    "seccomp_of": "values",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'backends.contract' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"backends.contract.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AlreadyExistsError",

@@ -47,8 +47,9 @@ class ExitLatch:
     __slots__ = ("_callbacks", "_event", "info")
 
     def __init__(self) -> None:
+        # Made when first needed: a fake node holds tens of thousands of these.
         self._event: asyncio.Event | None = None
-        self._callbacks: list[Callable[[ExitInfo], None]] = []
+        self._callbacks: list[Callable[[ExitInfo], None]] | None = None
         self.info: ExitInfo | None = None
 
     def set(self, info: ExitInfo) -> bool:
@@ -58,7 +59,7 @@ class ExitLatch:
         self.info = info
         if self._event is not None:
             self._event.set()
-        callbacks, self._callbacks = self._callbacks, []
+        callbacks, self._callbacks = self._callbacks, None
         if callbacks:
             loop = asyncio.get_running_loop()
             for cb in callbacks:
@@ -69,6 +70,8 @@ class ExitLatch:
         """Call ``callback(info)`` once the exit is known (soon, if it is already)."""
         if self.info is not None:
             asyncio.get_running_loop().call_soon(callback, self.info)
+        elif self._callbacks is None:
+            self._callbacks = [callback]
         else:
             self._callbacks.append(callback)
 
@@ -114,7 +117,7 @@ class ProcessPipe:
 
     def __init__(self) -> None:
         self._queue: asyncio.Queue[Output | None] | None = None
-        self._pending: list[Output] = []
+        self._pending: list[Output] | None = None  # what came before a consumer (made when needed)
         self._ended = False
         self._on_output: Callable[[Output], None] | None = None
         self._on_end: Callable[[], None] | None = None
@@ -128,6 +131,8 @@ class ProcessPipe:
             self._on_output(out)
         elif self._queue is not None:
             self._queue.put_nowait(out)
+        elif self._pending is None:
+            self._pending = [out]
         else:
             self._pending.append(out)
 
@@ -147,7 +152,7 @@ class ProcessPipe:
 
     def connect(self, on_output: Callable[[Output], None], on_end: Callable[[], None]) -> None:
         """Deliver the output by calls: what came already at once, the rest as it comes."""
-        pending, self._pending = self._pending, []
+        pending, self._pending = self._pending or [], None
         for out in pending:
             on_output(out)
         if self._ended:
@@ -162,7 +167,7 @@ class ProcessPipe:
 
     async def output(self) -> AsyncIterator[Output]:
         queue = self._queue = asyncio.Queue()
-        pending, self._pending = self._pending, []
+        pending, self._pending = self._pending or [], None
         for out in pending:
             yield out
         if self._ended and queue.empty():

@@ -65,12 +65,7 @@ class VmProcess:
     async def output(self) -> AsyncIterator[contract.Output]:
         stream = self._stream
         try:
-            while True:
-                ch, data = await stream.read()
-                if not data:
-                    if ch == Ch.STDOUT:
-                        return
-                    continue
+            async for ch, data in stream.received():
                 yield contract.Output("stderr" if ch == Ch.STDERR else "stdout", data)
         finally:
             stream.forget()
@@ -580,12 +575,7 @@ class RunvBackend:
         helpers: list[asyncio.Task[None]] = []
 
         async def read_output() -> None:
-            while True:
-                ch, data = await stream.read()
-                if not data:
-                    if ch == Ch.STDOUT:
-                        return
-                    continue
+            async for ch, data in stream.received():
                 await on_output(ch, data)
 
         if stdin_source is not None:
@@ -674,12 +664,7 @@ class RunvBackend:
 
             tasks.append(asyncio.ensure_future(resize()))
         try:
-            while True:
-                ch, data = await stream.read()
-                if not data:
-                    if ch == Ch.STDOUT:
-                        return
-                    continue
+            async for ch, data in stream.received():
                 if ch == Ch.STDERR and io.stderr:
                     await io.write_stderr(data)
                 elif io.stdout:
@@ -708,12 +693,7 @@ class RunvBackend:
 
         up = asyncio.ensure_future(upstream())
         try:
-            while True:
-                ch, data = await st.read()
-                if not data:
-                    if ch == Ch.STDOUT:
-                        break
-                    continue
+            async for _ch, data in st.received():
                 await stream.write(data)
         finally:
             up.cancel()

@@ -76,6 +76,12 @@ async def test_container_exit_code_and_logs(cri: Cri) -> None:
     with open(os.path.join(cri.root, "logs", "c.log")) as f:
         lines = f.read().splitlines()
     assert any(line.endswith(" stdout F hello") for line in lines), lines
+    assert any(line.endswith(" stderr F oops") for line in lines), lines
+    # Exit 0 is Completed.
+    ok = await create(cri, pod, sc, ["true"], name="ok")
+    await cri.rt.StartContainer(pb.StartContainerRequest(container_id=ok))
+    st = await wait_state(cri, ok, pb.CONTAINER_EXITED)
+    assert (st.exit_code, st.reason) == (0, "Completed")
 
 
 async def test_stop_remove_idempotent_and_states(cri: Cri) -> None:

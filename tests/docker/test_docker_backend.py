@@ -107,14 +107,6 @@ async def test_container_exit_code_and_logs(harness: Harness, tmp_path: Path) ->
     assert ("stdout", "F", "tailpod") in records
 
 
-async def test_container_completed_reason(harness: Harness, tmp_path: Path) -> None:
-    sb = await harness.run_sandbox()
-    ct = await harness.create(container_record(sb, ["true"]), sb)
-    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
-    info = await harness.events.exit_of(ct.id)
-    assert (info.exit_code, info.reason) == (0, "Completed")
-
-
 async def test_stop_timeout_kills(harness: Harness, tmp_path: Path) -> None:
     sb = await harness.run_sandbox()
     ct = await harness.create(

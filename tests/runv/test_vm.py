@@ -83,19 +83,6 @@ async def test_pod_lifecycle(runv: tuple[RunvBackend, Events]) -> None:
     assert not os.path.exists(vm.state_dir)
 
 
-async def test_exit_code_and_event(runv: tuple[RunvBackend, Events]) -> None:
-    backend, events = runv
-    sb = sandbox_record("exit")
-    await backend.run_sandbox(sb)
-    ct = container_record(sb, IMAGE, ["sh", "-c", "exit 3"])
-    await backend.create_container(ct, sb)
-    await events.start(backend, ct, sb, MemorySink())
-    await events.wait_for(lambda: ct.id in events.exits)
-    assert events.exits[ct.id].exit_code == 3
-    assert events.exits[ct.id].reason == "Error"
-    await backend.stop_sandbox(sb)
-
-
 async def test_vm_crash_exits_containers(runv: tuple[RunvBackend, Events]) -> None:
     backend, events = runv
     sb = sandbox_record("crash")

@@ -14,7 +14,7 @@ import enum
 import itertools
 import json
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 VERSION = 1
@@ -145,6 +145,15 @@ class Stream:
     async def read(self) -> tuple[int, bytes]:
         """Next (channel, data); data == b"" means that channel was closed by the peer."""
         return await self._queue.get()
+
+    async def received(self) -> AsyncIterator[tuple[int, bytes]]:
+        """Each (channel, data) with data, until the peer closes STDOUT (the end of the output)."""
+        while True:
+            ch, data = await self.read()
+            if data:
+                yield ch, data
+            elif ch == Ch.STDOUT:
+                return
 
     async def write(self, ch: int, data: bytes) -> None:
         await self.channel.send_data(self.id, ch, data)
