@@ -1,10 +1,11 @@
 """Commands in a fake container and streams to it: ExecSync, exec, attach, port-forward.
 
-Commands answer from the handler's ``exec`` rules, then from the built-in
-shell of :mod:`backends.fake.program`; an interactive ``sh`` reads lines
-from stdin. Attached stdin is echoed, as ``cat`` would do as the
-container's program; a forwarded port echoes too, unless
-``port_responses`` gives its answer.
+Commands answer from the handler's ``exec`` rules, then run in the built-in
+shell (:mod:`backends.fake.shell`) over the container's files; an
+interactive ``sh`` reads its commands from stdin, through a TTY's echo when
+the session has one. Attached stdin goes to the shell running the
+container's command (a scripted program echoes it, as ``cat`` would); a
+forwarded port echoes, unless ``port_responses`` gives its answer.
 """
 
 from __future__ import annotations
@@ -14,71 +15,58 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backends.contract import ContainerRecord, ExecResult, PortStream, SandboxRecord, StreamIO, errors
+from backends.fake import shell
 from backends.fake.lifecycle import FakeLifecycle, send
-from backends.fake.program import Programs, run_shell
-
-_SHELLS = (["sh"], ["/bin/sh"], ["bash"], ["/bin/bash"])
+from backends.fake.program import Programs
 
 
 class FakeExec:
-    """The Exec protocol over the fake's containers."""
+    """The Exec protocol over the fake's containers: the handler's exec rules, else the built-in shell."""
 
     def __init__(self, options: Mapping[str, Any], lifecycle: FakeLifecycle, programs: Programs) -> None:
         self.lifecycle = lifecycle
         self.programs = programs
         self._port_responses = dict(options.get("port_responses", {}))
 
-    def _exec(self, container: ContainerRecord, cmd: Sequence[str]) -> tuple[ExecResult, float]:
-        return self.programs.exec(cmd, self.lifecycle.shell_context(container))
-
     async def exec_sync(self, container: ContainerRecord, cmd: Sequence[str]) -> ExecResult:
-        result, delay = self._exec(container, cmd)
-        if delay:
-            await asyncio.sleep(delay)
-        return result
+        rule = self.programs.exec_rule(cmd)
+        if rule is not None:
+            result, delay = rule
+            if delay:
+                await asyncio.sleep(delay)
+            return result
+        out, err = bytearray(), bytearray()
+
+        async def to_out(data: bytes) -> None:
+            out.extend(data)
+
+        async def to_err(data: bytes) -> None:
+            err.extend(data)
+
+        code = await shell.run(cmd, self.lifecycle.shell_io(container, to_out, to_err))
+        return ExecResult(exit_code=code, stdout=bytes(out), stderr=bytes(err))
 
     async def exec(self, container: ContainerRecord, cmd: Sequence[str], io: StreamIO) -> int:
-        if list(cmd) in _SHELLS and io.stdin:
-            return await self._interactive_shell(container, io)
-        result, delay = self._exec(container, cmd)
-        shell = run_shell(cmd, self.lifecycle.shell_context(container))
-        if result.stdout:
-            await send(io, "stdout", result.stdout)
-        if result.stderr:
-            await send(io, "stderr", result.stderr)
-        if shell.reads_stdin and io.stdin:
-            while data := await io.read_stdin():
-                await send(io, "stdout", data)
-        if delay:
-            await asyncio.sleep(delay)
-        return result.exit_code
+        rule = self.programs.exec_rule(cmd)
+        if rule is not None:
+            result, delay = rule
+            if result.stdout:
+                await send(io, "stdout", result.stdout)
+            if result.stderr:
+                await send(io, "stderr", result.stderr)
+            if delay:
+                await asyncio.sleep(delay)
+            return result.exit_code
+        term = _Terminal(io) if io.tty else None
 
-    async def _interactive_shell(self, container: ContainerRecord, io: StreamIO) -> int:
-        buf = b""
-        code = 0
-        while True:
-            data = await io.read_stdin()
-            if not data:
-                return code
-            if io.tty:
-                await send(io, "stdout", data.replace(b"\r", b"\r\n"))
-            buf += data.replace(b"\r", b"\n")
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                text = line.decode(errors="replace").strip()
-                if not text:
-                    continue
-                res, delay = self._exec(container, ["sh", "-c", text])
-                if delay:
-                    await asyncio.sleep(delay)
-                out = res.stdout.replace(b"\n", b"\r\n") if io.tty else res.stdout
-                if out:
-                    await send(io, "stdout", out)
-                if res.stderr:
-                    await send(io, "stdout" if io.tty else "stderr", res.stderr)
-                code = res.exit_code
-                if text.split()[0] == "exit":
-                    return code
+        async def to_out(data: bytes) -> None:
+            await send(io, "stdout", term.output(data) if term else data)
+
+        async def to_err(data: bytes) -> None:
+            await send(io, "stderr", term.output(data) if term else data)
+
+        stdin = (term.read if term else io.read_stdin) if io.stdin else None
+        return await shell.run(cmd, self.lifecycle.shell_io(container, to_out, to_err, stdin))
 
     async def attach(self, container: ContainerRecord, io: StreamIO) -> None:
         run = self.lifecycle.running.get(container.id)
@@ -86,8 +74,15 @@ class FakeExec:
             raise errors.FailedPreconditionError(f"container {container.id} is not running")
         run.attached.append(io)
         try:
-            if io.stdin and container.config.stdin:
-                # Attached stdin is echoed back, as `cat` would do as the container's program.
+            if io.stdin and run.stdin is not None:
+                # The shell running the container's command reads what the session sends.
+                feeder = asyncio.ensure_future(self._feed(io, run.stdin, container.config.stdin_once))
+                try:
+                    await run.exited.wait()
+                finally:
+                    feeder.cancel()
+            elif io.stdin and container.config.stdin:
+                # A scripted program with stdin: it echoes, as `cat` would.
                 while data := await io.read_stdin():
                     await send(io, "stdout", data)
                     if container.config.stdin_once:
@@ -97,6 +92,13 @@ class FakeExec:
         finally:
             run.attached.remove(io)
 
+    @staticmethod
+    async def _feed(io: StreamIO, stdin: asyncio.Queue[bytes], once: bool) -> None:
+        while data := await io.read_stdin():
+            stdin.put_nowait(data)
+        if once:
+            stdin.put_nowait(b"")  # stdin_once: the container's stdin closes with the session's
+
     async def port_forward(self, sandbox: SandboxRecord, port: int, stream: PortStream) -> None:
         responder = self._port_responses.get(str(port))
         if responder is not None:
@@ -105,3 +107,20 @@ class FakeExec:
         # Echo, by default: what is sent comes back.
         while data := await stream.read():
             await stream.write(data)
+
+
+class _Terminal:
+    """What a TTY does to a session's bytes: input echoed and CR read as NL, NL written as CR NL."""
+
+    def __init__(self, io: StreamIO) -> None:
+        self._io = io
+
+    async def read(self) -> bytes:
+        data = await self._io.read_stdin()
+        if data:
+            await self._io.write_stdout(data.replace(b"\r", b"\r\n"))
+        return data.replace(b"\r", b"\n")
+
+    @staticmethod
+    def output(data: bytes) -> bytes:
+        return data.replace(b"\r\n", b"\n").replace(b"\n", b"\r\n")

@@ -1,17 +1,20 @@
 """The fake's pods and containers: sandboxes with pod IPs, containers running programs, exits, logs.
 
 It keeps no processes: a "running" container is a record and, only when its
-program has timed output or an end, one timer task. That is what lets one
-process hold 10,000 pods and 30,000 containers.
+program has timed output or an end, or its command runs in the built-in
+shell, one task. A container whose command the shell does not know
+(``nginx``, ``/pause``) costs no task: that is what lets one process hold
+10,000 pods and 30,000 containers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import ipaddress
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from backends.contract import (
@@ -28,8 +31,10 @@ from backends.contract import (
     StreamIO,
     errors,
 )
+from backends.fake import environment, shell
+from backends.fake.files import ContainerFiles
 from backends.fake.images import ImageStore
-from backends.fake.program import OutputLine, Program, Programs, ShellContext, shell_context
+from backends.fake.program import OutputLine, Program, Programs
 from cri_api import api_pb2 as pb
 
 
@@ -37,9 +42,11 @@ from cri_api import api_pb2 as pb
 class Running:
     """Live state of one started container."""
 
-    program: Program
+    program: Program | None  # None: its command, in the built-in shell
     started_mono: float
     task: asyncio.Task[None] | None = None
+    term: asyncio.Event | None = None  # SIGTERM to its shell
+    stdin: asyncio.Queue[bytes] | None = None  # its shell's stdin (config.stdin), fed by attach
     exited: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     pipe: ProcessPipe = dataclasses.field(default_factory=ProcessPipe)  # its output and exit, for the shim
     attached: list[StreamIO] = dataclasses.field(default_factory=list)
@@ -71,6 +78,7 @@ class FakeLifecycle:
         self.network_ready = True
         self.sandboxes: dict[str, SandboxRecord] = {}
         self.containers: set[str] = set()
+        self.files: dict[str, ContainerFiles] = {}  # created containers' own files and volumes
         self.running: dict[str, Running] = {}
         self._cgroup_driver = str(options.get("cgroup_driver", "cgroupfs"))
         self._network = ipaddress.ip_network(str(options.get("pod_cidr", "10.88.0.0/16")))
@@ -152,8 +160,21 @@ class FakeLifecycle:
         self._ips.discard(str(sandbox.backend_data.get("ip", "")))
 
     # ------------------------------------------------------------------ containers
-    def shell_context(self, c: ContainerRecord) -> ShellContext:
-        return shell_context(c, self.sandboxes.get(c.sandbox_id), c.id in self.running)
+    def files_of(self, c: ContainerRecord) -> ContainerFiles:
+        files = self.files.get(c.id)
+        if files is None:  # recovered after a restart: made again (its own files are lost, its volumes not)
+            files = self.files[c.id] = environment.container_files(c, self.sandboxes.get(c.sandbox_id))
+        return files
+
+    def shell_io(
+        self,
+        c: ContainerRecord,
+        stdout: environment.Write,
+        stderr: environment.Write,
+        stdin: Callable[[], Awaitable[bytes]] | None = None,
+    ) -> shell.ShellIO:
+        sb = self.sandboxes.get(c.sandbox_id)
+        return environment.shell_io(c, sb, self.files_of(c), stdout, stderr, stdin, c.id in self.running)
 
     async def create_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> None:
         image = container.config.image.image
@@ -162,26 +183,60 @@ class FakeLifecycle:
             raise errors.NotFoundError(f"image {image!r} is not present; pull it first")
         container.image_ref = found.id
         container.image_name = self.images.display_name(image, found)
-        self._program_for(container)  # a bad program annotation fails the create, not the start
+        self.programs.program_for(container)  # a bad program annotation fails the create, not the start
+        self.files[container.id] = environment.container_files(container, self.sandboxes.get(sandbox.id))
         self.containers.add(container.id)
-
-    def _program_for(self, c: ContainerRecord) -> Program:
-        return self.programs.program_for(c, lambda: self.shell_context(c))
 
     async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> Started:
         if container.id not in self.containers:
             raise errors.NotFoundError(f"container {container.id} does not exist in the fake runtime")
-        program = self._program_for(container)
+        program = self.programs.program_for(container)
+        argv = environment.command_of(container)
+        if program is None and not (argv and shell.knows(argv[0])):
+            program = Program()  # a command the shell does not know: it runs, silently, until stopped
         run = Running(program, time.monotonic())
         self.running[container.id] = run
         started = self.clock()
+        loop = asyncio.get_running_loop()
+        if program is None:
+            run.term = asyncio.Event()
+            if container.config.stdin:
+                run.stdin = asyncio.Queue()
+            run.task = loop.create_task(self._run_command(container, run, argv))
+            return Started(started, run.pipe)
         for o in program.output:
             if o.after <= 0:
                 run.pipe.put(o.stream, o.line.encode() + b"\n")
         later = [o for o in program.output if o.after > 0]
         if later or program.finite or program.repeat_every:
-            run.task = asyncio.get_running_loop().create_task(self._play(container.id, run, later))
+            run.task = loop.create_task(self._play(container.id, run, later))
         return Started(started, run.pipe)
+
+    async def _run_command(self, c: ContainerRecord, run: Running, argv: list[str]) -> None:
+        """The container's command in the built-in shell; its output to the log and to attached sessions."""
+
+        async def emit(stream: str, data: bytes) -> None:
+            run.pipe.put(stream, data)
+            for io in list(run.attached):
+                await send(io, stream, data)
+
+        async def read_stdin() -> bytes:
+            assert run.stdin is not None
+            return await run.stdin.get()
+
+        io = self.shell_io(
+            c,
+            lambda data: emit("stdout", data),
+            lambda data: emit("stderr", data),
+            read_stdin if run.stdin is not None else None,
+        )
+        io.term = run.term
+        try:
+            code = await shell.run(argv, io)
+        except Exception as exc:  # a gap in the shell must not leave the container running forever
+            self._finish(c.id, ExitInfo(255, self.clock(), "Error", f"fake shell: {exc!r}"))
+            return
+        self._finish(c.id, ExitInfo(code, self.clock(), "Completed" if code == 0 else "Error"))
 
     async def reattach(self, container: ContainerRecord, after: LogMarks | None) -> ProcessPipe | None:
         run = self.running.get(container.id)
@@ -191,12 +246,14 @@ class FakeLifecycle:
         return run.pipe
 
     async def _write(self, run: Running, o: OutputLine) -> None:
+        """A scripted program's line, to the log and to attached sessions."""
         data = o.line.encode() + b"\n"
         run.pipe.put(o.stream, data)
         for io in run.attached:
             await send(io, o.stream, data)
 
     async def _play(self, cid: str, run: Running, later: list[OutputLine]) -> None:
+        assert run.program is not None
         t0 = run.started_mono
         for o in later:
             await asyncio.sleep(max(0.0, t0 + o.after - time.monotonic()))
@@ -224,6 +281,8 @@ class FakeLifecycle:
         run = self.running.get(container.id)
         if run is None:
             return ExitInfo(exit_code=0, finished_at=self.clock(), reason="Completed")
+        if run.program is None:
+            return await self._stop_command(container.id, run, timeout)
         if run.program.ignore_sigterm and timeout > 0:
             try:
                 await asyncio.wait_for(run.exited.wait(), timeout)
@@ -246,6 +305,20 @@ class FakeLifecycle:
         self._finish(container.id, info)
         return info
 
+    async def _stop_command(self, cid: str, run: Running, timeout: int) -> ExitInfo:
+        """TERM to the shell (its trap runs), KILL after ``timeout`` s: as a runtime stops a process."""
+        if timeout > 0 and run.term is not None:
+            run.term.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(run.exited.wait()), timeout)
+        if cid in self.running:
+            if run.task is not None:
+                run.task.cancel()
+            self._finish(cid, ExitInfo(137, self.clock(), "Error"))
+        info = run.pipe.exit.info
+        assert info is not None
+        return info
+
     async def remove_container(self, container: ContainerRecord) -> None:
         run = self.running.pop(container.id, None)
         if run is not None:
@@ -253,6 +326,7 @@ class FakeLifecycle:
                 run.task.cancel()
             run.pipe.end()
         self.containers.discard(container.id)
+        self.files.pop(container.id, None)
 
     async def update_container_resources(
         self, container: ContainerRecord, resources: pb.LinuxContainerResources

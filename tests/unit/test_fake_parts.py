@@ -17,7 +17,7 @@ from backends.contract.errors import (
 from backends.fake.exec import FakeExec
 from backends.fake.images import ImageStore
 from backends.fake.lifecycle import FakeLifecycle
-from backends.fake.program import PROGRAM_ANNOTATION, Program, Programs, ShellContext
+from backends.fake.program import PROGRAM_ANNOTATION, Programs
 from backends.fake.stats import FakeStats
 from cri_api import api_pb2 as pb
 from tests.as_shim import AsShim
@@ -103,35 +103,26 @@ async def test_image_rules_missing_images_and_pinned_pause(tmp_path: Path) -> No
 # ---------------------------------------------------------------------- programs
 
 
-def test_exec_rules_then_builtins() -> None:
+def test_exec_rules() -> None:
     programs = Programs("fake", {"exec": [{"cmd": ["health", "*"], "stdout": "ok", "exit_code": 0}]})
     programs.add_exec_rule(["slow"], ExecResult(exit_code=3), delay=1.5)
-    ctx = ShellContext(hostname="web")
-    assert programs.exec(["health", "--deep"], ctx) == (ExecResult(exit_code=0, stdout=b"ok"), 0.0)
-    assert programs.exec(["slow"], ctx) == (ExecResult(exit_code=3), 1.5)
-    assert programs.exec(["hostname"], ctx)[0].stdout == b"web\n"
+    assert programs.exec_rule(["health", "--deep"]) == (ExecResult(exit_code=0, stdout=b"ok"), 0.0)
+    assert programs.exec_rule(["slow"]) == (ExecResult(exit_code=3), 1.5)
+    assert programs.exec_rule(["hostname"]) is None  # the shell's
     with pytest.raises(ValueError, match=r"exec\[0\]\.cmd"):
         Programs("fake", {"exec": [{"cmd": []}]})
 
 
 def test_program_precedence() -> None:
     programs = Programs("fake", {"programs": {"docker.io/library/nginx": {"output": ["table"]}}})
-    asked: list[str] = []
-
-    def ctx() -> ShellContext:
-        asked.append("ctx")
-        return ShellContext()
-
     annotated = container("1" * 64, "nginx:1", ["echo", "cmd"], program='{"output": ["annotation"]}')
-    assert programs.program_for(annotated, ctx).output[0].line == "annotation"
-    assert (
-        programs.program_for(container("1" * 64, "nginx:1", ["echo", "cmd"]), ctx).output[0].line == "table"
-    )
-    assert asked == []  # the shell context is built only when the command decides
-    assert programs.program_for(container("1" * 64, "busybox", ["echo", "cmd"]), ctx).output[0].line == "cmd"
-    assert programs.program_for(container("1" * 64, "busybox", ["nginx"]), ctx) == Program()
+    prog = programs.program_for(annotated)
+    assert prog is not None and prog.output[0].line == "annotation"
+    prog = programs.program_for(container("1" * 64, "nginx:1", ["echo", "cmd"]))
+    assert prog is not None and prog.output[0].line == "table"
+    assert programs.program_for(container("1" * 64, "busybox", ["echo", "cmd"])) is None  # its command runs
     with pytest.raises(InvalidArgumentError):
-        programs.program_for(container("1" * 64, program="{nope"), ctx)
+        programs.program_for(container("1" * 64, program="{nope"))
 
 
 # ---------------------------------------------------------------------- lifecycle

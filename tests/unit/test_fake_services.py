@@ -127,8 +127,10 @@ async def test_exec_rules_and_builtins(scripted: Running, short_tmp: str) -> Non
     await scripted.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
     out = await scripted.rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["cat", "/etc/hostname"]))
     assert out.stdout == b"scripted\n"
-    out = await scripted.rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["ls"]))
-    assert out.exit_code == 127 and out.stderr == b"sh: ls: not found\n"
+    out = await scripted.rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["ls", "/etc"]))
+    assert out.stdout.split() == [b"group", b"hostname", b"hosts", b"passwd", b"resolv.conf"]
+    out = await scripted.rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["nginx", "-t"]))
+    assert out.exit_code == 127 and out.stderr == b"sh: nginx: not found\n"
 
 
 async def test_images_rules_auth_and_missing(scripted: Running) -> None:

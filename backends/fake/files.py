@@ -1,0 +1,122 @@
+"""A fake container's files: its own in memory, and the volumes the kubelet gave it on the host.
+
+The fake runs no processes, but the pods people write pass files around:
+an init container leaves a marker in an emptyDir for the app container, a
+container writes its termination message to ``/dev/termination-log`` (which
+the kubelet reads from the host), a hostPath volume carries a file in. So a
+container's CRI mounts are real here: a path under a mount's container path
+is the file under its host path, shared with every other container that
+mounts it and kept across restarts, as the kubelet expects. Everything else
+is the container's own, in memory, gone with the container: the image's
+files (none unless the config scripts them), ``/etc/hostname``,
+``/etc/hosts`` and ``/etc/resolv.conf`` as the pod's config makes them.
+
+A path never leaves its mount: ``..`` and symbolic links that point outside
+the host path are refused (PermissionError), so a fake container cannot
+reach the node's files through a volume.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import posixpath
+from collections.abc import Mapping, Sequence
+
+from backends.fake.shell import MemoryFs
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Mount:
+    container_path: str
+    host_path: str
+    readonly: bool = False
+
+
+class ContainerFiles:
+    """The ``Fs`` of one fake container (see :mod:`backends.fake.shell`)."""
+
+    def __init__(self, own: Mapping[str, bytes], mounts: Sequence[Mount]) -> None:
+        self.memory = MemoryFs()
+        for path, data in own.items():
+            self.memory.mkdir(posixpath.dirname(path), parents=True)
+            self.memory.write(path, data)
+        # Longest first: a mount inside another mount wins.
+        self._mounts = sorted(
+            (dataclasses.replace(m, container_path=posixpath.normpath(m.container_path)) for m in mounts),
+            key=lambda m: len(m.container_path),
+            reverse=True,
+        )
+        for m in self._mounts:
+            # The mount point exists in the container's own tree, as a runtime would make it.
+            parent = m.container_path if os.path.isdir(m.host_path) else posixpath.dirname(m.container_path)
+            self.memory.mkdir(parent, parents=True)
+
+    def _host(self, path: str, writing: bool = False) -> str | None:
+        """The host path behind ``path`` if a mount holds it, else None (the container's own)."""
+        path = posixpath.normpath(posixpath.join("/", path))
+        for m in self._mounts:
+            mp = m.container_path
+            if path != mp and not path.startswith(mp.rstrip("/") + "/"):
+                continue
+            if writing and m.readonly:
+                raise PermissionError(f"{path}: read-only file system")
+            rel = posixpath.relpath(path, mp)
+            real = m.host_path if rel == "." else os.path.join(m.host_path, rel)
+            root = os.path.realpath(m.host_path)
+            resolved = os.path.realpath(real)
+            if resolved != root and not resolved.startswith(root.rstrip("/") + "/"):
+                raise PermissionError(f"{path}: outside its volume")
+            return real
+        return None
+
+    def read(self, path: str) -> bytes:
+        host = self._host(path)
+        if host is None:
+            return self.memory.read(path)
+        with open(host, "rb") as f:
+            return f.read()
+
+    def write(self, path: str, data: bytes, append: bool = False) -> None:
+        host = self._host(path, writing=True)
+        if host is None:
+            self.memory.write(path, data, append)
+            return
+        with open(host, "ab" if append else "wb") as f:
+            f.write(data)
+
+    def exists(self, path: str) -> bool:
+        try:
+            host = self._host(path)
+        except PermissionError:
+            return False
+        return self.memory.exists(path) if host is None else os.path.exists(host)
+
+    def is_dir(self, path: str) -> bool:
+        try:
+            host = self._host(path)
+        except PermissionError:
+            return False
+        return self.memory.is_dir(path) if host is None else os.path.isdir(host)
+
+    def listdir(self, path: str) -> list[str]:
+        host = self._host(path)
+        return self.memory.listdir(path) if host is None else sorted(os.listdir(host))
+
+    def mkdir(self, path: str, parents: bool = False) -> None:
+        host = self._host(path, writing=True)
+        if host is None:
+            self.memory.mkdir(path, parents)
+        elif parents:
+            os.makedirs(host, exist_ok=True)
+        else:
+            os.mkdir(host)
+
+    def remove(self, path: str) -> None:
+        host = self._host(path, writing=True)
+        if host is None:
+            self.memory.remove(path)
+        elif os.path.isdir(host):
+            os.rmdir(host)
+        else:
+            os.unlink(host)
