@@ -26,6 +26,30 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", choices=["json", "console"])
     serve.add_argument("--metrics-listen", help="host:port of the Prometheus /metrics endpoint")
+    hollow = sub.add_parser(
+        "hollow",
+        help="serve N isolated fake nodes from one process, one socket each (as kubemark's hollow nodes)",
+    )
+    hollow.add_argument("--nodes", type=int, required=True, help="how many nodes")
+    hollow.add_argument(
+        "--socket-template",
+        default="/run/cri-shim/node-{i}.sock",
+        help="node i's CRI socket, {i} replaced by the node's index (default: %(default)s)",
+    )
+    hollow.add_argument(
+        "--state-root",
+        default="/var/lib/cri-shim/hollow",
+        help="node i's records go to STATE_ROOT/node-{i} (default: %(default)s)",
+    )
+    hollow.add_argument(
+        "--pod-cidr-template",
+        default="10.0.0.0/8",
+        help="node i's pod IP range: a CIDR with {i} (10.{i}.0.0/16) or one CIDR split into "
+        "N equal ranges (default: %(default)s)",
+    )
+    hollow.add_argument("--config", help="TOML configuration file; only fake handlers")
+    hollow.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    hollow.add_argument("--log-format", choices=["json", "console"])
     sub.add_parser("version", help="print the version")
     cfg = sub.add_parser("config", help="configuration helpers")
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
@@ -61,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config":
         sys.stdout.write(DEFAULT_TOML)
         return 0
+    if args.command == "hollow":
+        from shim import hollow
+
+        return hollow.main(args)
     try:
         cfg = build_config(args)
     except ConfigError as exc:

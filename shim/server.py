@@ -142,8 +142,10 @@ class Server:
         id_factory: Callable[[], str] | None = None,
         observer: RpcObserver | None = None,
         wrap_backend: Callable[[Backend], Backend] | None = None,
+        notify: bool = True,
     ) -> None:
         self.config = config
+        self._notify = notify  # tell systemd READY=1 (a hollow process says it once, for all nodes)
         self._given_backends = backends
         self._clock = clock
         self._id_factory = id_factory
@@ -235,8 +237,8 @@ class Server:
         await server.start()
         self.grpc = server
         if kind == "unix":
+            self.socket_path = path  # removed by stop() even if securing it fails
             self._secure_socket(bind_path)
-            self.socket_path = path
         else:
             os.chmod(bind_path, 0o600)
             self._proxy = await _serve_fd_proxy(fds[0], bind_path)
@@ -258,7 +260,8 @@ class Server:
         gc.collect()
         gc.freeze()
         gc.set_threshold(20_000, 20, 50)
-        sd_notify("READY=1")
+        if self._notify:
+            sd_notify("READY=1")
 
     def _secure_socket(self, path: str) -> None:
         cfg = self.config.server

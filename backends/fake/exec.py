@@ -5,7 +5,8 @@ shell (:mod:`backends.fake.shell`) over the container's files; an
 interactive ``sh`` reads its commands from stdin, through a TTY's echo when
 the session has one. Attached stdin goes to the shell running the
 container's command (a scripted program echoes it, as ``cat`` would); a
-forwarded port echoes, unless ``port_responses`` gives its answer.
+forwarded port reaches the pod's scripted server (:mod:`backends.fake.servers`),
+else answers with ``port_responses`` for it, else echoes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backends.contract import ContainerRecord, ExecResult, PortStream, SandboxRecord, StreamIO, errors
-from backends.fake import shell
+from backends.fake import servers, shell
 from backends.fake.lifecycle import FakeLifecycle, send
 from backends.fake.program import Programs
 
@@ -100,6 +101,10 @@ class FakeExec:
             stdin.put_nowait(b"")  # stdin_once: the container's stdin closes with the session's
 
     async def port_forward(self, sandbox: SandboxRecord, port: int, stream: PortStream) -> None:
+        server = self.lifecycle.server_on(sandbox.id, port)
+        if server is not None:
+            await servers.serve(server, stream)
+            return
         responder = self._port_responses.get(str(port))
         if responder is not None:
             await stream.write(str(responder).encode())

@@ -31,7 +31,7 @@ from backends.contract import (
     StreamIO,
     errors,
 )
-from backends.fake import environment, shell
+from backends.fake import environment, servers, shell
 from backends.fake.files import ContainerFiles
 from backends.fake.images import ImageStore
 from backends.fake.program import OutputLine, Program, Programs
@@ -79,6 +79,8 @@ class FakeLifecycle:
         self.sandboxes: dict[str, SandboxRecord] = {}
         self.containers: set[str] = set()
         self.files: dict[str, ContainerFiles] = {}  # created containers' own files and volumes
+        # Created containers' scripted servers: container ID -> (its pod, its servers by port).
+        self.servers: dict[str, tuple[str, dict[int, servers.Server]]] = {}
         self.running: dict[str, Running] = {}
         self._cgroup_driver = str(options.get("cgroup_driver", "cgroupfs"))
         self._network = ipaddress.ip_network(str(options.get("pod_cidr", "10.88.0.0/16")))
@@ -160,6 +162,13 @@ class FakeLifecycle:
         self._ips.discard(str(sandbox.backend_data.get("ip", "")))
 
     # ------------------------------------------------------------------ containers
+    def server_on(self, sandbox_id: str, port: int) -> servers.Server | None:
+        """What a running container of the pod serves on ``port``, if one does."""
+        for cid, (owner, serving) in self.servers.items():
+            if owner == sandbox_id and port in serving and cid in self.running:
+                return serving[port]
+        return None
+
     def files_of(self, c: ContainerRecord) -> ContainerFiles:
         files = self.files.get(c.id)
         if files is None:  # recovered after a restart: made again (its own files are lost, its volumes not)
@@ -184,6 +193,9 @@ class FakeLifecycle:
         container.image_ref = found.id
         container.image_name = self.images.display_name(image, found)
         self.programs.program_for(container)  # a bad program annotation fails the create, not the start
+        serving = servers.parse_serve(container)
+        if serving:
+            self.servers[container.id] = (sandbox.id, serving)
         self.files[container.id] = environment.container_files(container, self.sandboxes.get(sandbox.id))
         self.containers.add(container.id)
 
@@ -327,6 +339,7 @@ class FakeLifecycle:
             run.pipe.end()
         self.containers.discard(container.id)
         self.files.pop(container.id, None)
+        self.servers.pop(container.id, None)
 
     async def update_container_resources(
         self, container: ContainerRecord, resources: pb.LinuxContainerResources

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 from backends.contract import ContainerRecord, SandboxRecord
+from backends.contract.errors import InvalidArgumentError
 from backends.fake.exec import FakeExec
 from backends.fake.files import ContainerFiles, Mount
 from backends.fake.images import ImageStore
 from backends.fake.lifecycle import FakeLifecycle
 from backends.fake.program import Programs
+from backends.fake.servers import SERVE_ANNOTATION
 from cri_api import api_pb2 as pb
 from tests.follow import Follower, MemoryLog
 
@@ -159,3 +161,43 @@ async def test_exec_reads_stdin_and_sees_the_containers_files(tmp_path: Path) ->
     assert (res.exit_code, res.stdout) == (0, b"web\n1\n")
     assert (tmp_path / "f").read_text() == "x\n"
     await follower.stop(life, c, 0)
+
+
+class Conn:
+    """One forwarded connection: what the client sends, what comes back."""
+
+    def __init__(self, data: list[bytes]) -> None:
+        self._in = data
+        self.got = bytearray()
+
+    async def read(self) -> bytes:
+        return self._in.pop(0) if self._in else b""
+
+    async def write(self, data: bytes) -> None:
+        self.got += data
+
+
+async def test_scripted_servers_answer_port_forward() -> None:
+    life, follower = await lifecycle()
+    sb = life.sandboxes["5" * 64]
+    web = container("1" * 64, ["sleep", "3600"])
+    web.config.annotations[SERVE_ANNOTATION] = '{"8080": {"/healthz": "ok\\n"}, "6379": "+PONG\\r\\n"}'
+    await life.create_container(web, sb)
+    streams = FakeExec({}, life, life.programs)
+    conn = Conn([b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"])
+    await streams.port_forward(sb, 8080, conn)  # not running yet: the echo
+    assert bytes(conn.got) == b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    await follower.start(life, web, sb)
+    conn = Conn([b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nConnection: close\r\n\r\n"])
+    await streams.port_forward(sb, 8080, conn)
+    first, _, second = bytes(conn.got).partition(b"ok\n")
+    assert first.startswith(b"HTTP/1.1 200 OK\r\n") and b"Content-Length: 3\r\n" in first
+    assert second.startswith(b"HTTP/1.1 404 Not Found\r\n") and b"Connection: close" in second
+    conn = Conn([])
+    await streams.port_forward(sb, 6379, conn)
+    assert bytes(conn.got) == b"+PONG\r\n"
+    bad = container("2" * 64, ["true"])
+    bad.config.annotations[SERVE_ANNOTATION] = '{"http": "x"}'
+    with pytest.raises(InvalidArgumentError, match="not a port"):
+        await life.create_container(bad, sb)
+    await follower.stop(life, web, 0)

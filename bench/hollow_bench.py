@@ -1,0 +1,324 @@
+"""Benchmark of hollow nodes: one `cri-shim hollow` process serving many fake nodes.
+
+Starts `cri-shim hollow --nodes N` in a child process (and, before it, a single
+`cri-shim serve` for comparison) and prints, without asserting anything:
+- the RSS of one idle `cri-shim serve`;
+- the time for all N nodes to answer, and the hollow process's idle RSS;
+- the time to create and start N x P pods (one container each, a bounded
+  number of RPC chains in flight), and the RSS with all of them;
+- ListPodSandbox and ListContainers p50/p99 while every node is polled once a
+  second by its own poller (N pollers at random phases, as N kubelets' PLEG
+  relists would be): over all nodes, and the spread of the per-node p99s;
+- the shim's CPU use during the polling, and the RSS after it.
+
+Targets (from the issue): RSS ≤ 300 MiB in all for 100 x 30; list p99 ≤ 10 ms per node.
+
+Usage: .venv/bin/python bench/hollow_bench.py [--nodes 100] [--pods 30] [--poll-seconds 20]
+       [--concurrency 32] [--per-node]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from cri_api import api_pb2 as pb  # noqa: E402
+from cri_api import api_pb2_grpc  # noqa: E402
+
+TARGET_RSS_MIB = 300
+TARGET_P99_MS = 10.0
+
+
+def proc_status(pid: int, key: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def rss_mib(pid: int) -> float:
+    return proc_status(pid, "VmRSS") / 1024
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pct(samples: list[float], q: float) -> float:
+    """The nearest-rank percentile: with fewer than 100 samples, the p99 is the slowest."""
+    s = sorted(samples)
+    return s[max(0, math.ceil(q * len(s)) - 1)] if s else float("nan")
+
+
+def line(name: str, value: str) -> None:
+    print(f"{name:<52} {value}")
+
+
+def start(args: list[str], log: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "shim.cli", *args, "--log-level", "warning"],
+        cwd=ROOT,
+        stderr=open(log, "wb"),
+    )
+
+
+def stop(proc: subprocess.Popen[bytes]) -> float:
+    t0 = time.perf_counter()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    return time.perf_counter() - t0
+
+
+async def wait_ready(sock: str, proc: subprocess.Popen[bytes], log: str) -> None:
+    async with grpc.aio.insecure_channel(f"unix://{sock}") as ch:
+        rt = api_pb2_grpc.RuntimeServiceStub(ch)
+        for _ in range(600):
+            if proc.poll() is not None:
+                with open(log) as f:
+                    raise SystemExit(f"the shim exited ({proc.returncode}):\n{f.read()[-2000:]}")
+            try:
+                await rt.Version(pb.VersionRequest(), timeout=1)
+                return
+            except grpc.aio.AioRpcError:
+                await asyncio.sleep(0.05)
+    raise SystemExit(f"{sock} never answered")
+
+
+async def single_serve_rss(tmp: str) -> float:
+    sock = f"{tmp}/single.sock"
+    log = f"{tmp}/single.log"
+    proc = start(["serve", "--listen", f"unix://{sock}", "--state-dir", f"{tmp}/single"], log)
+    try:
+        await wait_ready(sock, proc, log)
+        await asyncio.sleep(1)
+        return rss_mib(proc.pid)
+    finally:
+        stop(proc)
+
+
+class Node:
+    def __init__(self, index: int, sock: str) -> None:
+        self.index = index
+        self.channel = grpc.aio.insecure_channel(
+            f"unix://{sock}", options=[("grpc.max_receive_message_length", 64 << 20)]
+        )
+        self.rt = api_pb2_grpc.RuntimeServiceStub(self.channel)
+        self.im = api_pb2_grpc.ImageServiceStub(self.channel)
+        self.list_pods: list[float] = []
+        self.list_containers: list[float] = []
+        self.pods_seen = 0
+        self.containers_seen = 0
+
+
+async def create_pods(nodes: list[Node], per_node: int, concurrency: int) -> float:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(node: Node, i: int) -> None:
+        async with sem:
+            sc = pb.PodSandboxConfig(
+                metadata=pb.PodSandboxMetadata(name=f"pod-{i}", namespace="bench", uid=f"uid-{i}"),
+                labels={"app": f"a{i % 10}"},
+            )
+            pod = (await node.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc))).pod_sandbox_id
+            cc = pb.ContainerConfig(
+                metadata=pb.ContainerMetadata(name="c"), image=pb.ImageSpec(image="busybox")
+            )
+            req = pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc)
+            cid = (await node.rt.CreateContainer(req)).container_id
+            await node.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+
+    t0 = time.perf_counter()
+    # Interleaved across nodes, as pods scheduled onto a cluster arrive.
+    await asyncio.gather(*(one(node, i) for i in range(per_node) for node in nodes))
+    return time.perf_counter() - t0
+
+
+async def poll(nodes: list[Node], seconds: float) -> list[float]:
+    """Every node relisted once a second by its own poller, starting at a random phase.
+
+    Returns this client's own event-loop lag meanwhile (ms): what of the
+    latencies is the benchmark's rather than the shim's.
+    """
+    deadline = time.monotonic() + seconds
+    lags: list[float] = []
+
+    async def lag() -> None:
+        while time.monotonic() < deadline:
+            t0 = time.perf_counter()
+            await asyncio.sleep(0.01)
+            lags.append((time.perf_counter() - t0 - 0.01) * 1000)
+
+    async def timed(call: Callable[[], Awaitable[object]], into: list[float]) -> object:
+        t0 = time.perf_counter()
+        resp = await call()
+        into.append((time.perf_counter() - t0) * 1000)
+        return resp
+
+    async def poller(node: Node) -> None:
+        await asyncio.sleep(random.random())
+        tick = time.monotonic()
+        while tick < deadline:
+            pods = await timed(lambda: node.rt.ListPodSandbox(pb.ListPodSandboxRequest()), node.list_pods)
+            ctrs = await timed(
+                lambda: node.rt.ListContainers(pb.ListContainersRequest()), node.list_containers
+            )
+            node.pods_seen = len(pods.items)  # type: ignore[attr-defined]
+            node.containers_seen = len(ctrs.containers)  # type: ignore[attr-defined]
+            tick += 1.0
+            await asyncio.sleep(max(0.0, tick - time.monotonic()))
+
+    await asyncio.gather(lag(), *(poller(n) for n in nodes))
+    return lags
+
+
+def show_lists(name: str, nodes: list[Node], pick: Callable[[Node], list[float]], per_node: bool) -> None:
+    every = [ms for n in nodes for ms in pick(n)]
+    p99s = [pct(pick(n), 0.99) for n in nodes]
+    over = sum(1 for p in p99s if p > TARGET_P99_MS)
+    line(
+        f"{name}, all nodes",
+        f"p50 {pct(every, 0.5):6.2f} ms   p99 {pct(every, 0.99):6.2f} ms   max {max(every):6.2f} ms   (n={len(every)})",
+    )
+    line(
+        f"{name}, per-node p99",
+        f"min {min(p99s):6.2f}   median {statistics.median(p99s):6.2f}   max {max(p99s):6.2f} ms   "
+        f"({over} of {len(nodes)} nodes over {TARGET_P99_MS:g} ms; {len(pick(nodes[0]))} calls each)",
+    )
+    if per_node:
+        for n in nodes:
+            s = pick(n)
+            print(
+                f"    node {n.index:>4}: p50 {pct(s, 0.5):6.2f} ms   p99 {pct(s, 0.99):6.2f} ms   (n={len(s)})"
+            )
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=100)
+    ap.add_argument("--pods", type=int, default=30, help="pods per node (one started container each)")
+    ap.add_argument("--poll-seconds", type=float, default=20.0)
+    ap.add_argument("--concurrency", type=int, default=32, help="pod creations in flight, over all nodes")
+    ap.add_argument("--per-node", action="store_true", help="print every node's list latencies")
+    args = ap.parse_args()
+
+    tmp = tempfile.mkdtemp(prefix="chb-", dir="/tmp")
+    print(
+        f"cri-shim hollow: {args.nodes} nodes x {args.pods} pods, python {sys.version.split()[0]}, {os.cpu_count()} CPUs"
+    )
+    try:
+        single = await single_serve_rss(tmp)
+        line("RSS of one idle `cri-shim serve`", f"{single:8.1f} MiB")
+
+        log = f"{tmp}/hollow.log"
+        template = f"{tmp}/n-{{i}}.sock"
+        t0 = time.perf_counter()
+        proc = start(
+            [
+                "hollow",
+                "--nodes",
+                str(args.nodes),
+                "--socket-template",
+                template,
+                "--state-root",
+                f"{tmp}/state",
+            ],
+            log,
+        )
+        try:
+            sockets = [template.replace("{i}", str(i)) for i in range(args.nodes)]
+            for sock in sockets:
+                await wait_ready(sock, proc, log)
+            line(
+                f"all {args.nodes} nodes answering (process start included)",
+                f"{time.perf_counter() - t0:8.2f} s",
+            )
+            await asyncio.sleep(1)
+            idle = rss_mib(proc.pid)
+            line(f"RSS idle, {args.nodes} nodes", f"{idle:8.1f} MiB")
+            line(
+                "per node above one idle serve",
+                f"{(idle - single) / max(1, args.nodes - 1) * 1024:8.0f} KiB"
+                f"   (threads {proc_status(proc.pid, 'Threads')}, fds {len(os.listdir(f'/proc/{proc.pid}/fd'))})",
+            )
+
+            nodes = [Node(i, s) for i, s in enumerate(sockets)]
+            try:
+                await asyncio.gather(
+                    *(n.im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image="busybox"))) for n in nodes)
+                )
+                secs = await create_pods(nodes, args.pods, args.concurrency)
+                total = args.nodes * args.pods
+                line(
+                    f"{total} pods created + started ({args.concurrency} in flight)",
+                    f"{secs:8.2f} s   ({total / secs:.0f} pods/s, {3 * total / secs:.0f} RPCs/s)",
+                )
+                await asyncio.sleep(1)
+                loaded = rss_mib(proc.pid)
+                line(
+                    f"RSS with {total} pods + {total} containers",
+                    f"{loaded:8.1f} MiB   (target ≤ {TARGET_RSS_MIB})",
+                )
+
+                cpu0, w0 = cpu_seconds(proc.pid), time.perf_counter()
+                lags = await poll(nodes, args.poll_seconds)
+                cpu = (cpu_seconds(proc.pid) - cpu0) / (time.perf_counter() - w0)
+                print(
+                    f"polling: {args.nodes} pollers x 1/s for {args.poll_seconds:g} s, each ListPodSandbox + ListContainers"
+                )
+                show_lists("ListPodSandbox", nodes, lambda n: n.list_pods, args.per_node)
+                show_lists("ListContainers", nodes, lambda n: n.list_containers, args.per_node)
+                line("shim CPU while polled", f"{cpu * 100:8.1f} % of one core")
+                line(
+                    "bench client's loop lag while polling",
+                    f"p50 {pct(lags, 0.5):6.2f} ms   p99 {pct(lags, 0.99):6.2f} ms   max {max(lags):6.2f} ms"
+                    f"   (load average {os.getloadavg()[0]:.2f})",
+                )
+                seen = {(n.pods_seen, n.containers_seen) for n in nodes}
+                line("pods, containers listed per node", ", ".join(f"{p}, {c}" for p, c in sorted(seen)))
+                line(
+                    "RSS after polling",
+                    f"{rss_mib(proc.pid):8.1f} MiB   (peak {proc_status(proc.pid, 'VmHWM') / 1024:.1f})",
+                )
+            finally:
+                for n in nodes:
+                    await n.channel.close()
+        finally:
+            took = stop(proc)
+            left = [s for s in os.listdir(tmp) if s.endswith(".sock")]
+            line(
+                "SIGTERM to exit", f"{took:8.2f} s   (exit code {proc.returncode}, {len(left)} sockets left)"
+            )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main())
+    else:
+        uvloop.run(main())
