@@ -33,7 +33,6 @@ import grp
 import ipaddress
 import itertools
 import os
-import signal
 import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any
@@ -41,7 +40,7 @@ from typing import Any
 import structlog
 
 from shim.config import Config, ConfigError, HandlerConfig, load
-from shim.server import Server, ServerError, dump_stacks, parse_listen, sd_notify
+from shim.server import Server, ServerError, parse_listen, sd_notify, stop_signals
 
 log = structlog.get_logger("hollow")
 
@@ -217,11 +216,7 @@ class Hollow:
                 log.error("hollow.stop_failed", node=node.index, error=repr(result))
 
     async def run_until_signalled(self) -> None:
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        loop.add_signal_handler(signal.SIGUSR1, dump_stacks)
+        stop = stop_signals()
         await self.start(stop)
         sd_notify("READY=1")
         await stop.wait()

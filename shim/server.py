@@ -317,16 +317,22 @@ class Server:
         log.info("server.stopped")
 
     async def run_until_signalled(self) -> None:
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        loop.add_signal_handler(signal.SIGUSR1, dump_stacks)
+        stop = stop_signals()
         await self.start()
         await stop.wait()
         log.info("server.stopping")
         sd_notify("STOPPING=1")
         await self.stop()
+
+
+def stop_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT (SIGUSR1 dumps every task's stack to the log)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, dump_stacks)
+    return stop
 
 
 def dump_stacks() -> None:

@@ -2257,17 +2257,27 @@ class _Shell:
                 try:
                     if (await self._condition(node.cond) == 0) == node.until:
                         break
-                    status = await self.run(node.body)
-                except _Break as jump:
+                except _Break as jump:  # `break` in the condition
                     _propagate(jump)
                     status = 0
                     break
-                except _Continue as jump:
-                    _propagate(jump)
-                    status = 0
+                status, broke = await self._iteration(node.body)
+                if broke:
+                    break
         finally:
             self.loop_depth -= 1
         return status
+
+    async def _iteration(self, body: _Node) -> tuple[int, bool]:
+        """One pass of a loop's body: its status, and whether a ``break`` ended the loop."""
+        try:
+            return await self.run(body), False
+        except _Break as jump:
+            _propagate(jump)
+            return 0, True
+        except _Continue as jump:
+            _propagate(jump)
+            return 0, False
 
     async def _run_for(self, node: _For) -> int:
         items = list(self.args) if node.items is None else await self.argv(node.items)
@@ -2276,15 +2286,9 @@ class _Shell:
         try:
             for item in items:
                 self.vars[node.var] = item
-                try:
-                    status = await self.run(node.body)
-                except _Break as jump:
-                    _propagate(jump)
-                    status = 0
+                status, broke = await self._iteration(node.body)
+                if broke:
                     break
-                except _Continue as jump:
-                    _propagate(jump)
-                    status = 0
         finally:
             self.loop_depth -= 1
         return status
