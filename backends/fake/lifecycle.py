@@ -243,6 +243,7 @@ class FakeLifecycle:
             read_stdin if run.stdin is not None else None,
         )
         io.term = run.term
+        io.unknown_runs = True  # `sh -c "...; nginx"`: nginx runs until stopped
         try:
             code = await shell.run(argv, io)
         except Exception as exc:  # a gap in the shell must not leave the container running forever

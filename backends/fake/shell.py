@@ -205,6 +205,9 @@ class ShellIO:
     pid: int = 1  # $$; `kill $$` (or `kill 1` when this is PID 1) signals the shell itself
     processes: Callable[[], list[str]] | None = None  # command names, for pgrep and ps
     clock: Callable[[], float] = time.time  # seconds since the epoch, for date
+    # A command not found runs, silently, until stopped (a container's own program the fake cannot
+    # run: `sh -c "prepare; nginx"`), instead of failing with 127 as an exec's does.
+    unknown_runs: bool = False
 
 
 async def run(argv: Sequence[str], io: ShellIO) -> int:
@@ -2407,6 +2410,9 @@ class _Shell:
         script = self.find_script(name)
         if script is not None:
             return await self._run_script_file(script, argv)
+        if self.io.unknown_runs:
+            await self.sleep_forever()  # SIGTERM ends it as it ends a sleep
+            return 0
         await self.err(f"sh: {name}: not found")
         return 127
 

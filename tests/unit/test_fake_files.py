@@ -201,3 +201,19 @@ async def test_scripted_servers_answer_port_forward() -> None:
     with pytest.raises(InvalidArgumentError, match="not a port"):
         await life.create_container(bad, sb)
     await follower.stop(life, web, 0)
+
+
+async def test_a_program_the_fake_cannot_run_runs_until_stopped() -> None:
+    """`sh -c top` in a container runs top: the fake cannot, so it runs silently until stopped
+    (an exec of it, though, fails as a real shell's would)."""
+    life, follower = await lifecycle()
+    sb = life.sandboxes["5" * 64]
+    c = container("1" * 64, ["sh", "-c", "echo starting; top"])
+    log = MemoryLog()
+    await life.create_container(c, sb)
+    await follower.start(life, c, sb, log)
+    await asyncio.sleep(0.05)
+    assert c.id in life.running and log.data["stdout"] == b"starting\n" and not log.data["stderr"]
+    res = await FakeExec({}, life, life.programs).exec_sync(c, ["top"])
+    assert (res.exit_code, res.stderr) == (127, b"sh: top: not found\n")
+    assert (await follower.stop(life, c, 5)).exit_code == 143
