@@ -11,7 +11,7 @@ to check their pod's settings.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from backends.contract import ContainerRecord, SandboxRecord
 from backends.fake.files import ContainerFiles, Mount
@@ -26,10 +26,13 @@ def hostname_of(c: ContainerRecord, sb: SandboxRecord | None) -> str:
     return (sb.config.hostname if sb else "") or c.sandbox_id[:12]
 
 
-def container_files(c: ContainerRecord, sb: SandboxRecord | None) -> ContainerFiles:
-    """A new container's files: what its runtime would write for its pod, and its mounts."""
+def container_files(
+    c: ContainerRecord, sb: SandboxRecord | None, image_files: Mapping[str, bytes] | None = None
+) -> ContainerFiles:
+    """A new container's files: its image's, what its runtime writes for its pod, and its mounts."""
     hostname = hostname_of(c, sb)
-    own: dict[str, bytes] = {
+    own: dict[str, bytes] = dict(image_files or {})
+    own |= {
         "/etc/hostname": f"{hostname}\n".encode(),
         "/etc/hosts": f"127.0.0.1\tlocalhost\n{sb.status.ip if sb else ''}\t{hostname}\n".encode(),
         "/etc/passwd": b"root:x:0:0:root:/root:/bin/sh\n",

@@ -4,8 +4,9 @@ A pull takes ``pull_seconds`` (0.01), as a real one takes time, so that client
 deadlines mean something. All tags of one repository path are one image, on
 every registry (a mirror such as k8s.gcr.io/pause serves
 registry.k8s.io/pause), except the pinned sandbox image; the ``images`` rules
-(by ``REPO`` or ``REPO:TAG``) may give ``id``, ``size``, ``uid`` or
-``username``; ``missing_images`` patterns make pulls fail with NOT_FOUND.
+(by ``REPO`` or ``REPO:TAG``) may give ``id``, ``size``, ``uid``,
+``username`` or ``files`` (path = text: what its containers' file systems
+start with); ``missing_images`` patterns make pulls fail with NOT_FOUND.
 Every pull is recorded in ``pulls`` with the auth it carried.
 """
 
@@ -60,6 +61,12 @@ class ImageStore:
         self._pause_image = str(options.get("pause_image", ""))
         self._pause_ref = ""
         self._rules = {str(k): dict(v) for k, v in dict(options.get("images", {})).items()}
+        for name, rule in self._rules.items():
+            files = rule.get("files", {})
+            if not isinstance(files, Mapping) or not all(
+                isinstance(k, str) and k.startswith("/") and isinstance(v, str) for k, v in files.items()
+            ):
+                raise ValueError(f"images.{name}.files must be a table of absolute path = text")
         self._missing = [str(p) for p in options.get("missing_images", [])]
 
     def load(self) -> None:
@@ -170,6 +177,16 @@ class ImageStore:
         if ref.tagged and ref.tagged == self._pause_ref:
             return "sha256:" + hashlib.sha256(ref.tagged.encode()).hexdigest()
         return "sha256:" + hashlib.sha256(ref.path.encode()).hexdigest()
+
+    def files_for(self, image: str) -> dict[str, bytes]:
+        """The files a rule gives the image named ``image`` (its containers start with them)."""
+        rule = self._rules.get(image)  # as the pod spec writes it ("busybox:1.36")
+        if rule is None:
+            try:
+                rule = self._rule(parse(image))  # or by the full reference, tagged or not
+            except BadReference:
+                return {}
+        return {path: text.encode() for path, text in dict(rule.get("files", {})).items()}
 
     def _rule(self, ref: Reference) -> dict[str, Any]:
         return self._rules.get(ref.tagged) or self._rules.get(ref.repository) or {}

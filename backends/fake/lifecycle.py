@@ -172,7 +172,9 @@ class FakeLifecycle:
     def files_of(self, c: ContainerRecord) -> ContainerFiles:
         files = self.files.get(c.id)
         if files is None:  # recovered after a restart: made again (its own files are lost, its volumes not)
-            files = self.files[c.id] = environment.container_files(c, self.sandboxes.get(c.sandbox_id))
+            files = self.files[c.id] = environment.container_files(
+                c, self.sandboxes.get(c.sandbox_id), self.images.files_for(c.config.image.image)
+            )
         return files
 
     def shell_io(
@@ -196,7 +198,9 @@ class FakeLifecycle:
         serving = servers.parse_serve(container)
         if serving:
             self.servers[container.id] = (sandbox.id, serving)
-        self.files[container.id] = environment.container_files(container, self.sandboxes.get(sandbox.id))
+        self.files[container.id] = environment.container_files(
+            container, self.sandboxes.get(sandbox.id), self.images.files_for(image)
+        )
         self.containers.add(container.id)
 
     async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> Started:

@@ -217,3 +217,21 @@ async def test_a_program_the_fake_cannot_run_runs_until_stopped() -> None:
     res = await FakeExec({}, life, life.programs).exec_sync(c, ["top"])
     assert (res.exit_code, res.stderr) == (127, b"sh: top: not found\n")
     assert (await follower.stop(life, c, 5)).exit_code == 143
+
+
+async def test_an_images_scripted_files_are_its_containers() -> None:
+    rules = {"docker.io/library/busybox": {"files": {"/app/config": "mode=test\n"}}}
+    images = ImageStore({"pull_seconds": 0, "images": rules})
+    life = FakeLifecycle({}, images, Programs("fake", {}))
+    follower = Follower()
+    await life.start(follower)
+    await images.pull_image(pb.ImageSpec(image="busybox:1"), None, None)
+    await life.run_sandbox(sandbox())
+    c = container("1" * 64, ["sleep", "3600"])
+    await life.create_container(c, life.sandboxes["5" * 64])
+    await follower.start(life, c, life.sandboxes["5" * 64])
+    res = await FakeExec({}, life, life.programs).exec_sync(c, ["cat", "/app/config", "/etc/hostname"])
+    assert res.stdout == b"mode=test\nweb\n"
+    with pytest.raises(ValueError, match="files"):
+        ImageStore({"images": {"busybox": {"files": {"relative": "x"}}}})
+    await follower.stop(life, c, 0)
