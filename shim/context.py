@@ -23,6 +23,7 @@ from backends.contract import (
     ContainerRecord,
     ContainerStatus,
     ExitInfo,
+    PodCidrTaker,
     SandboxRecord,
 )
 from backends.registry import Registry
@@ -94,6 +95,17 @@ class Shim:
             i = self.new_id()
             if self.store.sandboxes.get(i) is None and self.store.containers.get(i) is None:
                 return i
+
+    def hand_pod_cidr(self) -> None:
+        """Give the node's pod CIDR to every backend that allocates pod addresses itself."""
+        if not self.pod_cidr:
+            return
+        for name, backend in self.registry.items():
+            if isinstance(backend, PodCidrTaker):
+                try:
+                    backend.set_pod_cidr(self.pod_cidr)
+                except ValueError as exc:
+                    log.warning("pod_cidr.refused", handler=name, cidr=self.pod_cidr, error=str(exc))
 
     # ------------------------------------------------------------------ container IO
     def follow(self, c: ContainerRecord, process: ContainerProcess) -> None:

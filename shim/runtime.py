@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 
 from backends.contract import Capability
 from cri_api import api_pb2 as pb
 from shim import __version__
 from shim.context import Shim
+from shim.errors import InvalidArgumentError
 
 RUNTIME_NAME = "cri-shim"
 RUNTIME_API_VERSION = "v1"
@@ -81,8 +83,14 @@ class RuntimeService:
         self, req: pb.UpdateRuntimeConfigRequest
     ) -> pb.UpdateRuntimeConfigResponse:
         cidr = req.runtime_config.network_config.pod_cidr
-        if cidr and cidr != self.shim.pod_cidr:
-            self.shim.pod_cidr = cidr
-            if self.shim.store.state is not None:
-                self.shim.store.state.save_runtime({"pod_cidr": cidr})
+        if not cidr or cidr == self.shim.pod_cidr:
+            return pb.UpdateRuntimeConfigResponse()
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            raise InvalidArgumentError(f"pod_cidr {cidr!r} is not a CIDR") from None
+        self.shim.pod_cidr = cidr
+        if self.shim.store.state is not None:
+            self.shim.store.state.save_runtime({"pod_cidr": cidr})
+        self.shim.hand_pod_cidr()
         return pb.UpdateRuntimeConfigResponse()

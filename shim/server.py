@@ -205,6 +205,7 @@ class Server:
             id_factory=self._id_factory or new_id,
         )
         shim.pod_cidr = state.load_runtime().get("pod_cidr", "")
+        shim.hand_pod_cidr()
         self.shim = shim
         for name, backend in registry.items():
             try:

@@ -248,6 +248,15 @@ class SandboxResourceUpdater(Protocol):
 
 
 @runtime_checkable
+class PodCidrTaker(Protocol):
+    """A backend whose pods take their addresses from the node's range, as the kubelet gives it."""
+
+    def set_pod_cidr(self, cidr: str) -> None:
+        """The node's pod CIDR (UpdateRuntimeConfig, or the one saved before a restart): pods made
+        from now on get addresses in it; pods that have one keep it."""
+
+
+@runtime_checkable
 class Checkpointer(Protocol):
     """CheckpointContainer (CHECKPOINT)."""
 

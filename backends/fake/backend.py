@@ -37,7 +37,7 @@ from backends.contract import (
     StreamIO,
 )
 from backends.fake.exec import FakeExec
-from backends.fake.faults import FaultInjector
+from backends.fake.faults import Call, FaultInjector
 from backends.fake.images import ImageStore
 from backends.fake.lifecycle import FakeLifecycle
 from backends.fake.program import Programs
@@ -83,6 +83,10 @@ class FakeRuntime:
 
     def runtime_config(self) -> pb.RuntimeConfigResponse:
         return self.lifecycle.runtime_config()
+
+    def set_pod_cidr(self, cidr: str) -> None:
+        """Pods take addresses from the kubelet's range for this node (a hollow node's too)."""
+        self.lifecycle.set_pod_cidr(cidr)
 
     async def recover(
         self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
@@ -169,8 +173,12 @@ class FakeBackend(FaultInjector):
     """
 
     def __new__(cls, name: str, options: Mapping[str, Any], clock: Callable[[], int] = time.time_ns) -> Self:
-        # The fake has none of the optional protocols: nothing to pass through.
+        # Of the optional protocols the fake has only PodCidrTaker, written out below.
         return object.__new__(cls)
+
+    def set_pod_cidr(self, cidr: str) -> None:
+        self.calls.append(Call("set_pod_cidr", (cidr,), self.clock()))
+        self.runtime.set_pod_cidr(cidr)
 
     def __init__(
         self, name: str, options: Mapping[str, Any], clock: Callable[[], int] = time.time_ns

@@ -2,7 +2,8 @@
 
 ``FaultInjector(inner)`` implements the same protocols as the backend it
 wraps (lifecycle, images, exec, stats, resources, and the optional ones —
-``MetricsBackend``, ``SandboxResourceUpdater``, ``Checkpointer`` — only when
+``MetricsBackend``, ``SandboxResourceUpdater``, ``Checkpointer``,
+``PodCidrTaker`` — only when
 the inner backend has them, so the shim's ``isinstance`` checks see what the
 inner backend can do). Every call then, in order:
 
@@ -46,6 +47,7 @@ from backends.contract import (
     LogMarks,
     MetricsBackend,
     Observed,
+    PodCidrTaker,
     PodMetrics,
     PortStream,
     SandboxNetwork,
@@ -300,6 +302,12 @@ class _SandboxResourceFaults(_Faults):
         await cast(SandboxResourceUpdater, self._inner).update_sandbox_resources(sandbox, request)
 
 
+class _PodCidrFaults(_Faults):
+    def set_pod_cidr(self, cidr: str) -> None:
+        self.calls.append(Call("set_pod_cidr", (cidr,), self.clock()))  # recorded; nothing to delay
+        cast(PodCidrTaker, self._inner).set_pod_cidr(cidr)
+
+
 class _CheckpointFaults(_Faults):
     async def checkpoint_container(self, container: ContainerRecord, location: str, timeout: int) -> None:
         await self._enter("checkpoint_container", container.id, location, timeout)
@@ -310,6 +318,7 @@ _OPTIONAL: tuple[tuple[type, type[_Faults]], ...] = (
     (MetricsBackend, _MetricsFaults),
     (SandboxResourceUpdater, _SandboxResourceFaults),
     (Checkpointer, _CheckpointFaults),
+    (PodCidrTaker, _PodCidrFaults),
 )
 
 

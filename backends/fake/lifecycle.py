@@ -131,6 +131,12 @@ class FakeLifecycle:
             seen_ct[c.id] = Observed(exists=True, running=running, started_at=c.status.started_at)
         return seen_sb, seen_ct
 
+    def set_pod_cidr(self, cidr: str) -> None:
+        network = ipaddress.ip_network(cidr, strict=False)
+        if network != self._network and network.num_addresses >= 4:
+            self._network = network
+            self._next_ip = 2
+
     # ------------------------------------------------------------------ sandboxes
     async def run_sandbox(self, sandbox: SandboxRecord) -> SandboxNetwork:
         self.sandboxes[sandbox.id] = sandbox

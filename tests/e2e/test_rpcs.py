@@ -64,6 +64,17 @@ async def test_update_runtime_config_keeps_pod_cidr(running: Running) -> None:
     await running.rt.UpdateRuntimeConfig(req)
     st = await running.rt.Status(pb.StatusRequest(verbose=True))
     assert "10.244.1.0/24" in st.info["config"]
+    # The fake allocates pod addresses itself: new pods take them from the kubelet's range.
+    pod = await running.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sandbox_config(name="in-range")))
+    status = await running.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod.pod_sandbox_id))
+    assert status.status.network.ip.startswith("10.244.1.")
+    assert ("set_pod_cidr", ("10.244.1.0/24",)) in [(c.method, c.args) for c in running.fake.calls]
+    req.runtime_config.network_config.pod_cidr = "10.244.1.0/99"
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await running.rt.UpdateRuntimeConfig(req)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not a CIDR" in (
+        info.value.details() or ""
+    )
 
 
 async def test_full_lifecycle_and_events(running: Running, short_tmp: str) -> None:
