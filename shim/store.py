@@ -15,6 +15,7 @@ import json
 import os
 import re
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -221,6 +222,7 @@ class StateDir:
 
     def __init__(self, root: str) -> None:
         self.root = root
+        self.quarantined: list[str] = []  # where records kept aside at load are
         self.sandboxes = os.path.join(root, "sandboxes")
         self.containers = os.path.join(root, "containers")
         for d in (self.sandboxes, self.containers):
@@ -264,11 +266,11 @@ class StateDir:
         _unlink(os.path.join(self.containers, container_id + ".json"))
 
     def load(self) -> tuple[list[SandboxRecord], list[ContainerRecord]]:
-        sandboxes = [sandbox_from_json(d) for d in self._read_all(self.sandboxes)]
-        containers = [container_from_json(d) for d in self._read_all(self.containers)]
+        sandboxes = list(self._read_all(self.sandboxes, sandbox_from_json))
+        containers = list(self._read_all(self.containers, container_from_json))
         return sandboxes, containers
 
-    def _read_all(self, folder: str) -> Iterator[dict[str, Any]]:
+    def _read_all(self, folder: str, parse: Callable[[dict[str, Any]], R]) -> Iterator[R]:
         for name in sorted(os.listdir(folder)):
             path = os.path.join(folder, name)
             if name.endswith(".tmp"):
@@ -279,11 +281,34 @@ class StateDir:
                 continue
             try:
                 with open(path, "rb") as f:
-                    yield json.loads(f.read())
-            except (OSError, ValueError, KeyError) as exc:
+                    data = json.loads(f.read())
+                if not isinstance(data, dict):
+                    raise ValueError("not a JSON object")
+                if data.get("v") != RECORD_VERSION:
+                    raise ValueError(f"record version {data.get('v')!r}, this shim writes {RECORD_VERSION}")
+                record = parse(data)
+                if record.id != name[:-5]:
+                    raise ValueError(f"the record is of {record.id!r}, not of its file name")
+            except Exception as exc:  # a torn, truncated or foreign file: any way it can be wrong
                 # Never refuse to start over one bad file; keep it aside for a human.
-                log.error("state.unreadable_record", path=path, error=str(exc))
-                os.replace(path, path + ".corrupt")
+                self.quarantine(path, f"{type(exc).__name__}: {exc}")
+                continue
+            yield record
+
+    def quarantine(self, path: str, why: str) -> None:
+        """Move a record the shim cannot use to ``quarantine/`` (kept, never deleted) and say so."""
+        folder = os.path.join(self.root, "quarantine")
+        kept = os.path.join(folder, f"{os.path.basename(os.path.dirname(path))}-{os.path.basename(path)}")
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            if os.path.exists(kept):
+                kept += f".{time.time_ns()}"
+            os.replace(path, kept)
+        except OSError as exc:
+            log.error("state.quarantine_failed", path=path, error=str(exc))
+            kept = path
+        log.error("state.record_quarantined", path=path, kept=kept, error=why)
+        self.quarantined.append(kept)
 
 
 def _unlink(path: str) -> None:
@@ -312,17 +337,26 @@ class Store:
         # Tables keep insertion order, which List* answers follow: oldest first.
         sandboxes.sort(key=lambda r: r.created_at)
         containers.sort(key=lambda r: r.created_at)
+        state = self.state
         for s in sandboxes:
+            try:
+                self.sandbox_names.reserve(sandbox_name(s.config.metadata), s.id)
+            except AlreadyExistsError as exc:  # two records of one name: only a hand-made state dir
+                state.quarantine(os.path.join(state.sandboxes, s.id + ".json"), str(exc))
+                continue
             self.sandboxes.add(s)
-            self.sandbox_names.reserve(sandbox_name(s.config.metadata), s.id)
             self.by_sandbox.setdefault(s.id, set())
         for c in containers:
             sb = self.sandboxes.get(c.sandbox_id)
             if sb is None:
                 log.warning("state.orphan_container", container_id=c.id, sandbox_id=c.sandbox_id)
+            else:
+                try:
+                    self.container_names.reserve(container_name(sb, c.config.metadata), c.id)
+                except AlreadyExistsError as exc:
+                    state.quarantine(os.path.join(state.containers, c.id + ".json"), str(exc))
+                    continue
             self.containers.add(c)
-            if sb is not None:
-                self.container_names.reserve(container_name(sb, c.config.metadata), c.id)
             self.by_sandbox.setdefault(c.sandbox_id, set()).add(c.id)
 
     # ---- sandboxes

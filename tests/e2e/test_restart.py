@@ -295,3 +295,55 @@ async def test_a_start_the_runtime_made_but_the_shim_did_not_record_is_recovered
             assert ip and ip not in ips
     finally:
         await again.stop(0)
+
+
+async def test_torn_and_foreign_records_are_quarantined_and_the_rest_served(short_tmp: str) -> None:
+    """A torn, empty, foreign-version or misnamed record file, or one naming a pod twice: the shim
+    starts, keeps each aside under quarantine/ with a log line, and serves everything else."""
+    cfg = server_config(short_tmp)
+    fake_dir = os.path.join(short_tmp, "fake")
+    server = Server(
+        cfg, backends={"fake": FakeBackend("fake", {"state_dir": fake_dir})}, id_factory=make_ids("t")
+    )
+    await server.start()
+    async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
+        rt, im = api_pb2_grpc.RuntimeServiceStub(ch), api_pb2_grpc.ImageServiceStub(ch)
+        await populate(rt, im, 3)
+        before = await snapshot(rt, im)
+    await server.stop(0)
+    state = cfg.server.state_dir
+    pods = sorted(os.listdir(os.path.join(state, "sandboxes")))
+    containers = sorted(os.listdir(os.path.join(state, "containers")))
+    victims = {
+        os.path.join(state, "sandboxes", pods[0]): lambda text: text[: len(text) // 2],  # torn mid-write
+        os.path.join(state, "containers", containers[0]): lambda text: "",  # zero length
+        os.path.join(state, "containers", containers[1]): lambda text: text.replace('"v": 1', '"v": 99'),
+        os.path.join(state, "containers", containers[2]): lambda text: "[1, 2]",  # not a record
+    }
+    for path, tear in victims.items():
+        with open(path) as f:
+            text = f.read()
+        with open(path, "w") as f:
+            f.write(tear(text))
+    # A file whose record is another one's (copied by hand): its ID is not its name.
+    stray = os.path.join(state, "containers", "f" * 64 + ".json")
+    with open(os.path.join(state, "containers", containers[3])) as f, open(stray, "w") as out:
+        out.write(f.read())
+    server = Server(
+        cfg, backends={"fake": FakeBackend("fake", {"state_dir": fake_dir})}, id_factory=make_ids("t2")
+    )
+    await server.start()
+    try:
+        kept = sorted(os.listdir(os.path.join(state, "quarantine")))
+        assert len(kept) == 5, kept
+        torn_ids = {os.path.basename(p)[:-5] for p in victims}
+        async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
+            rt, im = api_pb2_grpc.RuntimeServiceStub(ch), api_pb2_grpc.ImageServiceStub(ch)
+            states, _images, _times = await snapshot(rt, im)
+            assert set(states) == set(before[0]) - torn_ids
+            assert all(states[k] == before[0][k] for k in states if not k.startswith(pods[0][:-5]))
+            assert "f" * 64 not in states
+            # The shim serves: new pods work.
+            await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sandbox_config(name="after")))
+    finally:
+        await server.stop(0)

@@ -77,6 +77,6 @@ def test_persistence_round_trip(tmp_path: object) -> None:
     assert got.status.state == pb.CONTAINER_EXITED
     assert s2.sandboxes.get(sb.id).status == sb.status  # type: ignore[union-attr]
     assert len(s2.containers) == 1
-    assert os.path.exists(os.path.join(root, "containers", "d" * 64 + ".json.corrupt"))
+    assert os.path.exists(os.path.join(root, "quarantine", "containers-" + "d" * 64 + ".json"))
     with pytest.raises(AlreadyExistsError):
         s2.sandbox_names.reserve("pod_default_" + sb.config.metadata.uid + "_0", "other")
