@@ -26,6 +26,7 @@ from shim.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
+    ResourceExhaustedError,
     UnimplementedError,
 )
 from shim.io import CriLogWriter, touch_log
@@ -221,7 +222,12 @@ class ContainerService:
         if isinstance(writer, CriLogWriter):
             # The file may have been renamed by the kubelet's rotation; reopen in a
             # thread so a slow disk never stalls the event loop.
-            await asyncio.to_thread(writer.reopen)
+            try:
+                await asyncio.to_thread(writer.reopen)
+            except OSError as exc:
+                raise ResourceExhaustedError(
+                    f"log file {c.log_path} of container {c.id} cannot be reopened: {exc.strerror or exc}"
+                ) from None
         return pb.ReopenContainerLogResponse()
 
     async def exec_sync(self, req: pb.ExecSyncRequest) -> pb.ExecSyncResponse:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import calendar
 import contextlib
+import errno
 import os
 import threading
 import time
@@ -71,22 +72,50 @@ class CriLogWriter:
         self._pending: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
         self._file: int | None = None
         self._closed = False
+        self.bytes_dropped = 0  # output that could not be written (a full disk), in all
+        self._episode = 0  # ... since writing last failed
+        self._failing: OSError | None = None
+        self._next_try = 0.0
         self._open()
 
     def _open(self) -> None:
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        self._file = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        """Open (or create) the file; on a full disk it stays closed and a later write tries again."""
+        self._next_try = time.monotonic() + 1.0
+        try:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            self._file = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        except OSError as exc:
+            self._file = None
+            if self._failing is None:
+                self._failing = exc
+                log.warning("io.log_open_failed", path=self.path, error=exc.strerror or str(exc))
 
     def _emit(self, stream: str, content: bytes, tag: bytes, at: int = 0) -> None:
+        if self._file is None and not self._closed and time.monotonic() >= self._next_try:
+            self._open()
         if self._file is None:
+            self._dropped(len(content) + 40, OSError(errno.EBADF, "log file not open"))
             return
         line = b"%s %s %s %s\n" % (rfc3339_nano(at or self._clock()), _STREAMS[stream], tag, content)
         try:
-            os.write(self._file, line)
-        except OSError:
-            # A full disk must not kill the container's output pump; the
-            # kubelet sees the gap in the log.
-            pass
+            written = os.write(self._file, line)
+        except OSError as exc:
+            # A full disk must not stop the container or the shim: the record is dropped,
+            # counted and said once per episode; the kubelet sees the gap in the log.
+            self._dropped(len(line), exc)
+            return
+        if written < len(line):  # the disk filled up within the record: the rest is dropped
+            self._dropped(len(line) - written, OSError(errno.ENOSPC, "short write"))
+        elif self._failing is not None:
+            log.info("io.log_write_resumed", path=self.path, bytes_dropped=self._episode)
+            self._failing, self._episode = None, 0
+
+    def _dropped(self, size: int, exc: OSError) -> None:
+        self.bytes_dropped += size
+        self._episode += size
+        if self._failing is None:
+            self._failing = exc
+            log.warning("io.log_write_failed", path=self.path, error=exc.strerror or str(exc))
 
     def write(self, stream: str, data: bytes, at: int = 0) -> None:
         """Append output; complete lines become records stamped ``at`` (default: now)."""
@@ -122,12 +151,16 @@ class CriLogWriter:
                     buf.clear()
 
     def reopen(self) -> None:
+        """Close and open the path again (after the kubelet renamed it); OSError if it cannot be
+        created (a full disk): the writer then keeps trying on its own."""
         with self._lock:
             if self._file is not None:
                 os.close(self._file)
                 self._file = None
             if not self._closed:
                 self._open()
+                if self._file is None:
+                    raise self._failing or OSError(errno.EIO, "cannot open the log file")
 
     def close(self) -> None:
         self.flush_partial()
@@ -273,6 +306,13 @@ class ContainerIO:
         self.on_exit = on_exit
         self.drain_wait = drain_wait
         self._followed: dict[str, _Followed] = {}
+        self._dropped_before = 0  # by the writers of containers no longer followed
+
+    @property
+    def log_bytes_dropped(self) -> int:
+        """Output that could not be written to a CRI log (a full disk), since the start."""
+        live = sum(getattr(f.writer, "bytes_dropped", 0) for f in self._followed.values())
+        return self._dropped_before + live
 
     def __contains__(self, container_id: str) -> bool:
         return container_id in self._followed
@@ -330,6 +370,7 @@ class ContainerIO:
             f.drained.set()
         if f.writer is not None:
             f.writer.close()
+            self._dropped_before += getattr(f.writer, "bytes_dropped", 0)
 
     async def aclose(self) -> None:
         """Stop following everything (shutdown): the runtimes keep their containers."""

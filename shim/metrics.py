@@ -16,6 +16,8 @@ What it exports (all prefixed ``cri_shim_``):
   reports it (ImageStatus after a successful pull, off the RPC's path), not
   the bytes transferred: a pull of an image already present counts its size;
 - ``streaming_sessions``: open exec/attach/port-forward sessions;
+- ``log_bytes_dropped_total``: container output that could not be written to
+  its CRI log (a full disk); each episode is also logged once per container;
 - ``build_info`` and the process collector (memory, CPU, open fds), which
   together with SIGUSR1's stack dump is what one chases a leak with.
 
@@ -37,7 +39,7 @@ from typing import Any, cast
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
@@ -58,6 +60,7 @@ UNTIMED_METHODS = frozenset({"exec", "attach", "port_forward"})
 # The size lookup after a pull must never hang around for a stuck runtime.
 SIZE_LOOKUP_TIMEOUT = 10.0
 MAX_REQUEST_HEAD = 8192
+_DROPPED_HELP = "Container output that could not be written to its CRI log (a full disk), in bytes."
 REQUEST_TIMEOUT = 10.0
 _CLOSER = "metrics-endpoint-closer"
 
@@ -252,6 +255,7 @@ class _StateCollector(Collector):
             GaugeMetricFamily("cri_shim_containers", "Containers by runtime handler and CRI state."),
             GaugeMetricFamily("cri_shim_streaming_sessions", "Open exec, attach and port-forward sessions."),
             GaugeMetricFamily("cri_shim_build_info", "The running cri-shim's version."),
+            CounterMetricFamily("cri_shim_log_bytes_dropped", _DROPPED_HELP),
         ]
 
     def collect(self) -> Iterable[Metric]:
@@ -283,6 +287,10 @@ class _StateCollector(Collector):
                 containers.add_metric([handler, state], n)
         yield pods
         yield containers
+        if shim is not None:
+            dropped = CounterMetricFamily("cri_shim_log_bytes_dropped", _DROPPED_HELP)
+            dropped.add_metric([], shim.io.log_bytes_dropped)
+            yield dropped
         streaming = self.server.streaming
         if streaming is not None:
             sessions = GaugeMetricFamily(

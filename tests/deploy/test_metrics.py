@@ -216,6 +216,7 @@ async def test_streaming_sessions_build_info_and_process(running: Running) -> No
     s = await scrape(running)
     assert running.server.streaming is not None
     assert sample(s, "cri_shim_streaming_sessions") == 0
+    assert sample(s, "cri_shim_log_bytes_dropped_total") == 0  # no full disk here
     real = running.server.streaming
     running.server.streaming = types.SimpleNamespace(open_sessions=3)
     try:

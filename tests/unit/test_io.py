@@ -3,7 +3,12 @@
 import asyncio
 import os
 import re
+import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import structlog
 
 from backends.contract import ExitInfo, ExitLatch, Output, ProcessPipe
 from shim.io import MAX_RECORD, ContainerIO, CriLogWriter, parse_rfc3339_nano, rfc3339_nano
@@ -168,3 +173,44 @@ async def test_a_stop_drains_and_close_ends_the_following() -> None:
     io.close("c2")
     await asyncio.sleep(0.03)
     assert not endless.finished and [cid for cid, _, _ in exits.seen] == ["c1"]
+
+
+def _mount_tmpfs(path: str, size: str) -> bool:
+    os.makedirs(path, exist_ok=True)
+    if os.geteuid() != 0:
+        return False
+    return (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], check=False).returncode
+        == 0
+    )
+
+
+def test_a_full_disk_drops_counts_says_once_and_resumes(tmp_path: Path) -> None:
+    """A log directory on a 64 KiB tmpfs fills up: records are dropped (counted, one warning), the
+    writer never raises, a rotation still works, and writing resumes once space returns."""
+    disk = str(tmp_path / "disk")
+    if not _mount_tmpfs(disk, "64k"):
+        pytest.skip("needs root to mount a tmpfs")
+    try:
+        path = os.path.join(disk, "c.log")
+        ballast = os.path.join(disk, "ballast")
+        with open(ballast, "wb") as f:  # most of the disk, so that the log fills it soon
+            f.write(b"x" * 40 * 1024)
+        w = CriLogWriter(path)
+        with structlog.testing.capture_logs() as logs:
+            for i in range(2000):
+                w.write("stdout", b"line %d\n" % i)
+            assert w.bytes_dropped > 0
+            assert [e["event"] for e in logs].count("io.log_write_failed") == 1
+            os.rename(path, path + ".1")
+            w.reopen()  # the kubelet's rotation on a full disk: an empty file still fits
+            w.write("stdout", b"still full\n")
+            dropped = w.bytes_dropped
+            os.unlink(ballast)
+            w.write("stdout", b"after\n")
+            assert "io.log_write_resumed" in [e["event"] for e in logs]
+        assert w.bytes_dropped == dropped  # nothing dropped once space returned
+        w.close()
+        assert read(path)[-1] == (b"stdout", b"F", b"after")
+    finally:
+        subprocess.run(["umount", disk], check=False)
