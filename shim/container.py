@@ -5,6 +5,8 @@ and the URLs of Exec, Attach and PortForward."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 from typing import Any
 
@@ -22,6 +24,7 @@ from cri_api import api_pb2 as pb
 from shim import stats, validate
 from shim.context import Shim, container_pb, container_status_pb
 from shim.errors import (
+    CriError,
     DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -87,10 +90,15 @@ class ContainerService:
             except BaseException:
                 await _undo_container(shim, record)
                 raise
-            record.committed = True
             # The creation time is when it became visible, after the backend's work.
-            record.created_at = shim.clock()
-            shim.store.put_container(record)
+            committed = dataclasses.replace(record, committed=True, created_at=shim.clock())
+            try:
+                shim.store.save_container(committed)  # the disk first: acknowledged means recorded
+            except BaseException:
+                await _undo_container(shim, record)
+                raise
+            record.committed, record.created_at = True, committed.created_at
+            shim.store.put_container(record, persist=False)
         shim.publish(record, pb.CONTAINER_CREATED_EVENT)
         return pb.CreateContainerResponse(container_id=cid)
 
@@ -106,6 +114,7 @@ class ContainerService:
             if sb is None or not sb.status.ready:
                 raise FailedPreconditionError(f"pod sandbox {c.sandbox_id} of container {c.id} is not ready")
             backend = shim.backend(c.backend)
+            shim.store.save_container(c)  # a full disk is found before the container starts
             try:
                 started = await backend.start_container(c, sb)
             except Exception as exc:
@@ -114,11 +123,23 @@ class ContainerService:
                 c.status = ContainerStatus(
                     started_at=now, finished_at=now, exit_code=128, reason="StartError", message=str(exc)
                 )
-                shim.store.put_container(c)
+                shim.store.put_container(c, persist=False)
+                try:
+                    shim.store.save_container(c)
+                except CriError as err:  # the start's own failure is what the client must see
+                    log.error("state.persist_failed", container_id=c.id, error=err.message)
                 await asyncio.to_thread(touch_log, c.log_path)  # an empty log for the kubelet to read
                 raise
-            c.status = ContainerStatus(started_at=started.started_at or shim.clock(), pid=c.status.pid)
-            shim.store.put_container(c)
+            running = ContainerStatus(started_at=started.started_at or shim.clock(), pid=c.status.pid)
+            try:
+                shim.store.save_container(dataclasses.replace(c, status=running))
+            except BaseException:
+                # Not recorded, so not started: the disk filled up in between.
+                with contextlib.suppress(Exception):
+                    await backend.stop_container(c, 0)
+                raise
+            c.status = running
+            shim.store.put_container(c, persist=False)
             shim.publish(c, pb.CONTAINER_STARTED_EVENT)
             # After the record says RUNNING: an exit that came already is recorded after it.
             shim.follow(c, started.process)

@@ -29,7 +29,7 @@ from backends.contract import (
 from backends.registry import Registry
 from cri_api import api_pb2 as pb
 from shim.config import Config
-from shim.errors import UnavailableError
+from shim.errors import CriError, UnavailableError
 from shim.events import EventHub
 from shim.io import ContainerIO, CriLogWriter, last_log_marks
 from shim.stats import CpuRates
@@ -156,7 +156,12 @@ class Shim:
             message=info.message,
             pid=0,
         )
-        self.store.put_container(c)
+        try:
+            self.store.put_container(c)
+        except CriError as exc:
+            # The exit happened: the record in memory says so; the disk's is corrected by the
+            # recovery of the next start, which asks the runtime.
+            log.error("state.persist_failed", container_id=c.id, error=exc.message)
         self.io.close(c.id)
         self.publish(c, pb.CONTAINER_STOPPED_EVENT)
 

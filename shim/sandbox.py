@@ -4,6 +4,7 @@ and the sandbox stats/metrics RPCs."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import structlog
@@ -65,9 +66,18 @@ class SandboxService:
             except BaseException:
                 await _undo_sandbox(shim, record)
                 raise
-            record.status = SandboxStatus(ready=True, ip=net.ip, additional_ips=net.additional_ips)
-            record.committed = True
-            shim.store.put_sandbox(record)
+            committed = dataclasses.replace(
+                record,
+                status=SandboxStatus(ready=True, ip=net.ip, additional_ips=net.additional_ips),
+                committed=True,
+            )
+            try:
+                shim.store.save_sandbox(committed)  # the disk first: acknowledged means recorded
+            except BaseException:
+                await _undo_sandbox(shim, record)
+                raise
+            record.status, record.committed = committed.status, True
+            shim.store.put_sandbox(record, persist=False)
         return pb.RunPodSandboxResponse(pod_sandbox_id=sid)
 
     async def stop(self, req: pb.StopPodSandboxRequest) -> pb.StopPodSandboxResponse:

@@ -11,6 +11,7 @@ containers as well.
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import re
@@ -23,7 +24,13 @@ import structlog
 
 from backends.contract import ContainerRecord, ContainerStatus, SandboxRecord, SandboxStatus
 from cri_api import api_pb2 as pb
-from shim.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from shim.errors import (
+    AlreadyExistsError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    ResourceExhaustedError,
+)
 
 log = structlog.get_logger("store")
 
@@ -230,13 +237,22 @@ class StateDir:
 
     @staticmethod
     def write_atomic(path: str, data: bytes) -> None:
+        """Write the file whole or not at all; a full disk is RESOURCE_EXHAUSTED naming the path."""
         tmp = f"{path}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                if os.write(fd, data) != len(data):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError as exc:
+            _unlink(tmp)
+            why = f"cannot record {path}: {exc.strerror or exc}"
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise ResourceExhaustedError(why) from None
+            raise InternalError(why) from None
 
     def save_runtime(self, data: dict[str, Any]) -> None:
         self.write_atomic(os.path.join(self.root, "runtime.json"), json.dumps(data).encode())
@@ -360,9 +376,15 @@ class Store:
             self.by_sandbox.setdefault(c.sandbox_id, set()).add(c.id)
 
     # ---- sandboxes
-    def put_sandbox(self, r: SandboxRecord) -> None:
+    def put_sandbox(self, r: SandboxRecord, persist: bool = True) -> None:
+        """Add or update a record; persisted first, so that a full disk changes nothing."""
+        if persist:
+            self.save_sandbox(r)
         self.sandboxes.add(r)
         self.by_sandbox.setdefault(r.id, set())
+
+    def save_sandbox(self, r: SandboxRecord) -> None:
+        """Only persist ``r`` (RESOURCE_EXHAUSTED on a full disk); the tables are left as they are."""
         if self.state is not None:
             self.state.save_sandbox(r)
 
@@ -375,9 +397,15 @@ class Store:
             self.state.delete_sandbox(r.id)
 
     # ---- containers
-    def put_container(self, r: ContainerRecord) -> None:
+    def put_container(self, r: ContainerRecord, persist: bool = True) -> None:
+        """Add or update a record; persisted first, so that a full disk changes nothing."""
+        if persist:
+            self.save_container(r)
         self.containers.add(r)
         self.by_sandbox.setdefault(r.sandbox_id, set()).add(r.id)
+
+    def save_container(self, r: ContainerRecord) -> None:
+        """Only persist ``r`` (RESOURCE_EXHAUSTED on a full disk); the tables are left as they are."""
         if self.state is not None:
             self.state.save_container(r)
 

@@ -1,0 +1,110 @@
+"""A full state disk: what cannot be persisted is refused (RESOURCE_EXHAUSTED naming the path) and
+changes nothing; reads keep working; what was acknowledged before survives a restart."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from backends.fake import FakeBackend
+from cri_api import api_pb2 as pb
+from cri_api import api_pb2_grpc
+from shim.server import Server
+from tests.conftest import make_ids, server_config
+from tests.criutil import container_config, sandbox_config
+
+
+@pytest.fixture
+def small_disk(short_tmp: str) -> Iterator[str]:
+    """A 256 KiB tmpfs for the state directory (root only)."""
+    disk = os.path.join(short_tmp, "disk")
+    os.makedirs(disk)
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", disk], check=False).returncode
+    ):
+        pytest.skip("needs root to mount a tmpfs")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", disk], check=False)
+
+
+def fill(disk: str) -> str:
+    """Fill the disk to the last byte; the path of the ballast, to free it again."""
+    ballast = os.path.join(disk, "ballast")
+    with open(ballast, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"x" * 4096)
+        except OSError:
+            pass
+    return ballast
+
+
+async def test_a_full_state_disk_refuses_changes_and_keeps_serving(short_tmp: str, small_disk: str) -> None:
+    cfg = server_config(short_tmp)
+    cfg = dataclasses.replace(
+        cfg, server=dataclasses.replace(cfg.server, state_dir=os.path.join(small_disk, "state"))
+    )
+    fake_dir = os.path.join(short_tmp, "fake")
+    server = Server(
+        cfg, backends={"fake": FakeBackend("fake", {"state_dir": fake_dir})}, id_factory=make_ids("d")
+    )
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
+            rt, im = api_pb2_grpc.RuntimeServiceStub(ch), api_pb2_grpc.ImageServiceStub(ch)
+            await im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image="busybox")))
+            sc = sandbox_config(name="kept")
+            kept = (await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc))).pod_sandbox_id
+            req = pb.CreateContainerRequest(
+                pod_sandbox_id=kept, config=container_config(name="c"), sandbox_config=sc
+            )
+            cid = (await rt.CreateContainer(req)).container_id
+            ballast = fill(small_disk)
+
+            for call in (
+                rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sandbox_config(name="new"))),
+                rt.CreateContainer(
+                    pb.CreateContainerRequest(
+                        pod_sandbox_id=kept, config=container_config(name="d"), sandbox_config=sc
+                    )
+                ),
+                rt.StartContainer(pb.StartContainerRequest(container_id=cid)),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call
+                assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+                assert small_disk in (info.value.details() or "")
+            # Nothing changed that could not be recorded, and reads are served.
+            pods = (await rt.ListPodSandbox(pb.ListPodSandboxRequest())).items
+            assert [p.id for p in pods] == [kept]
+            ctrs = (await rt.ListContainers(pb.ListContainersRequest())).containers
+            assert [(c.id, c.state) for c in ctrs] == [(cid, pb.CONTAINER_CREATED)]
+            assert not server.shim.backend("fake").runtime.lifecycle.running  # type: ignore[union-attr]
+            assert len(server.shim.backend("fake").runtime.lifecycle.sandboxes) == 1  # type: ignore[union-attr]
+            # Space returns: the same calls work.
+            os.unlink(ballast)
+            await rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+            await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sandbox_config(name="new")))
+    finally:
+        await server.stop(0)
+    again = Server(
+        cfg, backends={"fake": FakeBackend("fake", {"state_dir": fake_dir})}, id_factory=make_ids("e")
+    )
+    await again.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
+            rt = api_pb2_grpc.RuntimeServiceStub(ch)
+            names = {p.metadata.name for p in (await rt.ListPodSandbox(pb.ListPodSandboxRequest())).items}
+            assert names == {"kept", "new"}
+            st = (await rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid))).status
+            assert st.state == pb.CONTAINER_RUNNING
+    finally:
+        await again.stop(0)
