@@ -33,10 +33,11 @@ from backends.contract import ContainerProcess, ExitInfo, LogMarks, Output, Proc
 log = structlog.get_logger("io")
 
 MAX_RECORD = 16 * 1024  # content bytes per record before a line is split
-# s at most between a process's end and its exit being reported, for the rest of its
-# output to arrive: the engine serves a burst of 40,000 lines in over 2 s on a slow
-# node; a short output takes milliseconds.
-DRAIN_WAIT = 10.0
+# After a process's end, its exit is reported once its output has ended, or when no more of it
+# has arrived for DRAIN_WAIT s, or after DRAIN_MAX s in all: the engine serves a flood of
+# 200,000 lines in over 10 s on a slow node, steadily; a short output takes milliseconds.
+DRAIN_WAIT = 3.0
+DRAIN_MAX = 120.0
 
 _STREAMS = {"stdout": b"stdout", "stderr": b"stderr"}
 
@@ -243,7 +244,19 @@ class LogWriter(Protocol):
 class _Followed:
     """One container's process as the shim follows it (small: there may be 30,000 of them)."""
 
-    __slots__ = ("cid", "drained", "io", "output_done", "process", "pump", "reported", "timer", "writer")
+    __slots__ = (
+        "cid",
+        "drained",
+        "io",
+        "output_done",
+        "process",
+        "progress",
+        "pump",
+        "reported",
+        "timer",
+        "until",
+        "writer",
+    )
 
     def __init__(
         self, io: ContainerIO, cid: str, process: ContainerProcess, writer: LogWriter | None
@@ -257,10 +270,19 @@ class _Followed:
         self.drained: asyncio.Event | None = None  # made for whoever waits in drain()
         self.timer: asyncio.TimerHandle | None = None  # gives up on the drain
         self.reported = False
+        self.progress = 0  # outputs written so far: a drain waits on while this moves
+        self.until = 0.0  # monotonic time at which a drain gives up whatever happens
 
     def write(self, out: Output) -> None:
+        self.progress += 1
         if self.writer is not None:
             self.writer.write(out.stream, out.data, out.at)
+
+    def still_draining(self, seen: int) -> bool:
+        """Whether to wait on: output is still arriving (``seen``: progress at the last look)."""
+        if not self.until:
+            self.until = time.monotonic() + self.io.drain_max
+        return not self.output_done and self.progress != seen and time.monotonic() < self.until
 
     def output_ended(self) -> None:
         self.output_done = True
@@ -275,7 +297,18 @@ class _Followed:
         if self.output_done:
             self.report()
         elif self.timer is None and not self.reported:
-            self.timer = asyncio.get_running_loop().call_later(self.io.drain_wait, self.report)
+            self._look_again(-1)
+
+    def _look_again(self, seen: int) -> None:
+        if self.reported:
+            return
+        if seen != -1 and not self.still_draining(seen):
+            self.timer = None
+            self.report()
+            return
+        self.timer = asyncio.get_running_loop().call_later(
+            self.io.drain_wait, self._look_again, self.progress
+        )
 
     def report(self) -> None:
         if self.reported:
@@ -292,8 +325,8 @@ class ContainerIO:
     """The output and the exit of every running container, for every backend.
 
     ``on_exit(container_id, info)`` is called once per followed process,
-    when its exit is known and its output has ended (or :data:`DRAIN_WAIT`
-    has passed since the exit); it is the shim's record of the exit, which
+    when its exit is known and its output has ended (or stalled for
+    :data:`DRAIN_WAIT`, or :data:`DRAIN_MAX` has passed); it is the shim's record of the exit, which
     ignores an exit already recorded (a stop on request records its own,
     after :meth:`drain`).
 
@@ -302,9 +335,15 @@ class ContainerIO:
     other process's output is read by one task.
     """
 
-    def __init__(self, on_exit: Callable[[str, ExitInfo], None], drain_wait: float = DRAIN_WAIT) -> None:
+    def __init__(
+        self,
+        on_exit: Callable[[str, ExitInfo], None],
+        drain_wait: float = DRAIN_WAIT,
+        drain_max: float = DRAIN_MAX,
+    ) -> None:
         self.on_exit = on_exit
         self.drain_wait = drain_wait
+        self.drain_max = drain_max
         self._followed: dict[str, _Followed] = {}
         self._dropped_before = 0  # by the writers of containers no longer followed
 
@@ -346,8 +385,14 @@ class ContainerIO:
             return
         if f.drained is None:
             f.drained = asyncio.Event()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(f.drained.wait(), self.drain_wait)
+        while True:
+            seen = f.progress
+            try:
+                await asyncio.wait_for(f.drained.wait(), self.drain_wait)
+                return
+            except TimeoutError:
+                if not f.still_draining(seen):
+                    return
 
     def writer(self, container_id: str) -> LogWriter | None:
         """The writer of a followed container (ReopenContainerLog); None if not followed."""

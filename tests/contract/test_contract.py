@@ -237,6 +237,39 @@ async def test_all_output_is_in_the_log_when_the_exit_is_reported(cri: Cri) -> N
     assert [r[3] for r in records if r[1] == "stderr"] == ["to-stderr"]
 
 
+async def test_a_log_flood_under_rotation_loses_and_repeats_nothing(cri: Cri) -> None:
+    """A container writing as fast as it can while the log is rotated the kubelet's way (rename, then
+    ReopenContainerLog) over and over: every line is in exactly one file, whole, in order."""
+    lines = 200_000
+    pod, sc = await run_pod(cri)
+    cid = await create(cri, pod, sc, ["sh", "-c", f"seq 1 {lines}"], log_path="flood.log")
+    path = os.path.join(cri.root, "logs", "flood.log")
+    await cri.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    rotated: list[str] = []
+    while True:
+        st = (await cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid))).status
+        if st.state != pb.CONTAINER_RUNNING:
+            break
+        if os.path.exists(path):
+            rotated.append(f"{path}.{len(rotated)}")
+            os.rename(path, rotated[-1])
+            try:
+                await cri.rt.ReopenContainerLog(pb.ReopenContainerLogRequest(container_id=cid))
+            except grpc.aio.AioRpcError as exc:  # it exited meanwhile: nothing more to write
+                assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+        await asyncio.sleep(0.05)
+    got: list[int] = []
+    for name in [*rotated, path]:
+        if not os.path.exists(name):
+            continue
+        with open(name) as f:
+            for record in f.read().splitlines():
+                stamp, stream, tag, content = record.split(" ", 3)
+                assert (stream, tag) == ("stdout", "F") and stamp.endswith("Z"), record
+                got.append(int(content))
+    assert got == list(range(1, lines + 1)), (len(got), len(rotated))
+
+
 async def test_exec_sync_past_its_timeout_is_killed(cri: Cri) -> None:
     if not cri.backend.capabilities & Capability.EXEC_SYNC:
         pytest.skip(f"{cri.kind} declares no ExecSync")
