@@ -30,3 +30,4 @@ class StreamingConfig:
     idle_timeout: float = 4 * 3600.0  # a session without traffic for this long is closed
     stream_creation_timeout: float = 30.0  # for the client to open all its SPDY streams
     max_tokens: int = 1000  # outstanding unused URLs
+    max_handshakes: int = 128  # connections not yet past their request head

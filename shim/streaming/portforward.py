@@ -15,11 +15,12 @@ from shim.streaming import protocols as proto
 from shim.streaming.config import StreamingRuntime
 from shim.streaming.session import SpdySession, SpdyStream
 from shim.streaming.spdy import RstStatus
-from shim.streaming.websocket import ChannelCodec, WsConnection
+from shim.streaming.websocket import ByteQueue, ChannelCodec, WsConnection
 
 log = structlog.get_logger(__name__)
 
 WS_DATA_QUEUE = 16  # WebSocket messages buffered per port before we stop reading
+WS_DATA_BYTES = 1024 * 1024  # and bytes
 
 
 def error_message(req: pb.PortForwardRequest, port: int, exc: BaseException) -> str:
@@ -168,7 +169,7 @@ class _WsPortStream:
         self._ws = ws
         self._codec = codec
         self._channel = channel
-        self.queue: asyncio.Queue[bytes] = asyncio.Queue(WS_DATA_QUEUE)
+        self.queue: asyncio.Queue[bytes] = ByteQueue(WS_DATA_QUEUE, WS_DATA_BYTES)
         self.eof = False
 
     async def read(self) -> bytes:
@@ -266,7 +267,20 @@ class WsByteTransport:
     def closing(self) -> bool:
         return not self.ws.open
 
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    async def fill(self) -> None:
+        await self._receive(1)
+
     async def read_exactly(self, n: int) -> bytes:
+        await self._receive(n)
+        data = bytes(self._buf[:n])
+        del self._buf[:n]
+        return data
+
+    async def _receive(self, n: int) -> None:
         while len(self._buf) < n:
             if self._eof:
                 raise EOFError
@@ -276,9 +290,6 @@ class WsByteTransport:
                 raise EOFError
             if isinstance(message, bytes):
                 self._buf += message
-        data = bytes(self._buf[:n])
-        del self._buf[:n]
-        return data
 
     def write(self, data: bytes) -> None:
         self.ws.send_nowait(data)

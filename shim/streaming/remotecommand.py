@@ -20,7 +20,7 @@ from shim.streaming import protocols as proto
 from shim.streaming.config import StreamingRuntime
 from shim.streaming.session import SpdySession, SpdyStream
 from shim.streaming.spdy import RstStatus
-from shim.streaming.websocket import ChannelCodec, WsConnection
+from shim.streaming.websocket import ByteQueue, ChannelCodec, WsConnection
 
 log = structlog.get_logger(__name__)
 
@@ -28,6 +28,7 @@ ExecOrAttach = pb.ExecRequest | pb.AttachRequest
 
 RESIZE_QUEUE = 8  # only the latest sizes matter: older ones are dropped
 STDIN_QUEUE = 16  # WebSocket stdin messages buffered before we stop reading
+STDIN_BYTES = 1024 * 1024  # and bytes (a message may be up to 1 MiB)
 
 
 class SessionIO:
@@ -48,6 +49,7 @@ class SessionIO:
         self._write_stdout = write_stdout
         self._write_stderr = write_stderr
         self._resizes: asyncio.Queue[TerminalSize | None] = asyncio.Queue(RESIZE_QUEUE)
+        self.client_lost = False  # a write failed: the client's connection is gone
 
     async def read_stdin(self) -> bytes:
         if not self.stdin:
@@ -56,7 +58,7 @@ class SessionIO:
 
     async def write_stdout(self, data: bytes) -> None:
         if self.stdout and data:
-            await self._write_stdout(data)
+            await self._write(self._write_stdout, data)
 
     async def write_stderr(self, data: bytes) -> None:
         if not data:
@@ -64,7 +66,14 @@ class SessionIO:
         if self.tty:  # one terminal: stderr shares stdout
             await self.write_stdout(data)
         elif self.stderr:
-            await self._write_stderr(data)
+            await self._write(self._write_stderr, data)
+
+    async def _write(self, write: Callable[[bytes], Awaitable[None]], data: bytes) -> None:
+        try:
+            await write(data)
+        except ConnectionError:
+            self.client_lost = True
+            raise
 
     def push_resize(self, size: TerminalSize | None) -> None:
         if self._resizes.full():
@@ -116,6 +125,10 @@ async def run_runtime(
         return task.result(), None
     if isinstance(exc, CriError):
         return 0, exc.message
+    if io.client_lost and isinstance(exc, ConnectionError):
+        # The client hung up while the process wrote to it: an end, not a failure.
+        log.info("streaming client gone", container_id=req.container_id, error=str(exc))
+        return None
     log.error("streaming runtime call failed", exc_info=exc, container_id=req.container_id)
     return 0, "internal error"
 
@@ -240,7 +253,7 @@ async def serve_websocket(
     runtime: StreamingRuntime,
 ) -> None:
     codec = ChannelCodec(protocol.base64)
-    stdin_queue: asyncio.Queue[bytes] = asyncio.Queue(STDIN_QUEUE)
+    stdin_queue: asyncio.Queue[bytes] = ByteQueue(STDIN_QUEUE, STDIN_BYTES)
     client_gone = asyncio.Event()
     stdin_done = False
 

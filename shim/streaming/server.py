@@ -3,6 +3,12 @@
 Exec/Attach/PortForward RPCs cache their request under a one-use token and
 answer with ``{base}/{exec,attach,portforward}/{token}``; the client then
 upgrades a request for that URL and the session runs on this event loop.
+
+What a client can hold is bounded: ``max_handshakes`` connections that have not
+sent their request head yet (each for REQUEST_TIMEOUT at most) and
+``max_streams`` sessions; past either, 503 with Retry-After, at once. A request
+is checked (path, method, Upgrade) before its token is spent, so only a dial
+that starts a session uses it up.
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ class StreamingServer:
         self.config = config
         self._tokens: TokenCache[CachedRequest] = TokenCache(config.token_ttl, config.max_tokens)
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self._spdy_sessions: set[SpdySession] = set()
+        self._handshakes = 0
         self._sessions = 0
         self.base_url = ""
 
@@ -53,7 +61,13 @@ class StreamingServer:
             ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             ssl_context.load_cert_chain(self.config.tls_cert, self.config.tls_key)
         self._server = await asyncio.start_server(
-            self._on_connection, self.config.address, self.config.port, ssl=ssl_context, limit=MAX_HEAD
+            self._on_connection,
+            self.config.address,
+            self.config.port,
+            ssl=ssl_context,
+            # a TLS handshake is held to the time a request head gets (asyncio's default: 60 s)
+            ssl_handshake_timeout=REQUEST_TIMEOUT if ssl_context else None,
+            limit=MAX_HEAD,
         )
         port = self._server.sockets[0].getsockname()[1]
         host = self.config.address
@@ -82,6 +96,17 @@ class StreamingServer:
     @property
     def open_sessions(self) -> int:
         return self._sessions
+
+    @property
+    def open_connections(self) -> int:
+        """Connections being served: sessions, and dials not answered yet."""
+        return len(self._connections)
+
+    def buffered_bytes(self) -> int:
+        """What the server holds for its connections: output not yet taken by the
+        kernel, and SPDY input not yet consumed."""
+        out = sum(w.transport.get_write_buffer_size() for w in self._connections.values())
+        return out + sum(s.buffered for s in self._spdy_sessions)
 
     # ---- URLs
 
@@ -112,7 +137,7 @@ class StreamingServer:
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
+        self._connections[task] = writer
         try:
             await self._serve(reader, writer)
         except asyncio.CancelledError:
@@ -124,56 +149,88 @@ class StreamingServer:
         except Exception:
             log.exception("streaming connection failed")
         finally:
-            self._connections.discard(task)
+            self._connections.pop(task, None)
             if not writer.is_closing():
                 writer.transport.abort()
 
     async def _reply(
         self,
+        reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         status: int,
         message: str,
         headers: list[tuple[str, str]] | None = None,
     ) -> None:
+        """Answer and close. The close lingers (briefly) over what the client still
+        sends: closing with its request unread would reset the connection, and a reset
+        can destroy the answer before the client reads it."""
         writer.write(response(status, headers, (message + "\n").encode()))
-        await close_writer(writer, timeout=2.0)
+        await close_writer(writer, timeout=2.0, reader=reader, linger=1.0)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._handshakes >= self.config.max_handshakes:
+            log.debug("streaming connection refused: too many handshakes", limit=self.config.max_handshakes)
+            await self._reply(
+                reader,
+                writer,
+                503,
+                f"too many connections waiting to start a streaming session "
+                f"(at most {self.config.max_handshakes}); try again later",
+                [("Retry-After", "1")],
+            )
+            return
+        self._handshakes += 1
         try:
-            async with asyncio.timeout(REQUEST_TIMEOUT):
-                request = await read_request(reader)
-        except (BadRequest, TimeoutError) as exc:
-            await self._reply(writer, 400, f"bad request: {exc}")
+            try:
+                async with asyncio.timeout(REQUEST_TIMEOUT):
+                    request = await read_request(reader)
+            finally:
+                self._handshakes -= 1
+        except TimeoutError:
+            await self._reply(
+                reader, writer, 400, f"bad request: no complete request head within {REQUEST_TIMEOUT:g}s"
+            )
+            return
+        except BadRequest as exc:
+            await self._reply(reader, writer, 400, f"bad request: {exc}")
             return
         if request is None:
             return
         kind, _, token = request.path.strip("/").partition("/")
         if kind not in ("exec", "attach", "portforward") or not token or "/" in token:
-            await self._reply(writer, 404, "not found")
+            await self._reply(reader, writer, 404, "not found")
             return
         if request.method not in ("GET", "POST"):
-            await self._reply(writer, 405, "method not allowed")
+            await self._reply(reader, writer, 405, "method not allowed")
+            return
+        upgrade = [u.lower() for u in request.get_all("Upgrade")]
+        websocket_upgrade = "websocket" in upgrade
+        if not websocket_upgrade and proto.SPDY_UPGRADE.lower() not in upgrade:
+            await self._reply(reader, writer, 400, "streaming needs an Upgrade to SPDY/3.1 or websocket")
             return
         if self._sessions >= self.config.max_streams:
             # The token is left unused: the client may try again.
-            await self._reply(writer, 503, "too many streaming sessions")
+            log.debug("streaming session refused: at the limit", limit=self.config.max_streams)
+            await self._reply(
+                reader,
+                writer,
+                503,
+                f"too many streaming sessions (at most {self.config.max_streams}); try again later",
+                [("Retry-After", "1")],
+            )
             return
-        entry = self._tokens.consume(token)
-        if entry is None or entry[0] != kind:
-            await self._reply(writer, 404, "not found")
+        entry = self._tokens.consume(token, lambda cached: cached[0] == kind)
+        if entry is None:
+            await self._reply(reader, writer, 404, "not found")
             return
         req = entry[1]
-        upgrade = [u.lower() for u in request.get_all("Upgrade")]
         started = time.monotonic()
         self._sessions += 1
         try:
-            if "websocket" in upgrade:
+            if websocket_upgrade:
                 protocol = await self._serve_websocket(request, reader, writer, req)
-            elif proto.SPDY_UPGRADE.lower() in upgrade:
-                protocol = await self._serve_spdy(request, reader, writer, req)
             else:
-                await self._reply(writer, 400, "streaming needs an Upgrade to SPDY/3.1 or websocket")
-                return
+                protocol = await self._serve_spdy(request, reader, writer, req)
         finally:
             self._sessions -= 1
         log.info(
@@ -197,6 +254,7 @@ class StreamingServer:
         chosen = proto.negotiate(offered, supported)
         if offered and chosen is None:
             await self._reply(
+                reader,
                 writer,
                 403,
                 f"unable to upgrade: unable to negotiate protocol: client supports {offered}, "
@@ -213,6 +271,7 @@ class StreamingServer:
         await writer.drain()
         session = SpdySession(TcpTransport(reader, writer))
         session.start()
+        self._spdy_sessions.add(session)
         try:
             if isinstance(req, pb.PortForwardRequest):
                 handler = portforward.serve_spdy(
@@ -224,6 +283,7 @@ class StreamingServer:
                 )
             await self._idle_guard(handler, lambda: session.transport.last_activity)
         finally:
+            self._spdy_sessions.discard(session)
             await session.aclose()
         return protocol
 
@@ -243,14 +303,19 @@ class StreamingServer:
             chosen = proto.negotiate(offered, list(table))
         if offered and chosen is None:
             await self._reply(
-                writer, 400, f"requested protocol(s) are not supported: {offered}; supports {list(table)}"
+                reader,
+                writer,
+                400,
+                f"requested protocol(s) are not supported: {offered}; supports {list(table)}",
             )
             return None
         ports: list[int] | None = None
         if isinstance(req, pb.PortForwardRequest) and chosen != proto.WS_SPDY_TUNNEL:
             ports = portforward.ws_ports(req, request.query)
             if ports is None:
-                await self._reply(writer, 400, "port-forward over WebSocket needs at least one valid port")
+                await self._reply(
+                    reader, writer, 400, "port-forward over WebSocket needs at least one valid port"
+                )
                 return None
         ws = await websocket.accept(request, reader, writer, chosen)
         if ws is None:
@@ -261,6 +326,7 @@ class StreamingServer:
                 assert isinstance(req, pb.PortForwardRequest)
                 session = SpdySession(portforward.WsByteTransport(ws))
                 session.start()
+                self._spdy_sessions.add(session)
                 try:
                     await self._idle_guard(
                         portforward.serve_spdy(
@@ -269,6 +335,7 @@ class StreamingServer:
                         lambda: ws.last_activity,
                     )
                 finally:
+                    self._spdy_sessions.discard(session)
                     await session.aclose()
             elif isinstance(req, pb.PortForwardRequest):
                 assert ports is not None

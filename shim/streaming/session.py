@@ -11,6 +11,22 @@ Flow control, both directions:
   neither sends nor honours WINDOW_UPDATE; enforcing windows against it would
   stall every stream after 64 KiB. Against it the TCP send buffer, awaited
   with ``drain``, is the back-pressure.
+
+Against clients that break the rules (they ignore windows, never read, send
+garbage or stop half-way through a frame) every buffer stays bounded and every
+wait ends:
+- what a client sent and nobody read yet is at most ``buffer_limit`` per stream
+  and ``max_buffered`` per session; past either, the reader stops reading;
+- what the reader itself answers (RST_STREAM for data on unknown streams,
+  PING replies) is drained like any output: a client that never reads stops
+  being read;
+- a frame is judged by its header first (version, length for its type, at
+  most ``RECV_WINDOW`` of data), and a frame begun must be complete within
+  ``FRAME_TIMEOUT``;
+- the reader gives the event loop back every FAIR_SLICE while it works through
+  a backlog, and reads tiny frames and junk (frames that give the session
+  nothing: PINGs, data for streams that are gone, unknown types) at most at
+  their rates (transport.Pacer).
 """
 
 from __future__ import annotations
@@ -18,11 +34,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import time
 
 import structlog
 
 from shim.streaming import spdy
-from shim.streaming.transport import ByteTransport
+from shim.streaming.transport import TINY_FRAME, ByteTransport, Pacer
 
 log = structlog.get_logger(__name__)
 
@@ -32,6 +49,10 @@ CHUNK = 32 * 1024  # largest DATA frame sent
 # system calls) per 32 KiB received; 1 MiB lets port-forward run at full speed.
 RECV_WINDOW = 1024 * 1024
 PROBE_INTERVAL = 2.0  # seconds between liveness probes while the reader is stalled
+# Unread client data a session holds across all its streams (a spec-following client
+# stays within RECV_WINDOW; only clients that ignore windows reach this).
+SESSION_BUFFER = 2 * RECV_WINDOW
+FRAME_TIMEOUT = 30.0  # seconds for the rest of a frame once its first byte came
 
 
 class SpdyStream:
@@ -51,8 +72,6 @@ class SpdyStream:
         self._buffered = 0
         self._unacked = 0
         self._readable = asyncio.Event()
-        self._space = asyncio.Event()
-        self._space.set()
         self._discarding = False
 
     @property
@@ -71,11 +90,14 @@ class SpdyStream:
         # Everything buffered at once: one write downstream instead of one per frame.
         data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
         self._chunks.clear()
-        self._buffered -= len(data)
-        if self._buffered < self.session.buffer_limit:
-            self._space.set()
+        self._release(len(data))
         self._ack(len(data))
         return data
+
+    def _release(self, n: int) -> None:
+        self._buffered -= n
+        self.session.buffered -= n
+        self.session.space.set()
 
     def _ack(self, n: int) -> None:
         self._unacked += n
@@ -88,27 +110,31 @@ class SpdyStream:
         """Drop whatever the client still sends on this stream (its reader is gone)."""
         self._discarding = True
         self._chunks.clear()
-        self._buffered = 0
-        self._space.set()
+        self._release(self._buffered)
 
     async def _push(self, data: bytes) -> None:
-        if self._discarding:
-            self.session.ack(len(data))
+        if not data:
             return
-        if data:
-            # Back-pressure for peers that ignore our window: stop reading the
-            # socket. While stopped we cannot see the client hang up, so probe.
-            while not self._space.is_set():
-                try:
-                    async with asyncio.timeout(PROBE_INTERVAL):
-                        await self._space.wait()
-                except TimeoutError:
-                    self.session.probe()
-            self._chunks.append(data)
-            self._buffered += len(data)
-            if self._buffered >= self.session.buffer_limit:
-                self._space.clear()
-            self._readable.set()
+        session = self.session
+        # Back-pressure for peers that ignore our window: stop reading the socket
+        # while this stream or the session holds all it may. While stopped we
+        # cannot see the client hang up, so probe.
+        while not (self._discarding or self.was_reset) and (
+            self._buffered >= session.buffer_limit or session.buffered >= session.max_buffered
+        ):
+            session.space.clear()
+            try:
+                async with asyncio.timeout(PROBE_INTERVAL):
+                    await session.space.wait()
+            except TimeoutError:
+                session.probe()
+        if self._discarding or self.was_reset:
+            session.ack(len(data))
+            return
+        self._chunks.append(data)
+        self._buffered += len(data)
+        session.buffered += len(data)
+        self._readable.set()
 
     def _remote_fin(self) -> None:
         self.remote_closed = True
@@ -151,9 +177,8 @@ class SpdyStream:
     def _on_reset(self) -> None:
         self.was_reset = True
         self._chunks.clear()
-        self._buffered = 0
+        self._release(self._buffered)
         self._readable.set()
-        self._space.set()
         self.session.forget(self)
         self.done.set()
 
@@ -172,17 +197,22 @@ class SpdySession:
         *,
         max_streams: int = 1000,
         buffer_limit: int = RECV_WINDOW,
+        max_buffered: int = SESSION_BUFFER,
     ) -> None:
         self.transport = transport
         self.max_streams = max_streams
-        self.buffer_limit = buffer_limit
+        self.buffer_limit = buffer_limit  # unread bytes per stream
+        self.max_buffered = max_buffered  # unread bytes in all streams
+        self.buffered = 0
+        self.space = asyncio.Event()  # set whenever unread bytes were consumed or dropped
         self.initial_send_window = spdy.DEFAULT_WINDOW
         self.send_window = spdy.DEFAULT_WINDOW
         self.peer_flow_control = False
         self.closed = asyncio.Event()
         self.error: str = ""
         self._encoder = spdy.FrameEncoder()
-        self._decoder = spdy.FrameDecoder()
+        # No client may send more at once than the window it was given.
+        self._decoder = spdy.FrameDecoder(max_data_length=RECV_WINDOW)
         self._streams: dict[int, SpdyStream] = {}
         self._last_stream_id = 0
         self._goaway_sent = False
@@ -229,6 +259,8 @@ class SpdySession:
             raise ConnectionResetError("client went away")
         self.send_frame_nowait(spdy.PingFrame(self._next_ping))
         self._next_ping = (self._next_ping + 2) % (2**32)
+        if self.transport.closing:  # the write found the connection reset
+            raise ConnectionResetError("client went away")
 
     def ack(self, n: int) -> None:
         """Data of ``n`` bytes was consumed: reopen the session window."""
@@ -254,15 +286,16 @@ class SpdySession:
         try:
             self.send_frame_nowait(spdy.SettingsFrame(((0, spdy.Setting.INITIAL_WINDOW_SIZE, RECV_WINDOW),)))
             self.send_frame_nowait(spdy.WindowUpdateFrame(0, RECV_WINDOW - spdy.DEFAULT_WINDOW))
+            pacer = Pacer()
             while True:
-                head = await self.transport.read_exactly(8)
-                control, _, _, length = spdy.parse_frame_header(head)
-                if control and length > self._decoder.max_control_length:
-                    raise spdy.SpdyProtocolError(f"control frame of {length} bytes")
-                body = await self.transport.read_exactly(length) if length else b""
+                head, body = await self._read_frame()
+                pacer.resume()
                 frame = self._decoder.decode(head, body)
-                if frame is not None:
-                    await self._dispatch(frame)
+                junk = await self._dispatch(frame) if frame is not None else True  # unknown type
+                await pacer.checkpoint(tiny=len(body) < TINY_FRAME, junk=junk)
+                # What the frame made us send (a reset, a PING reply) waits, like any
+                # output, for a client that reads: one that never does stops being read.
+                await self.transport.drain()
         except EOFError:
             pass
         except spdy.SpdyProtocolError as exc:
@@ -277,12 +310,36 @@ class SpdySession:
         finally:
             self._shutdown()
 
+    async def _read_frame(self) -> tuple[bytes, bytes]:
+        """The next frame's header and body. Waits as long as it takes for a frame to
+        begin, FRAME_TIMEOUT for the rest once it has."""
+        transport = self.transport
+        await transport.fill()
+        if transport.buffered >= 8:
+            head = await transport.read_exactly(8)
+            length = self._decoder.check_header(head)
+            if transport.buffered >= length:  # all there: no waiting, no timer
+                return head, await transport.read_exactly(length) if length else b""
+        else:
+            head = b""
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(FRAME_TIMEOUT):
+                if not head:
+                    head = await transport.read_exactly(8)
+                    length = self._decoder.check_header(head)
+                return head, await transport.read_exactly(length) if length else b""
+        except TimeoutError:
+            waited = time.monotonic() - started
+            raise spdy.SpdyProtocolError(f"frame incomplete after {waited:.1f}s") from None
+
     def _shutdown(self) -> None:
         if self.closed.is_set():
             return
         self.closed.set()
         for stream in list(self._streams.values()):
             stream._on_reset()
+        self.space.set()
         self._window_changed.set()
         self._incoming.put_nowait(None)
 
@@ -303,7 +360,8 @@ class SpdySession:
         self._shutdown()
         await self.transport.aclose()
 
-    async def _dispatch(self, frame: spdy.Frame) -> None:
+    async def _dispatch(self, frame: spdy.Frame) -> bool:
+        """Act on one frame; True if it gave the session nothing (junk, for the pacer)."""
         match frame:
             case spdy.DataFrame(sid, data, fin):
                 stream = self._streams.get(sid)
@@ -315,17 +373,19 @@ class SpdySession:
                             spdy.RstStatus.STREAM_ALREADY_CLOSED if stream else spdy.RstStatus.INVALID_STREAM
                         )
                         self.send_frame_nowait(spdy.RstStreamFrame(sid, status))
-                    return
+                    return True
+                junk = stream._discarding or not (data or fin)
                 await stream._push(data)
                 if fin:
                     stream._remote_fin()
+                return junk
             case spdy.SynStreamFrame(sid, headers, fin=fin, unidirectional=uni):
                 if sid % 2 == 0 or sid <= self._last_stream_id:
                     raise spdy.SpdyProtocolError(f"bad client stream id {sid}")
                 self._last_stream_id = sid
                 if self._goaway_sent or len(self._streams) >= self.max_streams:
                     self.send_frame_nowait(spdy.RstStreamFrame(sid, spdy.RstStatus.REFUSED_STREAM))
-                    return
+                    return True
                 stream = SpdyStream(self, sid, headers)
                 self._streams[sid] = stream
                 if uni:  # we may not send on it
@@ -336,8 +396,9 @@ class SpdySession:
                 self._incoming.put_nowait(stream)
             case spdy.RstStreamFrame(sid, _):
                 stream = self._streams.get(sid)
-                if stream is not None:
-                    stream._on_reset()
+                if stream is None:
+                    return True
+                stream._on_reset()
             case spdy.SettingsFrame(entries):
                 for _, sid, value in entries:
                     if sid == spdy.Setting.INITIAL_WINDOW_SIZE:
@@ -352,11 +413,14 @@ class SpdySession:
             case spdy.PingFrame(ping_id):
                 if ping_id % 2 == 1:  # client-initiated: echo it
                     await self.send(frame)
+                return True
             case spdy.GoAwayFrame():
                 self._goaway_sent = True  # the client opens no more streams
             case spdy.HeadersFrame(sid, _, fin):
                 stream = self._streams.get(sid)
-                if stream is not None and fin:
+                if stream is None:
+                    return True
+                if fin:
                     stream._remote_fin()
             case spdy.WindowUpdateFrame(sid, delta):
                 self.peer_flow_control = True
@@ -367,12 +431,13 @@ class SpdySession:
                 else:
                     stream = self._streams.get(sid)
                     if stream is None:
-                        return
+                        return True
                     if stream.send_window + delta > spdy.MAX_WINDOW:
                         stream.reset(spdy.RstStatus.FLOW_CONTROL_ERROR)
-                        return
+                        return False
                     stream.send_window += delta
                 self._window_changed.set()
             case spdy.SynReplyFrame():
                 # The server opens no streams, so no reply can be due.
                 raise spdy.SpdyProtocolError("SYN_REPLY sent to a server")
+        return False

@@ -317,12 +317,47 @@ def parse_frame_header(head: bytes) -> tuple[bool, int, int, int]:
     return False, first & 0x7FFFFFFF, flags, length
 
 
+# Control frames whose length is fixed, and the least the others need (draft 3, 2.6).
+_FIXED_LENGTH: dict[int, int] = {
+    FrameType.RST_STREAM: 8,
+    FrameType.PING: 4,
+    FrameType.GOAWAY: 8,
+    FrameType.WINDOW_UPDATE: 8,
+}
+_MIN_LENGTH: dict[int, int] = {
+    FrameType.SYN_STREAM: 10,
+    FrameType.SYN_REPLY: 4,
+    FrameType.HEADERS: 4,
+    FrameType.SETTINGS: 4,
+}
+
+
 class FrameDecoder:
     """Parses frames; owns the incoming header decompression context."""
 
-    def __init__(self, max_control_length: int = 1024 * 1024) -> None:
+    def __init__(self, max_control_length: int = 1024 * 1024, max_data_length: int = MAX_LENGTH) -> None:
         self._headers = HeaderDecompressor()
         self.max_control_length = max_control_length
+        self.max_data_length = max_data_length
+
+    def check_header(self, head: bytes) -> int:
+        """The body length an 8-byte frame header announces, once the header alone shows
+        nothing wrong: a bad version, a length its type cannot have, more than we take.
+        A reader calls this before waiting for a body that may never come."""
+        control, kind, _, length = parse_frame_header(head)
+        if not control:
+            if length > self.max_data_length:
+                raise SpdyProtocolError(f"DATA frame of {length} bytes (at most {self.max_data_length})")
+            return length
+        if length > self.max_control_length:
+            raise SpdyProtocolError(f"control frame of {length} bytes")
+        fixed = _FIXED_LENGTH.get(kind)
+        if fixed is not None and length != fixed:
+            raise SpdyProtocolError(f"bad {FrameType(kind).name} frame length {length}, want {fixed}")
+        least = _MIN_LENGTH.get(kind)
+        if least is not None and length < least:
+            raise SpdyProtocolError(f"short {FrameType(kind).name} frame: {length} bytes")
+        return length
 
     def decode(self, head: bytes, body: bytes) -> Frame | None:
         """The frame, or None for a control frame type that must be ignored."""

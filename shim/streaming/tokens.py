@@ -33,11 +33,18 @@ class TokenCache(Generic[T]):
         self._entries[token] = (self._clock() + self.ttl, value)
         return token
 
-    def consume(self, token: str) -> T | None:
-        """The value, once: None for an unknown, reused or expired token."""
-        entry = self._entries.pop(token, None)
-        if entry is None or entry[0] <= self._clock():
+    def consume(self, token: str, accept: Callable[[T], bool] | None = None) -> T | None:
+        """The value, once: None for an unknown, reused or expired token, and for one
+        whose value ``accept`` refuses (that token stays usable)."""
+        entry = self._entries.get(token)
+        if entry is None:
             return None
+        if entry[0] <= self._clock():
+            del self._entries[token]
+            return None
+        if accept is not None and not accept(entry[1]):
+            return None
+        del self._entries[token]
         return entry[1]
 
     def _purge(self) -> None:

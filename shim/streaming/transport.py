@@ -7,6 +7,78 @@ import contextlib
 import time
 from typing import Protocol
 
+# Longest a connection's reader works through already-received bytes before it lets
+# the other tasks of the loop (other sessions, every gRPC call) run: a flood of tiny
+# frames, all in the socket buffer, would otherwise hold the loop for as long as it
+# takes to parse them (about 100 ms per 64 KiB of empty WebSocket pings).
+FAIR_SLICE = 0.002
+# Frames with less payload than TINY_FRAME cost a connection's reader about as much as
+# big ones and carry next to nothing. A client may send TINY_FRAME_RATE of them a second,
+# and JUNK_FRAME_RATE of those that give the session nothing (pings, data for streams
+# that are gone, frame types nobody uses: what only costs the server), each in bursts of
+# as many; beyond that its socket is read more slowly. Typing, resizes, keep-alive pings
+# and small requests through a port-forward stay below; a flood is held to a few percent
+# of a core per connection instead of all of it.
+TINY_FRAME = 1024
+TINY_FRAME_RATE = 10_000.0
+JUNK_FRAME_RATE = 1_000.0
+# Seconds a closing connection gets for the peer to take what is still buffered for it
+# (the end of the output, the exit status); a peer that does not read is then cut off.
+FLUSH_TIMEOUT = 5.0
+READ_SIZE = 64 * 1024  # bytes taken from the socket at a time
+
+
+class _Bucket:
+    __slots__ = ("rate", "refilled", "tokens")
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.tokens = rate  # a second's worth of burst
+        self.refilled = time.monotonic()
+
+    def take(self, n: int, now: float) -> float:
+        """Spend ``n``; the seconds to wait before going on (0 while within the rate)."""
+        self.tokens = min(self.rate, self.tokens + (now - self.refilled) * self.rate) - n
+        self.refilled = now
+        if self.tokens >= 0:
+            return 0.0
+        # Wait until a tenth of a second's worth is due, not one frame's worth: a
+        # few wake-ups a second instead of one per frame.
+        return (self.rate / 10 - self.tokens) / self.rate
+
+
+class Pacer:
+    """Paces a connection's reader. The reader calls ``resume`` when it has data to
+    work on (after waiting for it) and ``checkpoint`` between frames: once it worked
+    FAIR_SLICE seconds in all (waits not counted), it yields to the event loop; while
+    its tiny or junk frames are over their rates, it sleeps (the socket is not read
+    meanwhile, so TCP pushes back on the client)."""
+
+    __slots__ = ("_busy", "_junk", "_resumed", "_tiny")
+
+    def __init__(self) -> None:
+        self._busy = 0.0
+        self._resumed = time.monotonic()
+        self._tiny = _Bucket(TINY_FRAME_RATE)
+        self._junk = _Bucket(JUNK_FRAME_RATE)
+
+    def resume(self) -> None:
+        self._resumed = time.monotonic()
+
+    async def checkpoint(self, tiny: int = 0, junk: int = 0) -> None:
+        now = time.monotonic()
+        self._busy += now - self._resumed
+        wait = max(self._tiny.take(tiny, now) if tiny else 0.0, self._junk.take(junk, now) if junk else 0.0)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        elif self._busy >= FAIR_SLICE:
+            await asyncio.sleep(0)
+        else:
+            self._resumed = now
+            return
+        self._busy = 0.0
+        self._resumed = time.monotonic()
+
 
 class ByteTransport(Protocol):
     @property
@@ -16,6 +88,13 @@ class ByteTransport(Protocol):
     @property
     def closing(self) -> bool:
         """Whether the connection is closed or failed (a write would be lost)."""
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not read yet: what ``read_exactly`` returns without waiting."""
+
+    async def fill(self) -> None:
+        """Wait until at least one byte is buffered; raises EOFError at end of input."""
 
     async def read_exactly(self, n: int) -> bytes:
         """``n`` bytes; raises EOFError at end of input."""
@@ -40,19 +119,40 @@ class TcpTransport:
         self.reader = reader
         self.writer = writer
         self.last_activity = time.monotonic()
+        self._buf = bytearray()
 
     @property
     def closing(self) -> bool:
         return self.writer.is_closing()
 
-    async def read_exactly(self, n: int) -> bytes:
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    async def fill(self) -> None:
+        if self._buf:
+            return
         try:
-            data = await self.reader.readexactly(n)
-        except asyncio.IncompleteReadError as exc:
-            raise EOFError from exc
+            data = await self.reader.read(READ_SIZE)
         except OSError as exc:  # reset by peer
             raise EOFError from exc
+        if not data:
+            raise EOFError
+        self._buf += data
         self.last_activity = time.monotonic()
+
+    async def read_exactly(self, n: int) -> bytes:
+        while len(self._buf) < n:
+            try:
+                data = await self.reader.read(max(READ_SIZE, n - len(self._buf)))
+            except OSError as exc:  # reset by peer
+                raise EOFError from exc
+            if not data:
+                raise EOFError
+            self._buf += data
+            self.last_activity = time.monotonic()
+        data = bytes(self._buf[:n])
+        del self._buf[:n]
         return data
 
     def write(self, data: bytes) -> None:
@@ -73,11 +173,11 @@ class TcpTransport:
 
 async def close_writer(
     writer: asyncio.StreamWriter,
-    timeout: float = 5.0,
+    timeout: float | None = None,
     reader: asyncio.StreamReader | None = None,
     linger: float = 2.0,
 ) -> None:
-    """Close, giving a slow peer ``timeout`` seconds for the unsent tail.
+    """Close, giving a slow peer ``timeout`` seconds (FLUSH_TIMEOUT) for the unsent tail.
 
     With ``reader``, the close lingers: our side is shut down first (FIN), and
     what the peer still sends is read and dropped until it closes too (at most
@@ -88,6 +188,8 @@ async def close_writer(
     """
     if writer.is_closing():
         return
+    if timeout is None:
+        timeout = FLUSH_TIMEOUT
     try:
         async with asyncio.timeout(timeout):
             with contextlib.suppress(OSError):

@@ -4,6 +4,15 @@ The HTTP request is already parsed by our server (one listener serves SPDY
 and WebSocket), so the handshake is driven by hand: build the library's
 Request, let ServerProtocol accept it, then pump bytes both ways. The
 library does the framing, masking, ping/pong and the closing handshake.
+
+Against abusive clients: the library refuses bad frames (opcode, masking, close
+code, size: a close frame with 1002/1007/1009 and the end of the connection);
+what it answers by itself (pongs, the close) is drained like our output, so a
+client that pings and never reads stops being read; a frame begun must be
+complete within ``FRAME_TIMEOUT``; text that is not UTF-8 is closed with 1007;
+bytes are handed to the parser a slice at a time, paced like SPDY's frames
+(transport.Pacer: the loop is given back every FAIR_SLICE, tiny frames and
+pings are read at most at their rates).
 """
 
 from __future__ import annotations
@@ -21,10 +30,37 @@ from websockets.server import ServerProtocol
 
 from shim.streaming.httpio import HttpRequest
 from shim.streaming.httpio import response as http_response
-from shim.streaming.transport import close_writer
+from shim.streaming.transport import TINY_FRAME, Pacer, close_writer
 
 Message = bytes | str
 PROBE_INTERVAL = 2.0  # seconds between liveness probes while the reader is stalled
+READ_SIZE = 64 * 1024
+# Bytes handed to the frame parser at a time: a slice of the smallest frames takes the
+# library about 2 ms; big frames go through at several hundred MB/s all the same.
+PARSE_SLICE = 1024
+FRAME_TIMEOUT = 30.0  # seconds for the rest of a frame once its first byte came
+
+
+class ByteQueue(asyncio.Queue[bytes]):
+    """A queue of byte strings bounded by their total size as well as their count
+    (one item larger than the bound still goes in, alone)."""
+
+    def __init__(self, maxsize: int, max_bytes: int) -> None:
+        super().__init__(maxsize)
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+
+    def full(self) -> bool:
+        return super().full() or self.nbytes >= self.max_bytes
+
+    def _put(self, item: bytes) -> None:
+        self.nbytes += len(item)
+        super()._put(item)
+
+    def _get(self) -> bytes:
+        item = super()._get()
+        self.nbytes -= len(item)
+        return item
 
 
 class WsConnection:
@@ -45,15 +81,19 @@ class WsConnection:
         self._parts: list[bytes] = []
         self._text = False
         self._pending: list[Message] = []
+        self._pacer = Pacer()
 
     def _flush(self) -> None:
-        for chunk in self.protocol.data_to_send():
-            if chunk:
-                if not self.writer.is_closing():
-                    self.writer.write(chunk)
-            elif self.writer.can_write_eof() and not self.writer.is_closing():
-                with contextlib.suppress(OSError):
-                    self.writer.write_eof()
+        chunks = self.protocol.data_to_send()
+        if not chunks or self.writer.is_closing():
+            return
+        # One write for all (a burst of pings makes as many pongs: one system call each, else).
+        data = b"".join(chunks)
+        if data:
+            self.writer.write(data)
+        if not chunks[-1] and self.writer.can_write_eof():  # b"": the library ends the stream
+            with contextlib.suppress(OSError):
+                self.writer.write_eof()
 
     async def recv(self) -> Message | None:
         """The next message, or None once the connection is closed or broken."""
@@ -61,22 +101,70 @@ class WsConnection:
             if self.protocol.state is not State.OPEN:
                 return None
             try:
-                data = await self.reader.read(64 * 1024)
-            except OSError:
-                data = b""
+                data = await self._read()
+            except TimeoutError:
+                self.protocol.fail(CloseCode.PROTOCOL_ERROR, f"frame incomplete after {FRAME_TIMEOUT:g}s")
+                self._flush()
+                return None
             if data:
                 self.last_activity = time.monotonic()
-                self.protocol.receive_data(data)
-            else:
+                self._pacer.resume()
+                for start in range(0, len(data), PARSE_SLICE):
+                    if self.writer.is_closing():
+                        # The connection broke while we worked through its backlog:
+                        # what is left of it is moot.
+                        data = b""
+                        break
+                    self.protocol.receive_data(data[start : start + PARSE_SLICE])
+                    tiny, junk = self._take_events()
+                    self._flush()
+                    if self.protocol.state is not State.OPEN:
+                        break  # failed or closing: the rest is not parsed
+                    await self._pacer.checkpoint(tiny, junk)
+            if not data:
                 self.protocol.receive_eof()
-            for event in self.protocol.events_received():
-                if isinstance(event, Frame):
-                    self._collect(event)
+                self._take_events()
             self._flush()
+            # What the library answered by itself (pongs, the close) waits, like any
+            # output, for a client that reads: one that never does stops being read.
+            with contextlib.suppress(OSError):
+                await self.writer.drain()
             if not self._pending and (not data or self.protocol.state is not State.OPEN):
                 # EOF, or a closing handshake / protocol error: no more messages.
                 return None
         return self._pending.pop(0)
+
+    async def _read(self) -> bytes:
+        """The next bytes, b"" at EOF or on a broken connection. With part of a frame
+        already in, the rest must come within FRAME_TIMEOUT (else TimeoutError)."""
+        if not self.protocol.reader.buffer:
+            return await self._read_some()
+        async with asyncio.timeout(FRAME_TIMEOUT):  # its TimeoutError is no OSError of ours
+            return await self._read_some()
+
+    async def _read_some(self) -> bytes:
+        try:
+            return await self.reader.read(READ_SIZE)
+        except OSError:
+            return b""
+
+    def _take_events(self) -> tuple[int, int]:
+        """Collect the frames parsed; how many were tiny, and how many were control
+        frames (pings, pongs: junk), for the pacer."""
+        tiny = junk = 0
+        for event in self.protocol.events_received():
+            if isinstance(event, Frame):
+                tiny += len(event.data) < TINY_FRAME
+                junk += event.opcode in (Opcode.PING, Opcode.PONG)
+                try:
+                    self._collect(event)
+                except UnicodeDecodeError as exc:
+                    # RFC 6455, 8.1: text that is not UTF-8 fails the connection.
+                    self.protocol.fail(
+                        CloseCode.INVALID_DATA, f"invalid UTF-8 in a text message: {exc.reason}"
+                    )
+                    break
+        return tiny, junk
 
     def _collect(self, frame: Frame) -> None:
         if frame.opcode in (Opcode.TEXT, Opcode.BINARY):
@@ -89,7 +177,7 @@ class WsConnection:
         if frame.fin:
             data = b"".join(self._parts)
             self._parts = []
-            self._pending.append(data.decode("utf-8", errors="replace") if self._text else data)
+            self._pending.append(data.decode("utf-8") if self._text else data)
 
     @property
     def open(self) -> bool:

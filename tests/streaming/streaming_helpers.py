@@ -6,8 +6,10 @@ import asyncio
 import base64
 import contextlib
 import os
+import socket
+import struct
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
@@ -331,3 +333,181 @@ def task_origin(task: asyncio.Task[object]) -> str:
     coro = task.get_coro()
     code = getattr(coro, "cr_code", None) or getattr(coro, "gi_code", None)
     return code.co_filename if code is not None else ""
+
+
+# --------------------------------------------------------------------------- abuse: raw bytes
+
+
+async def raw_upgrade(
+    url: str,
+    method: str,
+    headers: Sequence[tuple[str, str]],
+    rcvbuf: int = 0,
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int, list[tuple[str, str]], bytes]:
+    """Like ``http_request``, optionally with a small client receive buffer (set before
+    connecting, so the kernel advertises a small window and the server's output stays in
+    the server)."""
+    parts = urllib.parse.urlsplit(url)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (parts.hostname or "", parts.port or 80))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    target = parts.path + (f"?{parts.query}" if parts.query else "")
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {parts.netloc}", *(f"{k}: {v}" for k, v in headers)]
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    status = int(head[0].split(" ")[1])
+    resp_headers = [(k, v.strip()) for k, _, v in (line.partition(":") for line in head[1:] if line)]
+    body = b"" if status == 101 else await reader.read()
+    return reader, writer, status, resp_headers, body
+
+
+SPDY_UPGRADE_HEADERS = (
+    ("Connection", "Upgrade"),
+    ("Upgrade", "SPDY/3.1"),
+    ("X-Stream-Protocol-Version", "v4.channel.k8s.io"),
+)
+
+
+def ws_upgrade_headers(subprotocol: str) -> list[tuple[str, str]]:
+    return [
+        ("Connection", "Upgrade"),
+        ("Upgrade", "websocket"),
+        ("Sec-WebSocket-Version", "13"),
+        ("Sec-WebSocket-Key", base64.b64encode(os.urandom(16)).decode()),
+        ("Sec-WebSocket-Protocol", subprotocol),
+    ]
+
+
+def control_frame(
+    ftype: int, body: bytes, flags: int = 0, version: int = 3, length: int | None = None
+) -> bytes:
+    """A SPDY control frame as sent, any field as wrong as asked."""
+    size = len(body) if length is None else length
+    return struct.pack(">HHI", 0x8000 | version, ftype, (flags << 24) | size) + body
+
+
+def data_frame_header(stream_id: int, length: int, flags: int = 0) -> bytes:
+    return struct.pack(">II", stream_id & 0x7FFFFFFF, (flags << 24) | length)
+
+
+def ws_frame(
+    opcode: int,
+    payload: bytes,
+    *,
+    fin: bool = True,
+    masked: bool = True,
+    rsv: int = 0,
+    length: int | None = None,
+) -> bytes:
+    """A client WebSocket frame as sent, any field as wrong as asked. The mask key is
+    zero, so the payload goes as is."""
+    size = len(payload) if length is None else length
+    first = (0x80 if fin else 0) | (rsv << 4) | opcode
+    mask_bit = 0x80 if masked else 0
+    if size < 126:
+        head = struct.pack(">BB", first, mask_bit | size)
+    elif size < 2**16:
+        head = struct.pack(">BBH", first, mask_bit | 126, size)
+    else:
+        head = struct.pack(">BBQ", first, mask_bit | 127, size)
+    return head + (b"\x00\x00\x00\x00" if masked else b"") + payload
+
+
+def ws_server_frames(data: bytes) -> list[tuple[int, bytes]]:
+    """(opcode, payload) of each complete frame a server sent (unmasked), in order."""
+    frames: list[tuple[int, bytes]] = []
+    pos = 0
+    while pos + 2 <= len(data):
+        opcode, size = data[pos] & 0x0F, data[pos + 1] & 0x7F
+        pos += 2
+        if size == 126:
+            (size,) = struct.unpack_from(">H", data, pos)
+            pos += 2
+        elif size == 127:
+            (size,) = struct.unpack_from(">Q", data, pos)
+            pos += 8
+        if pos + size > len(data):
+            break
+        frames.append((opcode, data[pos : pos + size]))
+        pos += size
+    return frames
+
+
+def ws_close_code(data: bytes) -> int | None:
+    """The code of the close frame among what a server sent, if any."""
+    for opcode, payload in ws_server_frames(data):
+        if opcode == Opcode.CLOSE.value and len(payload) >= 2:
+            return int(struct.unpack(">H", payload[:2])[0])
+    return None
+
+
+def spdy_server_frames(data: bytes) -> list[spdy.Frame]:
+    """The frames of a server's byte stream (a fresh decoder: its header compression
+    context starts with the connection)."""
+    decoder = spdy.FrameDecoder()
+    frames: list[spdy.Frame] = []
+    pos = 0
+    while pos + 8 <= len(data):
+        _, _, _, length = spdy.parse_frame_header(data[pos : pos + 8])
+        if pos + 8 + length > len(data):
+            break
+        frame = decoder.decode(data[pos : pos + 8], data[pos + 8 : pos + 8 + length])
+        if frame is not None:
+            frames.append(frame)
+        pos += 8 + length
+    return frames
+
+
+async def read_to_eof(reader: asyncio.StreamReader, timeout: float) -> bytes:
+    """Everything until the server ends the connection; TimeoutError if it does not."""
+    out = bytearray()
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                chunk = await reader.read(65536)
+            except ConnectionError:
+                break
+            if not chunk:
+                break
+            out += chunk
+    return bytes(out)
+
+
+class LogRecorder:
+    """Stands in for a module's structlog logger: records (level, event, fields)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, dict[str, object]]] = []
+
+    def bind(self, **_: object) -> LogRecorder:
+        return self
+
+    def __getattr__(self, level: str) -> Callable[..., None]:
+        def record(event: str = "", *args: object, **fields: object) -> None:
+            self.events.append((level, event, fields))
+
+        return record
+
+    def failures(self) -> list[tuple[str, str, dict[str, object]]]:
+        """Events at error level or carrying a traceback."""
+        return [
+            e
+            for e in self.events
+            if e[0] in ("error", "exception", "critical", "fatal") or e[2].get("exc_info")
+        ]
+
+
+def live_tasks(
+    under: Sequence[str], exclude: set[asyncio.Task[object]] | None = None
+) -> list[asyncio.Task[object]]:
+    """Unfinished tasks whose top coroutine lives in one of the ``under`` folders."""
+    return [
+        t
+        for t in asyncio.all_tasks()
+        if not t.done()
+        and (exclude is None or t not in exclude)
+        and any(f"/{folder}/" in task_origin(t) for folder in under)
+    ]
