@@ -3786,21 +3786,37 @@ async def _t_ls(sh: _Shell, argv: list[str]) -> int:
     return status
 
 
+async def _per_path(
+    sh: _Shell, names: list[str], skip: Callable[[str], bool], act: Callable[[str], None], failed: str
+) -> int:
+    """Apply ``act`` to each named path not ``skip``-ped; a failure says ``failed`` (with {name})
+    and makes the status 1, the rest still go on."""
+    status = 0
+    for name in names:
+        path = sh.abspath(name)
+        if skip(path):
+            continue
+        try:
+            act(path)
+        except OSError as exc:
+            await sh.err(f"{failed.format(name=name)}: {_reason(exc)}")
+            status = 1
+    return status
+
+
 async def _t_mkdir(sh: _Shell, argv: list[str]) -> int:
     opts, names = _getopt(argv, "pv", "m")
     if not names:
         raise _ToolError("missing operand")
-    status = 0
-    for name in names:
-        path = sh.abspath(name)
-        if "p" in opts and sh.io.fs.is_dir(path):
-            continue
-        try:
-            sh.io.fs.mkdir(path, parents="p" in opts)
-        except OSError as exc:
-            await sh.err(f"mkdir: can't create directory '{name}': {_reason(exc)}")
-            status = 1
-    return status
+    parents = "p" in opts
+    fs = sh.io.fs
+    return await _per_path(
+        sh,
+        names,
+        lambda path: parents and fs.is_dir(path),
+        lambda path: fs.mkdir(path, parents=parents),
+        "mkdir: can't create directory '{name}'",
+    )
 
 
 async def _t_touch(sh: _Shell, argv: list[str]) -> int:
@@ -3808,17 +3824,14 @@ async def _t_touch(sh: _Shell, argv: list[str]) -> int:
     opts, names = _getopt(argv, "acm", "dtr")
     if not names:
         raise _ToolError("missing operand")
-    status = 0
-    for name in names:
-        path = sh.abspath(name)
-        if "c" in opts or sh.io.fs.exists(path):
-            continue
-        try:
-            sh.io.fs.write(path, b"", append=True)
-        except OSError as exc:
-            await sh.err(f"touch: {name}: {_reason(exc)}")
-            status = 1
-    return status
+    fs = sh.io.fs
+    return await _per_path(
+        sh,
+        names,
+        lambda path: "c" in opts or fs.exists(path),
+        lambda path: fs.write(path, b"", append=True),
+        "touch: {name}",
+    )
 
 
 def _remove_tree(fs: Fs, path: str) -> None:
