@@ -73,7 +73,6 @@ class ContainerService:
         validate.mounts_for(cfg, backend.capabilities, sb.backend)
         cid = shim.fresh_id()
         name = container_name(sb, cfg.metadata)
-        shim.store.container_names.reserve(name, cid)
         record = ContainerRecord(
             id=cid,
             sandbox_id=sb.id,
@@ -83,9 +82,26 @@ class ContainerService:
             log_path=log_path,
             image_name=cfg.image.image,
         )
-        async with shim.locks.hold(cid):
+        async with contextlib.AsyncExitStack() as held:
+            # Joined under the sandbox's lock: a StopPodSandbox or RemovePodSandbox either
+            # came first (the pod is no longer ready: refused here) or comes after, finds
+            # this container among the pod's and waits for its lock, so the pod's
+            # infrastructure is never torn down under a create in progress.
+            async with shim.locks.hold(sb.id):
+                if shim.store.sandboxes.get(sb.id) is not sb:
+                    raise NotFoundError(f"pod sandbox {sb.id} was removed; cannot create containers in it")
+                if not sb.status.ready:
+                    raise FailedPreconditionError(
+                        f"pod sandbox {sb.id} is not ready; cannot create containers in it"
+                    )
+                shim.store.container_names.reserve(name, cid)
+                await held.enter_async_context(shim.locks.hold(cid))
+                try:
+                    shim.store.put_container(record)
+                except BaseException:
+                    await _undo_container(shim, record)
+                    raise
             try:
-                shim.store.put_container(record)
                 await backend.create_container(record, sb)
             except BaseException:
                 await _undo_container(shim, record)

@@ -243,13 +243,18 @@ async def stop_sandbox(shim: Shim, sb: SandboxRecord) -> None:
     """Kill every container of the sandbox, then stop its infrastructure. Caller holds sb's lock."""
     backend = shim.backend(sb.backend)
     for c in shim.store.containers_of(sb.id):
-        if c.status.state == pb.CONTAINER_RUNNING:
-            async with shim.locks.hold(c.id):
-                if c.status.state == pb.CONTAINER_RUNNING:
-                    await shim.stop_container(backend, c, 0)
-        elif c.status.state == pb.CONTAINER_CREATED:
-            # Never started: it can no longer start once the sandbox is gone.
-            shim.record_exit(c, ExitInfo(exit_code=0, finished_at=shim.clock(), reason="SandboxStopped"))
+        if c.status.state not in (pb.CONTAINER_RUNNING, pb.CONTAINER_CREATED):
+            continue
+        # Each container's lock: a create or start in progress finishes first, so
+        # that what it did is stopped here, not torn down under it.
+        async with shim.locks.hold(c.id):
+            if shim.store.containers.get(c.id) is not c:
+                continue  # its create failed and was undone meanwhile
+            if c.status.state == pb.CONTAINER_RUNNING:
+                await shim.stop_container(backend, c, 0)
+            elif c.status.state == pb.CONTAINER_CREATED:
+                # Never started: it can no longer start once the sandbox is gone.
+                shim.record_exit(c, ExitInfo(exit_code=0, finished_at=shim.clock(), reason="SandboxStopped"))
     await backend.stop_sandbox(sb)
     if sb.status.ready:
         sb.status = SandboxStatus(ready=False, ip=sb.status.ip, additional_ips=sb.status.additional_ips)
