@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import grpc
@@ -53,13 +54,20 @@ async def outcome(call: Awaitable[Any]) -> tuple[grpc.StatusCode, Any, str]:
         return exc.code(), None, exc.details() or ""
 
 
-async def race(*calls: Callable[[], Awaitable[Any]]) -> list[tuple[grpc.StatusCode, Any, str]]:
-    """Start every call at once; their outcomes, in order. A call still pending after HANG fails the test."""
+async def race(*calls: Awaitable[Any]) -> list[tuple[grpc.StatusCode, Any, str]]:
+    """Run every call at once; their outcomes, in order. A call still pending after HANG fails the test."""
     async with asyncio.timeout(HANG):
-        return await asyncio.gather(*(outcome(c()) for c in calls))
+        return await asyncio.gather(*(outcome(c) for c in calls))
 
 
-def assert_conflicts_only(results: list[tuple[grpc.StatusCode, Any, str]], allowed: set[grpc.StatusCode]) -> None:
+async def later(delay: float, call: Callable[[], Awaitable[Any]]) -> Any:
+    await asyncio.sleep(delay)
+    return await call()
+
+
+def assert_conflicts_only(
+    results: list[tuple[grpc.StatusCode, Any, str]], allowed: set[grpc.StatusCode]
+) -> None:
     for code, _, details in results:
         assert code in allowed, f"{code.name}: {details}"
         if code != grpc.StatusCode.OK:
@@ -76,6 +84,12 @@ async def runtime_objects(cri: Cri) -> list[str]:
     return [f"VM of {sid}" for sid in b._pods] + [f"container {cid}" for cid in b._owner]
 
 
+async def create_and_start(client: Client, req: pb.CreateContainerRequest) -> str:
+    cid: str = (await client.rt.CreateContainer(req)).container_id
+    await client.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    return cid
+
+
 async def assert_node_empty(cri: Cri) -> None:
     assert not (await cri.rt.ListPodSandbox(pb.ListPodSandboxRequest())).items
     assert not (await cri.rt.ListContainers(pb.ListContainersRequest())).containers
@@ -88,27 +102,17 @@ async def test_stop_and_remove_while_creating_and_starting(cri: Cri) -> None:
         for i in range(ROUNDS):
             pod, sc = await run_pod(cri, name=f"race-{i}")
             cc = container_config(name="c", image=cri.image, command=["sh", "-c", "sleep 3600"])
-
-            async def create_and_start() -> str:
-                req = pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc)
-                cid = (await kubelet.rt.CreateContainer(req)).container_id
-                await kubelet.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
-                return cid
-
+            create = pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc)
             # The stop and the remove come a little later each round, so that they
             # land before, during and after the create.
-            async def later(call: Callable[[], Awaitable[Any]], delay: float) -> Any:
-                await asyncio.sleep(delay)
-                return await call()
-
             results = await race(
-                create_and_start,
-                lambda: later(
-                    lambda: crictl.rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod)), 0.02 * i
+                create_and_start(kubelet, create),
+                later(
+                    0.02 * i, partial(crictl.rt.StopPodSandbox, pb.StopPodSandboxRequest(pod_sandbox_id=pod))
                 ),
-                lambda: later(
-                    lambda: controller.rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod)),
+                later(
                     0.03 * i,
+                    partial(controller.rt.RemovePodSandbox, pb.RemovePodSandboxRequest(pod_sandbox_id=pod)),
                 ),
             )
             assert_conflicts_only(results, CONFLICT)
@@ -116,7 +120,9 @@ async def test_stop_and_remove_while_creating_and_starting(cri: Cri) -> None:
             # won; a second one, as a kubelet would retry, always ends it.
             await cri.rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod))
             await cri.rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod))
-            code, _, _ = await outcome(cri.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod)))
+            code, _, _ = await outcome(
+                cri.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod))
+            )
             assert code == grpc.StatusCode.NOT_FOUND
         await assert_node_empty(cri)
     finally:
@@ -133,15 +139,14 @@ async def test_remove_while_exec(cri: Cri) -> None:
             await cri.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
             assert (await wait_state(cri, cid, pb.CONTAINER_RUNNING)).state == pb.CONTAINER_RUNNING
 
-            async def exec_sync() -> pb.ExecSyncResponse:
-                req = pb.ExecSyncRequest(container_id=cid, cmd=["sh", "-c", "sleep 2; echo done"], timeout=10)
-                return await kubelet.rt.ExecSync(req)
-
-            async def remove_soon() -> None:
-                await asyncio.sleep(0.3 + 0.1 * i)
-                await crictl.rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid))
-
-            results = await race(exec_sync, remove_soon)
+            exec_req = pb.ExecSyncRequest(
+                container_id=cid, cmd=["sh", "-c", "sleep 2; echo done"], timeout=10
+            )
+            remove = pb.RemoveContainerRequest(container_id=cid)
+            results = await race(
+                kubelet.rt.ExecSync(exec_req),
+                later(0.3 + 0.1 * i, partial(crictl.rt.RemoveContainer, remove)),
+            )
             assert_conflicts_only(results, CONFLICT | {grpc.StatusCode.DEADLINE_EXCEEDED})
             assert results[1][0] == grpc.StatusCode.OK  # a remove is never refused for an exec in progress
             code, reply, _ = results[0]
@@ -164,8 +169,8 @@ async def test_two_clients_create_the_same_pod_and_container(cri: Cri) -> None:
         await cri.im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=cri.image)))
         sc = sandbox_config(name="twin", uid="twin-uid", log_directory=os.path.join(cri.root, "logs"))
         results = await race(
-            lambda: a.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc)),
-            lambda: b.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc)),
+            a.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc)),
+            b.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc)),
         )
         assert_conflicts_only(results, CONFLICT)
         winners = [r for c, r, _ in results if c == grpc.StatusCode.OK]
@@ -176,7 +181,7 @@ async def test_two_clients_create_the_same_pod_and_container(cri: Cri) -> None:
 
         cc = container_config(name="same", image=cri.image, command=["sh", "-c", "sleep 3600"])
         req = pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc)
-        results = await race(lambda: a.rt.CreateContainer(req), lambda: b.rt.CreateContainer(req))
+        results = await race(a.rt.CreateContainer(req), b.rt.CreateContainer(req))
         assert_conflicts_only(results, CONFLICT)
         assert sorted(c.name for c, _, _ in results) == ["ALREADY_EXISTS", "OK"], results
         ctrs = (await cri.rt.ListContainers(pb.ListContainersRequest())).containers
@@ -193,7 +198,7 @@ async def test_concurrent_pulls_and_a_remove_of_one_image(cri: Cri) -> None:
     clients = [Client(cri, f"puller-{i}") for i in range(3)]
     try:
         spec = pb.ImageSpec(image=cri.image)
-        results = await race(*(lambda c=c: c.im.PullImage(pb.PullImageRequest(image=spec)) for c in clients))
+        results = await race(*(c.im.PullImage(pb.PullImageRequest(image=spec)) for c in clients))
         assert_conflicts_only(results, {grpc.StatusCode.OK})
         assert len({r.image_ref for _, r, _ in results}) == 1  # one image, whoever pulled it
         ref = results[0][1].image_ref
@@ -203,8 +208,8 @@ async def test_concurrent_pulls_and_a_remove_of_one_image(cri: Cri) -> None:
         # A pull and a remove at once: either order is fine, and afterwards the
         # image is either there whole or gone, and a pull brings it back.
         results = await race(
-            lambda: clients[0].im.PullImage(pb.PullImageRequest(image=spec)),
-            lambda: clients[1].im.RemoveImage(pb.RemoveImageRequest(image=spec)),
+            clients[0].im.PullImage(pb.PullImageRequest(image=spec)),
+            clients[1].im.RemoveImage(pb.RemoveImageRequest(image=spec)),
         )
         assert_conflicts_only(results, CONFLICT)
         status = (await cri.im.ImageStatus(pb.ImageStatusRequest(image=spec))).image
@@ -224,9 +229,9 @@ async def test_stop_container_while_it_starts_and_a_second_stop(cri: Cri) -> Non
         for i in range(ROUNDS):
             cid = await create(cri, pod, sc, ["sh", "-c", "sleep 3600"], name=f"c{i}")
             results = await race(
-                lambda: kubelet.rt.StartContainer(pb.StartContainerRequest(container_id=cid)),
-                lambda: crictl.rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1)),
-                lambda: kubelet.rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1)),
+                kubelet.rt.StartContainer(pb.StartContainerRequest(container_id=cid)),
+                crictl.rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1)),
+                kubelet.rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1)),
             )
             assert_conflicts_only(results, CONFLICT)
             # Whatever won, a stop now leaves it exited, and it can be removed.
