@@ -609,9 +609,8 @@ def report(soak: Soak, snaps: list[Snapshot], n: int, elapsed: float, interval: 
     grown = [k for k in end.fd_kinds if end.fd_kinds[k] > start.fd_kinds[k]]
     if handler != "fake" and grown and all("docker.sock" in k or "peer gone" in k for k in grown):
         print(
-            "  (likely the engine client's pool, bounded: it keeps the connections of finished calls, up to\n"
-            "   16 (backends/docker/engine.py _MAX_IDLE), as many as the most engine calls seen at once; dockerd\n"
-            "   closes one unused for 5 minutes, and the shim closes its end ('peer gone') when it next takes it)"
+            "  (likely the engine client's kept-alive connections: up to 16 (backends/docker/engine.py\n"
+            "   _MAX_IDLE) of finished calls are kept and each is closed once unused for _IDLE_AGE, 15 s)"
         )
     print_diff(
         f"tasks by where they wait, {start.label} -> {end.label}", start.task_sites(), end.task_sites()

@@ -23,6 +23,7 @@ import contextlib
 import functools
 import json
 import os
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
@@ -111,6 +112,10 @@ class _Retry(Exception):
 
 
 _MAX_IDLE = 16  # kept-alive connections; more concurrent calls open more and close them after
+# A kept-alive connection unused this long is closed: after a burst the client
+# shrinks back to what the steady load needs (a quiet node holds none), so a
+# long-running shim's descriptors follow its load, not its busiest moment.
+_IDLE_AGE = 15.0
 
 
 class EngineClient:
@@ -127,7 +132,9 @@ class EngineClient:
         self.api = docker.APIClient(
             base_url=endpoint, version=API_VERSION, timeout=int(call_timeout), max_pool_size=workers
         )
-        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        # Kept-alive connections, the most recently used last, with when each was put back.
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
+        self._sweep: asyncio.TimerHandle | None = None
         self._closed = False
         # At most this many short calls in flight (the SDK's pool had as many
         # threads): a burst of kubelet calls must not become a burst of
@@ -189,7 +196,7 @@ class EngineClient:
         return data
 
     async def _exchange(self, head: bytes, reuse: bool) -> tuple[int, dict[str, str], bytes]:
-        conn = self._idle.pop() if reuse and self._idle else None
+        conn = self._idle.pop()[:2] if reuse and self._idle else None
         reused = conn is not None
         if conn is None:
             conn = await self._connect()
@@ -223,9 +230,25 @@ class EngineClient:
             raise UnavailableError(f"docker engine connection lost: {exc!r}") from exc
         finally:
             if keep and not self._closed and len(self._idle) < _MAX_IDLE:
-                self._idle.append(conn)
+                self._idle.append((reader, writer, time.monotonic()))
+                if self._sweep is None:
+                    self._sweep = asyncio.get_running_loop().call_later(_IDLE_AGE, self._retire_idle)
             else:
                 writer.close()
+
+    def _retire_idle(self) -> None:
+        """Close the kept-alive connections unused for _IDLE_AGE; look again when the next one is due."""
+        self._sweep = None
+        cutoff = time.monotonic() - _IDLE_AGE
+        # The list is in the order connections were put back: the stale ones lead.
+        stale = 0
+        while stale < len(self._idle) and self._idle[stale][2] <= cutoff:
+            self._idle[stale][1].close()
+            stale += 1
+        del self._idle[:stale]
+        if self._idle and not self._closed:
+            due = self._idle[0][2] + _IDLE_AGE - time.monotonic()
+            self._sweep = asyncio.get_running_loop().call_later(max(due, 0.05), self._retire_idle)
 
     async def call(self, fn: Callable[..., T], *args: Any, deadline: float | None = None, **kwargs: Any) -> T:
         """Run a blocking SDK call in the pool; engine errors become CRI conditions."""
@@ -257,10 +280,13 @@ class EngineClient:
 
     async def close(self) -> None:
         self._closed = True
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         idle, self._idle = self._idle, []
-        for _reader, writer in idle:
+        for _reader, writer, _since in idle:
             writer.close()
-        for _reader, writer in idle:
+        for _reader, writer, _since in idle:
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
         self.api.close()

@@ -245,3 +245,26 @@ async def test_calls_in_flight_are_bounded(engine: Engine) -> None:
     finally:
         await client.close()
         server.close()
+
+
+async def test_connections_kept_alive_after_a_burst_are_closed_once_unused(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import backends.docker.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "_IDLE_AGE", 0.5)
+    client = await client_for(engine)
+    try:
+        await asyncio.gather(*(client.request("GET", f"/c/{i}") for i in range(6)))
+        assert len(client._idle) == 6  # the burst's connections, kept for the next calls
+        await asyncio.sleep(0.25)
+        await client.request("GET", "/steady")  # one in use again: it stays, the rest age out
+        await asyncio.sleep(0.35)  # 0.6 s after the burst, 0.35 s after the steady call
+        assert len(client._idle) == 1
+        await asyncio.sleep(0.4)
+        assert client._idle == []  # a quiet client holds no connection
+        assert engine.connections == 6
+        await client.request("GET", "/later")  # and opens one again when needed
+        assert engine.connections == 7
+    finally:
+        await client.close()
