@@ -139,11 +139,7 @@ class ContainerService:
                 c.status = ContainerStatus(
                     started_at=now, finished_at=now, exit_code=128, reason="StartError", message=str(exc)
                 )
-                shim.store.put_container(c, persist=False)
-                try:
-                    shim.store.save_container(c)
-                except CriError as err:  # the start's own failure is what the client must see
-                    log.error("state.persist_failed", container_id=c.id, error=err.message)
+                shim.store.put_effect(c)  # the start's own failure is what the client must see
                 await asyncio.to_thread(touch_log, c.log_path)  # an empty log for the kubelet to read
                 raise
             running = ContainerStatus(started_at=started.started_at or shim.clock(), pid=c.status.pid)
@@ -244,11 +240,18 @@ class ContainerService:
         async with shim.locks.hold(c.id):
             if c.status.state not in (pb.CONTAINER_CREATED, pb.CONTAINER_RUNNING):
                 raise FailedPreconditionError(f"container {c.id} is {_STATE_NAMES[c.status.state]}")
-            await backend.update_container_resources(c, req.linux)
             res = pb.ContainerResources()
             res.linux.CopyFrom(req.linux)
+            # The disk first: a full disk refuses the update before the container sees it.
+            shim.store.save_container(dataclasses.replace(c, resources=res))
+            try:
+                await backend.update_container_resources(c, req.linux)
+            except BaseException:
+                with contextlib.suppress(CriError):
+                    shim.store.save_container(c)  # the record as it was
+                raise
             c.resources = res
-            shim.store.put_container(c)
+            shim.store.put_container(c, persist=False)
         return pb.UpdateContainerResourcesResponse()
 
     async def reopen_log(self, req: pb.ReopenContainerLogRequest) -> pb.ReopenContainerLogResponse:

@@ -29,7 +29,7 @@ from backends.contract import (
 from backends.registry import Registry
 from cri_api import api_pb2 as pb
 from shim.config import Config
-from shim.errors import CriError, UnavailableError
+from shim.errors import UnavailableError
 from shim.events import EventHub
 from shim.io import ContainerIO, CriLogWriter, last_log_marks
 from shim.stats import CpuRates
@@ -156,12 +156,9 @@ class Shim:
             message=info.message,
             pid=0,
         )
-        try:
-            self.store.put_container(c)
-        except CriError as exc:
-            # The exit happened: the record in memory says so; the disk's is corrected by the
-            # recovery of the next start, which asks the runtime.
-            log.error("state.persist_failed", container_id=c.id, error=exc.message)
+        # The exit happened: the record in memory says so whatever the disk says; the
+        # disk's is written when it takes it.
+        self.store.put_effect(c)
         self.io.close(c.id)
         self.publish(c, pb.CONTAINER_STOPPED_EVENT)
 

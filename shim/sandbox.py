@@ -258,7 +258,10 @@ async def stop_sandbox(shim: Shim, sb: SandboxRecord) -> None:
     await backend.stop_sandbox(sb)
     if sb.status.ready:
         sb.status = SandboxStatus(ready=False, ip=sb.status.ip, additional_ips=sb.status.additional_ips)
-        shim.store.put_sandbox(sb)
+        # A stop is never refused for a full disk: it is how a node under disk
+        # pressure evicts. The pod is stopped; its record is written when the disk
+        # takes it (and docker and runv read a stop off the runtime after a restart).
+        shim.store.put_effect(sb)
 
 
 async def _undo_sandbox(shim: Shim, record: SandboxRecord) -> None:

@@ -306,6 +306,9 @@ class Server:
                 await self.streaming.stop()
         if self.shim is not None:
             await self.shim.io.aclose()  # before the backends whose processes it reads
+            if not self.shim.store.retry_unsaved():
+                log.error("state.unsaved_at_exit", ids=sorted(self.shim.store.unsaved_ids()))
+            self.shim.store.close()
             for _, backend in self.shim.registry.items():
                 try:
                     await backend.close()

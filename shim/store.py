@@ -10,6 +10,7 @@ containers as well.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import errno
 import json
@@ -26,6 +27,7 @@ from backends.contract import ContainerRecord, ContainerStatus, SandboxRecord, S
 from cri_api import api_pb2 as pb
 from shim.errors import (
     AlreadyExistsError,
+    CriError,
     InternalError,
     InvalidArgumentError,
     NotFoundError,
@@ -345,6 +347,10 @@ class Store:
         self.container_names = NameRegistrar("container")
         # sandbox ID -> IDs of its containers, for cascading stops/removes and filters.
         self.by_sandbox: dict[str, set[str]] = {}
+        # Records of effects that happened but that the disk refused (full): written
+        # again, in order, as soon as it takes them (see put_effect).
+        self._unsaved: dict[str, SandboxRecord | ContainerRecord] = {}
+        self._retry: asyncio.TimerHandle | None = None
 
     def load(self) -> None:
         if self.state is None:
@@ -375,6 +381,74 @@ class Store:
             self.containers.add(c)
             self.by_sandbox.setdefault(c.sandbox_id, set()).add(c.id)
 
+    # ---- effects that happened, whatever the disk says
+    def put_effect(self, r: SandboxRecord | ContainerRecord) -> None:
+        """Record what has already happened (an exit, a stop).
+
+        The tables change whatever the disk says: the effect is real. A record
+        the disk refuses is logged and written again once the disk takes it —
+        at the next write that succeeds, or by a retry every RETRY_SECONDS — so
+        that a restart after space returns finds it.
+        """
+        if isinstance(r, SandboxRecord):
+            self.put_sandbox(r, persist=False)
+        else:
+            self.put_container(r, persist=False)
+        try:
+            self._save(r)
+        except CriError as exc:
+            kind = "sandbox_id" if isinstance(r, SandboxRecord) else "container_id"
+            log.error("state.persist_failed", error=exc.message, will_retry=True, **{kind: r.id})
+            self._unsaved[r.id] = r
+            self._arm_retry()
+
+    RETRY_SECONDS = 5.0
+
+    def _save(self, r: SandboxRecord | ContainerRecord) -> None:
+        if self.state is None:
+            return
+        if isinstance(r, SandboxRecord):
+            self.state.save_sandbox(r)
+        else:
+            self.state.save_container(r)
+
+    def _arm_retry(self) -> None:
+        if self._retry is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a unit test): the next write retries
+        self._retry = loop.call_later(self.RETRY_SECONDS, self._retry_fired)
+
+    def _retry_fired(self) -> None:
+        self._retry = None
+        self.retry_unsaved()
+
+    def retry_unsaved(self) -> bool:
+        """Write the records the disk refused earlier; whether none is left unsaved."""
+        while self._unsaved:
+            rid, r = next(iter(self._unsaved.items()))
+            table = self.sandboxes if isinstance(r, SandboxRecord) else self.containers
+            if table.get(rid) is r:  # still current (not removed meanwhile)
+                try:
+                    self._save(r)
+                except CriError:
+                    self._arm_retry()
+                    return False
+                log.info("state.persisted_late", id=rid)
+            del self._unsaved[rid]
+        return True
+
+    def unsaved_ids(self) -> list[str]:
+        return list(self._unsaved)
+
+    def close(self) -> None:
+        """Stop retrying (the shim is stopping)."""
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+
     # ---- sandboxes
     def put_sandbox(self, r: SandboxRecord, persist: bool = True) -> None:
         """Add or update a record; persisted first, so that a full disk changes nothing."""
@@ -386,9 +460,12 @@ class Store:
     def save_sandbox(self, r: SandboxRecord) -> None:
         """Only persist ``r`` (RESOURCE_EXHAUSTED on a full disk); the tables are left as they are."""
         if self.state is not None:
+            if self._unsaved:
+                self.retry_unsaved()
             self.state.save_sandbox(r)
 
     def drop_sandbox(self, r: SandboxRecord) -> None:
+        self._unsaved.pop(r.id, None)
         self.sandboxes.discard(r.id)
         self.sandbox_names.release(sandbox_name(r.config.metadata), r.id)
         if not self.by_sandbox.get(r.id):
@@ -407,9 +484,12 @@ class Store:
     def save_container(self, r: ContainerRecord) -> None:
         """Only persist ``r`` (RESOURCE_EXHAUSTED on a full disk); the tables are left as they are."""
         if self.state is not None:
+            if self._unsaved:
+                self.retry_unsaved()
             self.state.save_container(r)
 
     def drop_container(self, r: ContainerRecord) -> None:
+        self._unsaved.pop(r.id, None)
         self.containers.discard(r.id)
         sb = self.sandboxes.get(r.sandbox_id)
         if sb is not None:

@@ -3,6 +3,7 @@ changes nothing; reads keep working; what was acknowledged before survives a res
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import subprocess
@@ -106,5 +107,89 @@ async def test_a_full_state_disk_refuses_changes_and_keeps_serving(short_tmp: st
             assert names == {"kept", "new"}
             st = (await rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid))).status
             assert st.state == pb.CONTAINER_RUNNING
+    finally:
+        await again.stop(0)
+
+
+async def test_a_full_state_disk_refuses_updates_before_their_effect_and_never_blocks_a_stop(
+    short_tmp: str, small_disk: str
+) -> None:
+    """UpdateContainerResources is refused before the container sees it; StopContainer,
+    StopPodSandbox and RemovePodSandbox still work — a node under disk pressure evicts by
+    stopping and removing pods — and a restarted shim reads the stops off the runtime."""
+    cfg = server_config(short_tmp)
+    cfg = dataclasses.replace(
+        cfg, server=dataclasses.replace(cfg.server, state_dir=os.path.join(small_disk, "state"))
+    )
+    fake_dir = os.path.join(short_tmp, "fake")
+    fake = FakeBackend("fake", {"state_dir": fake_dir})
+    server = Server(cfg, backends={"fake": fake}, id_factory=make_ids("u"))
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
+            rt, im = api_pb2_grpc.RuntimeServiceStub(ch), api_pb2_grpc.ImageServiceStub(ch)
+            await im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image="busybox")))
+            pods = []
+            for name in ("evicted", "stopped"):
+                sc = sandbox_config(name=name)
+                pod = (await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc))).pod_sandbox_id
+                cc = container_config(name="c", command=["sh", "-c", "sleep 3600"])
+                req = pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc)
+                cid = (await rt.CreateContainer(req)).container_id
+                await rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+                pods.append((pod, cid))
+            server.shim.store.RETRY_SECONDS = 0.2  # (5 s in service)
+            ballast = fill(small_disk)
+            (evicted, evicted_c), (stopped, stopped_c) = pods
+
+            update = pb.UpdateContainerResourcesRequest(
+                container_id=stopped_c,
+                linux=pb.LinuxContainerResources(cpu_shares=512, memory_limit_in_bytes=1 << 28),
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await rt.UpdateContainerResources(update)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+            assert small_disk in (info.value.details() or "")
+            assert not [c for c in fake.calls if c.method == "update_container_resources"]
+            st = (await rt.ContainerStatus(pb.ContainerStatusRequest(container_id=stopped_c))).status
+            assert st.resources.linux.cpu_shares != 512
+
+            await rt.StopContainer(pb.StopContainerRequest(container_id=stopped_c, timeout=1))
+            st = (await rt.ContainerStatus(pb.ContainerStatusRequest(container_id=stopped_c))).status
+            assert st.state == pb.CONTAINER_EXITED
+            await rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=stopped))
+            st = (await rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=stopped))).status
+            assert st.state == pb.SANDBOX_NOTREADY
+            await rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=evicted))
+            await rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=evicted))
+            ids = [p.id for p in (await rt.ListPodSandbox(pb.ListPodSandboxRequest())).items]
+            assert ids == [stopped]
+            # Space returns: the stops the disk refused are written by the retry.
+            assert sorted(server.shim.store.unsaved_ids()) == sorted([stopped, stopped_c])
+            os.unlink(ballast)
+            for _ in range(100):
+                if not server.shim.store.unsaved_ids():
+                    break
+                await asyncio.sleep(0.1)
+            assert server.shim.store.unsaved_ids() == []
+    finally:
+        await server.stop(0)
+    again = Server(
+        cfg, backends={"fake": FakeBackend("fake", {"state_dir": fake_dir})}, id_factory=make_ids("v")
+    )
+    await again.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
+            rt = api_pb2_grpc.RuntimeServiceStub(ch)
+            pods = (await rt.ListPodSandbox(pb.ListPodSandboxRequest())).items
+            assert [(p.id, p.state) for p in pods] == [(stopped, pb.SANDBOX_NOTREADY)]
+            st = (await rt.ContainerStatus(pb.ContainerStatusRequest(container_id=stopped_c))).status
+            assert st.state == pb.CONTAINER_EXITED
+            code = None
+            try:
+                await rt.ContainerStatus(pb.ContainerStatusRequest(container_id=evicted_c))
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+            assert code == grpc.StatusCode.NOT_FOUND
     finally:
         await again.stop(0)
