@@ -9,11 +9,12 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import structlog
 
@@ -29,6 +30,7 @@ from backends.runv.agent.protocol import AgentError, Ch, ConnectionLost, Stream
 from backends.runv.hypervisor import MIB, VM, Fault, Hypervisor, VMSpec
 from backends.runv.images.store import Credentials, Image, ImageStore
 from backends.runv.network import PodNetwork, host_ports
+from backends.runv.pool import Pool, PoolConfig, node_busy
 from backends.runv.stub import StubHypervisor, vm_size
 from cri_api import api_pb2 as pb
 
@@ -48,6 +50,9 @@ class _Pod:
     dead: bool = False
     monitor: asyncio.Task[None] | None = None
     procs: dict[str, VmProcess] = dataclasses.field(default_factory=dict)  # started containers
+    # A warm VM's network, wired before any pod asked for it: its IP (held in the IPAM
+    # under ``holder`` until a pod takes it) and the VM's interface, up.
+    warm_net: dict[str, str] | None = None
 
 
 class VmProcess:
@@ -69,6 +74,9 @@ class VmProcess:
                 yield contract.Output("stderr" if ch == Ch.STDERR else "stdout", data)
         finally:
             stream.forget()
+
+
+T = TypeVar("T")
 
 
 def _vm_id(sandbox_id: str) -> str:
@@ -112,6 +120,22 @@ class RunvBackend:
         self._pods: dict[str, _Pod] = {}
         self._owner: dict[str, str] = {}  # container ID -> sandbox ID
         self._events: contract.EventSink | None = None
+        # Warm VMs: the shape of a pod without limits unless the pool table says otherwise.
+        self.pool_config = PoolConfig.from_table(config.get("pool"))
+        plain_vcpus, plain_memory = vm_size(0, 100_000, 0, self.overhead_vcpus, self.overhead_memory)
+        self.pool_shape = (
+            self.pool_config.vcpus or plain_vcpus,
+            self.pool_config.memory_mib * MIB or plain_memory,
+        )
+        self._sandboxes_starting = 0
+        self.pool: Pool[_Pod] = Pool(
+            self.pool_config.size,
+            self._boot_warm,
+            self._discard_warm,
+            self._warm_usable,
+            self._refill_should_wait,
+            self.pool_config.refill_interval,
+        )
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, events: contract.EventSink) -> None:
@@ -119,7 +143,9 @@ class RunvBackend:
         os.makedirs(self._containers_dir, exist_ok=True)
 
     async def close(self) -> None:
-        # VMs keep running (recovered on the next start); only our side goes away.
+        # Warm VMs belong to no pod: they go. Pods' VMs keep running (recovered on the
+        # next start); only our side goes away.
+        await self.pool.close()
         tasks: list[asyncio.Task[None]] = []
         for pod in self._pods.values():
             if pod.monitor is not None:
@@ -268,6 +294,8 @@ class RunvBackend:
         self.net.release_unknown(with_net)
         with contextlib.suppress(errors.CriError):
             await self.net.remove_unknown_host_ports(with_net)
+        # Only now: a warm VM booted before recovery would have been taken for a leftover.
+        self.pool.start()
         return sb_obs, ct_obs
 
     # ------------------------------------------------------------------ sandboxes
@@ -289,16 +317,33 @@ class RunvBackend:
             if bad:
                 raise errors.InvalidArgumentError(f"sysctls {bad} are not allowed with host networking")
         ports = [] if host_net else host_ports(cfg.port_mappings)
+        self._sandboxes_starting += 1  # the pool's refill waits while any pod starts
         try:
-            vm = await self.hv.create(VMSpec(_vm_id(sandbox.id), vcpus, memory, cfg.hostname, host_net))
-        except errors.CriError:
-            raise
-        except Exception as exc:  # BootError and friends: the VM is already gone
-            raise errors.UnavailableError(f"VM boot failed: {exc or type(exc).__name__}") from exc
-        pod = _Pod(sandbox.id, vm)
+            return await self._run_sandbox(sandbox, vcpus, memory, host_net, ports)
+        finally:
+            self._sandboxes_starting -= 1
+
+    async def _run_sandbox(
+        self, sandbox: contract.SandboxRecord, vcpus: int, memory: int, host_net: bool, ports: list[Any]
+    ) -> contract.SandboxNetwork:
+        cfg = sandbox.config
+        pod = self._take_warm(vcpus, memory) if not host_net else None
+        if pod is None:
+            vm = await self._boot_cold(VMSpec(_vm_id(sandbox.id), vcpus, memory, cfg.hostname, host_net))
+            pod = _Pod(sandbox.id, vm)
+        else:
+            pod.sandbox_id = sandbox.id
+            sandbox.backend_data["warm"] = True
+        vm = pod.vm
         ip = ""
         try:
-            await self._connect(pod)
+            if pod.agent is None:
+                await self._connect(pod)
+            else:  # a warm VM, booted for no pod: sized up to this pod's needs, if it asks more
+                if vcpus > vm.vcpus:
+                    await self._with_room(self.hv.set_vcpus, vm, vcpus)
+                if memory > vm.memory_bytes:
+                    await self._with_room(self.hv.set_memory, vm, memory)
             assert pod.agent is not None
             if not host_net:
                 ip = await self._plumb(sandbox, pod, ports)
@@ -315,17 +360,85 @@ class RunvBackend:
                 await pod.agent.close()
             await self.hv.destroy(vm)
             await self._unplumb(sandbox)
+            await self._unwire_warm(pod)
             raise
         sandbox.backend_data["vm"] = vm.to_dict()
         self._pods[sandbox.id] = pod
         self._watch(pod)
         return contract.SandboxNetwork(ip=ip)
 
+    async def _boot_cold(self, spec: VMSpec) -> VM:
+        """Boot a VM for one pod."""
+        try:
+            return await self._with_room(self.hv.create, spec)
+        except errors.CriError:
+            raise
+        except Exception as exc:  # BootError and friends: the VM is already gone
+            raise errors.UnavailableError(f"VM boot failed: {exc or type(exc).__name__}") from exc
+
+    async def _with_room(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``fn(*args)``; on a node full because of warm VMs, they give their room back first."""
+        while True:
+            try:
+                return await fn(*args)
+            except errors.ResourceExhaustedError:
+                if not await self.pool.give_back_one():
+                    raise
+
+    # ------------------------------------------------------------------ warm VMs
+    def _take_warm(self, vcpus: int, memory: int) -> _Pod | None:
+        """A warm VM for a pod of this size, or None: a pod smaller than the pool's shape boots cold."""
+        if vcpus < self.pool_shape[0] or memory < self.pool_shape[1]:
+            return None
+        return self.pool.take()
+
+    async def _boot_warm(self) -> _Pod:
+        """A VM for no pod yet: booted, its agent answering, its network wired."""
+        vcpus, memory = self.pool_shape
+        vm = await self.hv.create(VMSpec("w" + secrets.token_hex(8)[:15], vcpus, memory))
+        pod = _Pod("", vm)
+        try:
+            await self._connect(pod)
+            holder = "warm-" + vm.id  # in no record: released by recovery after a SIGKILL
+            pod.warm_net = {"ip": self.net.allocate(holder), "holder": holder}
+            await self._wire(pod, pod.warm_net["ip"])
+        except BaseException:
+            await self._discard_warm(pod)
+            raise
+        return pod
+
+    async def _discard_warm(self, pod: _Pod) -> None:
+        if pod.agent is not None:
+            await pod.agent.close()
+        await self.hv.destroy(pod.vm)
+        await self._unwire_warm(pod)
+
+    async def _unwire_warm(self, pod: _Pod) -> None:
+        """Release what a warm VM's network held, if no sandbox took it."""
+        warm, pod.warm_net = pod.warm_net, None
+        if warm is not None:
+            await self.net.delete_veth(self.net.veth_names(pod.vm.id)[0])
+            self.net.release(warm["ip"], warm["holder"])
+
+    def _warm_usable(self, pod: _Pod) -> bool:
+        return pod.agent is not None and not pod.agent.closed and self.hv.alive(pod.vm)
+
+    def _refill_should_wait(self) -> bool:
+        return self._sandboxes_starting > 0 or node_busy(self.pool_config.max_load)
+
     async def _plumb(self, sandbox: contract.SandboxRecord, pod: _Pod, ports: list[Any]) -> str:
-        """Give the VM its pod IP on the bridge and publish its host ports; return the IP."""
-        agent = self._agent(pod)
-        ip = self.net.allocate(sandbox.id)
-        host_if, peer = self.net.veth_names(pod.vm.id)
+        """Give the VM its pod IP on the bridge and publish its host ports; return the IP.
+
+        A warm VM is wired already: its IP passes to the sandbox, and only the host
+        ports are left to publish.
+        """
+        warm, pod.warm_net = pod.warm_net, None
+        if warm is not None:
+            ip = warm["ip"]
+            self.net.transfer(ip, warm["holder"], sandbox.id)
+        else:
+            ip = self.net.allocate(sandbox.id)
+        host_if, _peer = self.net.veth_names(pod.vm.id)
         # Recorded first: whatever exists of it is undone by _unplumb, now or after a restart.
         sandbox.backend_data["net"] = {
             "ip": ip,
@@ -333,6 +446,15 @@ class RunvBackend:
             "bridge": self.net.bridge,
             "ports": [p.to_dict() for p in ports],
         }
+        if warm is None:
+            await self._wire(pod, ip)
+        await self.net.add_host_ports(sandbox.id, ip, ports)
+        return ip
+
+    async def _wire(self, pod: _Pod, ip: str) -> None:
+        """A veth from the bridge into the VM, configured by the agent with ``ip``."""
+        agent = self._agent(pod)
+        _host_if, peer = self.net.veth_names(pod.vm.id)
         await self.net.create_veth(pod.vm.id)
         guest_if = await self.hv.attach_interface(pod.vm, peer)
         await agent.call(
@@ -344,8 +466,6 @@ class RunvBackend:
                 mtu=self.net.mtu,
             )
         )
-        await self.net.add_host_ports(sandbox.id, ip, ports)
-        return ip
 
     async def _unplumb(self, sandbox: contract.SandboxRecord) -> None:
         """Release the pod's network: host-port rules, veth, IP. Idempotent."""

@@ -62,7 +62,16 @@ NETWORK: dict[str, str] = {
     "owner": STR,  # default: a hash of root; IPs and host-port rules are tagged with it
 }
 
-TABLES: dict[str, dict[str, str]] = {"stub": STUB, "network": NETWORK}
+# Warm VMs (backends/runv/pool.py).
+POOL: dict[str, str] = {
+    "size": INT,
+    "vcpus": INT,
+    "memory_mib": INT,
+    "refill_interval": NUMBER,
+    "max_load": NUMBER,
+}
+
+TABLES: dict[str, dict[str, str]] = {"stub": STUB, "network": NETWORK, "pool": POOL}
 
 
 def _fits(kind: str, value: Any) -> bool:

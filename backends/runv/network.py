@@ -185,6 +185,15 @@ class PodNetwork:
             return ip
         raise errors.ResourceExhaustedError(f"no free pod IP left in {self.subnet}")
 
+    def transfer(self, ip: str, holder: str, sandbox_id: str) -> None:
+        """Hand an IP allocated for ``holder`` (a warm VM) to a sandbox, atomically."""
+        if self._holder(ip) != (self.owner, holder):
+            raise errors.InternalError(f"IP {ip} is not held by {holder}")
+        tmp = self._ipam(ip) + ".new"
+        with open(tmp, "w") as fh:
+            fh.write(f"{self.owner} {sandbox_id}\n")
+        os.replace(tmp, self._ipam(ip))
+
     def release(self, ip: str, sandbox_id: str) -> None:
         if ip and self._holder(ip) == (self.owner, sandbox_id):
             with contextlib.suppress(OSError):
