@@ -216,6 +216,8 @@ class Run:
                 f'cgroup_parent = "{stub["cgroup_parent"]}"\n'
                 "\n[handlers.runv.network]\n" + "".join(f'{k} = "{v}"\n' for k, v in net.items())
             )
+            if args.warm:
+                toml += f"\n[handlers.runv.pool]\nsize = {args.warm}\nmax_load = 0\n"
         elif self.handler == "docker":
             toml = (
                 "[handlers.docker]\n"
@@ -869,6 +871,7 @@ def main() -> int:
         "node capacity is 16 vCPU per host CPU, 1 a pod)",
     )
     ap.add_argument("--keep-tmp", action="store_true", help="keep the whole temp dir, not only the shim log")
+    ap.add_argument("--warm", type=int, default=0, help="runv: warm VMs kept ready (0: off)")
     args = ap.parse_args()
     if args.seed is None:
         args.seed = random.randrange(1 << 30)

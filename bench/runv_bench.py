@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -55,10 +56,22 @@ from shim.io import ContainerIO  # noqa: E402
 
 # The same child-process pattern, images and percentile as the docker benchmark.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from docker_bench import BUSYBOX, Cri, Samples, Shim, _interrupt, clock, pct, pod_sandbox_config  # noqa: E402
+from docker_bench import (  # noqa: E402
+    BUSYBOX,
+    CONTAINERD_SOCK,
+    Cri,
+    Samples,
+    Shim,
+    _interrupt,
+    clock,
+    pct,
+    pod_sandbox_config,
+)
 
 STEPS = ["RunPodSandbox", "CreateContainer", "StartContainer", "total"]
-HANDLERS = ("runv", "docker")
+WARM = "runv-warm"
+POOL_SIZE = 2
+HANDLERS = ("runv", WARM, "docker")
 
 
 def ms(seconds: list[float]) -> list[float]:
@@ -228,23 +241,29 @@ async def in_process(cfg: dict[str, Any], vms: int, density_max: int) -> None:
 
 
 class DualShim(Shim):
-    """`cri-shim serve` with a runv and a docker handler, on a temporary socket and state."""
+    """`cri-shim serve` with runv handlers (one per config: cold, warm) and docker, on a temporary socket."""
 
-    def __init__(self, tmp: str, run_id: str, runv: dict[str, Any]) -> None:
-        net, stub = runv["network"], runv["stub"]
-        runv_config = (
-            "\n[handlers.runv]\n"
-            'type = "runv"\n'
-            f'root = "{runv["root"]}"\n'
-            f'run_dir = "{runv["run_dir"]}"\n'
-            f"agent_timeout = {runv['agent_timeout']}\n"
-            "\n[handlers.runv.stub]\n"
-            f'cgroup_parent = "{stub["cgroup_parent"]}"\n'
-            "\n[handlers.runv.network]\n" + "".join(f'{k} = "{v}"\n' for k, v in net.items())
-        )
+    def __init__(self, tmp: str, run_id: str, runv: dict[str, dict[str, Any]]) -> None:
+        text = ""
+        for handler, cfg in runv.items():
+            net, stub = cfg["network"], cfg["stub"]
+            text += (
+                f"\n[handlers.{handler}]\n"
+                'type = "runv"\n'
+                f'root = "{cfg["root"]}"\n'
+                f'run_dir = "{cfg["run_dir"]}"\n'
+                f"agent_timeout = {cfg['agent_timeout']}\n"
+                f"\n[handlers.{handler}.stub]\n"
+                f'cgroup_parent = "{stub["cgroup_parent"]}"\n'
+                f"\n[handlers.{handler}.network]\n" + "".join(f'{k} = "{v}"\n' for k, v in net.items())
+            )
+            if cfg.get("pool"):
+                text += f"\n[handlers.{handler}.pool]\n" + "".join(
+                    f"{k} = {v}\n" for k, v in cfg["pool"].items()
+                )
         # Its own session: the shim must stay up until it has removed the pods,
         # or their VMs would outlive it.
-        super().__init__(tmp, run_id, extra_config=runv_config, own_session=True)
+        super().__init__(tmp, run_id, extra_config=text, own_session=True)
 
 
 class Client(Cri):
@@ -284,6 +303,7 @@ class Client(Cri):
             )
         pod = str(resp.pod_sandbox_id)
         self.pods.add(pod)
+        self.last_pod = pod
         with clock(samples, "CreateContainer"):
             req = pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc)
             cid = self.rt.CreateContainer(req, timeout=120).container_id
@@ -292,32 +312,103 @@ class Client(Cri):
         samples.setdefault("total", []).append((time.perf_counter() - t0) * 1000)
 
 
-def side_by_side(client: Client, n: int) -> None:
+def containerd_pod(ctrd: Cri, samples: Samples) -> None:
+    """The same pod + container start on containerd's CRI plugin (runc), for scale."""
+    sc = ctrd.pod_config()
+    t0 = time.perf_counter()
+    with clock(samples, "RunPodSandbox"):
+        pod = ctrd.run_pod(sc)
+    with clock(samples, "CreateContainer"):
+        cid = ctrd.create(pod, sc, "app")
+    with clock(samples, "StartContainer"):
+        ctrd.rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
+    samples.setdefault("total", []).append((time.perf_counter() - t0) * 1000)
+
+
+def was_warm(client: Client, pod: str) -> bool:
+    """Whether the pod got a warm VM (the shim's verbose status shows the backend's data)."""
+    resp = client.rt.PodSandboxStatus(
+        pb.PodSandboxStatusRequest(pod_sandbox_id=pod, verbose=True), timeout=30
+    )
+    return bool(json.loads(resp.info.get("info", "{}")).get("backend_data", {}).get("warm"))
+
+
+def pool_idle_cost(cgroup_parent: str, seconds: float = 10.0) -> None:
+    """RSS and CPU of the warm VMs' processes (agents) while nothing happens."""
+
+    def sample() -> tuple[int, int, int]:
+        rss = ticks = 0
+        pids = sorted(set(Cgroup(cgroup_parent).pids()))  # v1: each controller lists them
+        for pid in pids:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{pid}/smaps_rollup") as fh:  # proportional: shared pages split
+                    rss += sum(int(line.split()[1]) * 1024 for line in fh if line.startswith("Pss:"))
+                with open(f"/proc/{pid}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                ticks += int(fields[11]) + int(fields[12])
+        return len(pids), rss, ticks
+
+    _, _, t0 = sample()
+    time.sleep(seconds)
+    n1, rss1, t1 = sample()
+    hz = os.sysconf("SC_CLK_TCK")
+    cpu_pct = (t1 - t0) / hz / seconds * 100
+    print(
+        f"idle cost of the pool ({POOL_SIZE} warm VMs, {n1} processes): PSS {rss1 / MIB:.1f} MiB "
+        f"({rss1 / MIB / POOL_SIZE:.1f} MiB a VM), "
+        f"CPU {cpu_pct:.2f} % of one core over {seconds:g} s"
+    )
+
+
+def side_by_side(client: Client, n: int, ctrd: Cri | None, refill_wait: float) -> None:
     for h in HANDLERS:
         print(f"{h}: image ready in {client.pull_for(h):.1f} s")
-    warm: Samples = {}
+    if ctrd is not None:
+        ctrd.pull()
+    first: Samples = {}
     for h in HANDLERS:  # one untimed pod each (first-use costs)
-        client.start_pod(h, warm)
+        client.start_pod(h, first)
     client.cleanup()
-    res: dict[str, Samples] = {h: {} for h in HANDLERS}
+    if ctrd is not None:
+        containerd_pod(ctrd, first)
+        ctrd.cleanup()
+    names = [*HANDLERS, *(["containerd"] if ctrd is not None else [])]
+    res: dict[str, Samples] = {h: {} for h in names}
+    warm_hits = 0
     for i in range(n):
+        time.sleep(refill_wait)  # the warm handler's pool refills between rounds, as on an idle node
         # Alternate who goes first as well, in case the order itself matters.
-        for h in HANDLERS if i % 2 == 0 else HANDLERS[::-1]:
+        for h in names if i % 2 == 0 else names[::-1]:
+            if h == "containerd":
+                assert ctrd is not None
+                containerd_pod(ctrd, res[h])
+                continue
             client.pull_for(h)  # the engine is shared: someone may have removed the image
             client.start_pod(h, res[h])
+            if h == WARM:
+                warm_hits += was_warm(client, client.last_pod)
         # Pods are removed as we go, so that the n-th pod does not start beside n-1 others.
         client.cleanup()
-    print(f"\nPod + container start through cri-shim (gRPC), runv vs docker, ms (n={n})")
-    head = f"{'step':<16} | {'runv p50':>9} {'p90':>8} | {'docker p50':>10} {'p90':>8} | {'runv/docker':>11}"
+        if ctrd is not None:
+            ctrd.cleanup()
+    print(
+        f"\nPod + container start through gRPC, ms (n={n}; {WARM}: a pool of {POOL_SIZE} warm VMs, "
+        f"{warm_hits}/{n} pods got one; runv: cold boots)"
+    )
+    head = f"{'step':<16} |" + "".join(f" {h + ' p50':>15} {'p99':>8} |" for h in names)
     print(head)
     print("-" * len(head))
     for step in STEPS:
-        rv, dk = res["runv"].get(step, []), res["docker"].get(step, [])
-        ratio = pct(rv, 0.5) / pct(dk, 0.5)
-        print(
-            f"{step:<16} | {pct(rv, 0.5):9.1f} {pct(rv, 0.9):8.1f} | {pct(dk, 0.5):10.1f} {pct(dk, 0.9):8.1f} |"
-            f" {ratio:10.2f}x"
-        )
+        row = f"{step:<16} |"
+        for h in names:
+            v = res[h].get(step, [])
+            row += f" {pct(v, 0.5):15.1f} {pct(v, 0.99):8.1f} |"
+        print(row)
+    rsb = {h: pct(res[h].get("RunPodSandbox", []), 0.5) for h in names}
+    print(f"RunPodSandbox p50, warm/cold runv: {rsb[WARM] / rsb['runv']:.2f}x", end="")
+    if ctrd is not None:
+        print(f"; warm runv/containerd: {rsb[WARM] / rsb['containerd']:.2f}x", end="")
+    print()
 
 
 # ---------------------------------------------------------------- cleanup and main
@@ -353,6 +444,16 @@ def main() -> int:
         "--density-max", type=int, default=256, help="stop the density run here at the latest (256)"
     )
     ap.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (shim log) for inspection")
+    ap.add_argument("--containerd", default=CONTAINERD_SOCK, help="containerd CRI socket, when it answers")
+    ap.add_argument(
+        "--refill-wait",
+        type=float,
+        default=1.5,
+        help="seconds between rounds, for the warm pool to refill (1.5)",
+    )
+    ap.add_argument(
+        "--in-process", action=argparse.BooleanOptionalAction, default=True, help="boot/density part"
+    )
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("run as root (namespaces, cgroups, runc, the engine's socket)", file=sys.stderr)
@@ -364,16 +465,20 @@ def main() -> int:
     net = network_config(tmp, run_id, f"10.95.{random.randrange(256)}.0/24")
     local = runv_config(tmp, f"{run_id}a", net)
     child = runv_config(tmp, f"{run_id}b", net)
+    warm = runv_config(tmp, f"{run_id}c", net)
+    warm["pool"] = {"size": POOL_SIZE, "max_load": 0}
     shim: DualShim | None = None
+    ctrd: Cri | None = None
     client: Client | None = None
     failed = False
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         print(f"run {run_id}: {os.cpu_count()} CPUs, python {sys.version.split()[0]}, bridge {net['bridge']}")
-        asyncio.run(in_process(local, args.vms, args.density_max))
+        if args.in_process:
+            asyncio.run(in_process(local, args.vms, args.density_max))
 
         print()
-        shim = DualShim(tmp, run_id, child)
+        shim = DualShim(tmp, run_id, {"runv": child, WARM: warm})
         client = Client(shim.sock, run_id, f"{tmp}/pod-logs")
         try:
             client.wait_ready(60)
@@ -381,7 +486,13 @@ def main() -> int:
             print(f"cri-shim did not answer on {shim.sock}; its log: {tmp}/cri-shim.log", file=sys.stderr)
             args.keep_tmp = True
             raise
-        side_by_side(client, args.iterations)
+        ctrd = Cri("containerd", args.containerd, run_id, f"{tmp}/pod-logs")
+        if not ctrd.answers():
+            print(f"containerd-CRI: skipped, nothing answers on unix://{args.containerd}")
+            ctrd = None
+        side_by_side(client, args.iterations, ctrd, args.refill_wait)
+        time.sleep(args.refill_wait)
+        pool_idle_cost(warm["stub"]["cgroup_parent"])
     except KeyboardInterrupt:
         failed = True
         print("interrupted; cleaning up", file=sys.stderr)
@@ -392,10 +503,13 @@ def main() -> int:
         if client is not None:
             client.cleanup()
             client.channel.close()
+        if ctrd is not None:
+            ctrd.cleanup()
+            ctrd.channel.close()
         if shim is not None:
             shim.stop()
             shim.remove_engine_leftovers()
-        remove_leftovers([local, child])
+        remove_leftovers([local, child, warm])
         if args.keep_tmp:
             print(f"kept {tmp}", file=sys.stderr)
         else:

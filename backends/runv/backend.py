@@ -334,6 +334,7 @@ class RunvBackend:
         else:
             pod.sandbox_id = sandbox.id
             sandbox.backend_data["warm"] = True
+            log.info("sandbox.warm_vm", sandbox_id=sandbox.id, vm=pod.vm.id)
         vm = pod.vm
         ip = ""
         try:

@@ -316,6 +316,8 @@ def _shim_config(h: Harness) -> str:
             "[handlers.runv.stub]",
             f'cgroup_parent = "cri-shim-runv-e2e-{tag}"',
         ]
+        if h.warm:
+            lines += ["[handlers.runv.pool]", f"size = {h.warm}"]
     path = h.dir / "cri-shim.toml"
     path.write_text("\n".join(lines) + "\n")
     return str(path)
@@ -361,8 +363,10 @@ class Harness:
         keep: bool = False,
         node: str | None = None,
         log: Callable[[str], None] | None = None,
+        warm: int = 0,
     ) -> None:
         self.handler = handler
+        self.warm = warm  # runv: warm VMs kept ready (0: every pod boots cold)
         self.kubelet_bin = kubelet or kubelet_binary()
         self.keep = keep
         self.node = node or f"e2e-{handler}"
@@ -1337,10 +1341,10 @@ def report(
 
 
 def run(
-    handler: str, keep: bool = False, names: set[str] | None = None, out: Any = sys.stdout
+    handler: str, keep: bool = False, names: set[str] | None = None, out: Any = sys.stdout, warm: int = 0
 ) -> tuple[list[tuple[Check, Result, float]], Harness]:
     """Start everything, run the checks, print the report, stop everything."""
-    h = Harness(handler, keep=keep)
+    h = Harness(handler, keep=keep, warm=warm)
     results: list[tuple[Check, Result, float]] = []
     try:
         h.start()
@@ -1378,6 +1382,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--handler", choices=HANDLERS, default="runv")
     p.add_argument("--keep", action="store_true", help="keep the work directory and logs")
     p.add_argument("--check", action="append", help="run only this check (repeatable), e.g. pod-crash-loop")
+    p.add_argument("--warm", type=int, default=0, help="runv: keep this many warm VMs ready (0: off)")
     p.add_argument(
         "--max-seconds", type=float, default=420, help="a last resort: give up (and clean up) after this long"
     )
@@ -1388,7 +1393,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     names = set(args.check) if args.check else None
     with _deadline(args.max_seconds):
-        results, _ = run(args.handler, keep=args.keep, names=names)
+        results, _ = run(args.handler, keep=args.keep, names=names, warm=args.warm)
     return 0 if results and all(r.ok for _, r, _ in results) else 1
 
 
