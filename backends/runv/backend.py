@@ -155,6 +155,7 @@ class RunvBackend:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.hv.close()
         if not self._pods:
             self.hv.tidy()  # no VM left: drop the empty run dir and cgroup parent
         self._pods.clear()

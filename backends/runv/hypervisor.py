@@ -92,6 +92,9 @@ class Hypervisor(Protocol):
     def leftovers(self, known: set[str]) -> list[VM]:
         """VMs of this driver on the node whose ID is not in ``known``."""
 
+    async def close(self) -> None:
+        """Stop the driver's own helper processes; VMs keep running."""
+
     def tidy(self) -> None:
         """Remove the node-level directories and cgroups the driver made, if no VM uses them."""
 

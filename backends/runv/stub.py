@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import os
 import shutil
@@ -154,6 +155,84 @@ def _proc_start(pid: int) -> int:
     return int(fields[19])
 
 
+class Injector:
+    """The share helper (inject.py), one long-lived process answering requests in turn.
+
+    inject.py needs only the standard library: it runs as a file, isolated and
+    without site packages. Started on first use, and again if it has died; it
+    ends when its input does, so with the shim.
+    """
+
+    TIMEOUT = 30.0
+
+    def __init__(self, python: str) -> None:
+        self.python = python
+        self.helper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inject.py")
+        self._proc: asyncio.subprocess.Process | None = None
+        self._lock = asyncio.Lock()
+
+    async def call(self, argv: list[str]) -> str:
+        """Run one request; its error text, "" on success."""
+        async with self._lock:
+            request = json.dumps(argv).encode() + b"\n"
+            for attempt in (1, 2):
+                proc = await self._running()
+                assert proc.stdin is not None and proc.stdout is not None
+                try:
+                    proc.stdin.write(request)
+                    await proc.stdin.drain()
+                except ConnectionError:
+                    # It had died since the last request: nothing was sent, so
+                    # one more try on a new helper is safe.
+                    await self.close()
+                    if attempt == 1:
+                        continue
+                    return "the share helper cannot be started"
+                try:
+                    async with asyncio.timeout(self.TIMEOUT):
+                        line = await proc.stdout.readline()
+                except TimeoutError:
+                    line = b""
+                if line:
+                    try:
+                        return str(json.loads(line).get("error", ""))
+                    except (ValueError, AttributeError):
+                        pass
+                # Died or stuck under this request: whether it was done is unknown,
+                # so it is not repeated; the next request gets a new helper.
+                await self.close()
+                return "the share helper did not answer"
+            return "the share helper cannot be started"
+
+    async def _running(self) -> asyncio.subprocess.Process:
+        if self._proc is None or self._proc.returncode is not None:
+            self._proc = await asyncio.create_subprocess_exec(
+                self.python,
+                "-S",
+                "-I",
+                self.helper,
+                "serve",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+        return self._proc
+
+    async def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            async with asyncio.timeout(5):
+                await proc.wait()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+
 class StubHypervisor:
     name = "stub"
 
@@ -176,6 +255,7 @@ class StubHypervisor:
         self._reserved: dict[str, tuple[int, int]] = {}
         self._faults: set[Fault] = set()
         self._lock = asyncio.Lock()
+        self._injector = Injector(self.python)
 
     # ---- helpers
     def _cgroup(self, vm_id: str) -> Cgroup:
@@ -387,6 +467,10 @@ class StubHypervisor:
             out.append(vm)
         return out
 
+    async def close(self) -> None:
+        """Stop the driver's own helpers (VMs keep running)."""
+        await self._injector.close()
+
     def tidy(self) -> None:
         # Only empty ones go: rmdir fails on a cgroup with processes or a non-empty directory.
         parent = Cgroup(self.cgroup_parent)
@@ -452,11 +536,9 @@ class StubHypervisor:
         vm.shares.pop(tag, None)
 
     async def _inject(self, *args: str) -> None:
-        # inject.py needs only the standard library: run it as a file, isolated and
-        # without site packages, which starts in ~20 ms instead of ~200 ms for
-        # `-m backends.runv.inject` (that imports the whole package first).
-        helper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inject.py")
-        await host.must(f"share {args[0]} failed", self.python, "-S", "-I", helper, *args)
+        error = await self._injector.call(list(args))
+        if error:
+            raise InternalError(f"share {args[0]} failed: {error}")
 
     async def attach_device(self, vm: VM, host_path: str) -> str:
         vm.devices[host_path] = host_path

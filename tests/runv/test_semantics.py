@@ -249,6 +249,11 @@ async def test_an_exec_whose_caller_gives_up_is_killed(runv: tuple[RunvBackend, 
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
-    ps = await backend.exec_sync(ct, ["ps", "-o", "args"])
+    # The agent learns of the cancel over the channel and kills the process: soon, not at once.
+    for _ in range(40):
+        ps = await backend.exec_sync(ct, ["ps", "-o", "args"])
+        if b"4322" not in ps.stdout:
+            break
+        await asyncio.sleep(0.05)
     assert b"4322" not in ps.stdout and b"sleep 300" in ps.stdout, ps.stdout
     await backend.remove_sandbox(sb)
