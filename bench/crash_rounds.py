@@ -217,7 +217,7 @@ class Run:
                 "\n[handlers.runv.network]\n" + "".join(f'{k} = "{v}"\n' for k, v in net.items())
             )
             if args.warm:
-                toml += f"\n[handlers.runv.pool]\nsize = {args.warm}\nmax_load = 0\n"
+                toml += f"\n[handlers.runv.pool]\nsize = {args.warm}\nmax_cpu = 0\n"
         elif self.handler == "docker":
             toml = (
                 "[handlers.docker]\n"

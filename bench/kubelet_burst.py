@@ -107,6 +107,21 @@ class Burst(kh.Harness):
         self._start_kubelet()
         time.sleep(settle)
 
+    def wait_pool(self, n: int, timeout: float) -> int:
+        """Until the runv handler holds ``n`` warm VMs (their cgroups, named w...); how many it has."""
+        from backends.runv.stub import Cgroup
+
+        parent = Cgroup(f"cri-shim-runv-e2e-{self.tag}").dirs()[0]
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                warm = sum(1 for d in os.listdir(parent) if d.startswith("w"))
+            except OSError:
+                warm = 0
+            if warm >= n or time.monotonic() > deadline:
+                return warm
+            time.sleep(0.5)
+
     def running(self) -> set[str]:
         """Names of the pods whose app container is RUNNING."""
         rows = (
@@ -149,6 +164,9 @@ def measure(
         if target == "containerd" and not os.path.exists(containerd):
             return f"skipped: nothing answers on unix://{containerd} (sudo scripts/testenv/containerd-up)"
         b.start_idle(settle)
+        if b.warm:
+            held = b.wait_pool(b.warm, 120)
+            print(f"{target}: {held} warm VMs ready before the drop", flush=True)
         return b.drop(timeout)
     finally:
         b.stop()
@@ -184,9 +202,7 @@ def main() -> int:
     print(f"{args.pods} static pods dropped at once into a standalone kubelet v1.26; {os.cpu_count()} CPUs")
     results: dict[str, dict[str, float] | str] = {}
     for target in targets:
-        # A warm pool of N VMs takes N boots to fill: give it the time (about 0.3 s a VM here).
-        settle = args.settle + (0.4 * warm if target == "runv-warm" else 0)
-        results[target] = measure(target, args.pods, warm, args.containerd, settle, args.timeout)
+        results[target] = measure(target, args.pods, warm, args.containerd, args.settle, args.timeout)
     print()
     head = f"{'target':<12} | {'all running':>11} | {'first':>7} | {'p50':>7} | {'running':>8}"
     print(head)

@@ -466,7 +466,7 @@ def main() -> int:
     local = runv_config(tmp, f"{run_id}a", net)
     child = runv_config(tmp, f"{run_id}b", net)
     warm = runv_config(tmp, f"{run_id}c", net)
-    warm["pool"] = {"size": POOL_SIZE, "max_load": 0}
+    warm["pool"] = {"size": POOL_SIZE, "max_cpu": 0}
     shim: DualShim | None = None
     ctrd: Cri | None = None
     client: Client | None = None

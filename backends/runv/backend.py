@@ -30,7 +30,7 @@ from backends.runv.agent.protocol import AgentError, Ch, ConnectionLost, Stream
 from backends.runv.hypervisor import MIB, VM, Fault, Hypervisor, VMSpec
 from backends.runv.images.store import Credentials, Image, ImageStore
 from backends.runv.network import PodNetwork, host_ports
-from backends.runv.pool import Pool, PoolConfig, node_busy
+from backends.runv.pool import CpuMeter, Pool, PoolConfig
 from backends.runv.stub import StubHypervisor, vm_size
 from cri_api import api_pb2 as pb
 
@@ -128,6 +128,7 @@ class RunvBackend:
             self.pool_config.memory_mib * MIB or plain_memory,
         )
         self._sandboxes_starting = 0
+        self._cpu = CpuMeter()
         self.pool: Pool[_Pod] = Pool(
             self.pool_config.size,
             self._boot_warm,
@@ -426,7 +427,10 @@ class RunvBackend:
         return pod.agent is not None and not pod.agent.closed and self.hv.alive(pod.vm)
 
     def _refill_should_wait(self) -> bool:
-        return self._sandboxes_starting > 0 or node_busy(self.pool_config.max_load)
+        if self._sandboxes_starting > 0:
+            return True
+        limit = self.pool_config.max_cpu
+        return limit > 0 and self._cpu.busy() > limit
 
     async def _plumb(self, sandbox: contract.SandboxRecord, pod: _Pod, ports: list[Any]) -> str:
         """Give the VM its pod IP on the bridge and publish its host ports; return the IP.

@@ -68,7 +68,7 @@ POOL: dict[str, str] = {
     "vcpus": INT,
     "memory_mib": INT,
     "refill_interval": NUMBER,
-    "max_load": NUMBER,
+    "max_cpu": NUMBER,
 }
 
 TABLES: dict[str, dict[str, str]] = {"stub": STUB, "network": NETWORK, "pool": POOL}

@@ -7,8 +7,9 @@ is at least that shape (the backend hot-plugs the rest) and boots cold
 otherwise, or when the pool is empty: it never waits for a refill.
 
 Refilling boots one VM at a time, ``refill_interval`` apart, and pauses while
-the node is busy: while a RunPodSandbox is in progress, or while the load
-average per CPU is above ``max_load`` (0: never pauses for load). A pool VM
+the node is busy: while a RunPodSandbox is in progress, or while the host's
+CPUs were busier than ``max_cpu`` (a fraction of all of them, measured since
+the previous look, a moment ago; 0: never pauses for CPU). A pool VM
 belongs to no pod: no CRI list shows it, it counts against the hypervisor's
 capacity like any VM (a cold boot that finds no room gives one back first), and
 after a SIGKILL of the shim its ID is in no record, so the next start removes it
@@ -20,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import os
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
@@ -42,7 +42,7 @@ class PoolConfig:
     vcpus: int = 0  # 0: the size of a pod without limits
     memory_mib: int = 0  # 0: the size of a pod without limits
     refill_interval: float = 0.05  # seconds between two boots of a refill
-    max_load: float = 1.0  # load average per CPU above which refilling pauses; 0: ignore the load
+    max_cpu: float = 0.8  # share of all CPUs busy above which refilling pauses; 0: ignore the CPU
 
     @classmethod
     def from_table(cls, table: dict[str, Any] | None) -> PoolConfig:
@@ -152,12 +152,32 @@ class Pool(Generic[T]):
                 await asyncio.sleep(self.refill_interval)
 
 
-def node_busy(max_load: float) -> bool:
-    """Whether the 1-minute load average per CPU is above ``max_load`` (never, when it is 0)."""
-    if max_load <= 0:
-        return False
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return False
-    return load / (os.cpu_count() or 1) > max_load
+class CpuMeter:
+    """How busy the host's CPUs were since the previous look (/proc/stat)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[int, int] | None = None
+        self._busy = 0.0
+
+    @staticmethod
+    def _read() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as fh:
+                fields = [int(v) for v in fh.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return idle, sum(fields)
+
+    def busy(self) -> float:
+        """The busy share of all CPUs since the previous call (0.0 on the first)."""
+        now = self._read()
+        if now is None:
+            return 0.0
+        if self._last is not None:
+            d_idle, d_total = now[0] - self._last[0], now[1] - self._last[1]
+            if d_total < 5:  # under a few ticks: too short to tell, keep the last verdict
+                return self._busy
+            self._busy = 1.0 - d_idle / d_total
+        self._last = now
+        return self._busy

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from backends.runv.backend import RunvBackend
 from backends.runv.hypervisor import MIB
-from backends.runv.pool import Pool, PoolConfig
+from backends.runv.pool import CpuMeter, Pool, PoolConfig
 from shim import errors
 from tests.runv.helpers import Events, MemorySink, container_record, needs_vm, sandbox_record
 
@@ -126,9 +127,20 @@ async def test_give_back_one_and_a_size_of_zero() -> None:
     assert maker.boots == 2
 
 
+def test_the_cpu_meter_sees_a_busy_cpu() -> None:
+    meter = CpuMeter()
+    assert meter.busy() == 0.0  # nothing to compare with yet
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:
+        pass  # one CPU fully busy
+    share = meter.busy()
+    assert 0.9 / (os.cpu_count() or 1) <= share <= 1.0
+
+
 def test_pool_config_defaults_and_keys() -> None:
     assert PoolConfig.from_table(None).size == 0
-    assert PoolConfig.from_table({"size": 4, "max_load": 0}).size == 4
+    assert PoolConfig.from_table(None).max_cpu == 0.8
+    assert PoolConfig.from_table({"size": 4, "max_cpu": 0}).size == 4
     with pytest.raises(ValueError):
         PoolConfig.from_table({"sise": 4})
 
@@ -140,7 +152,7 @@ def test_pool_config_defaults_and_keys() -> None:
 async def warm(
     runv_config: dict[str, Any], busybox_rootfs: Path
 ) -> AsyncIterator[tuple[RunvBackend, Events]]:
-    runv_config["pool"] = {"size": 2, "max_load": 0, "refill_interval": 0}
+    runv_config["pool"] = {"size": 2, "max_cpu": 0, "refill_interval": 0}
     backend = RunvBackend("runv", runv_config)
     events = Events()
     await backend.start(events)
@@ -235,7 +247,7 @@ async def test_a_cold_boot_on_a_full_node_takes_the_room_of_warm_vms(
 async def test_warm_vms_of_a_killed_shim_are_reclaimed(
     runv_config: dict[str, Any], busybox_rootfs: Path
 ) -> None:
-    runv_config["pool"] = {"size": 2, "max_load": 0, "refill_interval": 0}
+    runv_config["pool"] = {"size": 2, "max_cpu": 0, "refill_interval": 0}
     first = RunvBackend("runv", runv_config)
     await first.start(Events())
     await first.recover([], [])
@@ -261,3 +273,94 @@ async def test_warm_vms_of_a_killed_shim_are_reclaimed(
         assert second.net.in_use() == {}  # the warm VMs' IPs are free again
     finally:
         await second.close()
+
+
+# ---------------------------------------------------------------- through the CRI
+
+
+@needs_vm
+async def test_warm_and_cold_pods_look_the_same_to_every_cri_call(
+    runv_config: dict[str, Any], busybox_rootfs: Path, short_tmp: str
+) -> None:
+    """Two pods of one shape, one on a warm VM and one booted cold: status, IP, hostname, DNS,
+    published port, sysctls, stats and lists show no difference but names and addresses."""
+    import dataclasses
+    import json
+
+    import grpc
+
+    from cri_api import api_pb2 as pb
+    from cri_api import api_pb2_grpc
+    from shim.server import Server
+    from tests.conftest import make_ids, server_config
+    from tests.runv.test_network import SERVER, _fetch, _free_port
+
+    runv_config["pool"] = {"size": 1, "max_cpu": 0, "refill_interval": 0}
+    backend = RunvBackend("runv", runv_config)
+    backend.images.import_dir(IMAGE, str(busybox_rootfs), {})
+    cfg = dataclasses.replace(server_config(short_tmp, default_handler="runv"), handlers={})
+    server = Server(cfg, backends={"runv": backend}, id_factory=make_ids("warmcri"))
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
+            rt = api_pb2_grpc.RuntimeServiceStub(ch)
+            await until(lambda: len(backend.pool.ready) == 1, 30)
+            seen: dict[str, dict[str, Any]] = {}
+            for name in ("warm", "cold"):
+                port = _free_port()
+                sc = pb.PodSandboxConfig(
+                    metadata=pb.PodSandboxMetadata(name=name, uid=f"{name}-uid", namespace="default"),
+                    hostname=f"{name}-host",
+                    log_directory=os.path.join(short_tmp, "logs", name),
+                    dns_config=pb.DNSConfig(
+                        servers=["10.0.0.10"], searches=["svc.local"], options=["ndots:5"]
+                    ),
+                    port_mappings=[pb.PortMapping(container_port=8080, host_port=port)],
+                )
+                sc.linux.sysctls["net.ipv4.ip_unprivileged_port_start"] = "80"
+                pod = (await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc))).pod_sandbox_id
+                if name == "warm":
+                    backend.pool.size = 0  # the next pod boots cold
+                cc = pb.ContainerConfig(
+                    metadata=pb.ContainerMetadata(name="app"),
+                    image=pb.ImageSpec(image=IMAGE),
+                    command=["sh", "-c", SERVER],
+                    log_path="app.log",
+                )
+                req = pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc)
+                cid = (await rt.CreateContainer(req)).container_id
+                await rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+                st = await rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod, verbose=True))
+                probe = "hostname; cat /proc/sys/net/ipv4/ip_unprivileged_port_start; cat /etc/resolv.conf"
+                ex = await rt.ExecSync(
+                    pb.ExecSyncRequest(container_id=cid, cmd=["sh", "-c", probe], timeout=10)
+                )
+                stats = (await rt.PodSandboxStats(pb.PodSandboxStatsRequest(pod_sandbox_id=pod))).stats
+                seen[name] = {
+                    "warm": json.loads(st.info["info"])["backend_data"].get("warm", False),
+                    "state": st.status.state,
+                    "ip": st.status.network.ip,
+                    "namespaces": st.status.linux.namespaces.options,
+                    "exec": ex.stdout.decode().replace(name, "NAME"),
+                    "exit": ex.exit_code,
+                    "port": await _fetch("127.0.0.1", port),
+                    "pod_ip": await _fetch(st.status.network.ip, 8080),
+                    "stats": (
+                        stats.linux.cpu.HasField("usage_core_nano_seconds"),
+                        stats.linux.memory.HasField("working_set_bytes"),
+                    ),
+                }
+            warm, cold = seen["warm"], seen["cold"]
+            assert (warm["warm"], cold["warm"]) == (True, False)
+            assert warm["ip"] != cold["ip"] and warm["ip"] and cold["ip"]
+            for key in ("state", "namespaces", "exec", "exit", "port", "pod_ip", "stats"):
+                assert warm[key] == cold[key], (key, warm[key], cold[key])
+            assert warm["exec"].startswith("NAME-host\n80\n") and "nameserver 10.0.0.10" in warm["exec"]
+            assert warm["port"] == b"pong\n" and warm["stats"] == (True, True)
+            pods = (await rt.ListPodSandbox(pb.ListPodSandboxRequest())).items
+            assert sorted(p.metadata.name for p in pods) == ["cold", "warm"]  # no pool VM shows
+            for p in pods:
+                await rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=p.id))
+                await rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=p.id))
+    finally:
+        await server.stop(0)
