@@ -104,7 +104,15 @@ class Burst(kh.Harness):
         self.manifest_dir.mkdir()
         self.hostdir.mkdir()
         self._start_shim()
-        self._start_kubelet()
+        try:
+            self._start_kubelet()
+        except RuntimeError as exc:
+            if "address already in use" not in str(exc):
+                raise
+            # The ports were free when picked, not when the kubelet bound them: new ones.
+            self.procs.pop("kubelet", None)
+            self.port, self.healthz_port = kh._free_port(), kh._free_port()
+            self._start_kubelet()
         time.sleep(settle)
 
     def wait_pool(self, n: int, timeout: float) -> int:
@@ -203,6 +211,9 @@ def main() -> int:
     results: dict[str, dict[str, float] | str] = {}
     for target in targets:
         results[target] = measure(target, args.pods, warm, args.containerd, args.settle, args.timeout)
+        res = results[target]
+        if not isinstance(res, str):
+            print(f"{target}: {len(res)}/{args.pods} running, the last after {max(res.values(), default=0):.1f} s")
     print()
     head = f"{'target':<12} | {'all running':>11} | {'first':>7} | {'p50':>7} | {'running':>8}"
     print(head)
