@@ -213,7 +213,9 @@ def main() -> int:
         results[target] = measure(target, args.pods, warm, args.containerd, args.settle, args.timeout)
         res = results[target]
         if not isinstance(res, str):
-            print(f"{target}: {len(res)}/{args.pods} running, the last after {max(res.values(), default=0):.1f} s")
+            print(
+                f"{target}: {len(res)}/{args.pods} running, the last after {max(res.values(), default=0):.1f} s"
+            )
     print()
     head = f"{'target':<12} | {'all running':>11} | {'first':>7} | {'p50':>7} | {'running':>8}"
     print(head)
