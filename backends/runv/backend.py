@@ -25,6 +25,7 @@ from backends.linux import cgroups
 from backends.linux.usage import UsageCache
 from backends.runv import config as runv_config
 from backends.runv.agent import messages as m
+from backends.runv.agent import rro
 from backends.runv.agent.client import AgentClient
 from backends.runv.agent.protocol import AgentError, Ch, ConnectionLost, Stream
 from backends.runv.hypervisor import MIB, VM, Fault, Hypervisor, VMSpec
@@ -100,6 +101,8 @@ class RunvBackend:
     def __init__(self, name: str, config: dict[str, Any], hypervisor: Hypervisor | None = None) -> None:
         runv_config.check(name, config)
         self.name = name
+        if rro.supported():  # the stub's guests run on this kernel
+            self.capabilities = type(self).capabilities | contract.Capability.RECURSIVE_READ_ONLY_MOUNTS
         self.config = config
         self.root = str(config.get("root", "/var/lib/cri-shim/runv"))
         stub_config = dict(config.get("stub") or {})
@@ -579,6 +582,7 @@ class RunvBackend:
                         source=guest,
                         destination=mnt.container_path,
                         readonly=mnt.readonly,
+                        recursive_readonly=mnt.recursive_read_only,
                         # Host mounts reach the VM (a slave of the host), and from there a
                         # HOST_TO_CONTAINER mount; nothing propagates back out of a VM, so
                         # BIDIRECTIONAL is served as HOST_TO_CONTAINER.

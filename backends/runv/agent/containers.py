@@ -142,6 +142,13 @@ async def create(g: Guest, req: CreateRequest) -> Created:
         with open(os.path.join(bundle, "config.json"), "w") as fh:
             json.dump(config, fh)
         await _runc_create(g, container, spec)
+        try:
+            await _recursive_readonly(g, container, spec)
+        except BaseException:
+            await proc.run(g.reaper, g.runc_argv("delete", "--force", cid))
+            for r in container.readers:
+                r.close()
+            raise
     except Exception as exc:
         _umount(rootfs)
         shutil.rmtree(bundle, ignore_errors=True)
@@ -193,6 +200,17 @@ async def _runc_create(g: Guest, c: Container, spec: ContainerSpec) -> None:
         c.pid = int(fh.read().strip())
     waiter = g.reaper.wait(c.pid)
     waiter.add_done_callback(lambda f: _exited(g, c, f.result()))
+
+
+async def _recursive_readonly(g: Guest, c: Container, spec: ContainerSpec) -> None:
+    """The mounts asked read-only with all below them: set so while the created init waits (rro.py)."""
+    dests = [m.destination for m in spec.mounts if m.recursive_readonly]
+    if not dests:
+        return
+    helper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rro.py")
+    code, _out, err = await proc.run(g.reaper, [sys.executable, "-S", "-I", helper, str(c.pid), *dests])
+    if code != 0:
+        raise AgentError("failed", f"recursive read-only mounts: {err.decode(errors='replace').strip()}")
 
 
 def _exited(g: Guest, c: Container, code: int) -> None:

@@ -302,6 +302,7 @@ class Mount(Message):
     destination: str
     readonly: bool = False
     propagation: str = "rprivate"  # or rslave
+    recursive_readonly: bool = False  # read-only with every mount below it
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
