@@ -71,6 +71,7 @@ class ContainerService:
         log_path = validate.log_path(sb.config.log_directory, cfg.log_path)
         backend = shim.backend(sb.backend)
         validate.mounts_for(cfg, backend.capabilities, sb.backend)
+        validate.groups_policy_for(cfg, backend.capabilities, sb.backend)
         cid = shim.fresh_id()
         name = container_name(sb, cfg.metadata)
         record = ContainerRecord(

@@ -263,7 +263,13 @@ def container_status_pb(c: ContainerRecord) -> pb.ContainerStatus:
     elif cfg.linux.HasField("resources"):
         out.resources.linux.CopyFrom(cfg.linux.resources)
     sc = cfg.linux.security_context
-    if sc.HasField("run_as_user") or sc.HasField("run_as_group") or sc.supplemental_groups:
+    effective = c.backend_data.get("user")
+    if isinstance(effective, dict):  # what the runtime resolved in the image
+        user = out.user.linux
+        user.uid = int(effective.get("uid", 0))
+        user.gid = int(effective.get("gid", 0))
+        user.supplemental_groups.extend(int(g) for g in effective.get("groups", []))
+    elif sc.HasField("run_as_user") or sc.HasField("run_as_group") or sc.supplemental_groups:
         user = out.user.linux
         user.uid = sc.run_as_user.value
         user.gid = sc.run_as_group.value

@@ -49,6 +49,10 @@ class RuntimeService:
             reason="" if default.network_ready else (default.reason or "NetworkNotReady"),
             message="" if default.network_ready else default.message,
         )
+        # Runtime-wide: true only if every handler honours it (the kubelet and critest ask once).
+        resp.features.supplemental_groups_policy = all(
+            shim.registry.get(n).capabilities & Capability.SUPPLEMENTAL_GROUPS_POLICY for n in names
+        )
         # The default handler is listed under "" too, as the kubelet looks it up by that name.
         for name in ["", *names]:
             backend = shim.registry.get(name)

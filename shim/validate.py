@@ -88,6 +88,16 @@ def container_config(cfg: pb.ContainerConfig, present: bool) -> None:
     linux_resources(cfg.linux.resources, "config.linux.resources")
 
 
+def groups_policy_for(cfg: pb.ContainerConfig, caps: Capability, handler: str) -> None:
+    """SupplementalGroupsPolicy Strict only where the handler honours it: never a silent merge."""
+    if cfg.linux.security_context.supplemental_groups_policy == pb.Strict:
+        require(
+            bool(caps & Capability.SUPPLEMENTAL_GROUPS_POLICY),
+            f"config.linux.security_context.supplemental_groups_policy: handler {handler!r} cannot honour "
+            "Strict (it merges the image's groups)",
+        )
+
+
 def mounts_for(cfg: pb.ContainerConfig, caps: Capability, handler: str) -> None:
     """Refuse, naming it, a mount the handler cannot honour: never a silently dropped volume."""
     for i, m in enumerate(cfg.mounts):

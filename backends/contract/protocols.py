@@ -55,6 +55,8 @@ class Capability(enum.Flag):
     HOST_NETWORK = enum.auto()
     USER_NAMESPACES = enum.auto()
     RECURSIVE_READ_ONLY_MOUNTS = enum.auto()
+    # Honours SupplementalGroupsPolicy (Strict) and reports the effective user in ContainerStatus.
+    SUPPLEMENTAL_GROUPS_POLICY = enum.auto()
 
 
 class EventSink(Protocol):

@@ -96,6 +96,7 @@ class RunvBackend:
         | contract.Capability.UPDATE_RESOURCES
         | contract.Capability.IMAGES
         | contract.Capability.HOST_NETWORK
+        | contract.Capability.SUPPLEMENTAL_GROUPS_POLICY
     )
 
     def __init__(self, name: str, config: dict[str, Any], hypervisor: Hypervisor | None = None) -> None:
@@ -591,7 +592,9 @@ class RunvBackend:
                 )
             rootfs = m.Rootfs(lowers=lowers, upper=os.path.join(rw, "upper"), work=os.path.join(rw, "work"))
             spec = _process_spec(cfg, img, rootfs, mounts)
-            await agent.call(m.CreateRequest(id=container.id, spec=spec))
+            created = await agent.call(m.CreateRequest(id=container.id, spec=spec))
+            user = {"uid": created.uid, "gid": created.gid, "groups": created.groups}
+            container.backend_data["user"] = user  # ContainerStatus.user: the effective identity
         except BaseException:
             shutil.rmtree(host_dir, ignore_errors=True)
             raise
@@ -1047,6 +1050,7 @@ def _process_spec(
         cwd=cfg.working_dir or str(icfg.get("WorkingDir") or "/"),
         user=m.User(uid=uid, name=user_name, gid=gid, group=group_name),
         supplemental_groups=list(sc.supplemental_groups),
+        groups_policy="strict" if sc.supplemental_groups_policy == pb.Strict else "merge",
         tty=cfg.tty,
         stdin=cfg.stdin,
         stdin_once=cfg.stdin_once,

@@ -272,3 +272,15 @@ async def test_a_backend_option_it_does_not_know_stops_the_start_with_a_clear_er
     )
     with pytest.raises(ServerError, match=r"\[handlers\.vm\].*unknown key 'bogus'"):
         await Server(cfg).start()
+
+
+async def test_strict_supplemental_groups_on_a_handler_that_merges_is_refused(running: Running) -> None:
+    r = running
+    await r.im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image="busybox")))
+    pod = (await r.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sandbox_config()))).pod_sandbox_id
+    cfg = container_config()
+    cfg.linux.security_context.supplemental_groups_policy = pb.Strict
+    err = await error_of(r.rt.CreateContainer(pb.CreateContainerRequest(pod_sandbox_id=pod, config=cfg)))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "supplemental_groups_policy" in (err.details() or "") and "'fake'" in (err.details() or "")
+    assert len((await r.rt.ListContainers(pb.ListContainersRequest())).containers) == 0

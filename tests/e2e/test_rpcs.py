@@ -49,6 +49,7 @@ async def test_status_and_runtime_config(running: Running) -> None:
     conds = {c.type: c.status for c in st.status.conditions}
     assert conds == {"RuntimeReady": True, "NetworkReady": True}
     assert {h.name for h in st.runtime_handlers} == {"", "fake"}
+    assert not st.features.supplemental_groups_policy  # the fake does not honour Strict
     assert "config" in st.info
     running.fake.runtime_ready = False
     st = await running.rt.Status(pb.StatusRequest())

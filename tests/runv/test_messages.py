@@ -104,7 +104,13 @@ def test_wire_form_is_the_documented_json() -> None:
     }
     assert spec["user"] == {"uid": None, "name": "nobody", "gid": 65534, "group": ""}
     assert spec["mounts"] == [
-        {"source": "/shares/a", "destination": "/data", "readonly": True, "propagation": "rslave"}
+        {
+            "source": "/shares/a",
+            "destination": "/data",
+            "readonly": True,
+            "propagation": "rslave",
+            "recursive_readonly": False,
+        }
     ]
     metrics = MESSAGES[-4].to_dict()
     assert metrics["containers"]["c1"]["detail"]["devices"][0]["major"] == 8

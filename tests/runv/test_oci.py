@@ -76,3 +76,25 @@ def test_seccomp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert local["architectures"] == ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86"]
     assert local["syscalls"] == [{"names": ["sethostname"], "action": "SCMP_ACT_ERRNO"}]
     assert "seccomp" not in _config(tmp_path, seccomp={"profile": profile}, privileged=True)["linux"]
+
+
+def test_supplementary_groups_merge_or_strict(tmp_path: Path) -> None:
+    from backends.runv.agent.messages import User
+
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/passwd").write_text(
+        "root:x:0:0::/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/sh\n"
+    )
+    (tmp_path / "etc/group").write_text(
+        "root:x:0:\nalice:x:1000:\nextra:x:50000:alice,bob\nother:x:60000:bob\nself:x:1234:alice\n"
+    )
+    merge = ContainerSpec(args=["id"], user=User(uid=1000), supplemental_groups=[1234])
+    assert oci.identity(merge, str(tmp_path)) == (1000, 1000, [1000, 1234, 50000])
+    strict = ContainerSpec(
+        args=["id"], user=User(uid=1000), supplemental_groups=[1234], groups_policy="strict"
+    )
+    assert oci.identity(strict, str(tmp_path)) == (1000, 1000, [1000, 1234])
+    cfg = oci.build_config(strict, str(tmp_path), {}, "/x")
+    assert cfg["process"]["user"] == {"uid": 1000, "gid": 1000, "additionalGids": [1000, 1234]}
+    # No /etc/group, or a uid the image does not name: only what was asked.
+    assert oci.identity(ContainerSpec(args=["id"], user=User(uid=7)), str(tmp_path)) == (7, 0, [0])

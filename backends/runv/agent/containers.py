@@ -156,7 +156,8 @@ async def create(g: Guest, req: CreateRequest) -> Created:
             raise
         raise AgentError("failed", str(exc)) from None
     g.containers[cid] = container
-    return Created(pid=container.pid)
+    uid, gid, groups = oci.identity(spec, rootfs)
+    return Created(pid=container.pid, uid=uid, gid=gid, groups=groups)
 
 
 async def _runc_create(g: Guest, c: Container, spec: ContainerSpec) -> None:

@@ -216,6 +216,10 @@ class NetworkResult(Message):
 @dataclasses.dataclass(frozen=True, slots=True)
 class Created(Message):
     pid: int
+    # The identity the container's processes run with, as the agent resolved it in the image.
+    uid: int = 0
+    gid: int = 0
+    groups: list[int] = dataclasses.field(default_factory=list)  # supplementary, the primary gid too
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -323,6 +327,9 @@ class ContainerSpec(Message):
     cwd: str = ""
     user: User = User()
     supplemental_groups: list[int] = dataclasses.field(default_factory=list)
+    # "merge": also the groups of the image's /etc/group that list the user (the CRI default);
+    # "strict": only the primary group and supplemental_groups.
+    groups_policy: str = "merge"
     tty: bool = False
     stdin: bool = False
     stdin_once: bool = False

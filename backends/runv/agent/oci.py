@@ -188,11 +188,43 @@ def resolve_user(rootfs: str, user: User) -> tuple[int, int]:
     return int(uid), int(gid if gid is not None else default_gid)
 
 
+def image_groups(rootfs: str, uid: int) -> list[int]:
+    """GIDs of the image's /etc/group entries that list the user of ``uid`` (by its /etc/passwd name)."""
+    name = ""
+    try:
+        with open(os.path.join(rootfs, "etc/passwd"), encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                parts = line.rstrip("\n").split(":")
+                if len(parts) >= 3 and parts[2] == str(uid):
+                    name = parts[0]
+                    break
+        if not name:
+            return []
+        out = []
+        with open(os.path.join(rootfs, "etc/group"), encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                parts = line.rstrip("\n").split(":")
+                if len(parts) >= 4 and name in parts[3].split(","):
+                    out.append(int(parts[2]))
+        return out
+    except (OSError, ValueError):
+        return []
+
+
+def identity(spec: ContainerSpec, rootfs: str) -> tuple[int, int, list[int]]:
+    """uid, gid and supplementary groups (the primary gid first) the container's processes get."""
+    uid, gid = resolve_user(rootfs, spec.user)
+    groups = [gid, *spec.supplemental_groups]
+    if spec.groups_policy != "strict":
+        groups += image_groups(rootfs, uid)
+    return uid, gid, list(dict.fromkeys(groups))
+
+
 def build_config(
     spec: ContainerSpec, rootfs: str, etc_files: dict[str, str], cgroup_path: str, pid_ns_path: str = ""
 ) -> dict[str, Any]:
     """config.json of ``spec``; ``pid_ns_path``: the pod's shared PID namespace (pid_mode pod)."""
-    uid, gid = resolve_user(rootfs, spec.user)
+    uid, gid, groups = identity(spec, rootfs)
     privileged = spec.privileged
     drop = set(spec.drop_caps)
     add = list(spec.add_caps)
@@ -264,7 +296,7 @@ def build_config(
         "ociVersion": "1.0.2",
         "process": {
             "terminal": False,
-            "user": {"uid": uid, "gid": gid, "additionalGids": list(spec.supplemental_groups)},
+            "user": {"uid": uid, "gid": gid, "additionalGids": groups},
             "args": list(spec.args),
             "env": env,
             "cwd": spec.cwd or "/",
