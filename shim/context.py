@@ -139,7 +139,7 @@ class Shim:
         if sb is None or not sb.status.ready:
             return
         sb.status = dataclasses.replace(sb.status, ready=False)
-        self.store.put_sandbox(sb)
+        self.store.put_effect(sb)  # it happened: a full disk only delays the record
         log.warning("sandbox.not_ready", sandbox_id=sandbox_id, reason=reason)
 
     # ------------------------------------------------------------------ state changes
