@@ -258,6 +258,12 @@ def container_status_pb(c: ContainerRecord) -> pb.ContainerStatus:
     out.labels.update(cfg.labels)
     out.annotations.update(cfg.annotations)
     out.mounts.extend(cfg.mounts)
+    volumes = c.backend_data.get("image_volumes")
+    if isinstance(volumes, dict):  # which image each image volume is, by its digest
+        for mnt in out.mounts:
+            ref = volumes.get(mnt.container_path)
+            if ref and mnt.HasField("image"):
+                mnt.image.image_ref = str(ref)
     if c.resources is not None:
         out.resources.CopyFrom(c.resources)
     elif cfg.linux.HasField("resources"):

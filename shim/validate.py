@@ -104,8 +104,17 @@ def mounts_for(cfg: pb.ContainerConfig, caps: Capability, handler: str) -> None:
         where = f"config.mounts[{i}] ({m.container_path})"
         image = m.HasField("image") and bool(m.image.image)
         if image:
-            # UNIMPLEMENTED is how a runtime says it has no image volumes (critest skips on it).
-            raise UnimplementedError(f"{where}: image volumes are not supported by handler {handler!r}")
+            if not caps & Capability.IMAGE_VOLUMES:
+                # UNIMPLEMENTED is how a runtime says it has no image volumes (critest skips on it).
+                raise UnimplementedError(f"{where}: image volumes are not supported by handler {handler!r}")
+            require(not m.host_path, f"{where} has both a host_path and an image")
+            require(m.readonly, f"{where}: an image volume is read-only (set readonly)")
+            sub = m.image_sub_path
+            require(
+                not sub.startswith("/") and ".." not in sub.split("/") and "\x00" not in sub,
+                f"{where}: image_sub_path {sub!r} must be a relative path inside the image",
+            )
+            continue
         require(bool(m.host_path), f"{where} has neither a host_path nor an image")
         require(not m.image_sub_path, f"{where}: image_sub_path is only for image volumes")
         if m.uidMappings or m.gidMappings:

@@ -57,6 +57,7 @@ class Capability(enum.Flag):
     RECURSIVE_READ_ONLY_MOUNTS = enum.auto()
     # Honours SupplementalGroupsPolicy (Strict) and reports the effective user in ContainerStatus.
     SUPPLEMENTAL_GROUPS_POLICY = enum.auto()
+    IMAGE_VOLUMES = enum.auto()  # Mount.image: an image's filesystem mounted read-only
 
 
 class EventSink(Protocol):

@@ -97,6 +97,7 @@ class RunvBackend:
         | contract.Capability.IMAGES
         | contract.Capability.HOST_NETWORK
         | contract.Capability.SUPPLEMENTAL_GROUPS_POLICY
+        | contract.Capability.IMAGE_VOLUMES
     )
 
     def __init__(self, name: str, config: dict[str, Any], hypervisor: Hypervisor | None = None) -> None:
@@ -549,6 +550,27 @@ class RunvBackend:
                     return self.images.images[image_id]
         raise errors.NotFoundError(f"image {ref!r} not found")
 
+    async def _image_volume(self, pod: _Pod, container: contract.ContainerRecord, mnt: pb.Mount) -> m.Mount:
+        """An image's layers shared into the VM, for the agent to stack read-only at the mount."""
+        img = await self._image(mnt.image.image, [mnt.image.user_specified_image])
+        lowers = []
+        for layer in self.images.lowers(img):
+            tag = "layer-" + os.path.basename(os.path.dirname(layer))[:12]
+            lowers.append(await self.hv.attach_share(pod.vm, tag, layer, readonly=True))
+        if not lowers:
+            raise errors.InvalidArgumentError(
+                f"image {mnt.image.image!r} of {mnt.container_path} has no layers"
+            )
+        # ContainerStatus reports which image each image volume is (Mount.image.image_ref).
+        container.backend_data.setdefault("image_volumes", {})[mnt.container_path] = img.id
+        return m.Mount(
+            source="",
+            destination=mnt.container_path,
+            readonly=True,
+            image_lowers=lowers,
+            image_sub_path=mnt.image_sub_path,
+        )
+
     async def create_container(
         self, container: contract.ContainerRecord, sandbox: contract.SandboxRecord
     ) -> None:
@@ -569,6 +591,9 @@ class RunvBackend:
                 lowers.append(await self.hv.attach_share(pod.vm, tag, layer, readonly=True))
             mounts: list[m.Mount] = []
             for mnt in cfg.mounts:
+                if mnt.HasField("image") and mnt.image.image:
+                    mounts.append(await self._image_volume(pod, container, mnt))
+                    continue
                 if mnt.selinux_relabel and not self._selinux_said:
                     # No SELinux in the VM (nor, mostly, on the host): nothing to relabel.
                     self._selinux_said = True

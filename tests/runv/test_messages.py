@@ -110,6 +110,8 @@ def test_wire_form_is_the_documented_json() -> None:
             "readonly": True,
             "propagation": "rslave",
             "recursive_readonly": False,
+            "image_lowers": [],
+            "image_sub_path": "",
         }
     ]
     metrics = MESSAGES[-4].to_dict()

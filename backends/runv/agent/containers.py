@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
 import shutil
@@ -38,6 +39,7 @@ from backends.runv.agent.protocol import AgentError, Ch
 MNT_DETACH = 2
 MS_BIND = 4096
 MS_REC = 16384
+MS_RDONLY = 1
 
 # PID 1 of a pod's shared PID namespace: reaps whatever is orphaned in it, like pause.
 POD_INIT = """
@@ -132,6 +134,7 @@ async def create(g: Guest, req: CreateRequest) -> Created:
         shutil.rmtree(bundle, ignore_errors=True)
         raise AgentError("failed", str(exc)) from None
     try:
+        spec = _mount_image_volumes(bundle, spec)
         etc = {
             f"/etc/{n}": os.path.join(g.etc_dir, n)
             for n in ("hosts", "hostname", "resolv.conf")
@@ -150,6 +153,7 @@ async def create(g: Guest, req: CreateRequest) -> Created:
                 r.close()
             raise
     except Exception as exc:
+        _umount_image_volumes(bundle)
         _umount(rootfs)
         shutil.rmtree(bundle, ignore_errors=True)
         if isinstance(exc, AgentError):
@@ -158,6 +162,39 @@ async def create(g: Guest, req: CreateRequest) -> Created:
     g.containers[cid] = container
     uid, gid, groups = oci.identity(spec, rootfs)
     return Created(pid=container.pid, uid=uid, gid=gid, groups=groups)
+
+
+def _mount_image_volumes(bundle: str, spec: ContainerSpec) -> ContainerSpec:
+    """Stack each image volume's layers read-only under the bundle; the spec with their sources set."""
+    if not any(m.image_lowers for m in spec.mounts):
+        return spec
+    mounts = []
+    for i, mnt in enumerate(spec.mounts):
+        if not mnt.image_lowers:
+            mounts.append(mnt)
+            continue
+        root = os.path.join(bundle, f"imgvol-{i}")
+        os.makedirs(root, exist_ok=True)
+        if len(mnt.image_lowers) == 1:  # overlayfs wants two lower layers when it has no upper
+            _mount(mnt.image_lowers[0], root, "", "", MS_BIND | MS_REC)
+        else:
+            _mount("overlay", root, "overlay", f"lowerdir={':'.join(mnt.image_lowers)}", MS_RDONLY)
+        source = os.path.join(root, mnt.image_sub_path) if mnt.image_sub_path else root
+        real = os.path.realpath(source)
+        if not (real == root or real.startswith(root + "/")) or not os.path.exists(real):
+            raise AgentError(
+                "invalid",
+                f"image_sub_path {mnt.image_sub_path!r} does not exist in the image of {mnt.destination}",
+            )
+        mounts.append(dataclasses.replace(mnt, source=real, readonly=True))
+    return dataclasses.replace(spec, mounts=mounts)
+
+
+def _umount_image_volumes(bundle: str) -> None:
+    with contextlib.suppress(OSError):
+        for name in os.listdir(bundle):
+            if name.startswith("imgvol-"):
+                _umount(os.path.join(bundle, name))
 
 
 async def _runc_create(g: Guest, c: Container, spec: ContainerSpec) -> None:
@@ -281,6 +318,7 @@ async def remove(g: Guest, req: RemoveRequest) -> Empty:
         r.close()
     if c.tty_master is not None:
         os.close(c.tty_master)
+    _umount_image_volumes(c.bundle)
     _umount(os.path.join(c.bundle, "rootfs"))
     shutil.rmtree(c.bundle, ignore_errors=True)
     del g.containers[c.id]

@@ -307,6 +307,10 @@ class Mount(Message):
     readonly: bool = False
     propagation: str = "rprivate"  # or rslave
     recursive_readonly: bool = False  # read-only with every mount below it
+    # An image volume: the image's layer shares (top first) the agent stacks read-only
+    # (source is then unused), and the directory of it to mount ("" for its root).
+    image_lowers: list[str] = dataclasses.field(default_factory=list)
+    image_sub_path: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
