@@ -47,6 +47,7 @@ class SandboxService:
             backend.capabilities & Capability.HOST_NETWORK
         ):
             raise UnimplementedError(f"runtime handler {backend_name!r} does not support host networking")
+        validate.userns_for(cfg, backend.capabilities, backend_name)
         sid = shim.fresh_id()
         name = sandbox_name(cfg.metadata)
         shim.store.sandbox_names.reserve(name, sid)

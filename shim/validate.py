@@ -98,6 +98,35 @@ def groups_policy_for(cfg: pb.ContainerConfig, caps: Capability, handler: str) -
         )
 
 
+def userns_for(cfg: pb.PodSandboxConfig, caps: Capability, handler: str) -> None:
+    """The pod's user namespace: NODE (the host's), or POD with one uid and one gid mapping of ID 0."""
+    where = "config.linux.security_context.namespace_options.userns_options"
+    ns = cfg.linux.security_context.namespace_options
+    if not ns.HasField("userns_options"):
+        return  # unset (as a kubelet before 1.30 leaves it): the host's
+    opts = ns.userns_options
+    if opts.mode == pb.NODE:
+        require(not opts.uids and not opts.gids, f"{where}: mappings are only for mode POD")
+        return
+    require(opts.mode == pb.POD, f"{where}.mode: only NODE and POD are supported")
+    require(
+        bool(caps & Capability.USER_NAMESPACES),
+        f"{where}: handler {handler!r} does not support user namespaces",
+    )
+    for kind, maps in (("uids", opts.uids), ("gids", opts.gids)):
+        require(len(maps) == 1, f"{where}.{kind}: exactly one mapping is supported, got {len(maps)}")
+        mp = maps[0]
+        require(
+            mp.container_id == 0,
+            f"{where}.{kind}: container ID 0 must be mapped (the mapping starts at {mp.container_id})",
+        )
+        require(mp.length > 0, f"{where}.{kind}: the mapping is empty")
+        require(
+            mp.host_id + mp.length <= 1 << 32,
+            f"{where}.{kind}: host IDs {mp.host_id}+{mp.length} exceed 32 bits",
+        )
+
+
 def mounts_for(cfg: pb.ContainerConfig, caps: Capability, handler: str) -> None:
     """Refuse, naming it, a mount the handler cannot honour: never a silently dropped volume."""
     for i, m in enumerate(cfg.mounts):

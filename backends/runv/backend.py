@@ -98,6 +98,7 @@ class RunvBackend:
         | contract.Capability.HOST_NETWORK
         | contract.Capability.SUPPLEMENTAL_GROUPS_POLICY
         | contract.Capability.IMAGE_VOLUMES
+        | contract.Capability.USER_NAMESPACES
     )
 
     def __init__(self, name: str, config: dict[str, Any], hypervisor: Hypervisor | None = None) -> None:
@@ -617,6 +618,15 @@ class RunvBackend:
                 )
             rootfs = m.Rootfs(lowers=lowers, upper=os.path.join(rw, "upper"), work=os.path.join(rw, "work"))
             spec = _process_spec(cfg, img, rootfs, mounts)
+            ns = sandbox.config.linux.security_context.namespace_options
+            userns = ns.userns_options
+            if ns.HasField("userns_options") and userns.mode == pb.POD and userns.uids:
+                # The pod's user namespace, the same for all its containers.
+                spec = dataclasses.replace(
+                    spec,
+                    uid_mappings=[m.IdMap(u.container_id, u.host_id, u.length) for u in userns.uids],
+                    gid_mappings=[m.IdMap(g.container_id, g.host_id, g.length) for g in userns.gids],
+                )
             created = await agent.call(m.CreateRequest(id=container.id, spec=spec))
             user = {"uid": created.uid, "gid": created.gid, "groups": created.groups}
             container.backend_data["user"] = user  # ContainerStatus.user: the effective identity

@@ -284,3 +284,47 @@ async def test_strict_supplemental_groups_on_a_handler_that_merges_is_refused(ru
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "supplemental_groups_policy" in (err.details() or "") and "'fake'" in (err.details() or "")
     assert len((await r.rt.ListContainers(pb.ListContainersRequest())).containers) == 0
+
+
+def _userns(
+    mode: int, uids: list[tuple[int, int, int]], gids: list[tuple[int, int, int]]
+) -> pb.PodSandboxConfig:
+    cfg = sandbox_config()
+    opts = cfg.linux.security_context.namespace_options.userns_options
+    opts.mode = mode  # type: ignore[assignment]
+    for c, h, n in uids:
+        opts.uids.add(container_id=c, host_id=h, length=n)
+    for c, h, n in gids:
+        opts.gids.add(container_id=c, host_id=h, length=n)
+    return cfg
+
+
+USERNS = [
+    (
+        "two mappings",
+        _userns(pb.POD, [(0, 1000, 10), (10, 5000, 10)], [(0, 1000, 10)]),
+        "exactly one mapping",
+    ),
+    ("root unmapped", _userns(pb.POD, [(1, 1000, 10)], [(1, 1000, 10)]), "container ID 0 must be mapped"),
+    ("container mode", _userns(pb.CONTAINER, [], []), "only NODE and POD"),
+    ("target mode", _userns(pb.TARGET, [], []), "only NODE and POD"),
+    ("node with mappings", _userns(pb.NODE, [(0, 1000, 10)], []), "only for mode POD"),
+]
+
+
+@pytest.mark.parametrize(("cfg", "needle"), [(c, n) for _, c, n in USERNS], ids=[i for i, _, _ in USERNS])
+def test_user_namespace_options_are_checked(cfg: pb.PodSandboxConfig, needle: str) -> None:
+    from backends.contract import Capability
+    from shim import validate
+    from shim.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match=needle):
+        validate.userns_for(cfg, Capability.USER_NAMESPACES, "runv")
+
+
+async def test_a_user_namespace_on_a_handler_without_them_is_refused(running: Running) -> None:
+    cfg = _userns(pb.POD, [(0, 1000, 65536)], [(0, 1000, 65536)])
+    err = await error_of(running.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=cfg)))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "does not support user namespaces" in (err.details() or "")
+    assert not (await running.rt.ListPodSandbox(pb.ListPodSandboxRequest())).items

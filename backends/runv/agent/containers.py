@@ -14,6 +14,7 @@ import shutil
 import signal
 import sys
 import time
+from typing import Any
 
 from backends.linux import procfs
 from backends.runv.agent import oci, proc
@@ -86,17 +87,24 @@ def _oom_killed(cgroup: str) -> bool:
     return False
 
 
-async def _pod_pid_ns(g: Guest) -> str:
+async def _pod_pid_ns(g: Guest, spec: ContainerSpec) -> str:
     """The pod's shared PID namespace (as a pause container gives): PID 1 is a reaper.
 
     Separate from the VM's own, so the pod's containers do not see the agent and runc.
+    A pod with a user namespace gets it here too, made with the PID namespace (which it
+    must own, or the containers could not mount their /proc) and mapped by the agent.
     """
     if g.pod_init and os.path.exists(f"/proc/{g.pod_init}/ns/pid"):
         return f"/proc/{g.pod_init}/ns/pid"
+    userns = bool(spec.uid_mappings)
     devnull = os.open(os.devnull, os.O_RDWR)
     try:
         holder = proc.spawn(
-            ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", POD_INIT],
+            [
+                "unshare",
+                *(["--user"] if userns else []),
+                *("--pid", "--fork", "--kill-child", sys.executable, "-c", POD_INIT),
+            ],
             devnull,
             devnull,
             devnull,
@@ -107,10 +115,23 @@ async def _pod_pid_ns(g: Guest) -> str:
     for _ in range(500):
         kids = procfs.children(holder)
         if kids:
+            if userns:
+                _write_id_maps(holder, spec)
             g.pod_init = kids[0]
             return f"/proc/{g.pod_init}/ns/pid"
         await asyncio.sleep(0.01)
     raise AgentError("failed", "the pod PID namespace did not come up")
+
+
+def _write_id_maps(pid: int, spec: ContainerSpec) -> None:
+    """Map the user namespace of ``pid`` (written once, from the VM's root namespace)."""
+    for name, maps in (("uid_map", spec.uid_mappings), ("gid_map", spec.gid_mappings)):
+        text = "".join(f"{m.container_id} {m.host_id} {m.size}\n" for m in maps)
+        try:
+            with open(f"/proc/{pid}/{name}", "w") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise AgentError("invalid", f"user namespace {name} {text.strip()!r}: {exc.strerror}") from None
 
 
 async def create(g: Guest, req: CreateRequest) -> Created:
@@ -140,8 +161,16 @@ async def create(g: Guest, req: CreateRequest) -> Created:
             for n in ("hosts", "hostname", "resolv.conf")
             if os.path.exists(os.path.join(g.etc_dir, n))
         }
-        pid_ns = await _pod_pid_ns(g) if spec.pid_mode == "pod" else ""
-        config = oci.build_config(spec, rootfs, etc, f"{g.cgroup_parent}/{cid}", pid_ns_path=pid_ns)
+        # A user namespace is the pod's: made with the pod's PID namespace, joined by path.
+        pid_ns = await _pod_pid_ns(g, spec) if spec.pid_mode == "pod" or spec.uid_mappings else ""
+        user_ns = f"/proc/{g.pod_init}/ns/user" if spec.uid_mappings else ""
+        if spec.pid_mode != "pod":
+            pid_ns = ""
+        config = oci.build_config(
+            spec, rootfs, etc, f"{g.cgroup_parent}/{cid}", pid_ns_path=pid_ns, user_ns_path=user_ns
+        )
+        if spec.uid_mappings:
+            _premake_mount_points(rootfs, config["mounts"])
         with open(os.path.join(bundle, "config.json"), "w") as fh:
             json.dump(config, fh)
         await _runc_create(g, container, spec)
@@ -162,6 +191,23 @@ async def create(g: Guest, req: CreateRequest) -> Created:
     g.containers[cid] = container
     uid, gid, groups = oci.identity(spec, rootfs)
     return Created(pid=container.pid, uid=uid, gid=gid, groups=groups)
+
+
+def _premake_mount_points(rootfs: str, mounts: list[dict[str, Any]]) -> None:
+    """Make every mount point while still root of the VM: in a user namespace the container's root
+    cannot create them in a rootfs the VM's root owns (runc would fail on /proc)."""
+    for mnt in mounts:
+        dest = os.path.normpath(os.path.join(rootfs, str(mnt["destination"]).lstrip("/")))
+        if not dest.startswith(rootfs + "/") or os.path.lexists(dest):
+            continue
+        src = str(mnt.get("source", ""))
+        is_file = mnt.get("type") == "bind" and os.path.isfile(src)
+        with contextlib.suppress(OSError):
+            if is_file:
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+            else:
+                os.makedirs(dest, exist_ok=True)
 
 
 def _mount_image_volumes(bundle: str, spec: ContainerSpec) -> ContainerSpec:

@@ -322,6 +322,15 @@ class Seccomp(Message):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class IdMap(Message):
+    """One range of a user namespace: IDs container_id.. inside are host_id.. outside."""
+
+    container_id: int
+    host_id: int
+    size: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ContainerSpec(Message):
     """What ``create`` runs; the agent turns it into an OCI config (``oci.build_config``)."""
 
@@ -334,6 +343,9 @@ class ContainerSpec(Message):
     # "merge": also the groups of the image's /etc/group that list the user (the CRI default);
     # "strict": only the primary group and supplemental_groups.
     groups_policy: str = "merge"
+    # A user namespace of the pod (both empty: the VM's own): the container's root is not the VM's.
+    uid_mappings: list[IdMap] = dataclasses.field(default_factory=list)
+    gid_mappings: list[IdMap] = dataclasses.field(default_factory=list)
     tty: bool = False
     stdin: bool = False
     stdin_once: bool = False

@@ -221,9 +221,15 @@ def identity(spec: ContainerSpec, rootfs: str) -> tuple[int, int, list[int]]:
 
 
 def build_config(
-    spec: ContainerSpec, rootfs: str, etc_files: dict[str, str], cgroup_path: str, pid_ns_path: str = ""
+    spec: ContainerSpec,
+    rootfs: str,
+    etc_files: dict[str, str],
+    cgroup_path: str,
+    pid_ns_path: str = "",
+    user_ns_path: str = "",
 ) -> dict[str, Any]:
-    """config.json of ``spec``; ``pid_ns_path``: the pod's shared PID namespace (pid_mode pod)."""
+    """config.json of ``spec``; ``pid_ns_path``: the pod's shared PID namespace (pid_mode pod);
+    ``user_ns_path``: the pod's user namespace (made with the mappings of ``spec``)."""
     uid, gid, groups = identity(spec, rootfs)
     privileged = spec.privileged
     drop = set(spec.drop_caps)
@@ -246,6 +252,28 @@ def build_config(
                 "options": ["nosuid", "noexec", "nodev", "relatime", "ro"],
             }
         )
+    if spec.uid_mappings:
+        # In the pod's user namespace, filesystems of namespaces it does not own (the VM's
+        # IPC, network and cgroups) cannot be mounted anew: the VM's are bound in instead.
+        kernel_fs = {"mqueue": "/dev/mqueue", "sysfs": "/sys", "cgroup": "/sys/fs/cgroup"}
+        mounts = [
+            {
+                "destination": m["destination"],
+                "type": "bind",
+                "source": kernel_fs[m["type"]],
+                "options": [
+                    "rbind",
+                    "nosuid",
+                    "noexec",
+                    "nodev",
+                    "ro" if "ro" in m.get("options", []) else "rw",
+                ],
+            }
+            if m.get("type") in kernel_fs
+            else m
+            for m in mounts
+            if m.get("type") not in kernel_fs or os.path.exists(kernel_fs[m["type"]])
+        ]
     taken = {m.destination for m in spec.mounts}
     for dest, src in etc_files.items():
         if dest not in taken:
@@ -289,6 +317,10 @@ def build_config(
         "maskedPaths": [] if privileged else masked,
         "readonlyPaths": [] if privileged else readonly,
     }
+    if spec.uid_mappings or spec.gid_mappings:
+        namespaces.append({"type": "user", "path": user_ns_path} if user_ns_path else {"type": "user"})
+        for key, maps in (("uidMappings", spec.uid_mappings), ("gidMappings", spec.gid_mappings)):
+            linux[key] = [{"containerID": m.container_id, "hostID": m.host_id, "size": m.size} for m in maps]
     seccomp = None if privileged else seccomp_config(spec.seccomp, caps)
     if seccomp is not None:
         linux["seccomp"] = seccomp
