@@ -48,15 +48,18 @@ def fill(disk: str) -> str:
     return ballast
 
 
-async def test_a_full_state_disk_refuses_changes_and_keeps_serving(short_tmp: str, small_disk: str) -> None:
+def server_on(short_tmp: str, disk: str, seed: str) -> Server:
+    """A shim whose state directory is on ``disk``; the fake's own files stay off it, the same each time."""
     cfg = server_config(short_tmp)
     cfg = dataclasses.replace(
-        cfg, server=dataclasses.replace(cfg.server, state_dir=os.path.join(small_disk, "state"))
+        cfg, server=dataclasses.replace(cfg.server, state_dir=os.path.join(disk, "state"))
     )
-    fake_dir = os.path.join(short_tmp, "fake")
-    server = Server(
-        cfg, backends={"fake": FakeBackend("fake", {"state_dir": fake_dir})}, id_factory=make_ids("d")
-    )
+    fake = FakeBackend("fake", {"state_dir": os.path.join(short_tmp, "fake")})
+    return Server(cfg, backends={"fake": fake}, id_factory=make_ids(seed))
+
+
+async def test_a_full_state_disk_refuses_changes_and_keeps_serving(short_tmp: str, small_disk: str) -> None:
+    server = server_on(short_tmp, small_disk, "d")
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
@@ -96,9 +99,7 @@ async def test_a_full_state_disk_refuses_changes_and_keeps_serving(short_tmp: st
             await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sandbox_config(name="new")))
     finally:
         await server.stop(0)
-    again = Server(
-        cfg, backends={"fake": FakeBackend("fake", {"state_dir": fake_dir})}, id_factory=make_ids("e")
-    )
+    again = server_on(short_tmp, small_disk, "e")
     await again.start()
     try:
         async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
@@ -117,13 +118,7 @@ async def test_a_full_state_disk_refuses_updates_before_their_effect_and_never_b
     """UpdateContainerResources is refused before the container sees it; StopContainer,
     StopPodSandbox and RemovePodSandbox still work — a node under disk pressure evicts by
     stopping and removing pods — and a restarted shim reads the stops off the runtime."""
-    cfg = server_config(short_tmp)
-    cfg = dataclasses.replace(
-        cfg, server=dataclasses.replace(cfg.server, state_dir=os.path.join(small_disk, "state"))
-    )
-    fake_dir = os.path.join(short_tmp, "fake")
-    fake = FakeBackend("fake", {"state_dir": fake_dir})
-    server = Server(cfg, backends={"fake": fake}, id_factory=make_ids("u"))
+    server = server_on(short_tmp, small_disk, "u")
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
@@ -150,7 +145,8 @@ async def test_a_full_state_disk_refuses_updates_before_their_effect_and_never_b
                 await rt.UpdateContainerResources(update)
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
             assert small_disk in (info.value.details() or "")
-            assert not [c for c in fake.calls if c.method == "update_container_resources"]
+            calls = server.shim.backend("fake").calls  # type: ignore[union-attr]
+            assert not [c for c in calls if c.method == "update_container_resources"]
             st = (await rt.ContainerStatus(pb.ContainerStatusRequest(container_id=stopped_c))).status
             assert st.resources.linux.cpu_shares != 512
 
@@ -174,9 +170,7 @@ async def test_a_full_state_disk_refuses_updates_before_their_effect_and_never_b
             assert server.shim.store.unsaved_ids() == []
     finally:
         await server.stop(0)
-    again = Server(
-        cfg, backends={"fake": FakeBackend("fake", {"state_dir": fake_dir})}, id_factory=make_ids("v")
-    )
+    again = server_on(short_tmp, small_disk, "v")
     await again.start()
     try:
         async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
