@@ -150,7 +150,7 @@ def start_shim(handler: str, tmp: str, run_id: str) -> tuple[Shim, dict[str, Any
     from runv_bench import DualShim, network_config, runv_config
 
     cfg = runv_config(tmp, run_id, network_config(tmp, run_id, f"10.95.{random.randrange(256)}.0/24"))
-    return DualShim(tmp, run_id, cfg), cfg  # console logs: parse_stacks reads those too
+    return DualShim(tmp, run_id, {"runv": cfg}), cfg  # console logs: parse_stacks reads those too
 
 
 # ---------------------------------------------------------------- snapshots of the shim
