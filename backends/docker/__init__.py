@@ -71,4 +71,5 @@ def create(name: str, config: dict[str, Any]) -> DockerBackend:
         call_timeout=float(config.get("call_timeout", 60)),
         instance=str(config.get("instance") or _instance_of(name, config.get("state_dir"))),
         cgroup_driver=str(config.get("cgroup_driver", "")),
+        state_dir=str(config.get("state_dir", "")),
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Sequence
 
 from backends.contract import (
@@ -46,6 +47,7 @@ from .engine import EngineClient
 from .engine_api import EngineAPI
 from .events import EventWatcher
 from .exec import Execs
+from .image_volumes import ImageVolumes
 from .images import Images
 from .logs import DockerProcess, LogResume
 from .sandbox import Sandboxes
@@ -83,6 +85,7 @@ class DockerBackend:
         instance: str = "",
         cgroup_driver: str = "",
         engine: EngineAPI | None = None,
+        state_dir: str = "",
     ) -> None:
         self.name = name
         self.instance = instance or name
@@ -96,6 +99,7 @@ class DockerBackend:
             network=network,
             runtimes=dict(runtimes or {}),
             cgroup_parent=cgroup_parent,
+            volumes=ImageVolumes(os.path.join(state_dir, "image-volumes") if state_dir else ""),
         )
         self.states = self._shared.states
         self._events = EventWatcher(self._shared)
@@ -114,6 +118,9 @@ class DockerBackend:
             driver = info.get("CgroupDriver")
             if driver in ("systemd", "cgroupfs"):
                 self._cgroup_driver = pb.SYSTEMD if driver == "systemd" else pb.CGROUPFS
+            self._shared.volumes.check(str(info.get("Driver") or ""))
+            if self._shared.volumes.usable:
+                self.capabilities = type(self).capabilities | Capability.IMAGE_VOLUMES
         self._shared.spawn(self._events.watch())
 
     async def close(self) -> None:

@@ -6,11 +6,12 @@ import contextlib
 import dataclasses
 import functools
 import time
+from typing import Any
 
 import structlog
 
 from backends.contract import ContainerRecord, ExitInfo, LogMarks, SandboxRecord, Started
-from backends.contract.errors import CriError, FailedPreconditionError, NotFoundError
+from backends.contract.errors import CriError, FailedPreconditionError, InvalidArgumentError, NotFoundError
 from backends.linux import cgroups
 from cri_api import api_pb2 as pb
 
@@ -63,8 +64,33 @@ class Containers:
             # With the host's network each container gets its own copy of the
             # host's resolv.conf; the pod's DNS config lives in the pause one.
             cfg["HostConfig"]["Binds"].append(f"{resolv}:/etc/resolv.conf:ro")
-        eid = await shared.create(lbl.container_name(container.id, config), cfg, container.backend_data)
+        try:
+            await self._image_volumes(container, cfg)
+            eid = await shared.create(lbl.container_name(container.id, config), cfg, container.backend_data)
+        except BaseException:
+            shared.volumes.release(container.id)
+            raise
         shared.states.container(container.id, eid)
+
+    async def _image_volumes(self, container: ContainerRecord, cfg: dict[str, Any]) -> None:
+        """Each image volume as a read-only bind of the image's layers (image_volumes.py)."""
+        shared = self._shared
+        for i, mnt in enumerate(container.config.mounts):
+            if not (mnt.HasField("image") and mnt.image.image):
+                continue
+            try:
+                image_id = await shared.images.resolve(mnt.image.image)
+            except NotFoundError as exc:
+                raise NotFoundError(
+                    f"image {mnt.image.image!r} of mount {mnt.container_path} not found"
+                ) from exc
+            info = await shared.engine.image_inspect(image_id)
+            source = shared.volumes.stack(container.id, i, mnt, info)
+            if ":" in source or ":" in mnt.container_path:
+                raise InvalidArgumentError(f"mount paths may not contain ':' ({mnt.container_path})")
+            cfg["HostConfig"]["Binds"].append(f"{source}:{mnt.container_path}:ro,rprivate")
+            # ContainerStatus reports which image each image volume is (Mount.image.image_ref).
+            container.backend_data.setdefault("image_volumes", {})[mnt.container_path] = image_id
 
     async def start(self, container: ContainerRecord) -> Started:
         shared = self._shared
@@ -134,6 +160,7 @@ class Containers:
         eid = container.backend_data.get(ENGINE_ID) or await self._shared.engine_id_of(container.id)
         if eid:
             await self._shared.remove(str(eid))
+        self._shared.volumes.release(container.id)
 
     async def apply_hugepages(
         self, container: ContainerRecord, eid: str, resources: pb.LinuxContainerResources

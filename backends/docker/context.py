@@ -18,6 +18,7 @@ from backends.linux import cgroups
 from . import convert
 from . import labels as lbl
 from .engine_api import EngineAPI
+from .image_volumes import ImageVolumes
 from .images import Images
 from .state import States
 
@@ -90,8 +91,10 @@ class Shared:
         network: str,
         runtimes: dict[str, str],
         cgroup_parent: str,
+        volumes: ImageVolumes | None = None,
     ) -> None:
         self.engine = engine
+        self.volumes = volumes or ImageVolumes("")
         self.images = images
         self.instance = instance
         self.network = network

@@ -31,6 +31,8 @@ async def recover(
         if rec is None or not rec.committed:
             log.info("removing leftover engine container", cri_id=cri_id, engine_id=row["Id"][:12])
             await shared.remove(row["Id"])
+    # Image volumes of containers no committed record claims (removed while the shim was down).
+    shared.volumes.sweep(r.id for r in containers if r.committed)
     claimed = [r for r in records.values() if r.committed and r.id in by_id]
     found = await asyncio.gather(
         *(shared.engine.inspect_container(by_id[r.id]["Id"]) for r in claimed), return_exceptions=True

@@ -1,0 +1,117 @@
+"""Image volumes on an engine that has no image mounts (API 1.41): the image's layers, read-only.
+
+The engine keeps every pulled image's layers in its storage driver; with overlay2,
+``GraphDriver.Data`` of the image names their directories (``UpperDir`` the top
+layer, ``LowerDir`` the ones below). For each image volume the backend stacks them
+read-only (an overlay of them all, or a bind of a single layer) under
+``<state_dir>/image-volumes/<container id>/<n>`` on this host and gives the engine
+that directory, or ``image_sub_path`` of it, as a read-only bind mount. The stacks
+go when the container is removed, and a restarted shim removes those of containers
+it no longer has. Only on the engine's host (the directories must be the engine's),
+and only with overlay2: anything else and the handler says it has no image volumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import structlog
+
+from backends.contract.errors import InternalError, InvalidArgumentError, NotFoundError
+from cri_api import api_pb2 as pb
+
+log = structlog.get_logger("docker.image_volumes")
+
+MS_RDONLY = 1
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MNT_DETACH = 2
+MAX_OPTIONS = 4000  # mount options must fit in a page
+
+
+def _mount(source: str, target: str, fstype: str, flags: int, data: str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(source.encode(), target.encode(), fstype.encode(), flags, data.encode()) != 0:
+        err = ctypes.get_errno()
+        raise InternalError(f"cannot mount the image volume at {target}: {os.strerror(err)}")
+
+
+def _umount(target: str) -> None:
+    ctypes.CDLL(None, use_errno=True).umount2(target.encode(), MNT_DETACH)
+
+
+def layers_of(info: dict[str, Any]) -> list[str]:
+    """The image's layer directories, top first, from an image inspection ([] if not overlay2)."""
+    driver = info.get("GraphDriver") or {}
+    if driver.get("Name") != "overlay2":
+        return []
+    data = driver.get("Data") or {}
+    top = str(data.get("UpperDir") or "")
+    below = [d for d in str(data.get("LowerDir") or "").split(":") if d]
+    return [d for d in (top, *below) if d]
+
+
+class ImageVolumes:
+    """The read-only stacks of one docker handler's image volumes, under ``root``."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.usable = False  # set at start: overlay2, a state directory, root
+
+    def check(self, driver: str) -> None:
+        self.usable = bool(self.root) and driver == "overlay2" and os.geteuid() == 0
+
+    def stack(self, container_id: str, index: int, mnt: pb.Mount, info: dict[str, Any]) -> str:
+        """Stack the image's layers for ``mnt``; the host directory to bind (its sub path)."""
+        layers = layers_of(info)
+        if not layers or not all(os.path.isdir(d) for d in layers):
+            raise NotFoundError(
+                f"the layers of image {mnt.image.image!r} (mount {mnt.container_path}) are not on this host"
+            )
+        target = os.path.join(self.root, container_id, str(index))
+        os.makedirs(target, exist_ok=True)
+        if len(layers) == 1:
+            _mount(layers[0], target, "", MS_BIND | MS_REC, "")
+            _mount("", target, "", MS_REMOUNT | MS_BIND | MS_RDONLY, "")
+        else:
+            options = "lowerdir=" + ":".join(layers)
+            if len(options) > MAX_OPTIONS:
+                raise InvalidArgumentError(
+                    f"image {mnt.image.image!r} has too many layers for an image volume here ({len(layers)})"
+                )
+            _mount("overlay", target, "overlay", MS_RDONLY, options)
+        source = os.path.join(target, mnt.image_sub_path) if mnt.image_sub_path else target
+        real = os.path.realpath(source)
+        if not (real == target or real.startswith(target + "/")) or not os.path.exists(real):
+            raise InvalidArgumentError(
+                f"image_sub_path {mnt.image_sub_path!r} does not exist in image {mnt.image.image!r}"
+            )
+        return real
+
+    def release(self, container_id: str) -> None:
+        """Unmount and remove a container's stacks. Idempotent."""
+        folder = os.path.join(self.root, container_id)
+        if not self.root or not os.path.isdir(folder):
+            return
+        for name in os.listdir(folder):
+            _umount(os.path.join(folder, name))
+        with contextlib.suppress(OSError):
+            for name in os.listdir(folder):
+                os.rmdir(os.path.join(folder, name))  # empty once unmounted; never a recursive delete
+            os.rmdir(folder)
+        if os.path.isdir(folder):
+            log.warning("image_volume.not_removed", path=folder)
+
+    def sweep(self, known: Iterable[str]) -> None:
+        """Release the stacks of containers this handler no longer has (after a restart)."""
+        if not self.root or not os.path.isdir(self.root):
+            return
+        keep = set(known)
+        for cid in os.listdir(self.root):
+            if cid not in keep:
+                self.release(cid)
