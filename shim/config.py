@@ -1,6 +1,6 @@
 """Configuration: TOML file → validated, frozen settings.
 
-Sections: ``server``, ``handlers``, ``images``, ``streaming``, ``logging``.
+Sections: ``server``, ``handlers``, ``images``, ``streaming``, ``nri``, ``logging``.
 Loading is two steps, as in uvicorn: parse, then validate every key; an
 error names the section and the key (``ConfigError``). Command-line flags
 override the file.
@@ -63,6 +63,18 @@ class StreamingSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class NriConfig:
+    """The runtime side of NRI (shim/nri): plugins dial ``socket_path``."""
+
+    enable: bool = True
+    socket_path: str = "/var/run/nri/nri.sock"
+    # Seconds a plugin has to register and to answer Configure and Synchronize, and
+    # to answer each later request (NRI's own defaults).
+    registration_timeout: float = 5.0
+    request_timeout: float = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
 class LoggingConfig:
     level: str = "info"
     format: str = "console"
@@ -77,6 +89,7 @@ class Config:
     images: ImagesConfig = ImagesConfig()
     streaming: StreamingSettings = StreamingSettings()
     logging: LoggingConfig = LoggingConfig()
+    nri: NriConfig = NriConfig()
 
     def with_handler(self, name: str) -> Config:
         """Adds a handler named after a backend type (e.g. `docker`) with default options."""
@@ -162,6 +175,14 @@ token_ttl = 60.0
 idle_timeout = 14400.0
 max_streams = 256
 
+[nri]
+# The Node Resource Interface: plugins that dial socket_path see every pod and
+# container event and may adjust containers as they are created.
+enable = true
+socket_path = "/var/run/nri/nri.sock"
+registration_timeout = 5.0
+request_timeout = 2.0
+
 [logging]
 # debug, info, warning, error
 level = "info"
@@ -200,7 +221,7 @@ def _check(section: str, data: Mapping[str, Any], cls: type[Any]) -> dict[str, A
 
 
 def parse(data: Mapping[str, Any]) -> Config:
-    known = {"server", "handlers", "images", "streaming", "logging"}
+    known = {"server", "handlers", "images", "streaming", "logging", "nri"}
     for section in data:
         if section not in known:
             raise ConfigError(f"unknown section [{section}] (known: {', '.join(sorted(known))})")
@@ -210,6 +231,11 @@ def parse(data: Mapping[str, Any]) -> Config:
     images = ImagesConfig(**_check("images", data.get("images", {}), ImagesConfig))
     streaming = StreamingSettings(**_check("streaming", data.get("streaming", {}), StreamingSettings))
     logging_ = LoggingConfig(**_check("logging", data.get("logging", {}), LoggingConfig))
+    nri = NriConfig(**_check("nri", data.get("nri", {}), NriConfig))
+    if nri.enable and not nri.socket_path.startswith("/"):
+        raise ConfigError(f"[nri] socket_path: {nri.socket_path!r} is not an absolute path")
+    if nri.registration_timeout <= 0 or nri.request_timeout <= 0:
+        raise ConfigError("[nri] registration_timeout and request_timeout must be more than 0")
     if logging_.level not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"[logging] level: {logging_.level!r} is not one of debug, info, warning, error")
     if logging_.format not in ("console", "json"):
@@ -233,7 +259,9 @@ def parse(data: Mapping[str, Any]) -> Config:
                     f"[handlers.{name}] type: {kind!r} is not one of {', '.join(BACKEND_TYPES)}"
                 )
             handlers[name] = HandlerConfig(name, kind, opts)
-    cfg = Config(server=server, handlers=handlers, images=images, streaming=streaming, logging=logging_)
+    cfg = Config(
+        server=server, handlers=handlers, images=images, streaming=streaming, logging=logging_, nri=nri
+    )
     if server.default_handler not in handlers:
         cfg = cfg.with_handler(server.default_handler)
     return cfg

@@ -102,10 +102,20 @@ class ContainerService:
                 except BaseException:
                     await _undo_container(shim, record)
                     raise
+            told_nri = False
             try:
+                told_nri = True
+                adjusted = await shim.nri.create_container(sb, record)
+                if adjusted is not None:
+                    # What the plugins made of it must still be a container this backend can run.
+                    validate.container_config(adjusted, True)
+                    validate.mounts_for(adjusted, backend.capabilities, sb.backend)
+                    record.config = adjusted
                 await backend.create_container(record, sb)
             except BaseException:
                 await _undo_container(shim, record)
+                if told_nri:
+                    await shim.nri.remove_container(sb, record)
                 raise
             # The creation time is when it became visible, after the backend's work.
             committed = dataclasses.replace(record, committed=True, created_at=shim.clock())
@@ -117,6 +127,7 @@ class ContainerService:
             record.committed, record.created_at = True, committed.created_at
             shim.store.put_container(record, persist=False)
         shim.publish(record, pb.CONTAINER_CREATED_EVENT)
+        shim.nri.post_create_container(sb, record)
         return pb.CreateContainerResponse(container_id=cid)
 
     async def start(self, req: pb.StartContainerRequest) -> pb.StartContainerResponse:
@@ -132,6 +143,7 @@ class ContainerService:
                 raise FailedPreconditionError(f"pod sandbox {c.sandbox_id} of container {c.id} is not ready")
             backend = shim.backend(c.backend)
             shim.store.save_container(c)  # a full disk is found before the container starts
+            await shim.nri.start_container(sb, c)  # a plugin's refusal leaves it created
             try:
                 started = await backend.start_container(c, sb)
             except Exception as exc:
@@ -154,6 +166,7 @@ class ContainerService:
             c.status = running
             shim.store.put_container(c, persist=False)
             shim.publish(c, pb.CONTAINER_STARTED_EVENT)
+            shim.nri.post_start_container(sb, c)
             # After the record says RUNNING: an exit that came already is recorded after it.
             shim.follow(c, started.process)
         return pb.StartContainerResponse()
@@ -187,6 +200,7 @@ class ContainerService:
             shim.store.drop_container(c)
             shim.io.close(c.id)
         shim.publish(c, pb.CONTAINER_DELETED_EVENT)
+        await shim.nri.remove_container(shim.store.sandboxes.get(c.sandbox_id), c)
         return pb.RemoveContainerResponse()
 
     # ------------------------------------------------------------------ queries
@@ -226,8 +240,10 @@ class ContainerService:
 
     # ------------------------------------------------------------------ changes
     async def update_resources(
-        self, req: pb.UpdateContainerResourcesRequest
+        self, req: pb.UpdateContainerResourcesRequest, from_nri: bool = False
     ) -> pb.UpdateContainerResourcesResponse:
+        """The CRI call, or (``from_nri``) an update an NRI plugin asked for, which
+        plugins are not consulted about again."""
         shim = self.shim
         c = self._get(req.container_id)
         backend = shim.backend(c.backend)
@@ -241,18 +257,26 @@ class ContainerService:
         async with shim.locks.hold(c.id):
             if c.status.state not in (pb.CONTAINER_CREATED, pb.CONTAINER_RUNNING):
                 raise FailedPreconditionError(f"container {c.id} is {_STATE_NAMES[c.status.state]}")
+            sb = shim.store.sandboxes.get(c.sandbox_id)
+            linux = req.linux
+            if not from_nri and sb is not None:
+                linux = await shim.nri.update_container(sb, c, req.linux)
+                if linux != req.linux:
+                    validate.linux_resources(linux, "linux (as NRI plugins changed it)")
             res = pb.ContainerResources()
-            res.linux.CopyFrom(req.linux)
+            res.linux.CopyFrom(linux)
             # The disk first: a full disk refuses the update before the container sees it.
             shim.store.save_container(dataclasses.replace(c, resources=res))
             try:
-                await backend.update_container_resources(c, req.linux)
+                await backend.update_container_resources(c, linux)
             except BaseException:
                 with contextlib.suppress(CriError):
                     shim.store.save_container(c)  # the record as it was
                 raise
             c.resources = res
             shim.store.put_container(c, persist=False)
+            if sb is not None:
+                shim.nri.post_update_container(sb, c)
         return pb.UpdateContainerResourcesResponse()
 
     async def reopen_log(self, req: pb.ReopenContainerLogRequest) -> pb.ReopenContainerLogResponse:

@@ -32,6 +32,7 @@ from shim.config import Config
 from shim.errors import UnavailableError
 from shim.events import EventHub
 from shim.io import ContainerIO, CriLogWriter, last_log_marks
+from shim.nri.service import Nri
 from shim.stats import CpuRates
 from shim.store import Store, new_id
 
@@ -81,6 +82,8 @@ class Shim:
         self.io = ContainerIO(self._process_exited)
         self.pod_cidr = ""
         self.streaming: object | None = None  # shim.streaming.StreamingServer once wired
+        # NRI plugins (shim/nri): without any connected, every event is a no-op.
+        self.nri = Nri(config.nri, self._nri_snapshot, self._nri_update)
         self.cpu_rates = CpuRates()
 
     # ------------------------------------------------------------------ lookups
@@ -161,6 +164,21 @@ class Shim:
         self.store.put_effect(c)
         self.io.close(c.id)
         self.publish(c, pb.CONTAINER_STOPPED_EVENT)
+        self.nri.stop_container(self.store.sandboxes.get(c.sandbox_id), c)
+
+    # ------------------------------------------------------------------ NRI
+    def _nri_snapshot(self) -> tuple[list[SandboxRecord], list[ContainerRecord]]:
+        """What a joining NRI plugin is told exists: what the CRI lists."""
+        sandboxes = [sb for sb in self.store.sandboxes.values() if sb.committed]
+        containers = [c for c in self.store.containers.values() if c.committed]
+        return sandboxes, containers
+
+    async def _nri_update(self, container_id: str, linux: pb.LinuxContainerResources) -> None:
+        """A resource update an NRI plugin asked for: as UpdateContainerResources does it."""
+        from shim.container import ContainerService
+
+        req = pb.UpdateContainerResourcesRequest(container_id=container_id, linux=linux)
+        await ContainerService(self).update_resources(req, from_nri=True)
 
     def publish(self, c: ContainerRecord, kind: pb.ContainerEventType) -> None:
         if not self.events.subscriber_count:

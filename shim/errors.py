@@ -9,6 +9,7 @@ from __future__ import annotations
 import grpc
 
 from backends.contract.errors import (
+    AbortedError,
     AlreadyExistsError,
     CriError,
     DeadlineExceededError,
@@ -22,6 +23,7 @@ from backends.contract.errors import (
 )
 
 __all__ = [
+    "AbortedError",
     "AlreadyExistsError",
     "CriError",
     "DeadlineExceededError",
@@ -45,6 +47,7 @@ _CODES: dict[type[CriError], grpc.StatusCode] = {
     DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
     ResourceExhaustedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     InternalError: grpc.StatusCode.INTERNAL,
+    AbortedError: grpc.StatusCode.ABORTED,
 }
 
 

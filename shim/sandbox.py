@@ -59,13 +59,21 @@ class SandboxService:
             created_at=shim.clock(),
         )
         async with shim.locks.hold(sid):
+            told_nri = False
             try:
                 # Persisted before any effect: after a crash, recovery finds the
                 # uncommitted record and removes whatever the backend left.
                 shim.store.put_sandbox(record)
                 net = await backend.run_sandbox(record)
+                # NRI plugins see the pod made (with its addresses) before anyone
+                # else can: not listed, not ready, no container can join it yet.
+                record.status = SandboxStatus(ready=False, ip=net.ip, additional_ips=net.additional_ips)
+                told_nri = True
+                await shim.nri.run_pod_sandbox(record)
             except BaseException:
                 await _undo_sandbox(shim, record)
+                if told_nri:
+                    await shim.nri.remove_pod_sandbox(record)
                 raise
             committed = dataclasses.replace(
                 record,
@@ -76,6 +84,7 @@ class SandboxService:
                 shim.store.save_sandbox(committed)  # the disk first: acknowledged means recorded
             except BaseException:
                 await _undo_sandbox(shim, record)
+                await shim.nri.remove_pod_sandbox(record)
                 raise
             record.status, record.committed = committed.status, True
             shim.store.put_sandbox(record, persist=False)
@@ -109,8 +118,10 @@ class SandboxService:
                     shim.store.drop_container(c)
                     shim.io.close(c.id)
                     shim.publish(c, pb.CONTAINER_DELETED_EVENT)
+                await shim.nri.remove_container(sb, c)
             await backend.remove_sandbox(sb)
             shim.store.drop_sandbox(sb)
+            await shim.nri.remove_pod_sandbox(sb)
         return pb.RemovePodSandboxResponse()
 
     async def status(self, req: pb.PodSandboxStatusRequest) -> pb.PodSandboxStatusResponse:
@@ -256,6 +267,10 @@ async def stop_sandbox(shim: Shim, sb: SandboxRecord) -> None:
             elif c.status.state == pb.CONTAINER_CREATED:
                 # Never started: it can no longer start once the sandbox is gone.
                 shim.record_exit(c, ExitInfo(exit_code=0, finished_at=shim.clock(), reason="SandboxStopped"))
+    if sb.status.ready:
+        # NRI plugins hear of the stop once, with the containers stopped and the pod's
+        # infrastructure still up (what the plugin may want to look at or release).
+        await shim.nri.stop_pod_sandbox(sb)
     await backend.stop_sandbox(sb)
     if sb.status.ready:
         sb.status = SandboxStatus(ready=False, ip=sb.status.ip, additional_ips=sb.status.additional_ips)

@@ -216,6 +216,8 @@ class Server:
                 log.error("backend.start_failed", handler=name, error=str(exc))
         await recover(shim)
         await self._start_streaming(shim)
+        if self.config.nri.enable:
+            await shim.nri.start()
 
         server = grpc.aio.server(
             options=[
@@ -305,6 +307,7 @@ class Server:
             with contextlib.suppress(Exception):
                 await self.streaming.stop()
         if self.shim is not None:
+            await self.shim.nri.stop()
             await self.shim.io.aclose()  # before the backends whose processes it reads
             if not self.shim.store.retry_unsaved():
                 log.error("state.unsaved_at_exit", ids=sorted(self.shim.store.unsaved_ids()))

@@ -41,6 +41,7 @@ def server_config(root: str, **server: object) -> Config:
         server=dataclasses.replace(
             base.server, listen=f"unix://{root}/cri.sock", state_dir=os.path.join(root, "state"), **server
         ),
+        nri=dataclasses.replace(base.nri, socket_path=os.path.join(root, "nri.sock")),
     )
 
 

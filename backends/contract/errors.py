@@ -48,6 +48,10 @@ class UnavailableError(CriError):
     pass
 
 
+class AbortedError(CriError):
+    """Refused by a party the runtime consults (an NRI plugin); retrying may succeed."""
+
+
 class DeadlineExceededError(CriError):
     pass
 
