@@ -302,7 +302,9 @@ class Nri:
             try:
                 answers.append((plugin, await self._call_event(plugin, event, req)))
             except CallError as exc:
-                log.warning("nri.plugin_refused", plugin=plugin.label, nri_event=_NAMES[event], error=str(exc))
+                log.warning(
+                    "nri.plugin_refused", plugin=plugin.label, nri_event=_NAMES[event], error=str(exc)
+                )
                 if wait:
                     raise PluginFailed(plugin, event, f"refused: {exc}; in", timed_out=False) from None
             except TimeoutError:
@@ -376,8 +378,9 @@ class Nri:
             await self._join(plugin)
             await reading
         except asyncio.CancelledError:
+            # The shim is stopping: the connection ends here, quietly (asyncio's server
+            # callback would log a cancelled connection task as an error).
             channel.close()
-            raise
         except Exception as exc:  # whatever one plugin does, the shim goes on
             log.warning("nri.plugin_failed", plugin=plugin.label, error=str(exc) or type(exc).__name__)
         finally:
