@@ -601,8 +601,13 @@ class RunvBackend:
                     log.info("selinux_relabel ignored: runv VMs have no SELinux", container_id=container.id)
                 if not os.path.exists(mnt.host_path):  # noqa: ASYNC240 - one stat
                     raise errors.InvalidArgumentError(f"mount source {mnt.host_path} does not exist")
+                bidirectional = mnt.propagation == pb.PROPAGATION_BIDIRECTIONAL
                 guest = await self.hv.attach_share(
-                    pod.vm, f"mnt-{container.id[:12]}-{len(mounts)}", mnt.host_path, mnt.readonly
+                    pod.vm,
+                    f"mnt-{container.id[:12]}-{len(mounts)}",
+                    mnt.host_path,
+                    mnt.readonly,
+                    bidirectional=bidirectional,
                 )
                 mounts.append(
                     m.Mount(
@@ -611,9 +616,15 @@ class RunvBackend:
                         readonly=mnt.readonly,
                         recursive_readonly=mnt.recursive_read_only,
                         # Host mounts reach the VM (a slave of the host), and from there a
-                        # HOST_TO_CONTAINER mount; nothing propagates back out of a VM, so
-                        # BIDIRECTIONAL is served as HOST_TO_CONTAINER.
-                        propagation="rprivate" if mnt.propagation == pb.PROPAGATION_PRIVATE else "rslave",
+                        # HOST_TO_CONTAINER mount; a BIDIRECTIONAL one is shared all the way
+                        # (the stub's VM is a mount namespace; a real VM's driver refuses it).
+                        propagation=(
+                            "rprivate"
+                            if mnt.propagation == pb.PROPAGATION_PRIVATE
+                            else "rshared"
+                            if bidirectional
+                            else "rslave"
+                        ),
                     )
                 )
             rootfs = m.Rootfs(lowers=lowers, upper=os.path.join(rw, "upper"), work=os.path.join(rw, "work"))

@@ -104,8 +104,12 @@ class Hypervisor(Protocol):
     async def set_memory(self, vm: VM, memory_bytes: int) -> None: ...
 
     # ---- shared directories and devices
-    async def attach_share(self, vm: VM, tag: str, host_path: str, readonly: bool) -> str:
-        """Expose a host directory to the guest (virtio-fs/9p style); return its guest path."""
+    async def attach_share(
+        self, vm: VM, tag: str, host_path: str, readonly: bool, bidirectional: bool = False
+    ) -> str:
+        """Expose a host directory to the guest (virtio-fs/9p style); return its guest path.
+        ``bidirectional``: mounts made under it in the guest show on the host too (a
+        BIDIRECTIONAL CRI mount); a driver that cannot (a real VM) raises UnimplementedError."""
 
     async def detach_share(self, vm: VM, tag: str) -> None: ...
 

@@ -7,7 +7,7 @@ clone there (move_mount), as a recursive slave: host mounts under a shared host 
 reaching the guest, and nothing the guest does propagates back. The mounts exist only in the
 VM, so they never pin host directories (a host rmdir detaches them) and die with the VM.
 
-    python -S -I inject.py attach HOST_PATH VM_PID TARGET
+    python -S -I inject.py attach HOST_PATH VM_PID TARGET [shared]
     python -S -I inject.py detach VM_PID TARGET
     python -S -I inject.py serve
 
@@ -56,7 +56,9 @@ def _enter(pid: int) -> None:
     os.chdir("/")
 
 
-def attach(host_path: str, pid: int, target: str) -> None:
+def attach(host_path: str, pid: int, target: str, shared: bool = False) -> None:
+    """``shared``: left in the host mount's peer group (when the host's is shared), for a
+    BIDIRECTIONAL mount: what the guest mounts under it then shows on the host."""
     tree = _check(
         _libc.syscall(
             SYS_OPEN_TREE, AT_FDCWD, host_path.encode(), OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC
@@ -68,7 +70,8 @@ def attach(host_path: str, pid: int, target: str) -> None:
         _libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target.encode(), MOVE_MOUNT_F_EMPTY_PATH),
         f"move_mount {target}",
     )
-    _check(_libc.mount(None, target.encode(), None, MS_SLAVE | MS_REC, None), f"make-rslave {target}")
+    if not shared:
+        _check(_libc.mount(None, target.encode(), None, MS_SLAVE | MS_REC, None), f"make-rslave {target}")
 
 
 def detach(pid: int, target: str) -> None:
@@ -80,8 +83,8 @@ def detach(pid: int, target: str) -> None:
 
 def run(argv: list[str]) -> bool:
     """Carry out one request; False when it is not one."""
-    if argv[:1] == ["attach"] and len(argv) == 4:
-        attach(argv[1], int(argv[2]), argv[3])
+    if argv[:1] == ["attach"] and (len(argv) == 4 or (len(argv) == 5 and argv[4] == "shared")):
+        attach(argv[1], int(argv[2]), argv[3], shared=len(argv) == 5)
     elif argv[:1] == ["detach"] and len(argv) == 3:
         detach(int(argv[1]), argv[2])
     else:

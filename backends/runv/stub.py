@@ -498,7 +498,9 @@ class StubHypervisor:
     # directories in the host's namespace. Read-only is enforced by the agent's bind mounts.
     # A file (the kubelet's /etc/hosts, /dev/termination-log) is shared on a file: a mount
     # takes the kind of what it covers.
-    async def attach_share(self, vm: VM, tag: str, host_path: str, readonly: bool) -> str:
+    async def attach_share(
+        self, vm: VM, tag: str, host_path: str, readonly: bool, bidirectional: bool = False
+    ) -> str:
         if "/" in tag or tag in ("", ".", ".."):
             raise InvalidArgumentError(f"invalid share tag {tag!r}")
         guest = os.path.join(_shares_dir(vm), tag)
@@ -521,7 +523,10 @@ class StubHypervisor:
         except OSError as exc:
             raise InternalError(f"cannot make the mount point of share {tag} in VM {vm.id}: {exc}") from exc
         try:
-            await self._inject("attach", host_path, str(vm.pid), guest)
+            # The stub's VM is a mount namespace: a bidirectional share stays a peer of the
+            # host's mount (when that is shared), so what the guest mounts there shows on the host.
+            mode = ["shared"] if bidirectional else []
+            await self._inject("attach", host_path, str(vm.pid), guest, *mode)
         except BaseException:
             _remove_target(guest)
             raise

@@ -146,6 +146,45 @@ async def test_host_mounts_reach_the_vm(runv: tuple[RunvBackend, Events], tmp_pa
         await backend.remove_sandbox(sb)
 
 
+async def test_bidirectional_mounts_reach_the_host(runv: tuple[RunvBackend, Events], tmp_path: Path) -> None:
+    """BIDIRECTIONAL (a privileged pod's, as a CSI driver's): what the container mounts under
+    it shows on the host; a HOST_TO_CONTAINER mount of the same directory keeps its mounts in."""
+    backend, events = runv
+    share = tmp_path / "share"
+    (share / "up").mkdir(parents=True)
+    (share / "kept").mkdir()
+    sb = sandbox_record("bidi")
+    await backend.run_sandbox(sb)
+    mounted: list[Path] = []
+    try:
+        subprocess.run(["mount", "--bind", str(share), str(share)], check=True)
+        mounted.append(share)
+        subprocess.run(["mount", "--make-shared", str(share)], check=True)
+        ct = container_record(sb, IMAGE, ["sleep", "300"])
+        ct.config.linux.security_context.privileged = True
+        ct.config.mounts.add(
+            host_path=str(share), container_path="/mnt/both", propagation=pb.PROPAGATION_BIDIRECTIONAL
+        )
+        ct.config.mounts.add(
+            host_path=str(share), container_path="/mnt/slave", propagation=pb.PROPAGATION_HOST_TO_CONTAINER
+        )
+        await backend.create_container(ct, sb)
+        await events.start(backend, ct, sb, MemorySink())
+        done = await backend.exec_sync(
+            ct, ["sh", "-c", "mount --bind /etc /mnt/both/up && mount -t tmpfs t /mnt/slave/kept"]
+        )
+        assert done.exit_code == 0, done.stderr
+        assert (share / "up").is_mount() and (share / "up" / "hostname").exists()
+        mounted.append(share / "up")
+        assert not (share / "kept").is_mount()
+        await backend.stop_container(ct, timeout=1)
+        await backend.remove_container(ct)
+    finally:
+        for mnt in reversed(mounted):
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
+        await backend.remove_sandbox(sb)
+
+
 async def test_kubelet_style_file_and_directory_mounts(
     runv: tuple[RunvBackend, Events], tmp_path: Path
 ) -> None:

@@ -305,7 +305,7 @@ class Mount(Message):
     source: str  # a guest path the hypervisor driver returned for a share
     destination: str
     readonly: bool = False
-    propagation: str = "rprivate"  # or rslave
+    propagation: str = "rprivate"  # or rslave, rshared
     recursive_readonly: bool = False  # read-only with every mount below it
     # An image volume: the image's layer shares (top first) the agent stacks read-only
     # (source is then unused), and the directory of it to mount ("" for its root).

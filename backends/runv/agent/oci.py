@@ -317,6 +317,10 @@ def build_config(
         "maskedPaths": [] if privileged else masked,
         "readonlyPaths": [] if privileged else readonly,
     }
+    if any(m.propagation == "rshared" for m in spec.mounts):
+        # A BIDIRECTIONAL mount: the container's mount tree shared, so that what the
+        # container mounts under it reaches the VM's share and, from there, the host.
+        linux["rootfsPropagation"] = "rshared"
     if spec.uid_mappings or spec.gid_mappings:
         namespaces.append({"type": "user", "path": user_ns_path} if user_ns_path else {"type": "user"})
         for key, maps in (("uidMappings", spec.uid_mappings), ("gidMappings", spec.gid_mappings)):
