@@ -42,9 +42,9 @@ def pod(sb: SandboxRecord) -> nri.PodSandbox:
     )
     out.linux.cgroup_parent = cfg.linux.cgroup_parent
     if cfg.linux.HasField("resources"):
-        _resources_from_cri(cfg.linux.resources, out.linux.pod_resources)
+        resources_from_cri(cfg.linux.resources, out.linux.pod_resources)
     if cfg.linux.HasField("overhead"):
-        _resources_from_cri(cfg.linux.overhead, out.linux.pod_overhead)
+        resources_from_cri(cfg.linux.overhead, out.linux.pod_overhead)
     return out
 
 
@@ -76,13 +76,13 @@ def container(c: ContainerRecord) -> nri.Container:
     for d in cfg.devices:
         out.linux.devices.append(nri.LinuxDevice(path=d.container_path))
     resources = c.resources.linux if c.resources is not None else cfg.linux.resources
-    _resources_from_cri(resources, out.linux.resources)
+    resources_from_cri(resources, out.linux.resources)
     if resources.oom_score_adj:
         out.linux.oom_score_adj.value = resources.oom_score_adj
     return out
 
 
-def _resources_from_cri(r: pb.LinuxContainerResources, out: nri.LinuxResources) -> None:
+def resources_from_cri(r: pb.LinuxContainerResources, out: nri.LinuxResources) -> None:
     if r.memory_limit_in_bytes:
         out.memory.limit.value = r.memory_limit_in_bytes
     if r.memory_swap_limit_in_bytes:

@@ -188,10 +188,7 @@ class Nri:
                 try:
                     convert.adjust(adjusted, resp.adjust)
                 except convert.AdjustmentError as exc:
-                    raise FailedPreconditionError(
-                        f"NRI plugin {plugin.label} adjusted {exc} of container {c.id}, which the CRI "
-                        f"backends cannot apply"
-                    ) from None
+                    raise _cannot_apply(plugin, "adjusted", exc, c) from None
             self._apply_updates(plugin, resp.update, skip=c.id)
         return adjusted
 
@@ -211,7 +208,7 @@ class Nri:
         out = pb.LinuxContainerResources()
         out.CopyFrom(resources)
         extra = nri.UpdateContainerRequest(pod=convert.pod(sb), container=convert.container(c))
-        convert._resources_from_cri(resources, extra.linux_resources)
+        convert.resources_from_cri(resources, extra.linux_resources)
         for plugin, payload in await self._hook(nri.UPDATE_CONTAINER, sb, c, extra):
             resp = nri.UpdateContainerResponse.FromString(payload)
             for u in resp.update:
@@ -219,10 +216,7 @@ class Nri:
                     try:
                         convert.apply_resources(u.linux.resources, out)
                     except convert.AdjustmentError as exc:
-                        raise FailedPreconditionError(
-                            f"NRI plugin {plugin.label} updated {exc} of container {c.id}, which the CRI "
-                            f"backends cannot apply"
-                        ) from None
+                        raise _cannot_apply(plugin, "updated", exc, c) from None
             self._apply_updates(plugin, resp.update, skip=c.id)
         return out
 
@@ -504,6 +498,12 @@ def _request(event: int, pod: nri.PodSandbox | None, ctr: nri.Container | None) 
     if ctr is not None and "container" in req.DESCRIPTOR.fields_by_name:
         req.container.CopyFrom(ctr)  # type: ignore[attr-defined]
     return req
+
+
+def _cannot_apply(plugin: Plugin, did: str, exc: Exception, c: ContainerRecord) -> FailedPreconditionError:
+    return FailedPreconditionError(
+        f"NRI plugin {plugin.label} {did} {exc} of container {c.id}, which the CRI backends cannot apply"
+    )
 
 
 def _consume(future: asyncio.Future[Any]) -> None:
