@@ -102,9 +102,7 @@ class ContainerService:
                 except BaseException:
                     await _undo_container(shim, record)
                     raise
-            told_nri = False
             try:
-                told_nri = True
                 adjusted = await shim.nri.create_container(sb, record)
                 if adjusted is not None:
                     # What the plugins made of it must still be a container this backend can run.
@@ -114,8 +112,8 @@ class ContainerService:
                 await backend.create_container(record, sb)
             except BaseException:
                 await _undo_container(shim, record)
-                if told_nri:
-                    await shim.nri.remove_container(sb, record)
+                # Plugins called before one refused (or before the backend failed) saw it made.
+                await shim.nri.remove_container(sb, record)
                 raise
             # The creation time is when it became visible, after the backend's work.
             committed = dataclasses.replace(record, committed=True, created_at=shim.clock())

@@ -205,6 +205,8 @@ class Nri:
         self, sb: SandboxRecord, c: ContainerRecord, resources: pb.LinuxContainerResources
     ) -> pb.LinuxContainerResources:
         """The resources to set, as the plugins changed them."""
+        if not self._subscribed(nri.UPDATE_CONTAINER):
+            return resources
         out = pb.LinuxContainerResources()
         out.CopyFrom(resources)
         extra = nri.UpdateContainerRequest(pod=convert.pod(sb), container=convert.container(c))
