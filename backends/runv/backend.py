@@ -32,6 +32,7 @@ from backends.runv.hypervisor import MIB, VM, Fault, Hypervisor, VMSpec
 from backends.runv.images.store import Credentials, Image, ImageStore
 from backends.runv.network import PodNetwork, host_ports
 from backends.runv.pool import CpuMeter, Pool, PoolConfig
+from backends.runv.qemu import QemuHypervisor
 from backends.runv.stub import StubHypervisor, vm_size
 from cri_api import api_pb2 as pb
 
@@ -104,13 +105,31 @@ class RunvBackend:
     def __init__(self, name: str, config: dict[str, Any], hypervisor: Hypervisor | None = None) -> None:
         runv_config.check(name, config)
         self.name = name
-        if rro.supported():  # the stub's guests run on this kernel
-            self.capabilities = type(self).capabilities | contract.Capability.RECURSIVE_READ_ONLY_MOUNTS
         self.config = config
         self.root = str(config.get("root", "/var/lib/cri-shim/runv"))
-        stub_config = dict(config.get("stub") or {})
-        stub_config.setdefault("run_dir", str(config.get("run_dir", "/run/cri-shim/runv")))
-        self.hv: Hypervisor = hypervisor or StubHypervisor(stub_config)
+        run_dir = str(config.get("run_dir", "/run/cri-shim/runv"))
+        self.driver = str(config.get("driver", "stub"))
+        if hypervisor is not None:
+            self.hv: Hypervisor = hypervisor
+        elif self.driver == "qemu":
+            qemu_config = dict(config.get("qemu") or {})
+            qemu_config.setdefault("run_dir", run_dir)
+            self.hv = QemuHypervisor(qemu_config)
+        elif self.driver == "stub":
+            stub_config = dict(config.get("stub") or {})
+            stub_config.setdefault("run_dir", run_dir)
+            self.hv = StubHypervisor(stub_config)
+        else:
+            raise errors.InvalidArgumentError(
+                f"runv handler {name!r}: driver must be 'stub' or 'qemu', not {self.driver!r}"
+            )
+        caps = type(self).capabilities
+        if self.hv.name == "qemu":
+            # A VM has its own kernel (Debian's 6.1: recursive read-only mounts) and network.
+            caps = (caps | contract.Capability.RECURSIVE_READ_ONLY_MOUNTS) & ~contract.Capability.HOST_NETWORK
+        elif rro.supported():  # the stub's guests run on this kernel
+            caps |= contract.Capability.RECURSIVE_READ_ONLY_MOUNTS
+        self.capabilities = caps
         self.agent_timeout = float(config.get("agent_timeout", 10.0))
         self.overhead_vcpus = float(config.get("overhead_vcpus", 0.0))
         self.overhead_memory = int(config.get("overhead_memory_mib", 32)) * MIB

@@ -33,6 +33,7 @@ TOP: dict[str, str] = {
     "overhead_vcpus": NUMBER,
     "overhead_memory_mib": INT,
     "insecure_registries": STRINGS,
+    "driver": STR,  # "stub" (default) or "qemu"
 }
 
 STUB: dict[str, str] = {
@@ -45,6 +46,26 @@ STUB: dict[str, str] = {
     "runc": STR,
     "unshare": STR,
     "ip": STR,
+    "capacity_vcpus": INT,
+    "capacity_memory": INT,
+    "cpu_overcommit": INT,
+}
+
+# The qemu driver (backends/runv/qemu.py).
+QEMU: dict[str, str] = {
+    "run_dir": STR,
+    "guest_dir": STR,
+    "qemu": STR,
+    "accel": STR,
+    "machine": STR,
+    "boot_timeout": NUMBER,
+    "cgroup_parent": STR,
+    "ip": STR,
+    "tc": STR,
+    "unshare": STR,
+    "python": STR,
+    "guest_memory_mib": INT,
+    "kernel_args": STRINGS,
     "capacity_vcpus": INT,
     "capacity_memory": INT,
     "cpu_overcommit": INT,
@@ -71,7 +92,7 @@ POOL: dict[str, str] = {
     "max_cpu": NUMBER,
 }
 
-TABLES: dict[str, dict[str, str]] = {"stub": STUB, "network": NETWORK, "pool": POOL}
+TABLES: dict[str, dict[str, str]] = {"stub": STUB, "qemu": QEMU, "network": NETWORK, "pool": POOL}
 
 
 def _fits(kind: str, value: Any) -> bool:

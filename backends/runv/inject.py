@@ -7,7 +7,7 @@ clone there (move_mount), as a recursive slave: host mounts under a shared host 
 reaching the guest, and nothing the guest does propagates back. The mounts exist only in the
 VM, so they never pin host directories (a host rmdir detaches them) and die with the VM.
 
-    python -S -I inject.py attach HOST_PATH VM_PID TARGET [shared]
+    python -S -I inject.py attach HOST_PATH VM_PID TARGET [shared|ro]
     python -S -I inject.py detach VM_PID TARGET
     python -S -I inject.py serve
 
@@ -35,6 +35,18 @@ CLONE_NEWNS = 0x20000
 MS_REC = 0x4000
 MS_SLAVE = 1 << 19
 MNT_DETACH = 2
+SYS_MOUNT_SETATTR = 442
+MOUNT_ATTR_RDONLY = 0x1
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -56,9 +68,10 @@ def _enter(pid: int) -> None:
     os.chdir("/")
 
 
-def attach(host_path: str, pid: int, target: str, shared: bool = False) -> None:
+def attach(host_path: str, pid: int, target: str, shared: bool = False, readonly: bool = False) -> None:
     """``shared``: left in the host mount's peer group (when the host's is shared), for a
-    BIDIRECTIONAL mount: what the guest mounts under it then shows on the host."""
+    BIDIRECTIONAL mount: what the guest mounts under it then shows on the host. ``readonly``:
+    read-only all the way down, enforced here (a real VM's guest is not trusted with it)."""
     tree = _check(
         _libc.syscall(
             SYS_OPEN_TREE, AT_FDCWD, host_path.encode(), OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC
@@ -72,6 +85,19 @@ def attach(host_path: str, pid: int, target: str, shared: bool = False) -> None:
     )
     if not shared:
         _check(_libc.mount(None, target.encode(), None, MS_SLAVE | MS_REC, None), f"make-rslave {target}")
+    if readonly:
+        attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
+        _check(
+            _libc.syscall(
+                SYS_MOUNT_SETATTR,
+                AT_FDCWD,
+                target.encode(),
+                AT_RECURSIVE,
+                ctypes.byref(attr),
+                ctypes.sizeof(attr),
+            ),
+            f"read-only {target}",
+        )
 
 
 def detach(pid: int, target: str) -> None:
@@ -83,8 +109,9 @@ def detach(pid: int, target: str) -> None:
 
 def run(argv: list[str]) -> bool:
     """Carry out one request; False when it is not one."""
-    if argv[:1] == ["attach"] and (len(argv) == 4 or (len(argv) == 5 and argv[4] == "shared")):
-        attach(argv[1], int(argv[2]), argv[3], shared=len(argv) == 5)
+    if argv[:1] == ["attach"] and (len(argv) == 4 or (len(argv) == 5 and argv[4] in ("shared", "ro"))):
+        mode = argv[4] if len(argv) == 5 else ""
+        attach(argv[1], int(argv[2]), argv[3], shared=mode == "shared", readonly=mode == "ro")
     elif argv[:1] == ["detach"] and len(argv) == 3:
         detach(int(argv[1]), argv[2])
     else:

@@ -23,6 +23,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from backends.contract.errors import (
@@ -376,27 +377,7 @@ class StubHypervisor:
         return vm.pid > 0 and _proc_start(vm.pid) == vm.started_at and vm.started_at != 0
 
     async def wait(self, vm: VM) -> None:
-        try:
-            fd = os.pidfd_open(vm.pid)
-        except OSError:
-            fd = -1
-        if fd >= 0:
-            loop = asyncio.get_running_loop()
-            done: asyncio.Future[None] = loop.create_future()
-
-            def ready() -> None:
-                if not done.done():
-                    done.set_result(None)
-
-            loop.add_reader(fd, ready)
-            try:
-                if self.alive(vm):
-                    await done
-            finally:
-                loop.remove_reader(fd)
-                os.close(fd)
-        while self.alive(vm):
-            await asyncio.sleep(0.05)
+        await wait_for_exit(vm, self.alive)
 
     async def stop(self, vm: VM, timeout: float) -> None:
         if self.shutdown_latency:
@@ -590,6 +571,31 @@ class StubHypervisor:
             agent = self._agent_pid(vm)
             if agent:
                 os.kill(agent, signal.SIGSTOP)
+
+
+async def wait_for_exit(vm: VM, alive: Callable[[VM], bool]) -> None:
+    """Return when the VM process has exited: its pidfd turns readable, else by polling."""
+    try:
+        fd = os.pidfd_open(vm.pid)
+    except OSError:
+        fd = -1
+    if fd >= 0:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def ready() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        loop.add_reader(fd, ready)
+        try:
+            if alive(vm):
+                await done
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+    while alive(vm):
+        await asyncio.sleep(0.05)
 
 
 def _remove_target(path: str) -> None:

@@ -43,8 +43,24 @@ MS_REC = 16384
 MS_RDONLY = 1
 
 # PID 1 of a pod's shared PID namespace: reaps whatever is orphaned in it, like pause.
+# The pod's PID 1, as ``unshare --pid [--user] --fork --kill-child`` would start it (the real
+# VM's guest has busybox's unshare, which has no --kill-child): the holder makes the
+# namespaces and forks the reaper into them, which dies with the holder.
 POD_INIT = """
-import os, signal
+import ctypes, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+flags = 0x20000000 | (0x10000000 if sys.argv[1:] == ["user"] else 0)  # CLONE_NEWPID, CLONE_NEWUSER
+if libc.unshare(flags) != 0:
+    sys.exit("unshare: " + os.strerror(ctypes.get_errno()))
+pid = os.fork()
+if pid:
+    while True:
+        try:
+            os.waitpid(pid, 0)
+            sys.exit(0)
+        except InterruptedError:
+            pass
+libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: gone with the holder
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
 while True:
     try:
@@ -100,25 +116,22 @@ async def _pod_pid_ns(g: Guest, spec: ContainerSpec) -> str:
     devnull = os.open(os.devnull, os.O_RDWR)
     try:
         holder = proc.spawn(
-            [
-                "unshare",
-                *(["--user"] if userns else []),
-                *("--pid", "--fork", "--kill-child", sys.executable, "-c", POD_INIT),
-            ],
-            devnull,
-            devnull,
-            devnull,
+            [sys.executable, "-S", "-c", POD_INIT, *(["user"] if userns else [])], devnull, devnull, devnull
         )
     finally:
         os.close(devnull)
     g.reaper.wait(holder)  # reaped whenever it ends (with the VM)
-    for _ in range(500):
+    # Seconds on an emulated CPU (Python starting), milliseconds elsewhere.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
         kids = procfs.children(holder)
         if kids:
             if userns:
                 _write_id_maps(holder, spec)
             g.pod_init = kids[0]
             return f"/proc/{g.pod_init}/ns/pid"
+        if not os.path.exists(f"/proc/{holder}"):
+            break
         await asyncio.sleep(0.01)
     raise AgentError("failed", "the pod PID namespace did not come up")
 
@@ -269,6 +282,8 @@ async def _runc_create(g: Guest, c: Container, spec: ContainerSpec) -> None:
     log = os.path.join(c.bundle, "runc.log")
     pid_file = os.path.join(c.bundle, "pid")
     argv = g.runc_argv("--log", log, "--log-format", "json", "create", "--bundle", c.bundle)
+    if g.root_is_initramfs:
+        argv.append("--no-pivot")  # pivot_root cannot leave the initramfs: chroot after a move
     argv += ["--pid-file", pid_file, c.id]
     try:
         pid = proc.spawn(argv, stdin, stdout, stderr)

@@ -85,6 +85,18 @@ def spawn(coro: Coroutine[Any, Any, Any]) -> None:
     task.add_done_callback(_background.discard)
 
 
+def _root_is_initramfs() -> bool:
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                fields = line.split()
+                if fields[4] == "/" and fields[fields.index("-") + 1] == "rootfs":
+                    return True
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 class Guest:
     """What the agent knows of its VM: containers, running execs, the connected host."""
 
@@ -100,6 +112,7 @@ class Guest:
         self.stopping = asyncio.Event()
         self.pod_init = 0  # PID 1 of the pod's shared PID namespace, once a container needs it
         self.cgroups = cgroups.CgroupReader()  # the same reader as the docker backend's
+        self.root_is_initramfs = _root_is_initramfs()  # a real VM's guest runs from its initramfs
 
     def get(self, cid: str) -> Container:
         c = self.containers.get(cid)

@@ -1,0 +1,657 @@
+# ruff: noqa: ASYNC221, ASYNC240
+# Spawning QEMU, reading its console file and small state files is quick and bounded;
+# polling is how a VM that is not our child (one adopted after a restart) is watched.
+"""The qemu driver: each pod sandbox is a QEMU virtual machine booting the guest image.
+
+The guest is a kernel and an initramfs built from Debian packages by
+``backends.runv.guest_image`` (``scripts/runv-guest``), plus a second cpio with the agent's
+code appended at boot. Its ``/init`` loads the device modules, mounts the VM's shares and
+becomes the agent, which serves the host on a virtio-serial port (``runv.agent``) that QEMU
+exposes as a unix socket in the VM's state directory.
+
+Devices (a ``pc`` machine with no defaults and virtio-pci devices; QEMU's ``microvm`` finds
+its virtio-mmio devices only through ACPI with Debian's kernel, under which that kernel gets
+no timer interrupt under TCG):
+
+- virtio-serial: the agent channel; the console on the first serial port, kept in
+  ``console.log``;
+- virtio-9p: one export per VM, its ``shares`` directory. A share is a bind mount of the host
+  directory (or file) under it, made read-only on the host when asked, so that the guest
+  sees it at ``/run/runv/shares/<tag>``; the guest's mounts never reach the host;
+- virtio-net on a tap device, joined to the veth the backend puts on the pod bridge by two
+  tc redirects (``attach_interface``);
+- virtio-rng, so that the guest's entropy is ready at once.
+
+Acceleration: KVM when ``/dev/kvm`` opens and a VM runs on it, else TCG (full emulation:
+slow, for testing). With ``accel = "auto"`` (the default) a boot that fails under KVM is
+retried under TCG, and later boots use TCG; the choice is logged (``runv.qemu.accel``).
+
+The QEMU process runs in a cgroup of its own (usage and leftovers), in its own session, and
+outlives the shim: after a restart it is found again by PID and start time and its agent by
+its socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import importlib.util
+import marshal
+import os
+import shutil
+import signal
+import sys
+import time
+from typing import Any
+
+import structlog
+
+from backends.contract.errors import (
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+    UnimplementedError,
+)
+from backends.runv import guest_image, host
+from backends.runv.hypervisor import MIB, VM, BootError, Fault, VMSpec
+from backends.runv.stub import (
+    Cgroup,
+    Injector,
+    _mem_total,
+    _mounts_under,
+    _proc_start,
+    _remove_target,
+    wait_for_exit,
+)
+
+log = structlog.get_logger("cri-shim.runv.qemu")
+
+GUEST_SHARES = "/run/runv/shares"  # where the guest mounts the VM's 9p export
+READY = b"runv-agent: ready"
+CONSOLE_TAIL = 800  # bytes of console quoted in a boot error
+
+# Kernel arguments: a quiet boot on the serial console, no probing for hardware a VM
+# without defaults does not have, and a panic (init died) ends QEMU (-no-reboot).
+KERNEL_ARGS = [
+    "console=ttyS0",
+    "quiet",
+    "panic=-1",
+    "reboot=t",
+    "i8042.noaux",
+    "i8042.nomux",
+    "i8042.nopnp",
+    "i8042.dumbkbd",
+    "8250.nr_uarts=1",
+    "cryptomgr.notests",
+    "random.trust_cpu=on",
+    "mitigations=off",
+    "tsc=reliable",
+    "no_timer_check",
+    "rcupdate.rcu_expedited=1",
+]
+
+# The agent's code and what it imports, appended to the initramfs under /opt/runv.
+AGENT_FILES = [
+    "backends/__init__.py",
+    "backends/contract/__init__.py",
+    "backends/contract/usage.py",
+    "backends/contract/errors.py",
+    "backends/linux/*.py",
+    "backends/runv/agent/*.py",
+]
+
+
+def _package_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def agent_files() -> dict[str, bytes]:
+    """The agent's sources (and, on a 3.11 host, their bytecode) as archive name -> content."""
+    root = _package_root()
+    files: dict[str, bytes] = {"opt/runv/backends/runv/__init__.py": b""}
+    names: list[str] = []
+    for pattern in AGENT_FILES:
+        if pattern.endswith("*.py"):
+            d = os.path.join(root, os.path.dirname(pattern))
+            names += [
+                os.path.join(os.path.dirname(pattern), f) for f in sorted(os.listdir(d)) if f.endswith(".py")
+            ]
+        else:
+            names.append(pattern)
+    # The guest's Python is 3.11: bytecode compiled here saves it compiling at every boot,
+    # and it falls back to the sources if the magic ever differs.
+    same = sys.version_info[:2] == (3, 11)
+    for name in names:
+        with open(os.path.join(root, name), "rb") as fh:
+            source = fh.read()
+        files["opt/runv/" + name] = source
+        if same:
+            code = compile(source, "/opt/runv/" + name, "exec", dont_inherit=True)
+            # An unchecked hash-based pyc (PEP 552): valid whatever the file times in the archive.
+            pyc = importlib.util.MAGIC_NUMBER + (1).to_bytes(4, "little")
+            pyc += importlib.util.source_hash(source) + marshal.dumps(code)
+            base = os.path.basename(name)[:-3]
+            cache = f"opt/runv/{os.path.dirname(name)}/__pycache__/{base}.{sys.implementation.cache_tag}.pyc"
+            files[cache] = pyc
+    return files
+
+
+def _size_mib(memory: int) -> int:
+    return max(1, memory // MIB)
+
+
+def kvm_openable() -> bool:
+    try:
+        fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+class QemuHypervisor:
+    name = "qemu"
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.run_dir = str(config.get("run_dir", "/run/cri-shim/runv-qemu"))
+        self.guest_dir = str(config.get("guest_dir", guest_image.DEFAULT_OUT))
+        self.qemu = str(config.get("qemu", "qemu-system-x86_64"))
+        self.accel_setting = str(config.get("accel", "auto"))
+        if self.accel_setting not in ("auto", "kvm", "tcg"):
+            raise InvalidArgumentError(f"qemu accel must be auto, kvm or tcg, not {self.accel_setting!r}")
+        self.machine = str(config.get("machine", "pc"))
+        self.cgroup_parent = str(config.get("cgroup_parent", "cri-shim-runv-qemu")).strip("/")
+        self.ip = str(config.get("ip", "ip"))
+        self.tc = str(config.get("tc", "tc"))
+        self.unshare = str(config.get("unshare", "unshare"))
+        self.extra_args = [str(a) for a in config.get("kernel_args", [])]
+        # What the guest itself occupies (kernel, initramfs, agent) on top of the pod's memory.
+        self.guest_memory = int(config.get("guest_memory_mib", 96)) * MIB
+        self._boot_timeout = config.get("boot_timeout")
+        cpus = os.cpu_count() or 1
+        # A vCPU is a host thread: overcommitted like the stub's, 8 per host CPU by default.
+        self.total_vcpus = int(config.get("capacity_vcpus", cpus * int(config.get("cpu_overcommit", 8))))
+        self.total_memory = int(config.get("capacity_memory", _mem_total()))
+        self._accel = "" if self.accel_setting == "auto" else self.accel_setting
+        self._reserved: dict[str, tuple[int, int]] = {}
+        self._faults: set[Fault] = set()
+        self._lock = asyncio.Lock()
+        self._initrd = ""
+        self._injector = Injector(str(config.get("python", sys.executable)))
+
+    # ---- sizing
+    @property
+    def accel(self) -> str:
+        """The acceleration boots use now (``kvm`` or ``tcg``)."""
+        if not self._accel:
+            self._accel = "kvm" if kvm_openable() else "tcg"
+        return self._accel
+
+    @property
+    def boot_timeout(self) -> float:
+        if self._boot_timeout is not None:
+            return float(self._boot_timeout)
+        return 20.0 if self.accel == "kvm" else 120.0
+
+    def capacity(self) -> tuple[int, int, int, int]:
+        vcpus = sum(v for v, _ in self._reserved.values())
+        mem = sum(m for _, m in self._reserved.values())
+        return vcpus, self.total_vcpus, mem, self.total_memory
+
+    def _reserve(self, vm_id: str, vcpus: int, memory: int) -> None:
+        others = {k: v for k, v in self._reserved.items() if k != vm_id}
+        used_c = sum(v for v, _ in others.values())
+        used_m = sum(m for _, m in others.values())
+        if used_c + vcpus > self.total_vcpus or used_m + memory > self.total_memory:
+            raise ResourceExhaustedError(
+                f"node capacity exceeded: VM needs {vcpus} vCPU/{memory // MIB} MiB, "
+                f"free {self.total_vcpus - used_c} vCPU/{(self.total_memory - used_m) // MIB} MiB"
+            )
+        self._reserved[vm_id] = (vcpus, memory)
+
+    def _cgroup(self, vm_id: str) -> Cgroup:
+        return Cgroup(f"{self.cgroup_parent}/{vm_id}")
+
+    # ---- the guest image
+    def guest_files(self) -> tuple[str, str]:
+        kernel = os.path.join(self.guest_dir, "vmlinuz")
+        initrd = os.path.join(self.guest_dir, "initrd.img")
+        missing = [p for p in (kernel, initrd) if not os.path.exists(p)]
+        if missing:
+            raise FailedPreconditionError(
+                f"the qemu driver's guest image is missing ({', '.join(missing)}): "
+                f"build it with `scripts/runv-guest --out {self.guest_dir}`"
+            )
+        return kernel, initrd
+
+    def _agent_initrd(self, base: str) -> str:
+        """The base initramfs with the agent appended, made once per content."""
+        files = agent_files()
+        digest = hashlib.sha256()
+        st = os.stat(base)
+        digest.update(f"{base}:{st.st_size}:{st.st_mtime_ns}".encode())
+        for name in sorted(files):
+            digest.update(name.encode() + b"\0" + files[name])
+        path = os.path.join(self.run_dir, f"initrd-{digest.hexdigest()[:16]}.img")
+        if path == self._initrd and os.path.exists(path):
+            return path
+        if not os.path.exists(path):
+            os.makedirs(self.run_dir, exist_ok=True)
+            agent = path + ".agent"
+            guest_image.write_cpio_files(agent, files)
+            tmp = path + ".tmp"
+            with open(tmp, "wb") as out:
+                for part in (base, agent):
+                    with open(part, "rb") as src:
+                        shutil.copyfileobj(src, out, 1 << 20)
+            os.replace(tmp, path)
+            os.unlink(agent)
+            for old in os.listdir(self.run_dir):  # earlier agents' images
+                if old.startswith("initrd-") and os.path.join(self.run_dir, old) != path:
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(self.run_dir, old))
+        self._initrd = path
+        return path
+
+    # ---- the command line
+    @staticmethod
+    def tap_name(vm_id: str) -> str:
+        return "rv" + hashlib.sha256(vm_id.encode()).hexdigest()[:12]
+
+    @staticmethod
+    def mac(vm_id: str) -> str:
+        h = hashlib.sha256(b"mac" + vm_id.encode()).digest()
+        return "52:54:" + ":".join(f"{b:02x}" for b in h[:4])
+
+    def argv(
+        self, vm: VM, kernel: str, initrd: str, accel: str, tap: str, fail_boot: bool = False
+    ) -> list[str]:
+        """The QEMU command line of ``vm`` (a pure function of its arguments, for tests)."""
+        sd = vm.state_dir
+        append = [*KERNEL_ARGS, f"runv.shares={GUEST_SHARES}", *self.extra_args]
+        if fail_boot:
+            append.append("runv.fail_boot=1")
+        argv = [
+            self.qemu,
+            "-name",
+            f"runv-{vm.id},debug-threads=on",
+            "-machine",
+            f"{self.machine},accel={accel}",
+            "-cpu",
+            "host" if accel == "kvm" else "max",
+            "-smp",
+            str(vm.vcpus),
+            "-m",
+            f"{_size_mib(vm.memory_bytes + self.guest_memory)}M",
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-no-reboot",
+            "-kernel",
+            kernel,
+            "-initrd",
+            initrd,
+            "-append",
+            " ".join(append),
+            "-chardev",
+            f"file,id=console,path={os.path.join(sd, 'console.log')}",
+            "-serial",
+            "chardev:console",
+            "-chardev",
+            f"socket,id=agent,path={vm.channel},server=on,wait=off",
+            "-device",
+            "virtio-serial-pci,id=vser",
+            "-device",
+            "virtserialport,bus=vser.0,chardev=agent,name=runv.agent",
+            "-fsdev",
+            f"local,id=shares,path={_shares_dir(vm)},security_model=passthrough,multidevs=remap",
+            "-device",
+            "virtio-9p-pci,fsdev=shares,mount_tag=shares",
+            "-device",
+            "virtio-rng-pci",
+            "-qmp",
+            f"unix:{os.path.join(sd, 'qmp.sock')},server=on,wait=off",
+            "-pidfile",
+            os.path.join(sd, "qemu.pid"),
+        ]
+        if tap:
+            argv += [
+                "-netdev",
+                f"tap,id=net0,ifname={tap},script=no,downscript=no",
+                "-device",
+                f"virtio-net-pci,netdev=net0,mac={self.mac(vm.id)}",
+            ]
+        return argv
+
+    # ---- lifecycle
+    async def create(self, spec: VMSpec) -> VM:
+        if spec.vcpus < 1 or spec.memory_bytes < 32 * MIB:
+            raise InvalidArgumentError(
+                f"VM size {spec.vcpus} vCPU/{spec.memory_bytes // MIB} MiB is too small"
+            )
+        if spec.host_network:
+            raise InvalidArgumentError(
+                "a pod on the host's network cannot be a virtual machine: the qemu driver has no "
+                "host-network pods (use a runv handler with the stub driver, or docker)"
+            )
+        kernel, base = self.guest_files()
+        async with self._lock:
+            self._reserve(spec.id, spec.vcpus, spec.memory_bytes + self.guest_memory)
+        state_dir = os.path.join(self.run_dir, spec.id)
+        vm = VM(
+            id=spec.id,
+            driver=self.name,
+            pid=0,
+            vcpus=spec.vcpus,
+            memory_bytes=spec.memory_bytes,
+            state_dir=state_dir,
+            channel=os.path.join(state_dir, "agent.sock"),
+        )
+        try:
+            initrd = self._agent_initrd(base)
+            await self._boot(vm, kernel, initrd)
+        except BaseException:
+            await self.destroy(vm)
+            raise
+        return vm
+
+    async def _boot(self, vm: VM, kernel: str, initrd: str) -> None:
+        if len(os.path.join(vm.state_dir, "qmp.sock").encode()) > 107:
+            raise InvalidArgumentError(f"VM socket path too long under {vm.state_dir}")
+        os.makedirs(_shares_dir(vm), exist_ok=True)
+        tap = self.tap_name(vm.id)
+        await host.must(f"cannot create tap {tap}", self.ip, "tuntap", "add", "dev", tap, "mode", "tap")
+        await host.must(f"cannot bring up tap {tap}", self.ip, "link", "set", "dev", tap, "up")
+        cg = self._cgroup(vm.id)
+        cg.create()
+        fail = Fault.BOOT_FAILURE in self._faults
+        self._faults.discard(Fault.BOOT_FAILURE)
+        accel = self.accel
+        try:
+            await self._spawn(vm, self.argv(vm, kernel, initrd, accel, tap, fail), cg)
+        except BootError as exc:
+            if self.accel_setting != "auto" or accel != "kvm":
+                raise
+            # A /dev/kvm that opens but cannot run a guest ("KVM internal error"): emulate.
+            log.warning("runv.qemu.accel", accel="tcg", reason=f"KVM failed: {str(exc)[-300:]}")
+            self._accel = "tcg"
+            await self._kill(vm)
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(vm.state_dir, "console.log"))
+            await self._spawn(vm, self.argv(vm, kernel, initrd, "tcg", tap, fail), cg)
+        log.info("runv.qemu.booted", vm=vm.id, accel=self._accel, pid=vm.pid)
+
+    async def _spawn(self, vm: VM, argv: list[str], cg: Cgroup) -> None:
+        console = os.path.join(vm.state_dir, "console.log")
+        log_path = os.path.join(vm.state_dir, "qemu.log")
+        # The shell joins the cgroup before exec'ing QEMU, so every thread of the VM is in it;
+        # QEMU gets a mount namespace of its own (a slave of the host's) where the shares are
+        # mounted, so they never show in the host's mount table and die with it.
+        script = 'for f in $RUNV_CGROUP_PROCS; do echo $$ > "$f" || exit 97; done; exec "$@"'
+        argv = [self.unshare, "--mount", "--propagation", "slave", *argv]
+        env = dict(os.environ, RUNV_CGROUP_PROCS=" ".join(cg.procs_files()))
+        actions = [
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ]
+        vm.pid = os.posix_spawnp(
+            "sh", ["sh", "-c", script, "sh", *argv], env, file_actions=actions, setsid=True
+        )
+        vm.started_at = _proc_start(vm.pid)
+        deadline = time.monotonic() + self.boot_timeout
+        seen = 0
+        while True:
+            text = _read_tail(console, 1 << 16)
+            if READY in text:
+                return
+            if not self.alive(vm):
+                why = _read_tail(log_path, 2000).decode(errors="replace").strip()
+                raise BootError(
+                    f"VM {vm.id} exited during boot: {why} {console_summary(self.console(vm))}".strip()
+                )
+            if time.monotonic() > deadline:
+                raise DeadlineExceededError(
+                    f"VM {vm.id}: the agent did not come up within {self.boot_timeout:g}s "
+                    f"({self._accel}); console: {console_summary(self.console(vm))}"
+                )
+            seen += 1
+            await asyncio.sleep(0.02 if seen < 50 else 0.1)
+
+    def alive(self, vm: VM) -> bool:
+        return vm.pid > 0 and vm.started_at != 0 and _proc_start(vm.pid) == vm.started_at
+
+    async def wait(self, vm: VM) -> None:
+        await wait_for_exit(vm, self.alive)
+
+    async def stop(self, vm: VM, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wait(vm), timeout)
+        await self.destroy(vm)
+
+    async def _kill(self, vm: VM) -> None:
+        if self.alive(vm):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(vm.pid, signal.SIGKILL)
+            await self.wait(vm)
+
+    async def destroy(self, vm: VM) -> None:
+        await self._kill(vm)  # its mount namespace, and the shares in it, go with it
+        if os.path.exists(f"/sys/class/net/{self.tap_name(vm.id)}"):
+            await host.run(self.ip, "link", "del", "dev", self.tap_name(vm.id))
+        cg = self._cgroup(vm.id)
+        for _ in range(100):
+            cg.remove()
+            if not any(os.path.isdir(d) for d in cg.all_dirs()):
+                break
+            await asyncio.sleep(0.02)
+        left = _mounts_under(vm.state_dir)
+        if left:
+            # Never delete through a mount: that would delete host data it shows.
+            raise InternalError(f"VM {vm.id}: mounts left under {vm.state_dir}: {left}")
+        shutil.rmtree(vm.state_dir, ignore_errors=True)
+        async with self._lock:
+            self._reserved.pop(vm.id, None)
+
+    async def adopt(self, vm: VM) -> bool:
+        if not self.alive(vm):
+            return False
+        async with self._lock:
+            self._reserved[vm.id] = (vm.vcpus, vm.memory_bytes + self.guest_memory)
+        return True
+
+    def leftovers(self, known: set[str]) -> list[VM]:
+        out: list[VM] = []
+        if not os.path.isdir(self.run_dir):
+            return out
+        for entry in sorted(os.listdir(self.run_dir)):
+            sd = os.path.join(self.run_dir, entry)
+            if entry in known or not os.path.isdir(sd):
+                continue
+            vm = VM(entry, self.name, 0, 0, 0, sd, os.path.join(sd, "agent.sock"))
+            try:
+                with open(os.path.join(sd, "qemu.pid")) as fh:
+                    pid = int(fh.read().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and _is_qemu_of(pid, sd):
+                vm.pid, vm.started_at = pid, _proc_start(pid)
+            out.append(vm)
+        return out
+
+    async def close(self) -> None:
+        """Stop the share helper (VMs keep running)."""
+        await self._injector.close()
+
+    def tidy(self) -> None:
+        parent = Cgroup(self.cgroup_parent)
+        if not parent.pids():
+            parent.remove()
+        if os.path.isdir(self.run_dir) and not any(
+            os.path.isdir(os.path.join(self.run_dir, e)) for e in os.listdir(self.run_dir)
+        ):
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    # ---- resources: a running VM keeps the vCPUs and memory it booted with
+    async def set_vcpus(self, vm: VM, vcpus: int) -> None:
+        if vcpus > vm.vcpus:
+            raise FailedPreconditionError(
+                f"VM {vm.id} booted with {vm.vcpus} vCPUs; the qemu driver cannot add vCPUs to a running VM"
+            )
+
+    async def set_memory(self, vm: VM, memory_bytes: int) -> None:
+        if memory_bytes > vm.memory_bytes:
+            raise FailedPreconditionError(
+                f"VM {vm.id} booted with {vm.memory_bytes // MIB} MiB; the qemu driver cannot add "
+                "memory to a running VM"
+            )
+
+    # ---- shares: host directories mounted under the VM's 9p export, in QEMU's mount namespace
+    async def attach_share(
+        self, vm: VM, tag: str, host_path: str, readonly: bool, bidirectional: bool = False
+    ) -> str:
+        if "/" in tag or tag in ("", ".", ".."):
+            raise InvalidArgumentError(f"invalid share tag {tag!r}")
+        if bidirectional:
+            raise UnimplementedError(
+                "a BIDIRECTIONAL mount cannot reach the host from inside a virtual machine (qemu driver)"
+            )
+        guest = f"{GUEST_SHARES}/{tag}"
+        if vm.shares.get(tag) == host_path:
+            return guest  # image layers are shared by the pod's containers
+        target = os.path.join(_shares_dir(vm), tag)
+        if tag in vm.shares:
+            await self.detach_share(vm, tag)
+        if not self.alive(vm):
+            raise BootError(f"VM {vm.id} is not running")
+        is_dir = os.path.isdir(host_path)
+        if not is_dir and not os.path.exists(host_path):
+            raise InvalidArgumentError(f"share source {host_path} does not exist")
+        try:
+            _remove_target(target)
+            if is_dir:
+                os.makedirs(target, exist_ok=True)
+            else:
+                os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        except OSError as exc:
+            raise InternalError(f"cannot make the mount point of share {tag} of VM {vm.id}: {exc}") from exc
+        try:
+            await self._inject("attach", host_path, str(vm.pid), target, *(["ro"] if readonly else []))
+        except BaseException:
+            _remove_target(target)
+            raise
+        vm.shares[tag] = host_path
+        return guest
+
+    async def detach_share(self, vm: VM, tag: str) -> None:
+        target = os.path.join(_shares_dir(vm), tag)
+        if tag in vm.shares and self.alive(vm):
+            await self._inject("detach", str(vm.pid), target)
+        _remove_target(target)
+        vm.shares.pop(tag, None)
+
+    async def _inject(self, *args: str) -> None:
+        error = await self._injector.call(list(args))
+        if error:
+            raise InternalError(f"share {args[0]} failed: {error}")
+
+    async def attach_device(self, vm: VM, host_path: str) -> str:
+        raise UnimplementedError(f"the qemu driver passes no host device through ({host_path})")
+
+    async def detach_device(self, vm: VM, host_path: str) -> None:
+        vm.devices.pop(host_path, None)
+
+    # ---- network: the backend's veth peer and the VM's tap, joined by two redirects
+    async def attach_interface(self, vm: VM, host_ifname: str) -> str:
+        if not self.alive(vm):
+            raise BootError(f"VM {vm.id} is not running")
+        tap = self.tap_name(vm.id)
+        mtu = _read_text(f"/sys/class/net/{host_ifname}/mtu")
+        if mtu:
+            await host.must(f"cannot set the MTU of {tap}", self.ip, "link", "set", "dev", tap, "mtu", mtu)
+        await host.must(f"cannot bring up {host_ifname}", self.ip, "link", "set", "dev", host_ifname, "up")
+        for src, dst in ((host_ifname, tap), (tap, host_ifname)):
+            await host.run(self.tc, "qdisc", "del", "dev", src, "ingress")
+            await host.must(f"cannot redirect {src}", self.tc, "qdisc", "add", "dev", src, "ingress")
+            await host.must(
+                f"cannot redirect {src} to {dst}",
+                *(self.tc, "filter", "add", "dev", src, "parent", "ffff:", "protocol", "all"),
+                *("u32", "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", dst),
+            )
+        return "eth0"
+
+    # ---- console and agent channel
+    def console(self, vm: VM) -> str:
+        return _read_tail(os.path.join(vm.state_dir, "console.log"), 1 << 20).decode(errors="replace")
+
+    async def connect(self, vm: VM) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_unix_connection(vm.channel, limit=1024 * 1024)
+
+    def usage(self, vm: VM) -> tuple[int, int]:
+        return self._cgroup(vm.id).usage()
+
+    def inject(self, fault: Fault, vm: VM | None = None) -> None:
+        if fault is Fault.BOOT_FAILURE:
+            self._faults.add(fault)
+            return
+        if vm is None:
+            raise ValueError(f"fault {fault.value} needs a VM")
+        if fault is Fault.CRASH:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(vm.pid, signal.SIGKILL)
+        elif fault is Fault.AGENT_HANG:
+            # The whole VM paused (vCPUs stopped): its agent answers nothing, QEMU lives.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(vm.pid, signal.SIGSTOP)
+
+    def describe(self) -> dict[str, Any]:
+        return {"driver": self.name, "accel": self._accel or "not chosen yet", "guest": self.guest_dir}
+
+
+def console_summary(text: str) -> str:
+    """The lines of a console that say why a guest died: the init's own and a panic's first, else the end."""
+    lines = [line.rstrip("\r") for line in text.splitlines()]
+    picked = [line for line in lines if line.startswith("runv-")]
+    for i, line in enumerate(lines):
+        if "Kernel panic" in line or "Out of memory" in line:
+            picked += lines[max(0, i - 3) : i + 1]
+            break
+    out = " | ".join(picked) if picked else " | ".join(lines[-8:])
+    return out[-CONSOLE_TAIL:]
+
+
+def _shares_dir(vm: VM) -> str:
+    return os.path.join(vm.state_dir, "shares")
+
+
+def _read_tail(path: str, size: int) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            end = fh.tell()
+            fh.seek(max(0, end - size))
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _is_qemu_of(pid: int, state_dir: str) -> bool:
+    """Whether ``pid`` is the QEMU of ``state_dir`` (not a reused PID)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            args = fh.read().split(b"\0")
+    except OSError:
+        return False
+    return any(state_dir.encode() in a for a in args)
