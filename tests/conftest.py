@@ -70,9 +70,12 @@ async def running(short_tmp: str) -> AsyncIterator[Running]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
-    """In CI (CI=true) a skipped Docker test is a failure: CI starts an engine."""
+    """In CI (CI=true) a skipped Docker or QEMU test is a failure: CI starts an engine and
+    installs QEMU and the guest image."""
     outcome = yield
     report = outcome.get_result()
-    if report.skipped and os.environ.get("CI") == "true" and item.get_closest_marker("docker") is not None:
-        report.outcome = "failed"
-        report.longrepr = f"docker test skipped in CI: {report.longrepr}"
+    if report.skipped and os.environ.get("CI") == "true":
+        for marker in ("docker", "qemu"):
+            if item.get_closest_marker(marker) is not None:
+                report.outcome = "failed"
+                report.longrepr = f"{marker} test skipped in CI: {report.longrepr}"

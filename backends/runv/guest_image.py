@@ -123,7 +123,7 @@ for n in /sys/class/virtio-ports/*; do
 done
 [ -n "$port" ] || { echo "runv-init: no agent port"; exit 1; }
 ip link set lo up
-echo "runv-init: starting the agent on $port"
+echo "runv-init: starting the agent on $port at $(cut -d' ' -f1 /proc/uptime) s"
 export PYTHONPATH=/opt/runv PYTHONDONTWRITEBYTECODE=1
 exec /usr/bin/python3.11 -m backends.runv.agent --serial "$port" --state /run/runv \
     --cgroup-parent /runv --runc /usr/sbin/runc

@@ -71,7 +71,8 @@ def _enter(pid: int) -> None:
 def attach(host_path: str, pid: int, target: str, shared: bool = False, readonly: bool = False) -> None:
     """``shared``: left in the host mount's peer group (when the host's is shared), for a
     BIDIRECTIONAL mount: what the guest mounts under it then shows on the host. ``readonly``:
-    read-only all the way down, enforced here (a real VM's guest is not trusted with it)."""
+    the mount itself read-only, enforced here (a real VM's guest is not trusted with it); mounts
+    under it keep their own mode, as a CRI readonly mount that is not recursive wants."""
     tree = _check(
         _libc.syscall(
             SYS_OPEN_TREE, AT_FDCWD, host_path.encode(), OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC
@@ -92,7 +93,7 @@ def attach(host_path: str, pid: int, target: str, shared: bool = False, readonly
                 SYS_MOUNT_SETATTR,
                 AT_FDCWD,
                 target.encode(),
-                AT_RECURSIVE,
+                0,  # this mount only: a non-recursive read-only mount
                 ctypes.byref(attr),
                 ctypes.sizeof(attr),
             ),

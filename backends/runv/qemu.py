@@ -15,9 +15,11 @@ no timer interrupt under TCG):
 
 - virtio-serial: the agent channel; the console on the first serial port, kept in
   ``console.log``;
-- virtio-9p: one export per VM, its ``shares`` directory. A share is a bind mount of the host
-  directory (or file) under it, made read-only on the host when asked, so that the guest
-  sees it at ``/run/runv/shares/<tag>``; the guest's mounts never reach the host;
+- virtio-9p: one export per VM, its ``shares`` directory. QEMU runs in a mount namespace of
+  its own (a slave of the host's); a share is the host directory's mount tree attached under
+  that directory there (``inject.py``, as the stub does), made read-only on the host side when
+  asked, so the guest sees it at ``/run/runv/shares/<tag>``. The host's mount table never
+  shows the shares, they die with QEMU, and nothing the guest mounts reaches the host;
 - virtio-net on a tap device, joined to the veth the backend puts on the pod bridge by two
   tc redirects (``attach_interface``);
 - virtio-rng, so that the guest's entropy is ready at once.
@@ -323,7 +325,7 @@ class QemuHypervisor:
                 "-netdev",
                 f"tap,id=net0,ifname={tap},script=no,downscript=no",
                 "-device",
-                f"virtio-net-pci,netdev=net0,mac={self.mac(vm.id)}",
+                f"virtio-net-pci,netdev=net0,mac={self.mac(vm.id)},romfile=",
             ]
         return argv
 

@@ -316,6 +316,11 @@ def _shim_config(h: Harness) -> str:
             "[handlers.runv.stub]",
             f'cgroup_parent = "cri-shim-runv-e2e-{tag}"',
         ]
+        if h.driver == "qemu":
+            lines.insert(lines.index('type = "runv"') + 1, 'driver = "qemu"')
+            lines += ["[handlers.runv.qemu]", f'cgroup_parent = "cri-shim-runv-e2e-{tag}"']
+            if h.guest_dir:
+                lines.append(f'guest_dir = "{h.guest_dir}"')
         if h.warm:
             lines += ["[handlers.runv.pool]", f"size = {h.warm}"]
     path = h.dir / "cri-shim.toml"
@@ -364,9 +369,13 @@ class Harness:
         node: str | None = None,
         log: Callable[[str], None] | None = None,
         warm: int = 0,
+        driver: str = "stub",
+        guest_dir: str = "",
     ) -> None:
         self.handler = handler
         self.warm = warm  # runv: warm VMs kept ready (0: every pod boots cold)
+        self.driver = driver  # runv: "stub" or "qemu" (real VMs; slow under TCG)
+        self.guest_dir = guest_dir
         self.kubelet_bin = kubelet or kubelet_binary()
         self.keep = keep
         self.node = node or f"e2e-{handler}"
@@ -390,7 +399,8 @@ class Harness:
         self._ssl.verify_mode = ssl.CERT_NONE
         self.pods = manifests(str(self.hostdir))
         self.teardown: Teardown | None = None
-        self.patience = 1.0  # scales the waits of the checks
+        # Scales the waits of the checks: a VM under emulation takes seconds where the stub takes ms.
+        self.patience = 6.0 if driver == "qemu" else 1.0
         self.pod_uids: set[str] = set()  # seen in /pods: whose /var/log entries are ours
         self.kubelet_error_counts: collections.Counter[str] | None = None
         self.shim_error_counts: collections.Counter[str] | None = None
@@ -498,7 +508,7 @@ class Harness:
                 return
             time.sleep(1)
         # Something hangs (a pull, a boot): the checks will not wait as long.
-        self.patience = 0.25
+        self.patience *= 0.25
         self.log(f"pods not settled after {timeout:.0f} s: {pending}")
 
     def stop(self) -> None:
@@ -1341,13 +1351,19 @@ def report(
 
 
 def run(
-    handler: str, keep: bool = False, names: set[str] | None = None, out: Any = sys.stdout, warm: int = 0
+    handler: str,
+    keep: bool = False,
+    names: set[str] | None = None,
+    out: Any = sys.stdout,
+    warm: int = 0,
+    driver: str = "stub",
+    guest_dir: str = "",
 ) -> tuple[list[tuple[Check, Result, float]], Harness]:
     """Start everything, run the checks, print the report, stop everything."""
-    h = Harness(handler, keep=keep, warm=warm)
+    h = Harness(handler, keep=keep, warm=warm, driver=driver, guest_dir=guest_dir)
     results: list[tuple[Check, Result, float]] = []
     try:
-        h.start()
+        h.start(settle_timeout=900.0 if driver == "qemu" else 90.0)
         results = h.run_checks(names)
     finally:
         try:
@@ -1383,6 +1399,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the work directory and logs")
     p.add_argument("--check", action="append", help="run only this check (repeatable), e.g. pod-crash-loop")
     p.add_argument("--warm", type=int, default=0, help="runv: keep this many warm VMs ready (0: off)")
+    p.add_argument("--driver", choices=("stub", "qemu"), default="stub", help="runv: the hypervisor driver")
+    p.add_argument("--guest-dir", default="", help="runv qemu: the guest image (default: the driver's)")
     p.add_argument(
         "--max-seconds", type=float, default=420, help="a last resort: give up (and clean up) after this long"
     )
@@ -1393,7 +1411,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     names = set(args.check) if args.check else None
     with _deadline(args.max_seconds):
-        results, _ = run(args.handler, keep=args.keep, names=names, warm=args.warm)
+        results, _ = run(
+            args.handler,
+            keep=args.keep,
+            names=names,
+            warm=args.warm,
+            driver=args.driver,
+            guest_dir=args.guest_dir,
+        )
     return 0 if results and all(r.ok for _, r, _ in results) else 1
 
 

@@ -1,0 +1,344 @@
+"""runv's qemu driver: its command line and checks (no QEMU needed), then real VMs under QEMU.
+
+The end-to-end tests boot real virtual machines (under TCG here: tens of seconds each); they
+need ``qemu-system-x86_64`` and the guest image (``scripts/runv-guest``), are skipped with a
+message without them, and fail in CI (CI=true), which installs both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backends.contract import Capability
+from backends.runv import config as runv_config
+from backends.runv import guest_image
+from backends.runv.backend import RunvBackend
+from backends.runv.hypervisor import MIB, VM, Fault, VMSpec
+from backends.runv.qemu import QemuHypervisor, agent_files, console_summary
+from cri_api import api_pb2 as pb
+from shim import errors
+from tests.runv.helpers import BUSYBOX, Events, MemorySink, container_record, sandbox_record, vm_support
+
+GUEST_DIR = os.environ.get("CRI_SHIM_GUEST_DIR", guest_image.DEFAULT_OUT)
+IMAGE = "test/busybox:1"
+
+
+def qemu_support() -> str:
+    """Why real VMs cannot boot here, or ""."""
+    why = vm_support()
+    if why:
+        return why
+    if shutil.which("qemu-system-x86_64") is None:
+        return "qemu-system-x86_64 is not installed (scripts/runv-guest installs it)"
+    for name in ("vmlinuz", "initrd.img"):
+        if not os.path.exists(os.path.join(GUEST_DIR, name)):
+            return f"no guest image in {GUEST_DIR} (build it: scripts/runv-guest --out {GUEST_DIR})"
+    return ""
+
+
+needs_qemu = pytest.mark.skipif(bool(qemu_support()), reason=qemu_support() or "ok")
+
+
+def _vm(tmp_path: Path, vcpus: int = 2, memory: int = 256 * MIB) -> VM:
+    sd = str(tmp_path / "vm1")
+    return VM("vm1", "qemu", 0, vcpus, memory, sd, os.path.join(sd, "agent.sock"))
+
+
+# ---------------------------------------------------------------------------- no QEMU needed
+def test_command_line_describes_the_vm(tmp_path: Path) -> None:
+    hv = QemuHypervisor({"run_dir": str(tmp_path), "guest_memory_mib": 64, "kernel_args": ["loglevel=3"]})
+    vm = _vm(tmp_path)
+    argv = hv.argv(vm, "/g/vmlinuz", "/g/initrd", "tcg", "rvtap0")
+    line = " ".join(argv)
+    assert argv[0] == "qemu-system-x86_64"
+    assert "-machine pc,accel=tcg" in line and "-cpu max" in line
+    assert "-smp 2" in line and "-m 320M" in line  # the pod's 256 MiB + the guest's 64
+    assert "-no-reboot" in argv and "-nodefaults" in argv
+    assert f"socket,id=agent,path={vm.channel},server=on,wait=off" in argv
+    assert "virtserialport,bus=vser.0,chardev=agent,name=runv.agent" in argv
+    assert f"local,id=shares,path={vm.state_dir}/shares,security_model=passthrough,multidevs=remap" in argv
+    assert "tap,id=net0,ifname=rvtap0,script=no,downscript=no" in argv
+    append = argv[argv.index("-append") + 1].split()
+    assert "console=ttyS0" in append and "runv.shares=/run/runv/shares" in append and "loglevel=3" in append
+    assert "runv.fail_boot=1" not in append
+    failing = hv.argv(vm, "/g/vmlinuz", "/g/initrd", "kvm", "", fail_boot=True)
+    assert "runv.fail_boot=1" in failing[failing.index("-append") + 1].split()
+    assert "host" in failing and "-netdev" not in failing  # KVM: the host's CPU; no tap, no NIC
+
+
+def test_names_fit_the_kernel_limits() -> None:
+    tap = QemuHypervisor.tap_name("w" + "f" * 15)
+    assert len(tap) <= 15 and tap.startswith("rv")
+    mac = QemuHypervisor.mac("vm1")
+    assert mac.startswith("52:54:") and len(mac.split(":")) == 6
+    assert QemuHypervisor.tap_name("a") != QemuHypervisor.tap_name("b")
+
+
+def test_config_keys_are_checked() -> None:
+    runv_config.check(
+        "q", {"driver": "qemu", "qemu": {"accel": "tcg", "boot_timeout": 90, "kernel_args": ["x"]}}
+    )
+    with pytest.raises(errors.InvalidArgumentError, match=r"\[handlers.q.qemu\] unknown key 'acel'"):
+        runv_config.check("q", {"qemu": {"acel": "tcg"}})
+    with pytest.raises(errors.InvalidArgumentError, match="accel must be auto, kvm or tcg"):
+        QemuHypervisor({"accel": "xen"})
+
+
+def test_backend_picks_the_driver(tmp_path: Path) -> None:
+    base: dict[str, Any] = {"root": str(tmp_path / "root"), "run_dir": str(tmp_path / "run")}
+    backend = RunvBackend("q", {**base, "driver": "qemu", "qemu": {"guest_dir": str(tmp_path)}})
+    assert backend.hv.name == "qemu"
+    # A VM cannot share the host's network; it has its own kernel for recursive read-only mounts.
+    assert not backend.capabilities & Capability.HOST_NETWORK
+    assert backend.capabilities & Capability.RECURSIVE_READ_ONLY_MOUNTS
+    assert RunvBackend("s", base).hv.name == "stub"
+    with pytest.raises(errors.InvalidArgumentError, match="driver must be 'stub' or 'qemu'"):
+        RunvBackend("x", {**base, "driver": "xen"})
+
+
+async def test_refusals_before_anything_is_made(tmp_path: Path) -> None:
+    hv = QemuHypervisor({"run_dir": str(tmp_path / "run"), "guest_dir": str(tmp_path / "none")})
+    with pytest.raises(errors.FailedPreconditionError, match="scripts/runv-guest"):
+        await hv.create(VMSpec("vm1", 1, 128 * MIB))
+    with pytest.raises(errors.InvalidArgumentError, match="host's network"):
+        await hv.create(VMSpec("vm1", 1, 128 * MIB, host_network=True))
+    with pytest.raises(errors.InvalidArgumentError, match="too small"):
+        await hv.create(VMSpec("vm1", 0, 128 * MIB))
+    assert hv.capacity()[0] == 0 and not os.path.exists(tmp_path / "run" / "vm1")
+    vm = _vm(tmp_path)
+    with pytest.raises(errors.FailedPreconditionError, match="cannot add vCPUs"):
+        await hv.set_vcpus(vm, 3)
+    with pytest.raises(errors.FailedPreconditionError, match="cannot add memory"):
+        await hv.set_memory(vm, 512 * MIB)
+    await hv.set_vcpus(vm, 1)  # within what it booted with: nothing to do
+    with pytest.raises(errors.UnimplementedError, match="BIDIRECTIONAL"):
+        await hv.attach_share(vm, "t", str(tmp_path), readonly=False, bidirectional=True)
+
+
+def test_console_summary_says_why() -> None:
+    console = "\n".join(
+        [
+            "[    1.0] booting",
+            "runv-init: cannot mount the shares",
+            "[    4.4] Kernel panic - not syncing: x",
+            "trace",
+        ]
+    )
+    summary = console_summary(console)
+    assert "runv-init: cannot mount the shares" in summary and "Kernel panic" in summary
+    assert "trace" not in summary
+    assert console_summary("a\nb\nc") == "a | b | c"
+
+
+def test_agent_is_appended_with_its_bytecode(tmp_path: Path) -> None:
+    files = agent_files()
+    assert "opt/runv/backends/runv/agent/server.py" in files
+    assert "opt/runv/backends/linux/cgroups.py" in files
+    assert files["opt/runv/backends/runv/__init__.py"] == b""  # not the host-side package
+    if sys.version_info[:2] == (3, 11):
+        assert any(n.endswith(".cpython-311.pyc") for n in files)
+    out = tmp_path / "agent.cpio"
+    guest_image.write_cpio_files(str(out), {"a/b.txt": b"hello", "c.txt": b""})
+    if BUSYBOX is not None:
+        with out.open("rb") as fh:
+            listing = subprocess.run([BUSYBOX, "cpio", "-t"], stdin=fh, capture_output=True, check=True)
+        assert listing.stdout.decode().split() == ["a", "a/b.txt", "c.txt"]
+        extract = tmp_path / "x"
+        extract.mkdir()
+        with out.open("rb") as fh:
+            subprocess.run(
+                [BUSYBOX, "cpio", "-i", "-d"], stdin=fh, cwd=extract, check=True, capture_output=True
+            )
+        assert (extract / "a" / "b.txt").read_bytes() == b"hello"
+
+
+def test_modules_come_with_their_dependencies(tmp_path: Path) -> None:
+    mods = tmp_path / "kernel"
+    mods.mkdir()
+    (mods / "base.ko").write_bytes(b"\x7fELF\0depends=\0name=base\0")
+    (mods / "mid.ko").write_bytes(b"\x7fELF\0depends=base\0name=mid\0")
+    (mods / "top-x.ko").write_bytes(b"\x7fELF\0depends=mid,builtin_one\0name=top_x\0")
+    assert guest_image.module_order(str(tmp_path), ["top_x"]) == [
+        "kernel/base.ko",
+        "kernel/mid.ko",
+        "kernel/top-x.ko",
+    ]
+    with pytest.raises(SystemExit, match="no module nope"):
+        guest_image.module_order(str(tmp_path), ["nope"])
+
+
+# ---------------------------------------------------------------------------- real VMs
+def _qemu_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **cfg,
+        "driver": "qemu",
+        "agent_timeout": 60.0,
+        "qemu": {
+            "guest_dir": GUEST_DIR,
+            "cgroup_parent": cfg["stub"]["cgroup_parent"],
+            "capacity_vcpus": 4,
+            "capacity_memory": 2 << 30,
+        },
+    }
+
+
+def _taps() -> set[str]:
+    return {n for n in os.listdir("/sys/class/net") if n.startswith("rv")}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+@needs_qemu
+@pytest.mark.timeout(600)
+async def test_a_pod_is_a_virtual_machine(
+    runv_config: dict[str, Any], busybox_rootfs: Path, tmp_path: Path
+) -> None:
+    """One VM through its life: containers, mounts, logs, exec, port-forward, stats, a shim restart."""
+    cfg = _qemu_config(runv_config)
+    ro_dir, rw_dir = tmp_path / "ro", tmp_path / "rw"
+    ro_dir.mkdir()
+    rw_dir.mkdir()
+    (ro_dir / "data").write_text("from the host\n")
+    first = RunvBackend("runv", cfg)
+    ev1 = Events()
+    await first.start(ev1)
+    first.images.import_dir(IMAGE, str(busybox_rootfs))
+    sb = sandbox_record("vm")
+    second: RunvBackend | None = None
+    try:
+        net = await first.run_sandbox(sb)
+        sb.committed = True
+        vm = first._pods[sb.id].vm
+        assert vm.driver == "qemu" and _alive(vm.pid) and net.ip
+        console = first.hv.console(vm)
+        assert "runv-agent: ready" in console, console[-2000:]
+
+        ct = container_record(
+            sb,
+            IMAGE,
+            ["sh", "-c", "echo hello from the guest; echo pong | nc -l -p 8080; sleep 600"],
+            mounts=[
+                pb.Mount(container_path="/ro", host_path=str(ro_dir), readonly=True),
+                pb.Mount(container_path="/rw", host_path=str(rw_dir)),
+            ],
+        )
+        await first.create_container(ct, sb)
+        sink = MemorySink()
+        await ev1.start(first, ct, sb, sink)
+        ct.committed = True
+        for _ in range(300):
+            if b"hello from the guest" in sink.data["stdout"]:
+                break
+            await asyncio.sleep(0.1)
+        assert b"hello from the guest" in sink.data["stdout"]
+
+        # Its own kernel: the guest's release is Debian's, not necessarily the host's.
+        res = await first.exec_sync(ct, ["cat", "/proc/sys/kernel/osrelease"])
+        assert res.exit_code == 0 and res.stdout.strip() == _guest_release().encode(), res
+        res = await first.exec_sync(ct, ["sh", "-c", "cat /ro/data && echo from-vm > /rw/out"])
+        assert (res.exit_code, res.stdout) == (0, b"from the host\n"), res
+        res = await first.exec_sync(ct, ["sh", "-c", "echo x > /ro/new"])
+        assert res.exit_code != 0 and b"Read-only" in res.stderr, res
+        assert (rw_dir / "out").read_text() == "from-vm\n" and not (ro_dir / "new").exists()
+
+        port = _Port(b"ping\n")
+        for _ in range(100):  # nc may not listen yet
+            try:
+                await first.port_forward(sb, 8080, port)
+            except errors.CriError:
+                await asyncio.sleep(0.2)
+                continue
+            if port.got:
+                break
+            port = _Port(b"ping\n")
+        assert bytes(port.got) == b"pong\n"
+
+        usage = await first.container_stats([ct])
+        assert (usage[ct.id].sample.memory_usage or 0) > 0
+        cpu, memory = first.hv.usage(vm)
+        assert cpu > 0 and memory > 0  # the QEMU process, as the host sees it
+
+        # The shim goes away; the VM stays and a new one takes it over through its sockets.
+        await ev1.close()
+        await first.close()
+        assert _alive(vm.pid)
+        second = RunvBackend("runv", cfg)
+        ev2 = Events()
+        await second.start(ev2)
+        sb_obs, ct_obs = await second.recover([sb], [ct])
+        assert sb_obs[sb.id].running and ct_obs[ct.id].running
+        res = await second.exec_sync(ct, ["echo", "back"])
+        assert res.stdout == b"back\n"
+
+        await second.stop_container(ct, 2)
+        await second.remove_container(ct)
+        await second.stop_sandbox(sb)
+        await second.remove_sandbox(sb)
+        await ev2.close()
+        assert not _alive(vm.pid)
+        assert not os.path.exists(vm.state_dir)
+        assert QemuHypervisor.tap_name(vm.id) not in _taps()
+    finally:
+        for b in (first, second):
+            if b is not None:
+                for pod in list(b._pods.values()):
+                    await b.hv.destroy(pod.vm)
+                await b.close()
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+@needs_qemu
+@pytest.mark.timeout(300)
+async def test_a_vm_that_does_not_boot_leaves_nothing(
+    runv_config: dict[str, Any], busybox_rootfs: Path
+) -> None:
+    backend = RunvBackend("runv", _qemu_config(runv_config))
+    events = Events()
+    await backend.start(events)
+    try:
+        backend.inject(Fault.BOOT_FAILURE)
+        sb = sandbox_record("noboot")
+        with pytest.raises(errors.UnavailableError, match="injected boot failure"):
+            await backend.run_sandbox(sb)
+        assert backend.hv.capacity()[0] == 0
+        assert [e for e in os.listdir(backend.hv.run_dir) if not e.startswith("initrd-")] == []  # type: ignore[attr-defined]
+        assert QemuHypervisor.tap_name(sb.id[:16]) not in _taps()
+    finally:
+        await events.close()
+        await backend.close()
+
+
+class _Port:
+    def __init__(self, request: bytes) -> None:
+        self._in = [request]
+        self.got = bytearray()
+
+    async def read(self) -> bytes:
+        return self._in.pop(0) if self._in else b""
+
+    async def write(self, data: bytes) -> None:
+        self.got += data
+
+
+def _guest_release() -> str:
+    import json
+
+    with open(os.path.join(GUEST_DIR, "manifest.json")) as fh:
+        return str(json.load(fh)["kernel"])
