@@ -1,4 +1,7 @@
-"""Benchmark of the runv handler (one VM per pod, stub driver), with docker alongside.
+"""Benchmark of the runv handler (one VM per pod), with docker alongside.
+
+``--qemu N`` adds the qemu driver's boot, start and memory figures beside the stub's (real VMs,
+under TCG where KVM does not work).
 
 In one run it measures
 - in-process, on a ``RunvBackend`` at the default sizing (1 vCPU / 128 MiB a
@@ -140,8 +143,24 @@ def runv_config(tmp: str, tag: str, net: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def in_process(cfg: dict[str, Any], vms: int, density_max: int) -> None:
+def qemu_config(tmp: str, tag: str, net: dict[str, Any], guest_dir: str) -> dict[str, Any]:
+    cfg = runv_config(tmp, tag, net)
+    cfg["driver"] = "qemu"
+    cfg["agent_timeout"] = 60.0
+    cfg["qemu"] = {
+        "cgroup_parent": cfg["stub"]["cgroup_parent"],
+        **({"guest_dir": guest_dir} if guest_dir else {}),
+    }
+    return cfg
+
+
+async def in_process(cfg: dict[str, Any], vms: int, density_max: int) -> dict[str, float]:
+    """Boot, start and memory figures of one driver; the density run too unless ``density_max`` is 0."""
     backend = RunvBackend("runv", cfg)
+    driver = backend.hv.name
+    if driver == "qemu":
+        driver += f" ({backend.hv.accel})"  # type: ignore[attr-defined]
+    figures: dict[str, float] = {}
     await backend.start(_Events())
     followed = ContainerIO(lambda _cid, _info: None)
     boots: list[float] = []
@@ -182,21 +201,34 @@ async def in_process(cfg: dict[str, Any], vms: int, density_max: int) -> None:
             starts.append(t2 - t0)
         await asyncio.sleep(2.0)  # let the agents and containers settle to idle
         mems = [backend.hv.usage(backend._pods[sb.id].vm)[1] for sb in pods]
-        print(f"\nIn-process RunvBackend, stub driver, default sizing (n={vms}), ms")
-        for label, v in (
-            ("VM boot (driver create)", ms(boots)),
-            ("RunPodSandbox (backend)", ms(run_sb)),
-            ("pod+container start", ms(starts)),
+        print(f"\nIn-process RunvBackend, {driver} driver, default sizing (n={vms}), ms")
+        for label, key, v in (
+            ("VM boot (driver create)", "boot", ms(boots)),
+            ("RunPodSandbox (backend)", "run", ms(run_sb)),
+            ("pod+container start", "start", ms(starts)),
         ):
-            print(f"  {label:<26} p50 {pct(v, 0.5):8.1f}   p90 {pct(v, 0.9):8.1f}   max {max(v):8.1f}")
+            print(
+                f"  {label:<26} p50 {pct(v, 0.5):8.1f}   p90 {pct(v, 0.9):8.1f}   "
+                f"p99 {pct(v, 0.99):8.1f}   max {max(v):8.1f}"
+            )
+            figures[key] = pct(v, 0.5)
         mean = sum(mems) / len(mems)
+        figures["memory"] = mean
         print(
-            f"  memory per idle VM (cgroup usage, agent + one sleeping container): "
+            f"  memory per idle VM (its cgroup's usage, VM + agent + one sleeping container): "
             f"mean {mean / MIB:.1f} MiB, min {min(mems) / MIB:.1f}, max {max(mems) / MIB:.1f}"
         )
+        _, total_c, _, total_m = backend.hv.capacity()
+        if density_max <= 0:
+            per_pod = backend.hv.capacity()[2] / len(pods)
+            print(
+                f"  pods per node: {int(min(total_c, total_m // per_pod))} by reservation "
+                f"({per_pod / MIB:.0f} MiB each of {total_m // MIB} MiB, {total_c} vCPUs), "
+                f"{int(total_m // mean)} by measured idle memory (not booted: each VM costs CPU under TCG)"
+            )
+            return figures
 
         # Density: boot sandbox-only pods at the default size until the node refuses one.
-        _, total_c, _, total_m = backend.hv.capacity()
         refused = ""
         t0 = time.perf_counter()
         while len(pods) < density_max:
@@ -228,6 +260,7 @@ async def in_process(cfg: dict[str, Any], vms: int, density_max: int) -> None:
             print(
                 f"  memory per idle VM without containers (agent only): mean {sum(bare) / len(bare) / MIB:.1f} MiB"
             )
+        return figures
     finally:
         for sb in pods:
             try:
@@ -454,6 +487,15 @@ def main() -> int:
     ap.add_argument(
         "--in-process", action=argparse.BooleanOptionalAction, default=True, help="boot/density part"
     )
+    ap.add_argument(
+        "--qemu",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also boot N VMs with the qemu driver, beside the stub's figures (0: off)",
+    )
+    ap.add_argument("--guest-dir", default="", help="the qemu driver's guest image (default: the driver's)")
+    ap.add_argument("--side-by-side", action=argparse.BooleanOptionalAction, default=True, help="gRPC part")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("run as root (namespaces, cgroups, runc, the engine's socket)", file=sys.stderr)
@@ -475,7 +517,17 @@ def main() -> int:
     try:
         print(f"run {run_id}: {os.cpu_count()} CPUs, python {sys.version.split()[0]}, bridge {net['bridge']}")
         if args.in_process:
-            asyncio.run(in_process(local, args.vms, args.density_max))
+            stub = asyncio.run(in_process(local, args.vms, args.density_max))
+            if args.qemu:
+                qemu = asyncio.run(
+                    in_process(qemu_config(tmp, f"{run_id}q", net, args.guest_dir), args.qemu, 0)
+                )
+                print(
+                    "\nqemu / stub, p50: "
+                    + ", ".join(f"{k} {qemu[k] / stub[k]:.1f}x" for k in qemu if stub.get(k))
+                )
+        if not args.side_by_side:
+            return 0
 
         print()
         shim = DualShim(tmp, run_id, {"runv": child, WARM: warm})
@@ -509,7 +561,7 @@ def main() -> int:
         if shim is not None:
             shim.stop()
             shim.remove_engine_leftovers()
-        remove_leftovers([local, child, warm])
+        remove_leftovers([local, child, warm, qemu_config(tmp, f"{run_id}q", net, "")])
         if args.keep_tmp:
             print(f"kept {tmp}", file=sys.stderr)
         else:

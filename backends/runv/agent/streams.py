@@ -11,6 +11,7 @@ import os
 import signal
 import struct
 import termios
+import time
 
 from backends.runv.agent import proc
 from backends.runv.agent.guest import Container, Guest, as_exit_code, runc_log, spawn, write_all
@@ -172,12 +173,21 @@ async def exec_kill(g: Guest, req: ExecKillRequest) -> Empty:
         return Empty()
     with contextlib.suppress(ProcessLookupError):
         os.kill(entry[0], signal.SIGKILL)
-    # Answer once it is reaped: a client checking right after the timeout must not see it.
-    for _ in range(200):
-        if not os.path.exists(f"/proc/{entry[0]}"):
-            break
+    # Answer once it is dead: a client checking right after the timeout must not see it.
+    # Seconds on an emulated CPU, milliseconds elsewhere.
+    deadline = time.monotonic() + 10
+    while _running(entry[0]) and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
     return Empty()
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (dead, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 async def resize(g: Guest, req: ResizeRequest) -> Empty:
