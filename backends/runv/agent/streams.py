@@ -1,4 +1,4 @@
-# ruff: noqa: ASYNC230, ASYNC240
+# ruff: noqa: ASYNC230
 # The agent owns its VM: small local file reads are not worth a thread hop here.
 """Byte streams in the guest: container output and attach, exec (``runc exec``), port-forward."""
 
