@@ -130,7 +130,10 @@ class RunvBackend:
         elif rro.supported():  # the stub's guests run on this kernel
             caps |= contract.Capability.RECURSIVE_READ_ONLY_MOUNTS
         self.capabilities = caps
-        self.agent_timeout = float(config.get("agent_timeout", 10.0))
+        # Unset: the driver's (seconds of work for an agent on an emulated CPU), else 10 s.
+        self._agent_timeout: float | None = (
+            float(config["agent_timeout"]) if config.get("agent_timeout") is not None else None
+        )
         self.overhead_vcpus = float(config.get("overhead_vcpus", 0.0))
         self.overhead_memory = int(config.get("overhead_memory_mib", 32)) * MIB
         self.images = ImageStore(os.path.join(self.root, "images"), config.get("insecure_registries"))
@@ -185,6 +188,16 @@ class RunvBackend:
         if not self._pods:
             self.hv.tidy()  # no VM left: drop the empty run dir and cgroup parent
         self._pods.clear()
+
+    @property
+    def agent_timeout(self) -> float:
+        if self._agent_timeout is not None:
+            return self._agent_timeout
+        return float(getattr(self.hv, "agent_timeout", 10.0))
+
+    @agent_timeout.setter
+    def agent_timeout(self, value: float) -> None:
+        self._agent_timeout = value
 
     async def health(self) -> contract.Health:
         if shutil.which(str(self.config.get("stub", {}).get("runc", "runc"))) is None:

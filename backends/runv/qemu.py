@@ -198,6 +198,12 @@ class QemuHypervisor:
             return float(self._boot_timeout)
         return 20.0 if self.accel == "kvm" else 120.0
 
+    @property
+    def agent_timeout(self) -> float:
+        """How long the backend waits for an agent's answer unless its config says: a create or
+        an exec under TCG takes seconds, and several VMs booting at once share the CPUs."""
+        return 10.0 if self.accel == "kvm" else 120.0
+
     def capacity(self) -> tuple[int, int, int, int]:
         vcpus = sum(v for v, _ in self._reserved.values())
         mem = sum(m for _, m in self._reserved.values())
