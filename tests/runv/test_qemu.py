@@ -21,7 +21,7 @@ import pytest
 from backends.contract import Capability
 from backends.runv import config as runv_config
 from backends.runv import guest_image
-from backends.runv.backend import RunvBackend
+from backends.runv.backend import VM_CRASH_REASON, RunvBackend
 from backends.runv.hypervisor import MIB, VM, Fault, VMSpec
 from backends.runv.qemu import QemuHypervisor, agent_files, console_summary
 from cri_api import api_pb2 as pb
@@ -323,6 +323,37 @@ async def test_a_vm_that_does_not_boot_leaves_nothing(
         assert [e for e in os.listdir(backend.hv.run_dir) if not e.startswith("initrd-")] == []  # type: ignore[attr-defined]
         assert QemuHypervisor.tap_name(sb.id[:16]) not in _taps()
     finally:
+        await events.close()
+        await backend.close()
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+@needs_qemu
+@pytest.mark.timeout(300)
+async def test_a_crashed_vm_exits_its_containers(runv_config: dict[str, Any], busybox_rootfs: Path) -> None:
+    backend = RunvBackend("runv", _qemu_config(runv_config))
+    events = Events()
+    await backend.start(events)
+    backend.images.import_dir(IMAGE, str(busybox_rootfs))
+    sb = sandbox_record("crash")
+    try:
+        await backend.run_sandbox(sb)
+        ct = container_record(sb, IMAGE, ["sleep", "600"])
+        await backend.create_container(ct, sb)
+        await events.start(backend, ct, sb, MemorySink())
+        vm = backend._pods[sb.id].vm
+        backend.inject(Fault.CRASH, sb.id)  # SIGKILL of QEMU
+        await events.wait_for(lambda: ct.id in events.exits and sb.id in events.not_ready, timeout=60)
+        assert events.exits[ct.id].reason == VM_CRASH_REASON
+        assert not _alive(vm.pid)
+        await backend.stop_sandbox(sb)
+        await backend.remove_container(ct)
+        assert not os.path.exists(vm.state_dir) and QemuHypervisor.tap_name(vm.id) not in _taps()
+    finally:
+        if sb.id in backend._pods:
+            with contextlib.suppress(Exception):
+                await backend.stop_sandbox(sb)
         await events.close()
         await backend.close()
 
