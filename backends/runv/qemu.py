@@ -178,6 +178,8 @@ class QemuHypervisor:
         self.total_vcpus = int(config.get("capacity_vcpus", cpus * int(config.get("cpu_overcommit", 8))))
         self.total_memory = int(config.get("capacity_memory", _mem_total()))
         self._accel = "" if self.accel_setting == "auto" else self.accel_setting
+        self._accel_known = self.accel_setting != "auto"  # "auto": after the first boot
+        self._probe = asyncio.Lock()
         self._reserved: dict[str, tuple[int, int]] = {}
         self._faults: set[Fault] = set()
         self._lock = asyncio.Lock()
@@ -378,20 +380,31 @@ class QemuHypervisor:
         cg.create()
         fail = Fault.BOOT_FAILURE in self._faults
         self._faults.discard(Fault.BOOT_FAILURE)
+        if self._accel_known:
+            await self._spawn(vm, self.argv(vm, kernel, initrd, self.accel, tap, fail), cg)
+        else:
+            # The first boot finds out whether KVM works; the others wait for the answer.
+            async with self._probe:
+                await self._boot_probing(vm, kernel, initrd, tap, fail, cg)
+        log.info("runv.qemu.booted", vm=vm.id, accel=self._accel, pid=vm.pid)
+
+    async def _boot_probing(self, vm: VM, kernel: str, initrd: str, tap: str, fail: bool, cg: Cgroup) -> None:
         accel = self.accel
         try:
             await self._spawn(vm, self.argv(vm, kernel, initrd, accel, tap, fail), cg)
         except BootError as exc:
-            if self.accel_setting != "auto" or accel != "kvm":
-                raise
+            qemu_said = _read_tail(os.path.join(vm.state_dir, "qemu.log"), 4000).lower()
+            if accel != "kvm" or b"kvm" not in qemu_said:
+                raise  # the guest failed, not the accelerator
             # A /dev/kvm that opens but cannot run a guest ("KVM internal error"): emulate.
             log.warning("runv.qemu.accel", accel="tcg", reason=f"KVM failed: {str(exc)[-300:]}")
             self._accel = "tcg"
             await self._kill(vm)
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(vm.state_dir, "console.log"))
+            for name in ("console.log", "qemu.log"):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(vm.state_dir, name))
             await self._spawn(vm, self.argv(vm, kernel, initrd, "tcg", tap, fail), cg)
-        log.info("runv.qemu.booted", vm=vm.id, accel=self._accel, pid=vm.pid)
+        self._accel_known = True
 
     async def _spawn(self, vm: VM, argv: list[str], cg: Cgroup) -> None:
         console = os.path.join(vm.state_dir, "console.log")
