@@ -24,6 +24,7 @@ from backends.runv import guest_image
 from backends.runv.backend import VM_CRASH_REASON, RunvBackend
 from backends.runv.hypervisor import MIB, VM, Fault, VMSpec
 from backends.runv.qemu import QemuHypervisor, agent_files, console_summary
+from backends.runv.stub import Cgroup
 from cri_api import api_pb2 as pb
 from shim import errors
 from tests.runv.helpers import BUSYBOX, Events, MemorySink, container_record, sandbox_record, vm_support
@@ -174,6 +175,100 @@ def test_modules_come_with_their_dependencies(tmp_path: Path) -> None:
     ]
     with pytest.raises(SystemExit, match="no module nope"):
         guest_image.module_order(str(tmp_path), ["nope"])
+
+
+# ---------------------------------------------------------------------------- a stand-in QEMU
+# A script in QEMU's place: it writes what the guest would print on the console (or not), and
+# sleeps like a running VM. The driver's life cycle runs for real around it: tap, cgroup, mount
+# namespace, the wait for the agent, destroy, leftovers and adoption after a restart.
+FAKE_QEMU = r"""#!/bin/sh
+console= pidfile=
+prev=
+for a in "$@"; do
+    case "$prev" in
+        -chardev) case "$a" in file,id=console,path=*) console=${a#file,id=console,path=};; esac;;
+        -pidfile) pidfile=$a;;
+    esac
+    prev=$a
+done
+echo $$ > "$pidfile"
+echo "[    0.1] booting" >> "$console"
+case "$FAKE_QEMU_MODE" in
+    ready) echo "runv-agent: ready on /dev/vport0p1" >> "$console";;
+    panic) echo "runv-init: cannot mount the shares" >> "$console"; echo "[ 4.4] Kernel panic - not syncing" >> "$console"; exit 1;;
+esac
+exec python3 -c "import time; time.sleep(600)" "$@"  # a VM process whose command line is QEMU's
+"""
+
+
+def _fake_qemu(tmp_path: Path, mode: str, **extra: Any) -> QemuHypervisor:
+    script = tmp_path / "fake-qemu"
+    script.write_text(FAKE_QEMU)
+    script.chmod(0o755)
+    guest = tmp_path / "guest"
+    guest.mkdir(exist_ok=True)
+    (guest / "vmlinuz").write_bytes(b"k")
+    (guest / "initrd.img").write_bytes(b"i")
+    os.environ["FAKE_QEMU_MODE"] = mode
+    run_dir = f"/tmp/rvq-{os.getpid()}-{mode}"
+    return QemuHypervisor(
+        {
+            "run_dir": run_dir,
+            "guest_dir": str(guest),
+            "qemu": str(script),
+            "accel": "tcg",
+            "cgroup_parent": f"cri-shim-qemu-test-{os.getpid()}",
+            **extra,
+        }
+    )
+
+
+@pytest.mark.skipif(bool(vm_support()), reason=vm_support() or "ok")
+async def test_life_cycle_around_a_stand_in(tmp_path: Path) -> None:
+    hv = _fake_qemu(tmp_path, "ready")
+    vm: VM | None = None
+    try:
+        vm = await hv.create(VMSpec("lc1", 2, 128 * MIB))
+        assert hv.alive(vm) and os.path.exists(os.path.join(vm.state_dir, "console.log"))
+        assert QemuHypervisor.tap_name("lc1") in _taps()
+        assert hv.capacity()[:3] == (2, hv.total_vcpus, 128 * MIB + hv.guest_memory)
+        with open(f"/proc/{vm.pid}/cmdline", "rb") as fh:
+            assert b"virtserialport" in fh.read()  # the stand-in got the real command line
+        # Another driver (a restarted shim) finds it by its pid file and takes it over.
+        again = _fake_qemu(tmp_path, "ready")
+        (found,) = again.leftovers(set())
+        assert (found.id, found.pid, found.started_at) == (vm.id, vm.pid, vm.started_at)
+        assert await again.adopt(vm) and again.capacity()[0] == 2
+        assert again.leftovers({"lc1"}) == []
+        await again.destroy(vm)
+        assert not hv.alive(vm) and not os.path.exists(vm.state_dir)
+        assert QemuHypervisor.tap_name("lc1") not in _taps() and again.capacity()[0] == 0
+        await again.destroy(vm)  # idempotent
+        await again.close()
+    finally:
+        if vm is not None:
+            await hv.destroy(vm)
+        hv.tidy()
+        await hv.close()
+
+
+@pytest.mark.skipif(bool(vm_support()), reason=vm_support() or "ok")
+async def test_a_guest_that_dies_or_never_answers_leaves_nothing(tmp_path: Path) -> None:
+    for mode, error, said in (
+        ("panic", errors.UnavailableError, "runv-init: cannot mount the shares | [ 4.4] Kernel panic"),
+        ("silent", errors.DeadlineExceededError, "did not come up within 1s (tcg)"),
+    ):
+        hv = _fake_qemu(tmp_path, mode, boot_timeout=1)
+        try:
+            with pytest.raises(error) as info:
+                await hv.create(VMSpec("lc2", 1, 128 * MIB))
+            assert said in str(info.value)
+            assert hv.capacity()[0] == 0 and QemuHypervisor.tap_name("lc2") not in _taps()
+            assert [e for e in os.listdir(hv.run_dir) if not e.startswith("initrd-")] == []
+            assert not Cgroup(f"{hv.cgroup_parent}/lc2").pids()
+        finally:
+            hv.tidy()
+            await hv.close()
 
 
 # ---------------------------------------------------------------------------- real VMs
