@@ -151,12 +151,20 @@ type = "fake"
 
 # [handlers.runv]
 # type = "runv"
-# ISOLATION: runv's only driver today, "stub", runs a pod's "VM" as Linux
-# namespaces and a cgroup on the host kernel, with no hypervisor: a pod is no
-# more isolated than a runc container. Do not give it untrusted workloads.
+# driver = "stub"   # or "qemu"
+# ISOLATION depends on the driver. "stub" (the default) runs a pod's "VM" as
+# Linux namespaces and a cgroup on the host kernel, with no hypervisor: a pod is
+# no more isolated than a runc container; do not give it untrusted workloads.
+# "qemu" boots each pod as a QEMU virtual machine with its own kernel (KVM, or
+# TCG emulation for testing when KVM does not work); build its guest first with
+# scripts/runv-guest. Paths default per handler: /var/lib/cri-shim/NAME and
+# /run/cri-shim/NAME.
 # Mounts: host directories and files are shared into the VM; host mounts made
-# later propagate in (HOST_TO_CONTAINER), nothing propagates back out of the VM
-# (BIDIRECTIONAL is served as HOST_TO_CONTAINER).
+# later propagate in (HOST_TO_CONTAINER); BIDIRECTIONAL propagates back out on
+# the stub only (qemu refuses it).
+# [handlers.runv.qemu]
+# guest_dir = "/var/lib/cri-shim/runv-guest"
+# accel = "auto"   # "kvm", "tcg"
 
 [images]
 # The sandbox (pause) image of backends that run one.

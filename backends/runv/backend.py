@@ -106,8 +106,11 @@ class RunvBackend:
         runv_config.check(name, config)
         self.name = name
         self.config = config
-        self.root = str(config.get("root", "/var/lib/cri-shim/runv"))
-        run_dir = str(config.get("run_dir", "/run/cri-shim/runv"))
+        # Per handler by default, so that two runv handlers (a stub one and a qemu one) never
+        # take each other's VMs for leftovers; the handler "runv" keeps the historic paths.
+        own = name if re.fullmatch(r"[A-Za-z0-9_.-]+", name) and name not in (".", "..") else "runv"
+        self.root = str(config.get("root", f"/var/lib/cri-shim/{own}"))
+        run_dir = str(config.get("run_dir", f"/run/cri-shim/{own}"))
         self.driver = str(config.get("driver", "stub"))
         if hypervisor is not None:
             self.hv: Hypervisor = hypervisor

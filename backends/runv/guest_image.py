@@ -27,7 +27,7 @@ import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 
-DEFAULT_OUT = "/var/lib/cri-shim/runv/guest"
+DEFAULT_OUT = "/var/lib/cri-shim/runv-guest"
 
 # What the guest runs: busybox (init, mount, ip, insmod), Python and runc, and their libraries.
 PACKAGES = [
