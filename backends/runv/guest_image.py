@@ -18,6 +18,7 @@ unpacks concatenated archives), so the image does not go stale when the agent ch
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -53,6 +54,7 @@ MODULES = [
     "9pnet_virtio",
     "9p",
     "overlay",
+    "bridge",  # brctl in containers: critest's privileged and NET_ADMIN specs
 ]
 
 # Parts of Python's standard library a headless agent never imports.
@@ -323,6 +325,7 @@ def build(out: str, cache: str) -> dict[str, object]:
         shutil.copyfile(vmlinuz, os.path.join(out, "vmlinuz.tmp"))
         write_cpio(os.path.join(out, "initrd.img.tmp"), cpio_entries(root))
         manifest: dict[str, object] = {
+            "recipe": recipe(),
             "kernel": release,
             "packages": [os.path.basename(d) for d in debs],
             "modules": order,
@@ -334,16 +337,34 @@ def build(out: str, cache: str) -> dict[str, object]:
     return manifest
 
 
+def recipe() -> str:
+    """What the image is built from, as a digest: an image of another recipe is rebuilt."""
+    parts = [PACKAGES, MODULES, PYTHON_UNUSED, sorted(ENCODINGS_KEPT), INIT]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+def current(out: str) -> bool:
+    """Whether ``out`` holds an image of this recipe."""
+    try:
+        with open(os.path.join(out, "manifest.json")) as fh:
+            built = json.load(fh).get("recipe")
+    except (OSError, ValueError):
+        return False
+    return built == recipe() and all(os.path.exists(os.path.join(out, f)) for f in ("vmlinuz", "initrd.img"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="runv-guest", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--out", default=DEFAULT_OUT, help=f"where to write the image (default {DEFAULT_OUT})"
     )
     parser.add_argument("--cache", help="where downloaded packages are kept (default OUT/debs)")
-    parser.add_argument("--if-missing", action="store_true", help="do nothing when OUT has an image")
+    parser.add_argument(
+        "--if-missing", action="store_true", help="do nothing when OUT has an image of this recipe"
+    )
     ns = parser.parse_args(argv)
     out = os.path.abspath(ns.out)
-    if ns.if_missing and all(os.path.exists(os.path.join(out, f)) for f in ("vmlinuz", "initrd.img")):
+    if ns.if_missing and current(out):
         return 0
     manifest = build(out, ns.cache or os.path.join(out, "debs"))
     size = os.path.getsize(os.path.join(out, "initrd.img")) // (1024 * 1024)

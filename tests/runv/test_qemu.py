@@ -162,6 +162,18 @@ def test_agent_is_appended_with_its_bytecode(tmp_path: Path) -> None:
         assert (extract / "a" / "b.txt").read_bytes() == b"hello"
 
 
+def test_an_image_of_another_recipe_is_rebuilt(tmp_path: Path) -> None:
+    import json
+
+    assert not guest_image.current(str(tmp_path))  # nothing there
+    for name in ("vmlinuz", "initrd.img"):
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "manifest.json").write_text(json.dumps({"recipe": "older"}))
+    assert not guest_image.current(str(tmp_path))
+    (tmp_path / "manifest.json").write_text(json.dumps({"recipe": guest_image.recipe()}))
+    assert guest_image.current(str(tmp_path))
+
+
 def test_modules_come_with_their_dependencies(tmp_path: Path) -> None:
     mods = tmp_path / "kernel"
     mods.mkdir()
