@@ -54,20 +54,11 @@ from backends.contract.errors import (
     FailedPreconditionError,
     InternalError,
     InvalidArgumentError,
-    ResourceExhaustedError,
     UnimplementedError,
 )
 from backends.runv import guest_image, host
 from backends.runv.hypervisor import MIB, VM, BootError, Fault, VMSpec
-from backends.runv.stub import (
-    Cgroup,
-    Injector,
-    _mem_total,
-    _mounts_under,
-    _proc_start,
-    _remove_target,
-    wait_for_exit,
-)
+from backends.runv.stub import Cgroup, ProcessVMs, _mem_total, _mounts_under, _proc_start
 
 log = structlog.get_logger("cri-shim.runv.qemu")
 
@@ -154,18 +145,25 @@ def kvm_openable() -> bool:
     return True
 
 
-class QemuHypervisor:
+class QemuHypervisor(ProcessVMs):
     name = "qemu"
 
     def __init__(self, config: dict[str, Any]) -> None:
-        self.run_dir = str(config.get("run_dir", "/run/cri-shim/runv-qemu"))
+        cpus = os.cpu_count() or 1
+        # A vCPU is a host thread: overcommitted like the stub's, 8 per host CPU by default.
+        super().__init__(
+            str(config.get("run_dir", "/run/cri-shim/runv-qemu")),
+            str(config.get("cgroup_parent", "cri-shim-runv-qemu")),
+            int(config.get("capacity_vcpus", cpus * int(config.get("cpu_overcommit", 8)))),
+            int(config.get("capacity_memory", _mem_total())),
+            str(config.get("python", sys.executable)),
+        )
         self.guest_dir = str(config.get("guest_dir", guest_image.DEFAULT_OUT))
         self.qemu = str(config.get("qemu", "qemu-system-x86_64"))
         self.accel_setting = str(config.get("accel", "auto"))
         if self.accel_setting not in ("auto", "kvm", "tcg"):
             raise InvalidArgumentError(f"qemu accel must be auto, kvm or tcg, not {self.accel_setting!r}")
         self.machine = str(config.get("machine", "pc"))
-        self.cgroup_parent = str(config.get("cgroup_parent", "cri-shim-runv-qemu")).strip("/")
         self.ip = str(config.get("ip", "ip"))
         self.tc = str(config.get("tc", "tc"))
         self.unshare = str(config.get("unshare", "unshare"))
@@ -173,18 +171,10 @@ class QemuHypervisor:
         # What the guest itself occupies (kernel, initramfs, agent) on top of the pod's memory.
         self.guest_memory = int(config.get("guest_memory_mib", 96)) * MIB
         self._boot_timeout = config.get("boot_timeout")
-        cpus = os.cpu_count() or 1
-        # A vCPU is a host thread: overcommitted like the stub's, 8 per host CPU by default.
-        self.total_vcpus = int(config.get("capacity_vcpus", cpus * int(config.get("cpu_overcommit", 8))))
-        self.total_memory = int(config.get("capacity_memory", _mem_total()))
         self._accel = "" if self.accel_setting == "auto" else self.accel_setting
         self._accel_known = self.accel_setting != "auto"  # "auto": after the first boot
         self._probe = asyncio.Lock()
-        self._reserved: dict[str, tuple[int, int]] = {}
-        self._faults: set[Fault] = set()
-        self._lock = asyncio.Lock()
         self._initrd = ""
-        self._injector = Injector(str(config.get("python", sys.executable)))
 
     # ---- sizing
     @property
@@ -206,24 +196,8 @@ class QemuHypervisor:
         an exec under TCG takes seconds, and several VMs booting at once share the CPUs."""
         return 10.0 if self.accel == "kvm" else 120.0
 
-    def capacity(self) -> tuple[int, int, int, int]:
-        vcpus = sum(v for v, _ in self._reserved.values())
-        mem = sum(m for _, m in self._reserved.values())
-        return vcpus, self.total_vcpus, mem, self.total_memory
-
-    def _reserve(self, vm_id: str, vcpus: int, memory: int) -> None:
-        others = {k: v for k, v in self._reserved.items() if k != vm_id}
-        used_c = sum(v for v, _ in others.values())
-        used_m = sum(m for _, m in others.values())
-        if used_c + vcpus > self.total_vcpus or used_m + memory > self.total_memory:
-            raise ResourceExhaustedError(
-                f"node capacity exceeded: VM needs {vcpus} vCPU/{memory // MIB} MiB, "
-                f"free {self.total_vcpus - used_c} vCPU/{(self.total_memory - used_m) // MIB} MiB"
-            )
-        self._reserved[vm_id] = (vcpus, memory)
-
-    def _cgroup(self, vm_id: str) -> Cgroup:
-        return Cgroup(f"{self.cgroup_parent}/{vm_id}")
+    def _footprint(self, vm: VM) -> tuple[int, int]:
+        return vm.vcpus, vm.memory_bytes + self.guest_memory
 
     # ---- the guest image
     def guest_files(self) -> tuple[str, str]:
@@ -443,12 +417,6 @@ class QemuHypervisor:
             seen += 1
             await asyncio.sleep(0.02 if seen < 50 else 0.1)
 
-    def alive(self, vm: VM) -> bool:
-        return vm.pid > 0 and vm.started_at != 0 and _proc_start(vm.pid) == vm.started_at
-
-    async def wait(self, vm: VM) -> None:
-        await wait_for_exit(vm, self.alive)
-
     async def stop(self, vm: VM, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wait(vm), timeout)
@@ -478,13 +446,6 @@ class QemuHypervisor:
         async with self._lock:
             self._reserved.pop(vm.id, None)
 
-    async def adopt(self, vm: VM) -> bool:
-        if not self.alive(vm):
-            return False
-        async with self._lock:
-            self._reserved[vm.id] = (vm.vcpus, vm.memory_bytes + self.guest_memory)
-        return True
-
     def leftovers(self, known: set[str]) -> list[VM]:
         out: list[VM] = []
         if not os.path.isdir(self.run_dir):
@@ -503,10 +464,6 @@ class QemuHypervisor:
                 vm.pid, vm.started_at = pid, _proc_start(pid)
             out.append(vm)
         return out
-
-    async def close(self) -> None:
-        """Stop the share helper (VMs keep running)."""
-        await self._injector.close()
 
     def tidy(self) -> None:
         parent = Cgroup(self.cgroup_parent)
@@ -531,54 +488,17 @@ class QemuHypervisor:
                 "memory to a running VM"
             )
 
-    # ---- shares: host directories mounted under the VM's 9p export, in QEMU's mount namespace
-    async def attach_share(
-        self, vm: VM, tag: str, host_path: str, readonly: bool, bidirectional: bool = False
-    ) -> str:
-        if "/" in tag or tag in ("", ".", ".."):
-            raise InvalidArgumentError(f"invalid share tag {tag!r}")
+    # ---- shares: under the VM's 9p export, attached in QEMU's mount namespace
+    def _guest_path(self, vm: VM, tag: str) -> str:
+        return f"{GUEST_SHARES}/{tag}"
+
+    def _share_mode(self, readonly: bool, bidirectional: bool) -> list[str]:
         if bidirectional:
             raise UnimplementedError(
                 "a BIDIRECTIONAL mount cannot reach the host from inside a virtual machine (qemu driver)"
             )
-        guest = f"{GUEST_SHARES}/{tag}"
-        if vm.shares.get(tag) == host_path:
-            return guest  # image layers are shared by the pod's containers
-        target = os.path.join(_shares_dir(vm), tag)
-        if tag in vm.shares:
-            await self.detach_share(vm, tag)
-        if not self.alive(vm):
-            raise BootError(f"VM {vm.id} is not running")
-        is_dir = os.path.isdir(host_path)
-        if not is_dir and not os.path.exists(host_path):
-            raise InvalidArgumentError(f"share source {host_path} does not exist")
-        try:
-            _remove_target(target)
-            if is_dir:
-                os.makedirs(target, exist_ok=True)
-            else:
-                os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-        except OSError as exc:
-            raise InternalError(f"cannot make the mount point of share {tag} of VM {vm.id}: {exc}") from exc
-        try:
-            await self._inject("attach", host_path, str(vm.pid), target, *(["ro"] if readonly else []))
-        except BaseException:
-            _remove_target(target)
-            raise
-        vm.shares[tag] = host_path
-        return guest
-
-    async def detach_share(self, vm: VM, tag: str) -> None:
-        target = os.path.join(_shares_dir(vm), tag)
-        if tag in vm.shares and self.alive(vm):
-            await self._inject("detach", str(vm.pid), target)
-        _remove_target(target)
-        vm.shares.pop(tag, None)
-
-    async def _inject(self, *args: str) -> None:
-        error = await self._injector.call(list(args))
-        if error:
-            raise InternalError(f"share {args[0]} failed: {error}")
+        # Read-only on the host side: the guest's kernel is not trusted to keep it.
+        return ["ro"] if readonly else []
 
     async def attach_device(self, vm: VM, host_path: str) -> str:
         raise UnimplementedError(f"the qemu driver passes no host device through ({host_path})")
@@ -605,32 +525,10 @@ class QemuHypervisor:
             )
         return "eth0"
 
-    # ---- console and agent channel
-    def console(self, vm: VM) -> str:
-        return _read_tail(os.path.join(vm.state_dir, "console.log"), 1 << 20).decode(errors="replace")
-
-    async def connect(self, vm: VM) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.open_unix_connection(vm.channel, limit=1024 * 1024)
-
-    def usage(self, vm: VM) -> tuple[int, int]:
-        return self._cgroup(vm.id).usage()
-
-    def inject(self, fault: Fault, vm: VM | None = None) -> None:
-        if fault is Fault.BOOT_FAILURE:
-            self._faults.add(fault)
-            return
-        if vm is None:
-            raise ValueError(f"fault {fault.value} needs a VM")
-        if fault is Fault.CRASH:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(vm.pid, signal.SIGKILL)
-        elif fault is Fault.AGENT_HANG:
-            # The whole VM paused (vCPUs stopped): its agent answers nothing, QEMU lives.
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(vm.pid, signal.SIGSTOP)
-
-    def describe(self) -> dict[str, Any]:
-        return {"driver": self.name, "accel": self._accel or "not chosen yet", "guest": self.guest_dir}
+    def _hang(self, vm: VM) -> None:
+        # The whole VM paused (vCPUs stopped): its agent answers nothing, QEMU lives.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(vm.pid, signal.SIGSTOP)
 
 
 def console_summary(text: str) -> str:

@@ -37,6 +37,7 @@ from backends.runv import host
 from backends.runv.hypervisor import MIB, VM, BootError, Fault, VMSpec
 
 CGROUP_ROOT = "/sys/fs/cgroup"
+CONSOLE_KEPT = 1 << 20  # the end of a console a driver reads back
 CPU_PERIOD = 100_000
 
 
@@ -234,37 +235,40 @@ class Injector:
             await proc.wait()
 
 
-class StubHypervisor:
-    name = "stub"
+class ProcessVMs:
+    """What the stub and qemu drivers share: a VM is one host process (the unshared agent, or
+    QEMU) in a cgroup and a mount namespace of its own, reserved against the node's capacity.
 
-    def __init__(self, config: dict[str, Any]) -> None:
-        self.run_dir = str(config.get("run_dir", "/run/cri-shim/runv"))
-        self.cgroup_parent = str(config.get("cgroup_parent", "cri-shim-runv")).strip("/")
-        self.boot_latency = float(config.get("boot_latency", 0.0))
-        self.shutdown_latency = float(config.get("shutdown_latency", 0.0))
-        self.boot_timeout = float(config.get("boot_timeout", 20.0))
-        self.python = str(config.get("python", sys.executable))
-        self.runc = str(config.get("runc", "runc"))
-        self.unshare = str(config.get("unshare", "unshare"))
-        self.ip = str(config.get("ip", "ip"))
-        cpus = os.cpu_count() or 1
-        # A stub VM's vCPU is a CFS quota, not a reserved core. 64 per host CPU lets a 2-core
-        # node hold the kubelet's default 110 pods at 1 vCPU each (16 refused the 33rd pod
-        # the kubelet had admitted).
-        self.total_vcpus = int(config.get("capacity_vcpus", cpus * int(config.get("cpu_overcommit", 64))))
-        self.total_memory = int(config.get("capacity_memory", _mem_total()))
+    Shares are host trees attached into that mount namespace by the share helper (inject.py),
+    so mounts made on the host after boot are seen at attach time, host mounts under a shared
+    host directory keep propagating in, and nothing pins host directories in the host's
+    namespace. A file (the kubelet's /etc/hosts, /dev/termination-log) is shared on a file: a
+    mount takes the kind of what it covers. Subclasses say where the guest sees a share and
+    how it is attached (``_guest_path``, ``_share_mode``).
+    """
+
+    name = ""
+
+    def __init__(
+        self, run_dir: str, cgroup_parent: str, total_vcpus: int, total_memory: int, python: str
+    ) -> None:
+        self.run_dir = run_dir
+        self.cgroup_parent = cgroup_parent.strip("/")
+        self.total_vcpus = total_vcpus
+        self.total_memory = total_memory
+        self.python = python
         self._reserved: dict[str, tuple[int, int]] = {}
         self._faults: set[Fault] = set()
         self._lock = asyncio.Lock()
-        self._injector = Injector(self.python)
+        self._injector = Injector(python)
 
-    # ---- helpers
+    # ---- capacity
     def _cgroup(self, vm_id: str) -> Cgroup:
         return Cgroup(f"{self.cgroup_parent}/{vm_id}")
 
-    def _agent_pid(self, vm: VM) -> int:
-        kids = procfs.children(vm.pid)
-        return kids[0] if kids else 0
+    def _footprint(self, vm: VM) -> tuple[int, int]:
+        """What ``vm`` holds of the node: vCPUs and memory."""
+        return vm.vcpus, vm.memory_bytes
 
     def capacity(self) -> tuple[int, int, int, int]:
         vcpus = sum(v for v, _ in self._reserved.values())
@@ -281,6 +285,139 @@ class StubHypervisor:
                 f"free {self.total_vcpus - used_c} vCPU/{(self.total_memory - used_m) // MIB} MiB"
             )
         self._reserved[vm_id] = (vcpus, memory)
+
+    # ---- the VM process
+    def alive(self, vm: VM) -> bool:
+        return vm.pid > 0 and _proc_start(vm.pid) == vm.started_at and vm.started_at != 0
+
+    async def wait(self, vm: VM) -> None:
+        await wait_for_exit(vm, self.alive)
+
+    async def adopt(self, vm: VM) -> bool:
+        if not self.alive(vm):
+            return False
+        async with self._lock:
+            self._reserved[vm.id] = self._footprint(vm)
+        return True
+
+    async def close(self) -> None:
+        """Stop the driver's own helpers (VMs keep running)."""
+        await self._injector.close()
+
+    def usage(self, vm: VM) -> tuple[int, int]:
+        return self._cgroup(vm.id).usage()
+
+    def console(self, vm: VM) -> str:
+        try:
+            with open(os.path.join(vm.state_dir, "console.log"), "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - CONSOLE_KEPT))
+                return fh.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    async def connect(self, vm: VM) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_unix_connection(vm.channel, limit=1024 * 1024)
+
+    # ---- shares
+    def _guest_path(self, vm: VM, tag: str) -> str:
+        """Where the guest sees share ``tag``."""
+        return os.path.join(_shares_dir(vm), tag)
+
+    def _share_mode(self, readonly: bool, bidirectional: bool) -> list[str]:
+        """The share helper's mode words for such a share (raises for one it cannot make)."""
+        raise NotImplementedError
+
+    async def attach_share(
+        self, vm: VM, tag: str, host_path: str, readonly: bool, bidirectional: bool = False
+    ) -> str:
+        if "/" in tag or tag in ("", ".", ".."):
+            raise InvalidArgumentError(f"invalid share tag {tag!r}")
+        mode = self._share_mode(readonly, bidirectional)
+        guest = self._guest_path(vm, tag)
+        if vm.shares.get(tag) == host_path:
+            return guest  # image layers are shared by the pod's containers
+        if tag in vm.shares:
+            await self.detach_share(vm, tag)
+        if not self.alive(vm):
+            raise BootError(f"VM {vm.id} is not running")
+        target = os.path.join(_shares_dir(vm), tag)  # the mount point, as the VM process sees it
+        try:
+            is_dir = os.path.isdir(host_path)
+            if not is_dir and not os.path.exists(host_path):
+                raise InvalidArgumentError(f"share source {host_path} does not exist")
+            _remove_target(target)  # a leftover of another kind
+            if is_dir:
+                os.makedirs(target, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        except OSError as exc:
+            raise InternalError(f"cannot make the mount point of share {tag} in VM {vm.id}: {exc}") from exc
+        try:
+            await self._inject("attach", host_path, str(vm.pid), target, *mode)
+        except BaseException:
+            _remove_target(target)
+            raise
+        vm.shares[tag] = host_path
+        return guest
+
+    async def detach_share(self, vm: VM, tag: str) -> None:
+        target = os.path.join(_shares_dir(vm), tag)
+        if tag in vm.shares and self.alive(vm):
+            await self._inject("detach", str(vm.pid), target)
+        _remove_target(target)
+        vm.shares.pop(tag, None)
+
+    async def _inject(self, *args: str) -> None:
+        error = await self._injector.call(list(args))
+        if error:
+            raise InternalError(f"share {args[0]} failed: {error}")
+
+    # ---- faults
+    def _hang(self, vm: VM) -> None:
+        """Make the VM's agent stop answering, the VM process alive."""
+        raise NotImplementedError
+
+    def inject(self, fault: Fault, vm: VM | None = None) -> None:
+        if fault is Fault.BOOT_FAILURE:
+            self._faults.add(fault)
+            return
+        if vm is None:
+            raise ValueError(f"fault {fault.value} needs a VM")
+        if fault is Fault.CRASH:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(vm.pid, signal.SIGKILL)
+        elif fault is Fault.AGENT_HANG:
+            self._hang(vm)
+
+
+class StubHypervisor(ProcessVMs):
+    name = "stub"
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        cpus = os.cpu_count() or 1
+        # A stub VM's vCPU is a CFS quota, not a reserved core. 64 per host CPU lets a 2-core
+        # node hold the kubelet's default 110 pods at 1 vCPU each (16 refused the 33rd pod
+        # the kubelet had admitted).
+        super().__init__(
+            str(config.get("run_dir", "/run/cri-shim/runv")),
+            str(config.get("cgroup_parent", "cri-shim-runv")),
+            int(config.get("capacity_vcpus", cpus * int(config.get("cpu_overcommit", 64)))),
+            int(config.get("capacity_memory", _mem_total())),
+            str(config.get("python", sys.executable)),
+        )
+        self.boot_latency = float(config.get("boot_latency", 0.0))
+        self.shutdown_latency = float(config.get("shutdown_latency", 0.0))
+        self.boot_timeout = float(config.get("boot_timeout", 20.0))
+        self.runc = str(config.get("runc", "runc"))
+        self.unshare = str(config.get("unshare", "unshare"))
+        self.ip = str(config.get("ip", "ip"))
+
+    # ---- helpers
+    def _agent_pid(self, vm: VM) -> int:
+        kids = procfs.children(vm.pid)
+        return kids[0] if kids else 0
 
     # ---- lifecycle
     async def create(self, spec: VMSpec) -> VM:
@@ -373,12 +510,6 @@ class StubHypervisor:
                 )
             await asyncio.sleep(0.02)
 
-    def alive(self, vm: VM) -> bool:
-        return vm.pid > 0 and _proc_start(vm.pid) == vm.started_at and vm.started_at != 0
-
-    async def wait(self, vm: VM) -> None:
-        await wait_for_exit(vm, self.alive)
-
     async def stop(self, vm: VM, timeout: float) -> None:
         if self.shutdown_latency:
             await asyncio.sleep(self.shutdown_latency)
@@ -413,13 +544,6 @@ class StubHypervisor:
         async with self._lock:
             self._reserved.pop(vm.id, None)
 
-    async def adopt(self, vm: VM) -> bool:
-        if not self.alive(vm):
-            return False
-        async with self._lock:
-            self._reserved[vm.id] = (vm.vcpus, vm.memory_bytes)
-        return True
-
     def leftovers(self, known: set[str]) -> list[VM]:
         out: list[VM] = []
         if not os.path.isdir(self.run_dir):
@@ -448,10 +572,6 @@ class StubHypervisor:
             out.append(vm)
         return out
 
-    async def close(self) -> None:
-        """Stop the driver's own helpers (VMs keep running)."""
-        await self._injector.close()
-
     def tidy(self) -> None:
         # Only empty ones go: rmdir fails on a cgroup with processes or a non-empty directory.
         parent = Cgroup(self.cgroup_parent)
@@ -473,58 +593,12 @@ class StubHypervisor:
         self._cgroup(vm.id).set_limits(vm.vcpus, memory_bytes)
         vm.memory_bytes = memory_bytes
 
-    # ---- shares (virtio-fs style): the host directory's mount tree is cloned into the VM's mount
-    # namespace (see inject.py), so mounts made on the host after boot are seen at attach time,
-    # host mounts under a shared host directory keep propagating in, and nothing pins host
-    # directories in the host's namespace. Read-only is enforced by the agent's bind mounts.
-    # A file (the kubelet's /etc/hosts, /dev/termination-log) is shared on a file: a mount
-    # takes the kind of what it covers.
-    async def attach_share(
-        self, vm: VM, tag: str, host_path: str, readonly: bool, bidirectional: bool = False
-    ) -> str:
-        if "/" in tag or tag in ("", ".", ".."):
-            raise InvalidArgumentError(f"invalid share tag {tag!r}")
-        guest = os.path.join(_shares_dir(vm), tag)
-        if vm.shares.get(tag) == host_path:
-            return guest  # image layers are shared by the pod's containers
-        if tag in vm.shares:
-            await self.detach_share(vm, tag)
-        if not self.alive(vm):
-            raise BootError(f"VM {vm.id} is not running")
-        try:
-            is_dir = os.path.isdir(host_path)
-            if not is_dir and not os.path.exists(host_path):
-                raise InvalidArgumentError(f"share source {host_path} does not exist")
-            _remove_target(guest)  # a leftover of another kind
-            if is_dir:
-                os.makedirs(guest, exist_ok=True)
-            else:
-                os.makedirs(os.path.dirname(guest), exist_ok=True)
-                os.close(os.open(guest, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-        except OSError as exc:
-            raise InternalError(f"cannot make the mount point of share {tag} in VM {vm.id}: {exc}") from exc
-        try:
-            # The stub's VM is a mount namespace: a bidirectional share stays a peer of the
-            # host's mount (when that is shared), so what the guest mounts there shows on the host.
-            mode = ["shared"] if bidirectional else []
-            await self._inject("attach", host_path, str(vm.pid), guest, *mode)
-        except BaseException:
-            _remove_target(guest)
-            raise
-        vm.shares[tag] = host_path
-        return guest
-
-    async def detach_share(self, vm: VM, tag: str) -> None:
-        guest = os.path.join(_shares_dir(vm), tag)
-        if tag in vm.shares and self.alive(vm):
-            await self._inject("detach", str(vm.pid), guest)
-        _remove_target(guest)
-        vm.shares.pop(tag, None)
-
-    async def _inject(self, *args: str) -> None:
-        error = await self._injector.call(list(args))
-        if error:
-            raise InternalError(f"share {args[0]} failed: {error}")
+    # ---- shares: the guest sees them where the VM process mounts them (it is the guest).
+    # Read-only is enforced by the agent's bind mounts.
+    def _share_mode(self, readonly: bool, bidirectional: bool) -> list[str]:
+        # The stub's VM is a mount namespace: a bidirectional share stays a peer of the host's
+        # mount (when that is shared), so what the guest mounts there shows on the host.
+        return ["shared"] if bidirectional else []
 
     async def attach_device(self, vm: VM, host_path: str) -> str:
         vm.devices[host_path] = host_path
@@ -545,32 +619,10 @@ class StubHypervisor:
         )
         return host_ifname
 
-    def console(self, vm: VM) -> str:
-        try:
-            with open(os.path.join(vm.state_dir, "console.log"), "rb") as fh:
-                return fh.read().decode(errors="replace")
-        except OSError:
-            return ""
-
-    async def connect(self, vm: VM) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.open_unix_connection(vm.channel, limit=1024 * 1024)
-
-    def usage(self, vm: VM) -> tuple[int, int]:
-        return self._cgroup(vm.id).usage()
-
-    def inject(self, fault: Fault, vm: VM | None = None) -> None:
-        if fault is Fault.BOOT_FAILURE:
-            self._faults.add(fault)
-            return
-        if vm is None:
-            raise ValueError(f"fault {fault.value} needs a VM")
-        if fault is Fault.CRASH:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(vm.pid, signal.SIGKILL)
-        elif fault is Fault.AGENT_HANG:
-            agent = self._agent_pid(vm)
-            if agent:
-                os.kill(agent, signal.SIGSTOP)
+    def _hang(self, vm: VM) -> None:
+        agent = self._agent_pid(vm)
+        if agent:
+            os.kill(agent, signal.SIGSTOP)
 
 
 async def wait_for_exit(vm: VM, alive: Callable[[VM], bool]) -> None:
