@@ -1,4 +1,4 @@
-# ruff: noqa: ASYNC221, ASYNC240
+# ruff: noqa: ASYNC240
 # Spawning QEMU, reading its console file and small state files is quick and bounded;
 # polling is how a VM that is not our child (one adopted after a restart) is watched.
 """The qemu driver: each pod sandbox is a QEMU virtual machine booting the guest image.
@@ -52,13 +52,12 @@ import structlog
 from backends.contract.errors import (
     DeadlineExceededError,
     FailedPreconditionError,
-    InternalError,
     InvalidArgumentError,
     UnimplementedError,
 )
 from backends.runv import guest_image, host
 from backends.runv.hypervisor import MIB, VM, BootError, Fault, VMSpec
-from backends.runv.stub import Cgroup, ProcessVMs, _mem_total, _mounts_under, _proc_start
+from backends.runv.stub import Cgroup, ProcessVMs, _mem_total, _proc_start, check_size
 
 log = structlog.get_logger("cri-shim.runv.qemu")
 
@@ -313,35 +312,18 @@ class QemuHypervisor(ProcessVMs):
 
     # ---- lifecycle
     async def create(self, spec: VMSpec) -> VM:
-        if spec.vcpus < 1 or spec.memory_bytes < 32 * MIB:
-            raise InvalidArgumentError(
-                f"VM size {spec.vcpus} vCPU/{spec.memory_bytes // MIB} MiB is too small"
-            )
+        check_size(spec)
         if spec.host_network:
             raise InvalidArgumentError(
                 "a pod on the host's network cannot be a virtual machine: the qemu driver has no "
                 "host-network pods (use a runv handler with the stub driver, or docker)"
             )
         kernel, base = self.guest_files()
-        async with self._lock:
-            self._reserve(spec.id, spec.vcpus, spec.memory_bytes + self.guest_memory)
-        state_dir = os.path.join(self.run_dir, spec.id)
-        vm = VM(
-            id=spec.id,
-            driver=self.name,
-            pid=0,
-            vcpus=spec.vcpus,
-            memory_bytes=spec.memory_bytes,
-            state_dir=state_dir,
-            channel=os.path.join(state_dir, "agent.sock"),
-        )
-        try:
-            initrd = self._agent_initrd(base)
-            await self._boot(vm, kernel, initrd)
-        except BaseException:
-            await self.destroy(vm)
-            raise
-        return vm
+
+        async def boot(vm: VM) -> None:
+            await self._boot(vm, kernel, self._agent_initrd(base))
+
+        return await self._create(spec, boot)
 
     async def _boot(self, vm: VM, kernel: str, initrd: str) -> None:
         if len(os.path.join(vm.state_dir, "qmp.sock").encode()) > 107:
@@ -383,21 +365,10 @@ class QemuHypervisor(ProcessVMs):
     async def _spawn(self, vm: VM, argv: list[str], cg: Cgroup) -> None:
         console = os.path.join(vm.state_dir, "console.log")
         log_path = os.path.join(vm.state_dir, "qemu.log")
-        # The shell joins the cgroup before exec'ing QEMU, so every thread of the VM is in it;
         # QEMU gets a mount namespace of its own (a slave of the host's) where the shares are
         # mounted, so they never show in the host's mount table and die with it.
-        script = 'for f in $RUNV_CGROUP_PROCS; do echo $$ > "$f" || exit 97; done; exec "$@"'
         argv = [self.unshare, "--mount", "--propagation", "slave", *argv]
-        env = dict(os.environ, RUNV_CGROUP_PROCS=" ".join(cg.procs_files()))
-        actions = [
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640),
-            (os.POSIX_SPAWN_DUP2, 1, 2),
-        ]
-        vm.pid = os.posix_spawnp(
-            "sh", ["sh", "-c", script, "sh", *argv], env, file_actions=actions, setsid=True
-        )
-        vm.started_at = _proc_start(vm.pid)
+        self._spawn_in_cgroup(vm, argv, cg, log_path, dict(os.environ))
         deadline = time.monotonic() + self.boot_timeout
         seen = 0
         while True:
@@ -432,19 +403,7 @@ class QemuHypervisor(ProcessVMs):
         await self._kill(vm)  # its mount namespace, and the shares in it, go with it
         if os.path.exists(f"/sys/class/net/{self.tap_name(vm.id)}"):
             await host.run(self.ip, "link", "del", "dev", self.tap_name(vm.id))
-        cg = self._cgroup(vm.id)
-        for _ in range(100):
-            cg.remove()
-            if not any(os.path.isdir(d) for d in cg.all_dirs()):
-                break
-            await asyncio.sleep(0.02)
-        left = _mounts_under(vm.state_dir)
-        if left:
-            # Never delete through a mount: that would delete host data it shows.
-            raise InternalError(f"VM {vm.id}: mounts left under {vm.state_dir}: {left}")
-        shutil.rmtree(vm.state_dir, ignore_errors=True)
-        async with self._lock:
-            self._reserved.pop(vm.id, None)
+        await self._release(vm)
 
     def leftovers(self, known: set[str]) -> list[VM]:
         out: list[VM] = []

@@ -1,4 +1,4 @@
-# ruff: noqa: ASYNC221, ASYNC240, ASYNC110
+# ruff: noqa: ASYNC240, ASYNC110
 # Spawning the VM process and touching cgroupfs/procfs files is quick and bounded;
 # polling is how a VM that is not our child is watched without pidfd.
 """The stub hypervisor: a "VM" is a host process in its own namespaces running the real agent.
@@ -23,7 +23,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from backends.contract.errors import (
@@ -287,6 +287,65 @@ class ProcessVMs:
         self._reserved[vm_id] = (vcpus, memory)
 
     # ---- the VM process
+    async def _create(self, spec: VMSpec, boot: Callable[[VM], Awaitable[None]]) -> VM:
+        """Reserve room for ``spec``, make its record and ``boot`` it; on any failure nothing is left."""
+        check_size(spec)
+        state_dir = os.path.join(self.run_dir, spec.id)
+        vm = VM(
+            id=spec.id,
+            driver=self.name,
+            pid=0,
+            vcpus=spec.vcpus,
+            memory_bytes=spec.memory_bytes,
+            state_dir=state_dir,
+            channel=os.path.join(state_dir, "agent.sock"),
+            host_network=spec.host_network,
+        )
+        async with self._lock:
+            self._reserve(spec.id, *self._footprint(vm))
+        try:
+            await boot(vm)
+        except BaseException:
+            await self.destroy(vm)
+            raise
+        return vm
+
+    def _spawn_in_cgroup(self, vm: VM, argv: list[str], cg: Cgroup, output: str, env: dict[str, str]) -> None:
+        """Start the VM process: it joins ``cg`` before exec'ing ``argv`` (so all of the VM is in
+        it), in a session of its own, its output appended to ``output``.
+
+        posix_spawn rather than Popen: the VM must outlive this process (recovery), so it is
+        watched by PID like an adopted VM, and setsid keeps it out of the shim's process group.
+        """
+        script = 'for f in $RUNV_CGROUP_PROCS; do echo $$ > "$f" || exit 97; done; exec "$@"'
+        env = dict(env, RUNV_CGROUP_PROCS=" ".join(cg.procs_files()))
+        actions = [
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ]
+        vm.pid = os.posix_spawnp(
+            "sh", ["sh", "-c", script, "sh", *argv], env, file_actions=actions, setsid=True
+        )
+        vm.started_at = _proc_start(vm.pid)
+
+    async def _release(self, vm: VM) -> None:
+        """After the VM process is gone: its cgroup, its state directory, its reservation."""
+        cg = self._cgroup(vm.id)
+        # The PID namespace dies with its init; give the kernel a moment to empty the cgroups.
+        for _ in range(100):
+            cg.remove()
+            if not any(os.path.isdir(d) for d in cg.all_dirs()):
+                break
+            await asyncio.sleep(0.02)
+        left = _mounts_under(vm.state_dir)
+        if left:
+            # Never delete through a mount: that would delete host data it shows.
+            raise InternalError(f"VM {vm.id}: mounts left under {vm.state_dir}: {left}")
+        shutil.rmtree(vm.state_dir, ignore_errors=True)
+        async with self._lock:
+            self._reserved.pop(vm.id, None)
+
     def alive(self, vm: VM) -> bool:
         return vm.pid > 0 and _proc_start(vm.pid) == vm.started_at and vm.started_at != 0
 
@@ -374,6 +433,10 @@ class ProcessVMs:
         if error:
             raise InternalError(f"share {args[0]} failed: {error}")
 
+    async def destroy(self, vm: VM) -> None:
+        """Kill the VM and release everything it held. Idempotent."""
+        raise NotImplementedError
+
     # ---- faults
     def _hang(self, vm: VM) -> None:
         """Make the VM's agent stop answering, the VM process alive."""
@@ -421,27 +484,7 @@ class StubHypervisor(ProcessVMs):
 
     # ---- lifecycle
     async def create(self, spec: VMSpec) -> VM:
-        if spec.vcpus < 1 or spec.memory_bytes < 32 * MIB:
-            raise InvalidArgumentError(f"VM size {spec.vcpus} vCPU/{spec.memory_bytes} B is too small")
-        async with self._lock:
-            self._reserve(spec.id, spec.vcpus, spec.memory_bytes)
-        state_dir = os.path.join(self.run_dir, spec.id)
-        vm = VM(
-            id=spec.id,
-            driver=self.name,
-            pid=0,
-            vcpus=spec.vcpus,
-            memory_bytes=spec.memory_bytes,
-            state_dir=state_dir,
-            channel=os.path.join(state_dir, "agent.sock"),
-            host_network=spec.host_network,
-        )
-        try:
-            await self._boot(vm)
-        except BaseException:
-            await self.destroy(vm)
-            raise
-        return vm
+        return await self._create(spec, self._boot)
 
     async def _boot(self, vm: VM) -> None:
         if len(vm.channel.encode()) > 107:
@@ -459,13 +502,7 @@ class StubHypervisor(ProcessVMs):
         agent += ["--cgroup-parent", f"/{cg.rel}", "--runc", self.runc]
         if fail:
             agent.append("--fail-boot")
-        # The shell joins the cgroup before exec'ing unshare, so the whole VM is inside it.
-        script = 'for f in $RUNV_CGROUP_PROCS; do echo $$ > "$f" || exit 97; done; exec "$@"'
         argv = [
-            "sh",
-            "-c",
-            script,
-            "sh",
             self.unshare,
             "--pid",
             "--fork",
@@ -478,18 +515,9 @@ class StubHypervisor(ProcessVMs):
         # A slave of the host's mounts: what the host mounts under a shared directory later
         # shows in the VM (as virtio-fs would), and nothing the VM mounts leaks out.
         argv += ["--propagation", "slave", "--mount-proc", "--kill-child", *agent]
-        env = dict(os.environ, RUNV_CGROUP_PROCS=" ".join(cg.procs_files()))
+        env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
-        console = os.path.join(vm.state_dir, "console.log")
-        actions = [
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, console, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640),
-            (os.POSIX_SPAWN_DUP2, 1, 2),
-        ]
-        # posix_spawn rather than Popen: the VM must outlive this process (recovery), so it is
-        # watched by PID like an adopted VM, and setsid keeps it out of the shim's process group.
-        vm.pid = os.posix_spawnp("sh", argv, env, file_actions=actions, setsid=True)
-        vm.started_at = _proc_start(vm.pid)
+        self._spawn_in_cgroup(vm, argv, cg, os.path.join(vm.state_dir, "console.log"), env)
         deadline = time.monotonic() + self.boot_timeout
         while True:
             if not self.alive(vm):
@@ -528,21 +556,7 @@ class StubHypervisor(ProcessVMs):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(vm.pid, signal.SIGKILL)
             await self.wait(vm)
-        cg = self._cgroup(vm.id)
-        # The PID namespace dies with its init; give the kernel a moment to empty the cgroups.
-        for _ in range(100):
-            cg.remove()
-            if not any(os.path.isdir(d) for d in cg.all_dirs()):
-                break
-            await asyncio.sleep(0.02)
-        if _mounts_under(vm.state_dir):
-            # Never delete through a mount: that would delete host data it shows.
-            raise InternalError(
-                f"VM {vm.id}: mounts left under {vm.state_dir}: {_mounts_under(vm.state_dir)}"
-            )
-        shutil.rmtree(vm.state_dir, ignore_errors=True)
-        async with self._lock:
-            self._reserved.pop(vm.id, None)
+        await self._release(vm)
 
     def leftovers(self, known: set[str]) -> list[VM]:
         out: list[VM] = []
@@ -623,6 +637,11 @@ class StubHypervisor(ProcessVMs):
         agent = self._agent_pid(vm)
         if agent:
             os.kill(agent, signal.SIGSTOP)
+
+
+def check_size(spec: VMSpec) -> None:
+    if spec.vcpus < 1 or spec.memory_bytes < 32 * MIB:
+        raise InvalidArgumentError(f"VM size {spec.vcpus} vCPU/{spec.memory_bytes // MIB} MiB is too small")
 
 
 async def wait_for_exit(vm: VM, alive: Callable[[VM], bool]) -> None:

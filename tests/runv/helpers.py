@@ -77,3 +77,17 @@ def container_record(
         created_at=time.time_ns(),
         log_path="",
     )
+
+
+class FakePort:
+    """A port-forward client: sends one request, keeps what comes back."""
+
+    def __init__(self, request: bytes) -> None:
+        self._in = [request]
+        self.got = bytearray()
+
+    async def read(self) -> bytes:
+        return self._in.pop(0) if self._in else b""
+
+    async def write(self, data: bytes) -> None:
+        self.got += data

@@ -27,7 +27,15 @@ from backends.runv.qemu import QemuHypervisor, agent_files, console_summary
 from backends.runv.stub import Cgroup
 from cri_api import api_pb2 as pb
 from shim import errors
-from tests.runv.helpers import BUSYBOX, Events, MemorySink, container_record, sandbox_record, vm_support
+from tests.runv.helpers import (
+    BUSYBOX,
+    Events,
+    FakePort,
+    MemorySink,
+    container_record,
+    sandbox_record,
+    vm_support,
+)
 
 GUEST_DIR = os.environ.get("CRI_SHIM_GUEST_DIR", guest_image.DEFAULT_OUT)
 IMAGE = "test/busybox:1"
@@ -365,7 +373,7 @@ async def test_a_pod_is_a_virtual_machine(
         assert res.exit_code != 0 and b"Read-only" in res.stderr, res
         assert (rw_dir / "out").read_text() == "from-vm\n" and not (ro_dir / "new").exists()
 
-        port = _Port(b"ping\n")
+        port = FakePort(b"ping\n")
         for _ in range(100):  # nc may not listen yet
             try:
                 await first.port_forward(sb, 8080, port)
@@ -374,7 +382,7 @@ async def test_a_pod_is_a_virtual_machine(
                 continue
             if port.got:
                 break
-            port = _Port(b"ping\n")
+            port = FakePort(b"ping\n")
         assert bytes(port.got) == b"pong\n"
 
         usage = await first.container_stats([ct])
@@ -463,18 +471,6 @@ async def test_a_crashed_vm_exits_its_containers(runv_config: dict[str, Any], bu
                 await backend.stop_sandbox(sb)
         await events.close()
         await backend.close()
-
-
-class _Port:
-    def __init__(self, request: bytes) -> None:
-        self._in = [request]
-        self.got = bytearray()
-
-    async def read(self) -> bytes:
-        return self._in.pop(0) if self._in else b""
-
-    async def write(self, data: bytes) -> None:
-        self.got += data
 
 
 def _guest_release() -> str:

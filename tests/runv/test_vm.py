@@ -17,7 +17,7 @@ from backends.runv.hypervisor import MIB, Fault
 from cri_api import api_pb2 as pb
 from shim import errors
 from tests.as_shim import AsShim
-from tests.runv.helpers import Events, MemorySink, container_record, needs_vm, sandbox_record
+from tests.runv.helpers import Events, FakePort, MemorySink, container_record, needs_vm, sandbox_record
 
 pytestmark = needs_vm
 
@@ -288,18 +288,6 @@ class FakeIO:
 
     async def resizes(self) -> AsyncIterator[TerminalSize]:
         yield TerminalSize(100, 40)
-
-
-class FakePort:
-    def __init__(self, request: bytes) -> None:
-        self._in = [request]
-        self.got = bytearray()
-
-    async def read(self) -> bytes:
-        return self._in.pop(0) if self._in else b""
-
-    async def write(self, data: bytes) -> None:
-        self.got += data
 
 
 async def test_streaming_exec_port_forward_and_hotplug(runv: tuple[RunvBackend, Events]) -> None:
