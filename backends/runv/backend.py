@@ -626,6 +626,7 @@ class RunvBackend:
                 tag = "layer-" + os.path.basename(os.path.dirname(layer))[:12]
                 lowers.append(await self.hv.attach_share(pod.vm, tag, layer, readonly=True))
             mounts: list[m.Mount] = []
+            host_ro = bool(getattr(self.hv, "readonly_on_host", False))
             for mnt in cfg.mounts:
                 if mnt.HasField("image") and mnt.image.image:
                     mounts.append(await self._image_volume(pod, container, mnt))
@@ -648,7 +649,11 @@ class RunvBackend:
                     m.Mount(
                         source=guest,
                         destination=mnt.container_path,
-                        readonly=mnt.readonly,
+                        # Where the driver makes the share read-only on the host (qemu, over 9p),
+                        # the guest's bind stays writable: host mounts under it (a tmpfs in the
+                        # directory) then keep their own mode, as a non-recursive read-only mount
+                        # wants, which one read-only bind over the 9p tree could not give.
+                        readonly=mnt.readonly and (not host_ro or mnt.recursive_read_only),
                         recursive_readonly=mnt.recursive_read_only,
                         # Host mounts reach the VM (a slave of the host), and from there a
                         # HOST_TO_CONTAINER mount; a BIDIRECTIONAL one is shared all the way

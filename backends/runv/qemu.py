@@ -146,6 +146,7 @@ def kvm_openable() -> bool:
 
 class QemuHypervisor(ProcessVMs):
     name = "qemu"
+    readonly_on_host = True  # a read-only share is read-only at its source (see _share_mode)
 
     def __init__(self, config: dict[str, Any]) -> None:
         cpus = os.cpu_count() or 1

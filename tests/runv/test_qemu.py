@@ -331,6 +331,9 @@ async def test_a_pod_is_a_virtual_machine(
     ro_dir.mkdir()
     rw_dir.mkdir()
     (ro_dir / "data").write_text("from the host\n")
+    # A host mount under the read-only directory keeps its own mode (a non-recursive mount).
+    (ro_dir / "tmp").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(ro_dir / "tmp")], check=True)
     first = RunvBackend("runv", cfg)
     ev1 = Events()
     await first.start(ev1)
@@ -371,6 +374,8 @@ async def test_a_pod_is_a_virtual_machine(
         assert (res.exit_code, res.stdout) == (0, b"from the host\n"), res
         res = await first.exec_sync(ct, ["sh", "-c", "echo x > /ro/new"])
         assert res.exit_code != 0 and b"Read-only" in res.stderr, res
+        res = await first.exec_sync(ct, ["sh", "-c", "echo y > /ro/tmp/y"])
+        assert res.exit_code == 0 and (ro_dir / "tmp" / "y").read_text() == "y\n", res
         assert (rw_dir / "out").read_text() == "from-vm\n" and not (ro_dir / "new").exists()
 
         port = FakePort(b"ping\n")
@@ -417,6 +422,7 @@ async def test_a_pod_is_a_virtual_machine(
                     with contextlib.suppress(Exception):
                         await b.stop_sandbox(sb)
                 await b.close()
+        subprocess.run(["umount", "-l", str(ro_dir / "tmp")], check=False)
 
 
 @pytest.mark.slow

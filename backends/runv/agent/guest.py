@@ -107,6 +107,10 @@ class Guest:
         self.reaper = proc.Reaper()
         self.containers: dict[str, Container] = {}
         self.execs: dict[int, tuple[int, int | None]] = {}  # stream id -> (pid, tty master)
+        # Execs whose runc has not given their PID yet, and those of them killed meanwhile (a
+        # caller's timeout can come first when runc takes seconds, on an emulated CPU).
+        self.starting_execs: set[int] = set()
+        self.killed_execs: set[int] = set()
         self.host: Channel | None = None
         self.etc_dir = os.path.join(state_dir, "etc")
         self.stopping = asyncio.Event()

@@ -96,8 +96,12 @@ async def exec_(g: Guest, req: ExecRequest) -> ExecResult:
         stdin_target = in_w
         readers.append(proc.PipeReader(out_r, lambda d: spawn(_forward(st, Ch.STDOUT, d))))
         readers.append(proc.PipeReader(err_r, lambda d: spawn(_forward(st, Ch.STDERR, d))))
+    g.starting_execs.add(st.id)
     try:
         pid = proc.spawn(argv, fds[0], fds[1], fds[2], setsid=tty)
+    except BaseException:
+        g.starting_execs.discard(st.id)
+        raise
     finally:
         for fd in set(fds):
             os.close(fd)
@@ -115,10 +119,15 @@ async def exec_(g: Guest, req: ExecRequest) -> ExecResult:
             os.close(stdin_target)
         raise
     finally:
+        g.starting_execs.discard(st.id)
         for path in (pid_file, log):
             with contextlib.suppress(OSError):
                 os.unlink(path)
     g.execs[st.id] = (pid, master)
+    if st.id in g.killed_execs:  # its caller gave up while runc was starting it
+        g.killed_execs.discard(st.id)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     if not req.stdin:
         if not tty:
             os.close(stdin_target)
@@ -167,6 +176,14 @@ async def _forward(st: Stream, ch: int, data: bytes) -> None:
 
 
 async def exec_kill(g: Guest, req: ExecKillRequest) -> Empty:
+    if req.stream in g.starting_execs and req.stream not in g.execs:
+        # Not started yet: exec_ kills it once runc says its PID; answer after that.
+        g.killed_execs.add(req.stream)
+        for _ in range(1000):
+            if req.stream not in g.starting_execs:
+                break
+            await asyncio.sleep(0.01)
+        g.killed_execs.discard(req.stream)
     entry = g.execs.get(req.stream)
     if entry is None:
         return Empty()
