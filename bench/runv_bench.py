@@ -157,9 +157,6 @@ def qemu_config(tmp: str, tag: str, net: dict[str, Any], guest_dir: str) -> dict
 async def in_process(cfg: dict[str, Any], vms: int, density_max: int) -> dict[str, float]:
     """Boot, start and memory figures of one driver; the density run too unless ``density_max`` is 0."""
     backend = RunvBackend("runv", cfg)
-    driver = backend.hv.name
-    if driver == "qemu":
-        driver += f" ({backend.hv.accel})"  # type: ignore[attr-defined]
     figures: dict[str, float] = {}
     await backend.start(_Events())
     followed = ContainerIO(lambda _cid, _info: None)
@@ -201,6 +198,9 @@ async def in_process(cfg: dict[str, Any], vms: int, density_max: int) -> dict[st
             starts.append(t2 - t0)
         await asyncio.sleep(2.0)  # let the agents and containers settle to idle
         mems = [backend.hv.usage(backend._pods[sb.id].vm)[1] for sb in pods]
+        driver = backend.hv.name
+        if driver == "qemu":  # what the boots used, known once they are done
+            driver += f" ({backend.hv.accel})"  # type: ignore[attr-defined]
         print(f"\nIn-process RunvBackend, {driver} driver, default sizing (n={vms}), ms")
         for label, key, v in (
             ("VM boot (driver create)", "boot", ms(boots)),
