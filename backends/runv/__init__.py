@@ -1,8 +1,10 @@
 """runv: a VM per pod (runV/Kata style), containers inside it driven by a guest agent.
 
 ``create`` is the factory the backend registry calls for handler type ``runv``.
-Config keys: ``root``, ``run_dir``, ``agent_timeout``, ``overhead_vcpus``,
-``overhead_memory_mib``, ``insecure_registries`` and a ``stub`` table
+Config keys: ``driver`` (``stub``, the default, or ``qemu``), ``root``, ``run_dir``
+(default ``/var/lib/cri-shim/NAME`` and ``/run/cri-shim/NAME``), ``agent_timeout``,
+``overhead_vcpus``, ``overhead_memory_mib``, ``insecure_registries``, a ``qemu`` table (see
+``qemu.py`` and README.md) and a ``stub`` table
 (``boot_latency``, ``shutdown_latency``, ``boot_timeout``, ``capacity_vcpus``,
 ``capacity_memory``, ``cpu_overcommit``, ``runc``, ``unshare``, ``python``, ``cgroup_parent``,
 ``run_dir``, ``ip``) and a ``network``
