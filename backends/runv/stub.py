@@ -14,6 +14,7 @@ VM's state directory (the stub's virtio-serial port).
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import json
@@ -235,7 +236,7 @@ class Injector:
             await proc.wait()
 
 
-class ProcessVMs:
+class ProcessVMs(abc.ABC):
     """What the stub and qemu drivers share: a VM is one host process (the unshared agent, or
     QEMU) in a cgroup and a mount namespace of its own, reserved against the node's capacity.
 
@@ -383,9 +384,9 @@ class ProcessVMs:
         """Where the guest sees share ``tag``."""
         return os.path.join(_shares_dir(vm), tag)
 
+    @abc.abstractmethod
     def _share_mode(self, readonly: bool, bidirectional: bool) -> list[str]:
         """The share helper's mode words for such a share (raises for one it cannot make)."""
-        raise NotImplementedError
 
     async def attach_share(
         self, vm: VM, tag: str, host_path: str, readonly: bool, bidirectional: bool = False
@@ -433,14 +434,14 @@ class ProcessVMs:
         if error:
             raise InternalError(f"share {args[0]} failed: {error}")
 
+    @abc.abstractmethod
     async def destroy(self, vm: VM) -> None:
         """Kill the VM and release everything it held. Idempotent."""
-        raise NotImplementedError
 
     # ---- faults
+    @abc.abstractmethod
     def _hang(self, vm: VM) -> None:
         """Make the VM's agent stop answering, the VM process alive."""
-        raise NotImplementedError
 
     def inject(self, fault: Fault, vm: VM | None = None) -> None:
         if fault is Fault.BOOT_FAILURE:
