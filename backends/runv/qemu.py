@@ -175,6 +175,7 @@ class QemuHypervisor(ProcessVMs):
         self._accel_known = self.accel_setting != "auto"  # "auto": after the first boot
         self._probe = asyncio.Lock()
         self._initrd = ""
+        self._initrd_lock = asyncio.Lock()
 
     # ---- sizing
     @property
@@ -212,7 +213,10 @@ class QemuHypervisor(ProcessVMs):
         return kernel, initrd
 
     def _agent_initrd(self, base: str) -> str:
-        """The base initramfs with the agent appended, made once per content."""
+        """The base initramfs with the agent appended, made once per content (and looked for
+        once per driver: the agent's code does not change under a running shim)."""
+        if self._initrd and os.path.exists(self._initrd):
+            return self._initrd
         files = agent_files()
         digest = hashlib.sha256()
         st = os.stat(base)
@@ -220,8 +224,6 @@ class QemuHypervisor(ProcessVMs):
         for name in sorted(files):
             digest.update(name.encode() + b"\0" + files[name])
         path = os.path.join(self.run_dir, f"initrd-{digest.hexdigest()[:16]}.img")
-        if path == self._initrd and os.path.exists(path):
-            return path
         if not os.path.exists(path):
             os.makedirs(self.run_dir, exist_ok=True)
             agent = path + ".agent"
@@ -297,8 +299,6 @@ class QemuHypervisor(ProcessVMs):
             "virtio-9p-pci,fsdev=shares,mount_tag=shares",
             "-device",
             "virtio-rng-pci",
-            "-qmp",
-            f"unix:{os.path.join(sd, 'qmp.sock')},server=on,wait=off",
             "-pidfile",
             os.path.join(sd, "qemu.pid"),
         ]
@@ -322,12 +322,14 @@ class QemuHypervisor(ProcessVMs):
         kernel, base = self.guest_files()
 
         async def boot(vm: VM) -> None:
-            await self._boot(vm, kernel, self._agent_initrd(base))
+            async with self._initrd_lock:  # a thread: copying tens of MiB and compiling the agent
+                initrd = await asyncio.to_thread(self._agent_initrd, base)
+            await self._boot(vm, kernel, initrd)
 
         return await self._create(spec, boot)
 
     async def _boot(self, vm: VM, kernel: str, initrd: str) -> None:
-        if len(os.path.join(vm.state_dir, "qmp.sock").encode()) > 107:
+        if len(vm.channel.encode()) > 107:
             raise InvalidArgumentError(f"VM socket path too long under {vm.state_dir}")
         os.makedirs(_shares_dir(vm), exist_ok=True)
         tap = self.tap_name(vm.id)
