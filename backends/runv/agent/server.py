@@ -144,6 +144,7 @@ class Port:
         self.poller = select.poll()
         self.poller.register(self.fd, select.POLLIN)
         self._eof = False
+        self._out = b""
 
     def host_connected(self) -> bool:
         return not any(ev & select.POLLHUP for _fd, ev in self.poller.poll(0))
@@ -169,7 +170,7 @@ class Port:
 
     # ---- the writer side
     def write(self, data: bytes) -> None:
-        self._out = getattr(self, "_out", b"") + data
+        self._out += data
 
     async def drain(self) -> None:
         while self._out:
