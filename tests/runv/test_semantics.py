@@ -94,6 +94,13 @@ async def test_seccomp_profiles(runv: tuple[RunvBackend, Events], tmp_path: Path
     await backend.remove_sandbox(sb)
 
 
+def _make_shared(path: Path, mounted: list[Path]) -> None:
+    """Make ``path`` a shared mount (a kubelet host's / is rshared; this machine's is private)."""
+    subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
+    mounted.append(path)
+    subprocess.run(["mount", "--make-shared", str(path)], check=True)
+
+
 async def test_host_mounts_reach_the_vm(runv: tuple[RunvBackend, Events], tmp_path: Path) -> None:
     """Volumes are live shares: mounts made on the host after the VM booted show in containers."""
     backend, events = runv
@@ -106,9 +113,7 @@ async def test_host_mounts_reach_the_vm(runv: tuple[RunvBackend, Events], tmp_pa
     try:
         # After the VM booted: a shared mount (a kubelet host's / is rshared; this machine's is
         # private) with a submount, before the container is created.
-        subprocess.run(["mount", "--bind", str(share), str(share)], check=True)
-        mounted.append(share)
-        subprocess.run(["mount", "--make-shared", str(share)], check=True)
+        _make_shared(share, mounted)
         subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(share / "early")], check=True)
         mounted.append(share / "early")
         (share / "early" / "e").write_text("x")
@@ -157,9 +162,7 @@ async def test_bidirectional_mounts_reach_the_host(runv: tuple[RunvBackend, Even
     await backend.run_sandbox(sb)
     mounted: list[Path] = []
     try:
-        subprocess.run(["mount", "--bind", str(share), str(share)], check=True)
-        mounted.append(share)
-        subprocess.run(["mount", "--make-shared", str(share)], check=True)
+        _make_shared(share, mounted)
         ct = container_record(sb, IMAGE, ["sleep", "300"])
         ct.config.linux.security_context.privileged = True
         ct.config.mounts.add(
