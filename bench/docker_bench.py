@@ -228,6 +228,18 @@ class Cri:
             rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod), timeout=120)
         self.pods.discard(pod)
 
+    def host_network_pod(self, samples: Samples, op: str) -> None:
+        """RunPodSandbox of a host-network pod, timed; its stop and remove untimed."""
+        sc = self.pod_config()
+        sc.linux.security_context.namespace_options.network = pb.NODE
+        sc.ClearField("hostname")  # the node's (containerd's runc refuses to set one in the host's UTS)
+        sc.dns_config.servers.append("10.96.0.10")
+        with clock(samples, op):
+            pod = self.run_pod(sc)
+        self.rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod), timeout=120)
+        self.rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod), timeout=120)
+        self.pods.discard(pod)
+
     def start_many(self, count: int, per_pod: int) -> None:
         """`count` running containers, `per_pod` to a pod."""
         made = 0
@@ -471,6 +483,14 @@ def main() -> int:
     ap.add_argument("--stats-samples", type=int, default=20, help="ListContainerStats calls timed (20)")
     ap.add_argument("--containerd", default=CONTAINERD_SOCK, help="containerd CRI socket path")
     ap.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (shim log) for inspection")
+    ap.add_argument(
+        "--warm",
+        type=int,
+        default=0,
+        metavar="SIZE",
+        help="also time RunPodSandbox of host-network pods on a second cri-shim with a pool of SIZE "
+        "warm pause containers, beside the first (cold) and containerd (0: skip)",
+    )
     args = ap.parse_args()
 
     run_id = uuid.uuid4().hex[:8]
@@ -478,6 +498,7 @@ def main() -> int:
     logs = f"{tmp}/pod-logs"
     os.makedirs(logs)
     shim: Shim | None = None
+    pooled: Shim | None = None
     cris: list[Cri] = []
     raw: Raw | None = None
     failed = False
@@ -573,6 +594,35 @@ def main() -> int:
             c.cleanup()
         for name, op, v in stats_rows:
             print(f"{name:<12} {op:<24} p50 {pct(v, 0.5):8.2f} ms   p90 {pct(v, 0.9):8.2f} ms   (n={len(v)})")
+
+        if args.warm > 0:
+            # Warm pause containers (backends/docker/warm.py) serve host-network pods only.
+            os.makedirs(f"{tmp}/pooled")
+            pool_table = f"\n[handlers.docker.pool]\nsize = {args.warm}\n"
+            pooled = Shim(f"{tmp}/pooled", run_id + "-pool", pool_table)
+            wsh = Cri("cri-shim+pool", pooled.sock, run_id, logs)
+            cris.append(wsh)
+            wsh.wait_ready(60)
+            time.sleep(2 + 0.3 * args.warm)  # the pool fills
+            hn: Samples = {}
+            for c in cris:
+                if c is not wsh:
+                    c.host_network_pod({}, "first")  # first-use costs, untimed
+            for _ in range(args.iterations):
+                wsh.host_network_pod(hn, "warm")
+                sh.host_network_pod(hn, "cold")
+                if ctrd:
+                    ctrd.host_network_pod(hn, "containerd")
+                time.sleep(0.2)  # the pool makes up for what was taken
+            print(f"\nRunPodSandbox of a host-network pod, ms (n={args.iterations}; pool of {args.warm})")
+            for op in ("warm", "cold", "containerd"):
+                v = hn.get(op, [])
+                if v:
+                    print(f"  cri-shim {op:<12}" if op != "containerd" else f"  {op:<21}", end="")
+                    print(f" p50 {pct(v, 0.5):8.2f}   p99 {pct(v, 0.99):8.2f}   (n={len(v)})")
+            if hn.get("containerd") and hn.get("warm"):
+                ratio = pct(hn["warm"], 0.5) / pct(hn["containerd"], 0.5)
+                print(f"  warm / containerd p50: {ratio:.2f}")
     except KeyboardInterrupt:
         failed = True
         print("interrupted; cleaning up", file=sys.stderr)
@@ -586,9 +636,10 @@ def main() -> int:
         if raw is not None:
             raw.cleanup()
             raw.close()
-        if shim is not None:
-            shim.stop()
-            shim.remove_engine_leftovers()
+        for sm in (shim, pooled):
+            if sm is not None:
+                sm.stop()
+                sm.remove_engine_leftovers()
         if args.keep_tmp:
             print(f"kept {tmp}", file=sys.stderr)
         else:

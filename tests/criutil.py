@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import time
+from collections.abc import Callable
 from typing import Any
 
 from cri_api import api_pb2 as pb
@@ -56,3 +59,11 @@ def container_config(
     cfg.labels.update(labels or {})
     cfg.annotations.update(annotations or {})
     return cfg
+
+
+async def until(cond: Callable[[], object], seconds: float = 5.0) -> None:
+    """Poll ``cond`` until it holds; fail after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)

@@ -11,6 +11,7 @@ import structlog
 from backends.contract.errors import InvalidArgumentError
 
 from .backend import DockerBackend
+from .warm import PoolSettings
 
 __all__ = ["DockerBackend", "create"]
 
@@ -37,7 +38,9 @@ def create(name: str, config: dict[str, Any]) -> DockerBackend:
     one engine without removing each other's containers; by default the
     handler name, qualified by a hash of ``state_dir`` when that is given.
     ``cgroup_driver`` is what RuntimeConfig reports until the engine has said
-    which driver it uses.
+    which driver it uses. ``pool`` (a table: ``size`` (0 = off), ``refill_interval``
+    (s, 0.05), ``max_cpu`` (0.8)): warm pause containers for host-network pods
+    (see warm.py).
     """
     known = {
         "cgroup_driver",
@@ -50,6 +53,7 @@ def create(name: str, config: dict[str, Any]) -> DockerBackend:
         "pull_no_progress_timeout",
         "cgroup_parent",
         "call_timeout",
+        "pool",
     }
     unknown = set(config) - known - {"type"}
     if unknown:
@@ -72,4 +76,5 @@ def create(name: str, config: dict[str, Any]) -> DockerBackend:
         instance=str(config.get("instance") or _instance_of(name, config.get("state_dir"))),
         cgroup_driver=str(config.get("cgroup_driver", "")),
         state_dir=str(config.get("state_dir", "")),
+        pool=PoolSettings.from_table(name, config.get("pool")),
     )

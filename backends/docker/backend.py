@@ -52,6 +52,7 @@ from .images import Images
 from .logs import DockerProcess, LogResume
 from .sandbox import Sandboxes
 from .stats import Stats
+from .warm import PoolSettings, WarmPauses
 
 __all__ = ["DockerBackend", "LogResume", "exit_info", "parse_time"]
 
@@ -86,6 +87,7 @@ class DockerBackend:
         cgroup_driver: str = "",
         engine: EngineAPI | None = None,
         state_dir: str = "",
+        pool: PoolSettings | None = None,
     ) -> None:
         self.name = name
         self.instance = instance or name
@@ -103,7 +105,9 @@ class DockerBackend:
         )
         self.states = self._shared.states
         self._events = EventWatcher(self._shared)
-        self._sandboxes = Sandboxes(self._shared)
+        pool = pool or PoolSettings()
+        self.warm = WarmPauses(self._shared, pool, name) if pool.size > 0 else None
+        self._sandboxes = Sandboxes(self._shared, self.warm)
         self._containers = Containers(self._shared, self._events)
         self._execs = Execs(self._shared)
         self._stats = Stats(self._shared)
@@ -122,9 +126,14 @@ class DockerBackend:
             if self._shared.volumes.usable:
                 self.capabilities = type(self).capabilities | Capability.IMAGE_VOLUMES
         self._shared.spawn(self._events.watch())
+        if self.warm is not None:
+            self.warm.pool.start()
 
     async def close(self) -> None:
         shared = self._shared
+        if self.warm is not None:
+            with contextlib.suppress(CriError):
+                await self.warm.pool.close()  # its pause containers go with it
         shared.closed = True
         for t in list(shared.tasks):
             t.cancel()

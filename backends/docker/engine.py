@@ -328,6 +328,9 @@ class EngineClient:
     async def remove_container(self, engine_id: str, force: bool = False) -> None:
         await self.request("DELETE", f"/containers/{engine_id}", {"v": True, "force": force or None})
 
+    async def rename_container(self, engine_id: str, name: str) -> None:
+        await self.request("POST", f"/containers/{engine_id}/rename", {"name": name})
+
     async def inspect_container(self, engine_id: str) -> dict[str, Any]:
         result: dict[str, Any] = await self.request("GET", f"/containers/{engine_id}/json")
         return result

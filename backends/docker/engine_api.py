@@ -68,6 +68,9 @@ class EngineAPI(Protocol):
     async def remove_container(self, engine_id: str, force: bool = False) -> None:
         """Remove with its anonymous volumes; without ``force`` a running one is refused (409)."""
 
+    async def rename_container(self, engine_id: str, name: str) -> None:
+        """Give it another name; AlreadyExistsError when the name is taken."""
+
     async def inspect_container(self, engine_id: str) -> dict[str, Any]: ...
 
     async def list_containers(self, filters: dict[str, list[str]]) -> list[dict[str, Any]]:

@@ -265,6 +265,13 @@ class FakeEngine:
         self._end(c, 137)
         del self.containers[c.id]
 
+    async def rename_container(self, engine_id: str, name: str) -> None:
+        self._enter("rename_container", (engine_id, name))
+        c = self._get(engine_id)
+        if any(o.name == name and o is not c for o in self.containers.values()):
+            raise AlreadyExistsError(f'Conflict. The container name "/{name}" is already in use')
+        c.name = name
+
     async def inspect_container(self, engine_id: str) -> dict[str, Any]:
         self._enter("inspect_container", engine_id)
         return self._get(engine_id).inspect()

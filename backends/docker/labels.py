@@ -28,6 +28,7 @@ IMAGE_NAME = PREFIX + "image"
 
 SANDBOX = "sandbox"
 CONTAINER = "container"
+WARM = "warm"  # a pause container made ahead of its pod (warm.py); ID is "warm-..." until a pod takes it
 
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]+")
 
@@ -39,6 +40,10 @@ def _safe(part: str) -> str:
 def sandbox_name(sandbox_id: str, config: pb.PodSandboxConfig) -> str:
     md = config.metadata
     return f"crishim_POD_{_safe(md.name)}_{_safe(md.namespace)}_{md.attempt}_{sandbox_id}"
+
+
+def warm_name(warm_id: str) -> str:
+    return f"crishim_WARM_{warm_id}"
 
 
 def container_name(container_id: str, config: pb.ContainerConfig) -> str:

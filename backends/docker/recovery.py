@@ -14,6 +14,7 @@ from backends.contract.errors import NotFoundError
 from . import convert
 from . import labels as lbl
 from .context import ENGINE_ID, PID, Shared, exit_info, parse_time
+from .warm import WARM_ID
 
 log = structlog.get_logger(__name__)
 
@@ -25,6 +26,11 @@ async def recover(
     by_id = {(r.get("Labels") or {}).get(lbl.ID, ""): r for r in rows}
     records: dict[str, SandboxRecord | ContainerRecord] = {r.id: r for r in sandboxes}
     records.update((r.id, r) for r in containers)
+    # A pod that took a warm pause container: its labels name the pool item, the record the pod.
+    for sb in sandboxes:
+        warm_id = str(sb.backend_data.get(WARM_ID) or "")
+        if warm_id in by_id and sb.committed:
+            by_id[sb.id] = by_id.pop(warm_id)
     # Leftovers: engine objects no record claims, or whose record was never committed.
     for cri_id, row in by_id.items():
         rec = records.get(cri_id)
@@ -52,7 +58,7 @@ async def recover(
             sb_seen[sb.id] = Observed(exists=False)
             continue
         running = bool(info["State"].get("Running"))
-        sb_state = shared.states.sandbox(sb.id, info["Id"])
+        sb_state = shared.states.sandbox(sb.id, info["Id"], str(sb.backend_data.get(WARM_ID) or ""))
         if running:
             sb.backend_data[PID] = int(info["State"].get("Pid") or 0)
             sb_state.watched = True

@@ -11,16 +11,27 @@ from backends.contract.errors import NotFoundError
 from . import convert
 from . import labels as lbl
 from .context import ENGINE_ID, PID, RESOLV, Shared
+from .warm import WARM_ID, WarmPauses
 
 _STOP_PAUSE_TIMEOUT = 10  # s; pause exits at once on SIGTERM
 
 
 class Sandboxes:
-    def __init__(self, shared: Shared) -> None:
+    def __init__(self, shared: Shared, warm: WarmPauses | None = None) -> None:
         self._shared = shared
         self._pause_present = False  # checked (pulled if needed) once, then trusted until a create fails
+        self.warm = warm  # None: no pool
 
     async def run(self, sandbox: SandboxRecord) -> SandboxNetwork:
+        if self.warm is None:
+            return await self._run(sandbox)
+        self.warm.starting += 1
+        try:
+            return await self._run(sandbox)
+        finally:
+            self.warm.starting -= 1
+
+    async def _run(self, sandbox: SandboxRecord) -> SandboxNetwork:
         shared = self._shared
         config = sandbox.config
         image = shared.images.pause_image
@@ -38,16 +49,22 @@ class Sandboxes:
             cgroup_parent=shared.cgroup_parent,
             instance=shared.instance,
         )
-        name = lbl.sandbox_name(sandbox.id, config)
+        host_net = convert.sandbox_host_network(config)
+        warm = await self.warm.claim(sandbox, cfg) if host_net and self.warm is not None else None
+        if warm is not None:
+            engine_id = sandbox.backend_data[ENGINE_ID] = str(warm["Id"])
+        else:
+            name = lbl.sandbox_name(sandbox.id, config)
+            try:
+                engine_id = await shared.create(name, cfg, sandbox.backend_data)
+            except NotFoundError:
+                # The pause image was removed since we last looked.
+                await shared.images.ensure(image)
+                engine_id = await shared.create(name, cfg, sandbox.backend_data)
         try:
-            engine_id = await shared.create(name, cfg, sandbox.backend_data)
-        except NotFoundError:
-            # The pause image was removed since we last looked.
-            await shared.images.ensure(image)
-            engine_id = await shared.create(name, cfg, sandbox.backend_data)
-        try:
-            await shared.engine.start_container(engine_id)
-            info = await shared.engine.inspect_container(engine_id)
+            if warm is None:
+                await shared.engine.start_container(engine_id)
+            info = warm or await shared.engine.inspect_container(engine_id)
             if config.HasField("dns_config"):
                 path = str(info.get("ResolvConfPath") or "")
                 if path:
@@ -55,13 +72,14 @@ class Sandboxes:
                     await shared.engine.run(lambda: _write_file(path, content))
                     sandbox.backend_data[RESOLV] = path
             sandbox.backend_data[PID] = int(info["State"].get("Pid") or 0)
-            host_net = convert.sandbox_host_network(config)
             ip = "" if host_net else shared.ip_of(info)
         except BaseException:
             await asyncio.shield(shared.remove(engine_id))
             sandbox.backend_data.pop(ENGINE_ID, None)
+            sandbox.backend_data.pop(WARM_ID, None)
             raise
-        shared.states.sandbox(sandbox.id, engine_id).watched = True
+        warm_id = str(sandbox.backend_data.get(WARM_ID) or "")
+        shared.states.sandbox(sandbox.id, engine_id, warm_id).watched = True
         return SandboxNetwork(ip=ip)
 
     async def stop(self, sandbox: SandboxRecord) -> None:

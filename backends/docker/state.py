@@ -41,7 +41,7 @@ class Tracked:
 
 @dataclasses.dataclass(eq=False)
 class SandboxState(Tracked):
-    pass
+    warm_id: str = ""  # a warm pause container's label ID, which is not the pod's (see warm.py)
 
 
 @dataclasses.dataclass(eq=False)
@@ -60,15 +60,21 @@ class States:
     def __init__(self) -> None:
         self.sandboxes: dict[str, SandboxState] = {}
         self.containers: dict[str, ContainerState] = {}
+        self.warm_ids: dict[str, str] = {}  # label ID of a warm pause container -> its pod's CRI ID
 
     def get(self, cri_id: str) -> Tracked | None:
+        """By CRI ID, or by the label ID an engine event carries (a warm pod's differs)."""
+        cri_id = self.warm_ids.get(cri_id, cri_id)
         return self.containers.get(cri_id) or self.sandboxes.get(cri_id)
 
-    def sandbox(self, cri_id: str, engine_id: str) -> SandboxState:
+    def sandbox(self, cri_id: str, engine_id: str, warm_id: str = "") -> SandboxState:
         st = self.sandboxes.get(cri_id)
         if st is None:
             st = self.sandboxes[cri_id] = SandboxState(cri_id, engine_id)
         st.engine_id = engine_id
+        if warm_id:
+            st.warm_id = warm_id
+            self.warm_ids[warm_id] = cri_id
         return st
 
     def container(self, cri_id: str, engine_id: str) -> ContainerState:
@@ -85,6 +91,7 @@ class States:
         st = self.sandboxes.pop(cri_id, None)
         if st is not None:
             st.watched = False
+            self.warm_ids.pop(st.warm_id, None)
 
     def drop_container(self, cri_id: str) -> None:
         """Forget a removed container."""

@@ -167,6 +167,7 @@ class RunvBackend:
             self._warm_usable,
             self._refill_should_wait,
             self.pool_config.refill_interval,
+            name="runv",
         )
 
     # ------------------------------------------------------------------ lifecycle

@@ -16,6 +16,7 @@ from backends.runv.backend import RunvBackend
 from backends.runv.hypervisor import MIB
 from backends.runv.pool import CpuMeter, Pool, PoolConfig
 from shim import errors
+from tests.criutil import until
 from tests.runv.helpers import Events, MemorySink, container_record, needs_vm, sandbox_record
 
 IMAGE = "test/busybox:1"
@@ -48,13 +49,6 @@ class Maker:
 
     def pool(self, size: int) -> Pool[int]:
         return Pool(size, self.boot, self.discard, lambda i: i not in self.dead, lambda: self.busy, 0.0)
-
-
-async def until(cond: Any, seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_the_pool_fills_hands_out_at_once_and_refills() -> None:
@@ -95,7 +89,7 @@ async def test_refill_waits_while_the_node_is_busy() -> None:
 
 
 async def test_boot_failures_back_off_and_the_pool_recovers(monkeypatch: pytest.MonkeyPatch) -> None:
-    import backends.runv.pool as pool_module
+    import backends.contract.pool as pool_module
 
     monkeypatch.setattr(pool_module, "RETRY_MAX", 0.05)
     maker = Maker()

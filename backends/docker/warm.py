@@ -1,0 +1,202 @@
+"""Warm pause containers: created and started before a pod asks, for the pods that can take one.
+
+What the engine fixes when it creates a container, with no call to change it
+afterwards: the hostname (``Config.Hostname``, which a pod's containers copy
+when they join the pause container's network), port mappings, the network,
+IPC and PID modes, sysctls, security options, privileged, read-only root, the
+runtime, the labels and the cgroup parent. A pause container made before its
+pod is known can therefore only serve a pod whose engine config does not
+depend on the pod: one that shares the host's network (its hostname is the
+node's, it publishes no ports) with the namespaces and security settings of
+the items in the pool. DNS is a file the shim writes after the start, warm
+or cold alike. Every other pod starts cold, as before.
+
+The shape of the pool's items is the engine config of such a pod minus its
+labels and cgroup parent. It starts as that of a plain host-network pod and
+follows the pods that come: a host-network pod of another shape starts cold,
+and the pool drops its ready items and makes new ones of that shape.
+
+A warm pod differs from a cold one only outside the CRI:
+- its pause container's labels name the pool item (``io.cri-shim.id`` =
+  ``warm-…``, kind ``warm``), not the pod; the record keeps the link
+  (``backend_data["warm_id"]``) and recovery and the event watcher follow it.
+  Its engine name is the pod's (renamed when claimed);
+- its pause process stays in the handler's ``cgroup_parent`` (the engine's
+  default when empty), not the pod's; the pod's containers go into the pod's
+  as always. A pause process sleeps and holds well under 1 MiB.
+
+Pool items are in no CRI list. A SIGKILL of the shim leaves them with no
+record, so the next start removes them with the other leftovers; a clean stop
+removes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import dataclasses
+import json
+import secrets
+from typing import Any
+
+import structlog
+
+from backends.contract import SandboxRecord
+from backends.contract.errors import CriError, InternalError, InvalidArgumentError
+from backends.contract.pool import CpuMeter, Pool
+from cri_api import api_pb2 as pb
+
+from . import convert
+from . import labels as lbl
+from .context import Shared
+
+log = structlog.get_logger("docker.warm")
+
+WARM_ID = "warm_id"  # backend_data key of a pod that took a warm pause container
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PoolSettings:
+    size: int = 0  # pause containers kept ready; 0: no pool
+    refill_interval: float = 0.05  # seconds between two makes of a refill
+    max_cpu: float = 0.8  # share of all CPUs busy above which refilling pauses; 0: ignore the CPU
+
+    @classmethod
+    def from_table(cls, handler: str, table: object) -> PoolSettings:
+        if table is None:
+            return cls()
+        if not isinstance(table, dict):
+            raise InvalidArgumentError(f"docker backend {handler!r}: 'pool' must be a table")
+        unknown = set(table) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise InvalidArgumentError(f"docker backend {handler!r}: unknown pool keys {sorted(unknown)}")
+        size = table.get("size", 0)
+        interval, max_cpu = table.get("refill_interval", 0.05), table.get("max_cpu", 0.8)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise InvalidArgumentError(f"docker backend {handler!r}: pool.size must be a whole number >= 0")
+        for key, value in (("refill_interval", interval), ("max_cpu", max_cpu)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise InvalidArgumentError(f"docker backend {handler!r}: pool.{key} must be a number >= 0")
+        if max_cpu > 1:
+            raise InvalidArgumentError(f"docker backend {handler!r}: pool.max_cpu must be 0..1")
+        return cls(size, float(interval), float(max_cpu))
+
+
+def shape_of(cfg: dict[str, Any]) -> str:
+    """What a pause container's engine config is, minus what differs between pods of one shape."""
+    rest = {k: v for k, v in cfg.items() if k != "Labels"}
+    rest["HostConfig"] = {k: v for k, v in cfg["HostConfig"].items() if k != "CgroupParent"}
+    return json.dumps(rest, sort_keys=True)
+
+
+def plain_host_network_pod() -> pb.PodSandboxConfig:
+    ns = pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER, ipc=pb.POD)
+    return pb.PodSandboxConfig(
+        linux=pb.LinuxPodSandboxConfig(security_context=pb.LinuxSandboxSecurityContext(namespace_options=ns))
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WarmPause:
+    warm_id: str
+    engine_id: str
+    shape: str
+
+
+class WarmPauses:
+    """The pool of one docker backend, and how a pod claims an item of it."""
+
+    def __init__(self, shared: Shared, settings: PoolSettings, handler: str) -> None:
+        self._shared = shared
+        self.settings = settings
+        self.starting = 0  # RunPodSandbox calls in progress: the refill waits for them
+        self.hits = 0
+        self.misses = 0
+        self._cpu = CpuMeter()
+        self._cfg = convert.sandbox_config(
+            "",
+            handler,
+            0,
+            plain_host_network_pod(),
+            image=shared.images.pause_image,
+            network=shared.network,
+            runtime=shared.runtime(handler),
+            cgroup_parent=shared.cgroup_parent,
+            instance=shared.instance,
+        )
+        self.shape = shape_of(self._cfg)
+        self.pool: Pool[WarmPause] = Pool(
+            settings.size,
+            self._make,
+            self._discard,
+            lambda _: True,  # claim() looks at the item itself
+            self._busy,
+            settings.refill_interval,
+            name="docker",
+        )
+
+    def _busy(self) -> bool:
+        if self.starting:
+            return True
+        return self.settings.max_cpu > 0 and self._cpu.busy() > self.settings.max_cpu
+
+    async def _make(self) -> WarmPause:
+        shared = self._shared
+        cfg, shape = copy.deepcopy(self._cfg), self.shape
+        warm_id = "warm-" + secrets.token_hex(16)
+        cfg["Labels"] = {lbl.KIND: lbl.WARM, lbl.INSTANCE: shared.instance, lbl.ID: warm_id}
+        cfg["HostConfig"]["CgroupParent"] = shared.cgroup_parent
+        await shared.images.ensure(str(cfg["Image"]))
+        eid = await shared.create(lbl.warm_name(warm_id), cfg, {})
+        try:
+            await shared.engine.start_container(eid)
+        except BaseException:
+            await asyncio.shield(shared.remove(eid))
+            raise
+        return WarmPause(warm_id, eid, shape)
+
+    async def _discard(self, item: WarmPause) -> None:
+        with contextlib.suppress(CriError):
+            await self._shared.remove(item.engine_id)
+
+    def _drop(self, item: WarmPause) -> None:
+        self._shared.spawn(self._discard(item))
+
+    async def claim(self, sandbox: SandboxRecord, cfg: dict[str, Any]) -> dict[str, Any] | None:
+        """A running warm pause container made the pod's (its inspect), or None: start cold.
+
+        ``cfg`` is the engine config a cold start would create. Never waits for
+        a refill; an item that fails to become the pod is removed.
+        """
+        shape = shape_of(cfg)
+        if shape != self.shape:
+            # Pods come in another shape than the pool's: follow them.
+            self.misses += 1
+            self._cfg, self.shape = copy.deepcopy(cfg), shape
+            self.pool.flush()
+            log.info("warm.shape_changed", note="the pool now makes pause containers for pods like this one")
+            return None
+        item = self.pool.take()
+        if item is None or item.shape != shape:
+            self.misses += 1
+            if item is not None:
+                self._drop(item)
+            return None
+        shared = self._shared
+        try:
+            await shared.engine.rename_container(item.engine_id, lbl.sandbox_name(sandbox.id, sandbox.config))
+            info = await shared.engine.inspect_container(item.engine_id)
+            if not info["State"].get("Running"):
+                raise InternalError("warm pause container exited in the pool")
+        except (CriError, KeyError) as exc:
+            log.warning("warm.claim_failed", error=str(exc), note="the pod starts cold")
+            self._drop(item)
+            self.misses += 1
+            return None
+        except BaseException:  # cancelled: the client gave up
+            self._drop(item)
+            raise
+        self.hits += 1
+        sandbox.backend_data[WARM_ID] = item.warm_id
+        return info

@@ -1,0 +1,204 @@
+"""Warm pause containers (backends/docker/warm.py) on the real engine.
+
+A host-network pod takes a pause container made before it and is, to what
+runs in it, the same as a cold one; other pods start cold; the pool follows
+the shape pods come in; pool items are reclaimed after a crash and removed
+at a clean stop.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from backends.contract.errors import InvalidArgumentError
+from backends.docker import DockerBackend, create
+from backends.docker import labels as lbl
+from backends.docker.warm import WARM_ID, PoolSettings
+from cri_api import api_pb2 as pb
+from shim.io import CriLogWriter
+from tests.criutil import until
+from tests.docker.dockerkit import (
+    ENDPOINT,
+    INSTANCE,
+    PAUSE,
+    Events,
+    Harness,
+    container_record,
+    sandbox_record,
+)
+
+DNS = pb.DNSConfig(servers=["10.96.0.10"], searches=["ns.svc.cluster.local"], options=["ndots:5"])
+
+
+def host_network_pod(name: str, **linux: Any) -> Any:
+    ns = pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER, ipc=pb.POD)
+    sc = pb.LinuxSandboxSecurityContext(namespace_options=ns)
+    return sandbox_record(name, dns_config=DNS, linux=pb.LinuxPodSandboxConfig(security_context=sc, **linux))
+
+
+async def pooled_backend(events: Events, size: int) -> DockerBackend:
+    backend = create(
+        "docker",
+        {
+            "endpoint": ENDPOINT,
+            "pause_image": PAUSE,
+            "instance": INSTANCE,
+            "pool": {"size": size, "refill_interval": 0.0, "max_cpu": 0},
+        },
+    )
+    await backend.start(events)
+    return backend
+
+
+@pytest.fixture
+async def pooled(engine: docker.APIClient) -> AsyncIterator[Harness]:
+    events = Events()
+    h = Harness(await pooled_backend(events, 2), events, engine)
+    try:
+        yield h
+    finally:
+        await h.cleanup()
+        await h.events.close()
+        await h.backend.close()
+
+
+def ready(h: Harness, n: int) -> Callable[[], bool]:
+    return lambda: h.backend.warm is not None and len(h.backend.warm.pool.ready) == n
+
+
+def warm_rows(engine: docker.APIClient) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = engine.containers(
+        all=True, filters={"label": [f"{lbl.KIND}={lbl.WARM}", f"{lbl.INSTANCE}={INSTANCE}"]}
+    )
+    return rows
+
+
+async def output_of(h: Harness, sb: Any, tmp_path: Path, name: str, script: str) -> str:
+    log = tmp_path / f"{name}.log"
+    ct = await h.create(container_record(sb, ["sh", "-c", script], name=name), sb)
+    await h.events.start(h.backend, ct, sb, CriLogWriter(str(log)))
+    await h.events.exit_of(ct.id)
+    return "".join(line.split(" ", 3)[3] + "\n" for line in log.read_text().splitlines())
+
+
+async def test_a_host_network_pod_takes_a_warm_pause_container_and_looks_cold(
+    pooled: Harness, engine: docker.APIClient, tmp_path: Path
+) -> None:
+    h = pooled
+    await until(ready(h, 2), 30)
+    script = "hostname; cat /etc/resolv.conf; readlink /proc/self/ns/net; readlink /proc/self/ns/ipc"
+    warm_sb = await h.run_sandbox(host_network_pod("warm"))
+    assert warm_sb.backend_data.get(WARM_ID, "").startswith("warm-")
+    eid = warm_sb.backend_data["engine_id"]
+    info = engine.inspect_container(eid)
+    assert info["Name"] == "/" + lbl.sandbox_name(warm_sb.id, warm_sb.config)
+    assert info["State"]["Running"] and warm_sb.backend_data["pid"] == info["State"]["Pid"]
+    assert h.backend.warm is not None and h.backend.warm.hits == 1
+    await until(ready(h, 2), 30)  # refilled
+
+    # A cold one of the same pod shape, from a backend without a pool.
+    events = Events()
+    cold_backend = await pooled_backend(events, 0)
+    cold = Harness(cold_backend, events, engine)
+    try:
+        cold_sb = await cold.run_sandbox(host_network_pod("cold"))
+        assert WARM_ID not in cold_sb.backend_data
+        warm_out = await output_of(h, warm_sb, tmp_path, "w", script)
+        cold_out = await output_of(cold, cold_sb, tmp_path, "c", script)
+    finally:
+        await cold.cleanup()
+        await events.close()
+        await cold_backend.close()
+    w_lines, c_lines = warm_out.splitlines(), cold_out.splitlines()
+    assert w_lines[0] == c_lines[0] == socket.gethostname()
+    assert "nameserver 10.96.0.10" in warm_out and "options ndots:5" in warm_out
+    assert w_lines[1:-2] == c_lines[1:-2]  # resolv.conf
+    assert w_lines[-2] == c_lines[-2] == os.readlink("/proc/self/ns/net")  # the host's network
+    pause_pid = warm_sb.backend_data["pid"]
+    assert w_lines[-1] == os.readlink(f"/proc/{pause_pid}/ns/ipc")  # the pod's IPC namespace
+
+    # Its pause container's exit is the pod's, found through the warm label.
+    engine.kill(eid, "SIGKILL")
+    await h.events.wait_for(lambda: warm_sb.id in h.events.not_ready)
+
+
+async def test_other_pods_start_cold_and_the_pool_follows_the_shape(
+    pooled: Harness, engine: docker.APIClient
+) -> None:
+    h = pooled
+    await until(ready(h, 2), 30)
+    assert h.backend.warm is not None
+    own_net = await h.run_sandbox(sandbox_record("own-net"))
+    assert WARM_ID not in own_net.backend_data and len(h.backend.warm.pool.ready) == 2
+
+    def shm_pod(name: str) -> Any:
+        return host_network_pod(name, sysctls={"kernel.shm_rmid_forced": "1"})
+
+    first = await h.run_sandbox(shm_pod("shm-1"))
+    assert WARM_ID not in first.backend_data  # another shape: cold, and the pool changes shape
+    warm = h.backend.warm
+    await until(lambda: len(warm.pool.ready) == 2 and not warm.pool.booting, 30)
+    await until(lambda: len(warm_rows(engine)) == 2, 30)  # the old shape's items are gone
+    second = await h.run_sandbox(shm_pod("shm-2"))
+    assert second.backend_data.get(WARM_ID)
+    sysctls = engine.inspect_container(second.backend_data["engine_id"])["HostConfig"]["Sysctls"]
+    assert sysctls == {"kernel.shm_rmid_forced": "1"}
+
+
+async def test_pool_items_are_reclaimed_after_a_crash_and_removed_at_stop(engine: docker.APIClient) -> None:
+    events, events2 = Events(), Events()
+    crashed = await pooled_backend(events, 2)
+    after = await pooled_backend(events2, 0)
+    h = Harness(crashed, events, engine)
+    try:
+        await until(ready(h, 2), 30)
+        sb = await h.run_sandbox(host_network_pod("kept"))
+        await until(ready(h, 2), 30)
+        assert len(warm_rows(engine)) == 3  # two in the pool, one now the pod's
+        # The shim dies (its pool is never closed); the next one recovers from the records.
+        sandboxes, _ = await after.recover([sb], [])
+        assert sandboxes[sb.id].exists and sandboxes[sb.id].running
+        rows = warm_rows(engine)
+        assert [r["Id"] for r in rows] == [sb.backend_data["engine_id"]]  # the pool items are gone
+        # The recovered backend follows the pod through the warm label.
+        engine.kill(sb.backend_data["engine_id"], "SIGKILL")
+        await events2.wait_for(lambda: sb.id in events2.not_ready)
+        h.backend = after
+        await h.cleanup()
+        assert warm_rows(engine) == []
+    finally:
+        await events.close()
+        await events2.close()
+        await crashed.close()
+        await after.close()
+    # A clean stop removes what the pool holds.
+    events3 = Events()
+    backend = await pooled_backend(events3, 2)
+    h3 = Harness(backend, events3, engine)
+    await until(ready(h3, 2), 30)
+    await backend.close()
+    await events3.close()
+    assert warm_rows(engine) == []
+
+
+@pytest.mark.parametrize(
+    ("table", "why"),
+    [
+        ({"size": -1}, "pool.size"),
+        ({"size": "2"}, "pool.size"),
+        ({"size": 1, "max_cpu": 2}, "pool.max_cpu"),
+        ({"size": 1, "refill_interval": -1}, "pool.refill_interval"),
+        ({"vcpus": 2}, "unknown pool keys"),
+        ("big", "must be a table"),
+    ],
+)
+def test_pool_settings_are_checked(table: Any, why: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=why):
+        PoolSettings.from_table("docker", table)
