@@ -12,7 +12,7 @@ the items in the pool. DNS is a file the shim writes after the start, warm
 or cold alike. Every other pod starts cold, as before.
 
 The shape of the pool's items is the engine config of such a pod minus its
-labels and cgroup parent. It starts as that of a plain host-network pod and
+labels and cgroup parent. It starts as that of a kubelet's host-network pod and
 follows the pods that come: a host-network pod of another shape starts cold,
 and the pool drops its ready items and makes new ones of that shape.
 
@@ -90,11 +90,23 @@ def shape_of(cfg: dict[str, Any]) -> str:
     return json.dumps(rest, sort_keys=True)
 
 
-def plain_host_network_pod() -> pb.PodSandboxConfig:
+def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The engine settings in which two pause container configs differ, with both values."""
+    keys = sorted((set(a) | set(b)) - {"Labels", "HostConfig"})
+    out = [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys if a.get(k) != b.get(k)]
+    ha, hb = a.get("HostConfig") or {}, b.get("HostConfig") or {}
+    hkeys = sorted((set(ha) | set(hb)) - {"CgroupParent"})
+    return out + [f"HostConfig.{k}: {ha.get(k)!r} -> {hb.get(k)!r}" for k in hkeys if ha.get(k) != hb.get(k)]
+
+
+def kubelet_host_network_pod() -> pb.PodSandboxConfig:
+    """What a kubelet (v1.26) asks for a ``hostNetwork: true`` pod with no security settings of
+    its own: the pool's first shape, so that the first such pod is already warm. (For the
+    sandbox it asks for the runtime's default seccomp profile.)"""
     ns = pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER, ipc=pb.POD)
-    return pb.PodSandboxConfig(
-        linux=pb.LinuxPodSandboxConfig(security_context=pb.LinuxSandboxSecurityContext(namespace_options=ns))
-    )
+    default = pb.SecurityProfile(profile_type=pb.SecurityProfile.RuntimeDefault)
+    sc = pb.LinuxSandboxSecurityContext(namespace_options=ns, seccomp=default)
+    return pb.PodSandboxConfig(linux=pb.LinuxPodSandboxConfig(security_context=sc))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -118,7 +130,7 @@ class WarmPauses:
             "",
             handler,
             0,
-            plain_host_network_pod(),
+            kubelet_host_network_pod(),
             image=shared.images.pause_image,
             network=shared.network,
             runtime=shared.runtime(handler),
@@ -173,9 +185,14 @@ class WarmPauses:
         if shape != self.shape:
             # Pods come in another shape than the pool's: follow them.
             self.misses += 1
+            differs = differences(self._cfg, cfg)
             self._cfg, self.shape = copy.deepcopy(cfg), shape
             self.pool.flush()
-            log.info("warm.shape_changed", note="the pool now makes pause containers for pods like this one")
+            log.info(
+                "warm.shape_changed",
+                differs=differs,
+                note="this pod starts cold; the pool now makes pause containers like its",
+            )
             return None
         item = self.pool.take()
         if item is None or item.shape != shape:

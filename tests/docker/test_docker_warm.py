@@ -39,7 +39,8 @@ DNS = pb.DNSConfig(servers=["10.96.0.10"], searches=["ns.svc.cluster.local"], op
 
 def host_network_pod(name: str, **linux: Any) -> Any:
     ns = pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER, ipc=pb.POD)
-    sc = pb.LinuxSandboxSecurityContext(namespace_options=ns)
+    default = pb.SecurityProfile(profile_type=pb.SecurityProfile.RuntimeDefault)
+    sc = pb.LinuxSandboxSecurityContext(namespace_options=ns, seccomp=default)  # as a kubelet asks
     return sandbox_record(name, dns_config=DNS, linux=pb.LinuxPodSandboxConfig(security_context=sc, **linux))
 
 

@@ -323,6 +323,9 @@ def _shim_config(h: Harness) -> str:
                 lines.append(f'guest_dir = "{h.guest_dir}"')
         if h.warm:
             lines += ["[handlers.runv.pool]", f"size = {h.warm}"]
+    elif h.handler == "docker" and h.warm:
+        # Warm pause containers serve the host-network pods (backends/docker/warm.py).
+        lines += ["[handlers.docker]", 'type = "docker"', "[handlers.docker.pool]", f"size = {h.warm}"]
     path = h.dir / "cri-shim.toml"
     path.write_text("\n".join(lines) + "\n")
     return str(path)
@@ -373,7 +376,7 @@ class Harness:
         guest_dir: str = "",
     ) -> None:
         self.handler = handler
-        self.warm = warm  # runv: warm VMs kept ready (0: every pod boots cold)
+        self.warm = warm  # runv: warm VMs; docker: warm pause containers (0: every pod starts cold)
         self.driver = driver  # runv: "stub" or "qemu" (real VMs; slow under TCG)
         self.guest_dir = guest_dir
         self.kubelet_bin = kubelet or kubelet_binary()
@@ -1029,7 +1032,20 @@ def check_host_network(h: Harness) -> Result:
         )
     h.wait_running("hostnet", "main")
     pod = h.kubelet_pods()[h.full("hostnet")]
-    return passed(f"phase {pod['status'].get('phase')}, podIP {pod['status'].get('podIP', '')!r}")
+    detail = f"phase {pod['status'].get('phase')}, podIP {pod['status'].get('podIP', '')!r}"
+    if h.handler == "docker" and h.warm:
+        # The shim's pool holds pause containers for such pods: this one must have taken one.
+        items = h.cri().ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10).items
+        ready = [s for s in items if s.metadata.name == h.full("hostnet") and s.state == pb.SANDBOX_READY]
+        if not ready:
+            raise CheckFailed("no ready sandbox of the host-network pod in ListPodSandbox")
+        req = pb.PodSandboxStatusRequest(pod_sandbox_id=ready[0].id, verbose=True)
+        info = json.loads(h.cri().PodSandboxStatus(req, timeout=10).info["info"])
+        warm_id = info.get("backend_data", {}).get("warm_id")
+        if not warm_id:
+            raise CheckFailed("the host-network pod started cold although the pool holds pause containers")
+        detail += f", took warm pause container {warm_id}"
+    return passed(detail)
 
 
 @check("pod", 3)
@@ -1410,7 +1426,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--handler", choices=HANDLERS, default="runv")
     p.add_argument("--keep", action="store_true", help="keep the work directory and logs")
     p.add_argument("--check", action="append", help="run only this check (repeatable), e.g. pod-crash-loop")
-    p.add_argument("--warm", type=int, default=0, help="runv: keep this many warm VMs ready (0: off)")
+    p.add_argument(
+        "--warm",
+        type=int,
+        default=0,
+        help="runv: warm VMs, docker: warm pause containers kept ready (0: off)",
+    )
     p.add_argument("--driver", choices=("stub", "qemu"), default="stub", help="runv: the hypervisor driver")
     p.add_argument("--guest-dir", default="", help="runv qemu: the guest image (default: the driver's)")
     p.add_argument(
