@@ -226,6 +226,8 @@ class Run:
                 f'pause_image = "{PAUSE}"\n'
                 f'instance = "crash-rounds-{run_id}"\n'
             )
+            if args.warm:
+                toml += f"\n[handlers.docker.pool]\nsize = {args.warm}\nmax_cpu = 0\n"
         else:
             toml = '[handlers.fake]\ntype = "fake"\n'
         self.shim = CrashShim(tmp, run_id, self.handler, toml)
@@ -341,6 +343,13 @@ class Run:
                     os.path.join(self.logs, name),
                     {"crash-rounds": self.run_id},
                 )
+                if self.handler == "docker" and self.args.warm and self.seq % 2:
+                    # Every other pod shares the host's network, as a kubelet asks for it: the
+                    # pods that warm pause containers serve.
+                    sc = config.linux.security_context
+                    sc.namespace_options.network = pb.NODE
+                    sc.seccomp.profile_type = pb.SecurityProfile.RuntimeDefault
+                    config.ClearField("hostname")
                 # Whole lifecycles weigh more: every step gets exercised, and pods are removed too.
                 target = self.rng.choice((1, 2, 3, 4, 5, 6, 7, 8, 8, 8))
                 life = Life(name, f"{self.run_id}-{self.seq}", config, target)
@@ -871,7 +880,12 @@ def main() -> int:
         "node capacity is 16 vCPU per host CPU, 1 a pod)",
     )
     ap.add_argument("--keep-tmp", action="store_true", help="keep the whole temp dir, not only the shim log")
-    ap.add_argument("--warm", type=int, default=0, help="runv: warm VMs kept ready (0: off)")
+    ap.add_argument(
+        "--warm",
+        type=int,
+        default=0,
+        help="runv: warm VMs; docker: warm pause containers, and every other pod on the host network (0: off)",
+    )
     args = ap.parse_args()
     if args.seed is None:
         args.seed = random.randrange(1 << 30)

@@ -148,6 +148,12 @@ type = "fake"
 # type = "docker"
 # endpoint = "unix:///var/run/docker.sock"
 # network = "bridge"
+# Warm pause containers for host-network pods (other pods start cold: the
+# engine fixes a pod's hostname and ports at create); 0 = off.
+# [handlers.docker.pool]
+# size = 0
+# refill_interval = 0.05
+# max_cpu = 0.8
 
 # [handlers.runv]
 # type = "runv"
