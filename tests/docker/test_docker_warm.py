@@ -25,6 +25,7 @@ from cri_api import api_pb2 as pb
 from shim.io import CriLogWriter
 from tests.criutil import until
 from tests.docker.dockerkit import (
+    BUSYBOX,
     ENDPOINT,
     INSTANCE,
     PAUSE,
@@ -203,3 +204,86 @@ async def test_pool_items_are_reclaimed_after_a_crash_and_removed_at_stop(engine
 def test_pool_settings_are_checked(table: Any, why: str) -> None:
     with pytest.raises(InvalidArgumentError, match=why):
         PoolSettings.from_table("docker", table)
+
+
+async def test_warm_and_cold_host_network_pods_look_the_same_to_every_cri_call(
+    engine: docker.APIClient, short_tmp: str
+) -> None:
+    """Through a running shim: one host-network pod on a warm pause container, one cold, the same
+    to status, lists, exec (hostname, DNS, network namespace) and stats; no pool item listed."""
+    import dataclasses
+    import json
+
+    import grpc
+
+    from cri_api import api_pb2_grpc
+    from shim.server import Server
+    from tests.conftest import make_ids, server_config
+
+    events = Events()
+    backend = await pooled_backend(events, 1)
+    await events.close()
+    cfg = dataclasses.replace(server_config(short_tmp, default_handler="docker"), handlers={})
+    server = Server(cfg, backends={"docker": backend}, id_factory=make_ids("dockerwarm"))
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock") as ch:
+            rt = api_pb2_grpc.RuntimeServiceStub(ch)  # type: ignore[no-untyped-call]
+            assert backend.warm is not None
+            warm_pool = backend.warm.pool
+            await until(lambda: len(warm_pool.ready) == 1, 30)
+            seen: dict[str, dict[str, Any]] = {}
+            for name in ("warm", "cold"):
+                sc = host_network_pod(name).config
+                sc.log_directory = os.path.join(short_tmp, "logs", name)
+                pod = (await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc))).pod_sandbox_id
+                if name == "warm":
+                    warm_pool.size = 0  # the next pod starts cold
+                cc = pb.ContainerConfig(
+                    metadata=pb.ContainerMetadata(name="app"),
+                    image=pb.ImageSpec(image=BUSYBOX),
+                    command=["sleep", "3600"],
+                    log_path="app.log",
+                )
+                req = pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc)
+                cid = (await rt.CreateContainer(req)).container_id
+                await rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+                st = await rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod, verbose=True))
+                probe = "hostname; cat /etc/resolv.conf; readlink /proc/self/ns/net"
+                ex = await rt.ExecSync(
+                    pb.ExecSyncRequest(container_id=cid, cmd=["sh", "-c", probe], timeout=10)
+                )
+                stats = (await rt.PodSandboxStats(pb.PodSandboxStatsRequest(pod_sandbox_id=pod))).stats
+                listed = await rt.ListContainers(
+                    pb.ListContainersRequest(filter=pb.ContainerFilter(pod_sandbox_id=pod))
+                )
+                seen[name] = {
+                    "warm": bool(json.loads(st.info["info"])["backend_data"].get(WARM_ID)),
+                    "state": st.status.state,
+                    "ip": st.status.network.ip,
+                    "namespaces": st.status.linux.namespaces.options,
+                    "exec": ex.stdout.decode(),
+                    "exit": ex.exit_code,
+                    "containers": [(c.metadata.name, c.state) for c in listed.containers],
+                    "stats": (
+                        stats.linux.cpu.HasField("usage_core_nano_seconds"),
+                        stats.linux.memory.HasField("working_set_bytes"),
+                    ),
+                }
+            warm, cold = seen["warm"], seen["cold"]
+            assert (warm["warm"], cold["warm"]) == (True, False)
+            for key in ("state", "ip", "namespaces", "exec", "exit", "containers", "stats"):
+                assert warm[key] == cold[key], (key, warm[key], cold[key])
+            assert (
+                warm["exec"].startswith(socket.gethostname() + "\n")
+                and "nameserver 10.96.0.10" in warm["exec"]
+            )
+            assert warm["stats"] == (True, True) and warm["state"] == pb.SANDBOX_READY
+            pods = (await rt.ListPodSandbox(pb.ListPodSandboxRequest())).items
+            assert sorted(p.metadata.name for p in pods) == ["cold", "warm"]  # no pool item shows
+            for p in pods:
+                await rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=p.id))
+                await rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=p.id))
+    finally:
+        await server.stop(0)
+    assert warm_rows(engine) == []
