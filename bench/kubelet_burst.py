@@ -10,6 +10,8 @@ the p50 in between. Targets:
 
 - `runv-warm`: cri-shim, runv handler, a pool of N warm VMs (`--warm`, default N);
 - `runv`: cri-shim, runv handler, every VM booted cold;
+- `docker-warm`: cri-shim, docker handler, a pool of N warm pause containers; only
+  host-network pods can take one, so use it with `--host-network`;
 - `docker`: cri-shim, docker handler;
 - `containerd`: containerd's CRI plugin (runc), when its socket answers
   (`sudo scripts/testenv/containerd-up`).
@@ -41,11 +43,11 @@ from cri_api import api_pb2 as pb  # noqa: E402
 from tests.e2e import kubelet_harness as kh  # noqa: E402
 
 CONTAINERD_SOCK = "/run/containerd-cri/containerd.sock"
-TARGETS = ("runv-warm", "runv", "docker", "containerd")
+TARGETS = ("runv-warm", "runv", "docker-warm", "docker", "containerd")
 LABEL = "cri-shim-burst"
 
 
-def burst_pods(n: int, tag: str) -> dict[str, dict[str, Any]]:
+def burst_pods(n: int, tag: str, host_network: bool = False) -> dict[str, dict[str, Any]]:
     out = {}
     for i in range(n):
         name = f"burst{i:03d}"
@@ -55,6 +57,7 @@ def burst_pods(n: int, tag: str) -> dict[str, dict[str, Any]]:
             "metadata": {"name": name, "namespace": kh.NAMESPACE, "labels": {LABEL: tag}},
             "spec": {
                 "restartPolicy": "Always",
+                "hostNetwork": host_network,
                 "terminationGracePeriodSeconds": 2,
                 "containers": [
                     {
@@ -72,12 +75,12 @@ def burst_pods(n: int, tag: str) -> dict[str, dict[str, Any]]:
 class Burst(kh.Harness):
     """The harness's kubelet and runtime, with burst pods dropped in at once instead of its checks."""
 
-    def __init__(self, target: str, n: int, warm: int, containerd: str) -> None:
-        handler = {"runv-warm": "runv", "containerd": "docker"}.get(target, target)
-        super().__init__(handler, node=f"burst-{target}", warm=warm if target == "runv-warm" else 0)
+    def __init__(self, target: str, n: int, warm: int, containerd: str, host_network: bool = False) -> None:
+        handler = {"runv-warm": "runv", "docker-warm": "docker", "containerd": "docker"}.get(target, target)
+        super().__init__(handler, node=f"burst-{target}", warm=warm if target.endswith("-warm") else 0)
         self.target = target
         self.containerd = containerd
-        self.pods = burst_pods(n, self.tag)
+        self.pods = burst_pods(n, self.tag, host_network)
         if target == "containerd":
             self.socket = Path(containerd)
 
@@ -115,17 +118,33 @@ class Burst(kh.Harness):
             self._start_kubelet()
         time.sleep(settle)
 
-    def wait_pool(self, n: int, timeout: float) -> int:
-        """Until the runv handler holds ``n`` warm VMs (their cgroups, named w...); how many it has."""
+    def _held(self) -> int:
+        """Warm items ready: runv VMs (their cgroups, named w...) or docker pause containers."""
+        if self.target == "docker-warm":
+            import docker
+
+            from backends.docker import labels as lbl
+
+            api = docker.APIClient(base_url="unix:///var/run/docker.sock", version="auto", timeout=30)
+            try:
+                return len(
+                    api.containers(filters={"label": f"{lbl.KIND}={lbl.WARM}", "name": "crishim_WARM_"})
+                )
+            finally:
+                api.close()
         from backends.runv.stub import Cgroup
 
         parent = Cgroup(f"cri-shim-runv-e2e-{self.tag}").dirs()[0]
+        try:
+            return sum(1 for d in os.listdir(parent) if d.startswith("w"))
+        except OSError:
+            return 0
+
+    def wait_pool(self, n: int, timeout: float) -> int:
+        """Until the pool holds ``n`` warm items; how many it has."""
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                warm = sum(1 for d in os.listdir(parent) if d.startswith("w"))
-            except OSError:
-                warm = 0
+            warm = self._held()
             if warm >= n or time.monotonic() > deadline:
                 return warm
             time.sleep(0.5)
@@ -165,16 +184,16 @@ class Burst(kh.Harness):
 
 
 def measure(
-    target: str, n: int, warm: int, containerd: str, settle: float, timeout: float
+    target: str, n: int, warm: int, containerd: str, settle: float, timeout: float, host_network: bool
 ) -> dict[str, float] | str:
-    b = Burst(target, n, warm, containerd)
+    b = Burst(target, n, warm, containerd, host_network)
     try:
         if target == "containerd" and not os.path.exists(containerd):
             return f"skipped: nothing answers on unix://{containerd} (sudo scripts/testenv/containerd-up)"
         b.start_idle(settle)
         if b.warm:
             held = b.wait_pool(b.warm, 120)
-            print(f"{target}: {held} warm VMs ready before the drop", flush=True)
+            print(f"{target}: {held} warm items ready before the drop", flush=True)
         return b.drop(timeout)
     finally:
         b.stop()
@@ -192,8 +211,9 @@ def main() -> int:
     ap.add_argument("-n", "--pods", type=int, default=50, help="pods dropped at once (50)")
     ap.add_argument("--targets", default=",".join(TARGETS), help=f"comma-separated, of {', '.join(TARGETS)}")
     ap.add_argument(
-        "--warm", type=int, default=None, help="warm VMs for runv-warm (default: as many as pods)"
+        "--warm", type=int, default=None, help="warm items of the -warm targets (default: as many as pods)"
     )
+    ap.add_argument("--host-network", action="store_true", help="the pods share the host's network")
     ap.add_argument("--containerd", default=CONTAINERD_SOCK, help="containerd CRI socket")
     ap.add_argument("--settle", type=float, default=10.0, help="idle seconds before the drop (10)")
     ap.add_argument("--timeout", type=float, default=180.0, help="give up on a burst after this long (180 s)")
@@ -207,10 +227,15 @@ def main() -> int:
     if unknown:
         print(f"unknown targets {sorted(unknown)}", file=sys.stderr)
         return 2
-    print(f"{args.pods} static pods dropped at once into a standalone kubelet v1.26; {os.cpu_count()} CPUs")
+    kind = "host-network " if args.host_network else ""
+    print(
+        f"{args.pods} {kind}static pods dropped at once into a standalone kubelet v1.26; {os.cpu_count()} CPUs"
+    )
     results: dict[str, dict[str, float] | str] = {}
     for target in targets:
-        results[target] = measure(target, args.pods, warm, args.containerd, args.settle, args.timeout)
+        results[target] = measure(
+            target, args.pods, warm, args.containerd, args.settle, args.timeout, args.host_network
+        )
         res = results[target]
         if not isinstance(res, str):
             print(
