@@ -44,6 +44,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from backends.contract import Backend
+from backends.contract.protocols import WarmPool
 from cri_api import api_pb2 as pb
 from shim import __version__
 from shim.server import Server, ServerError
@@ -256,6 +257,7 @@ class _StateCollector(Collector):
             GaugeMetricFamily("cri_shim_streaming_sessions", "Open exec, attach and port-forward sessions."),
             GaugeMetricFamily("cri_shim_build_info", "The running cri-shim's version."),
             CounterMetricFamily("cri_shim_log_bytes_dropped", _DROPPED_HELP),
+            *_warm_pools(()),
         ]
 
     def collect(self) -> Iterable[Metric]:
@@ -291,6 +293,8 @@ class _StateCollector(Collector):
             dropped = CounterMetricFamily("cri_shim_log_bytes_dropped", _DROPPED_HELP)
             dropped.add_metric([], shim.io.log_bytes_dropped)
             yield dropped
+        if shim is not None:
+            yield from _warm_pools(shim.registry.items())
         streaming = self.server.streaming
         if streaming is not None:
             sessions = GaugeMetricFamily(
@@ -298,6 +302,26 @@ class _StateCollector(Collector):
             )
             sessions.add_metric([], int(streaming.open_sessions))
             yield sessions
+
+
+def _warm_pools(backends: Iterable[tuple[str, Backend]]) -> Iterable[Metric]:
+    """Sandboxes made ahead of their pods, per handler that keeps a pool."""
+    ready = GaugeMetricFamily(
+        "cri_shim_warm_sandboxes_ready", "Sandboxes made ahead of their pods, ready.", labels=["handler"]
+    )
+    wanted = GaugeMetricFamily(
+        "cri_shim_warm_sandboxes_wanted", "How many the pool keeps ready (its size).", labels=["handler"]
+    )
+    taken = CounterMetricFamily(
+        "cri_shim_warm_sandboxes_taken", "RunPodSandbox calls served by a warm sandbox.", labels=["handler"]
+    )
+    for name, backend in backends:
+        figures = backend.warm_figures() if isinstance(backend, WarmPool) else None
+        if figures is not None:
+            ready.add_metric([name], figures.ready)
+            wanted.add_metric([name], figures.size)
+            taken.add_metric([name], figures.handed_out)
+    yield from (ready, wanted, taken)
 
 
 def _zeroes(handlers: Iterable[str], states: Iterable[str]) -> dict[tuple[str, str], int]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
@@ -30,6 +31,15 @@ log = structlog.get_logger("pool")
 T = TypeVar("T")
 
 RETRY_MAX = 30.0  # seconds: the longest wait after makes that keep failing
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PoolFigures:
+    """What a pool holds and has done, for the metrics."""
+
+    size: int  # items it keeps ready
+    ready: int  # items ready now
+    handed_out: int  # items pods took since the start
 
 
 class Pool(Generic[T]):
@@ -79,6 +89,9 @@ class Pool(Generic[T]):
             self._spawn_discard(item)
         self._wanted.set()
         return None
+
+    def figures(self) -> PoolFigures:
+        return PoolFigures(self.size, len(self.ready), self.handed_out)
 
     def flush(self) -> None:
         """Discard every ready item (pods no longer ask for what they are); the refill makes new ones."""

@@ -19,6 +19,7 @@ import enum
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, runtime_checkable
 
+from backends.contract.pool import PoolFigures
 from backends.contract.process import ContainerProcess, LogMarks, Started
 from backends.contract.records import ContainerRecord, SandboxRecord
 from backends.contract.usage import ContainerUsage, PodMetrics, SandboxUsage
@@ -264,3 +265,11 @@ class Checkpointer(Protocol):
     """CheckpointContainer (CHECKPOINT)."""
 
     async def checkpoint_container(self, container: ContainerRecord, location: str, timeout: int) -> None: ...
+
+
+@runtime_checkable
+class WarmPool(Protocol):
+    """A backend that makes sandboxes ahead of their pods (``backends.contract.pool``)."""
+
+    def warm_figures(self) -> PoolFigures | None:
+        """The pool's figures, for the metrics; None when it is off."""

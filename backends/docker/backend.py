@@ -38,6 +38,7 @@ from backends.contract import (
     StreamIO,
 )
 from backends.contract.errors import CriError
+from backends.contract.pool import PoolFigures
 from cri_api import api_pb2 as pb
 
 from . import recovery
@@ -147,6 +148,9 @@ class DockerBackend:
         except CriError as exc:
             return Health(False, False, reason="DockerDaemonNotReady", message=exc.message)
         return Health(True, True)
+
+    def warm_figures(self) -> PoolFigures | None:
+        return self.warm.pool.figures() if self.warm is not None else None
 
     def runtime_config(self) -> pb.RuntimeConfigResponse:
         return pb.RuntimeConfigResponse(linux=pb.LinuxRuntimeConfiguration(cgroup_driver=self._cgroup_driver))

@@ -20,6 +20,7 @@ import structlog
 
 from backends import contract
 from backends.contract import errors
+from backends.contract.pool import PoolFigures
 from backends.contract.usage import Layer, Sample
 from backends.linux import cgroups
 from backends.linux.usage import UsageCache
@@ -207,6 +208,9 @@ class RunvBackend:
         if shutil.which(str(self.config.get("stub", {}).get("runc", "runc"))) is None:
             return contract.Health(False, True, "RuncMissing", "runc is not installed")
         return contract.Health(True, True)
+
+    def warm_figures(self) -> PoolFigures | None:
+        return self.pool.figures() if self.pool.size > 0 else None
 
     def runtime_config(self) -> pb.RuntimeConfigResponse:
         return pb.RuntimeConfigResponse(linux=pb.LinuxRuntimeConfiguration(cgroup_driver=pb.CGROUPFS))

@@ -229,6 +229,22 @@ async def test_streaming_sessions_build_info_and_process(running: Running) -> No
     assert resident is not None and resident > 0
 
 
+async def test_warm_pools_by_handler(running: Running) -> None:
+    from backends.contract.pool import PoolFigures
+
+    s = await scrape(running)
+    assert sample(s, "cri_shim_warm_sandboxes_ready", handler="fake") is None  # no pool: no series
+    inner = running.fake.wrapped  # type: ignore[attr-defined]
+    inner.warm_figures = lambda: PoolFigures(size=4, ready=3, handed_out=7)
+    try:
+        s = await scrape(running)
+    finally:
+        del inner.warm_figures
+    assert sample(s, "cri_shim_warm_sandboxes_ready", handler="fake") == 3
+    assert sample(s, "cri_shim_warm_sandboxes_wanted", handler="fake") == 4
+    assert sample(s, "cri_shim_warm_sandboxes_taken_total", handler="fake") == 7
+
+
 async def test_backend_proxy_forwards_attributes_and_coroutines(running: Running) -> None:
     proxy = running.fake
     assert isinstance(proxy, metrics.TimedBackend)
