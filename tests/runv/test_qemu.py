@@ -211,13 +211,25 @@ for a in "$@"; do
     esac
     prev=$a
 done
-echo $$ > "$pidfile"
-echo "[    0.1] booting" >> "$console"
-case "$FAKE_QEMU_MODE" in
-    ready) echo "runv-agent: ready on /dev/vport0p1" >> "$console";;
-    panic) echo "runv-init: cannot mount the shares" >> "$console"; echo "[ 4.4] Kernel panic - not syncing" >> "$console"; exit 1;;
-esac
-exec python3 -c "import time; time.sleep(600)" "$@"  # a VM process whose command line is QEMU's
+# The pid file and the console are written after the exec, as QEMU does: while a process
+# execs, its command line can read empty, and a reader would take it for another process.
+export FAKE_PIDFILE=$pidfile FAKE_CONSOLE=$console
+exec python3 -c "$FAKE_VM" "$@"  # a VM process whose command line is QEMU's
+"""
+FAKE_VM = """
+import os, sys, time
+with open(os.environ["FAKE_PIDFILE"], "w") as f:
+    f.write(f"{os.getpid()}\\n")
+with open(os.environ["FAKE_CONSOLE"], "a") as c:
+    c.write("[    0.1] booting\\n")
+    mode = os.environ["FAKE_QEMU_MODE"]
+    if mode == "ready":
+        c.write("runv-agent: ready on /dev/vport0p1\\n")
+    elif mode == "panic":
+        c.write("runv-init: cannot mount the shares\\n[ 4.4] Kernel panic - not syncing\\n")
+if mode == "panic":
+    sys.exit(1)
+time.sleep(600)
 """
 
 
@@ -230,6 +242,7 @@ def _fake_qemu(tmp_path: Path, mode: str, **extra: Any) -> QemuHypervisor:
     (guest / "vmlinuz").write_bytes(b"k")
     (guest / "initrd.img").write_bytes(b"i")
     os.environ["FAKE_QEMU_MODE"] = mode
+    os.environ["FAKE_VM"] = FAKE_VM
     run_dir = f"/tmp/rvq-{os.getpid()}-{mode}"
     return QemuHypervisor(
         {

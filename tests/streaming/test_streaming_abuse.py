@@ -19,6 +19,7 @@ import socket
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 import pytest
@@ -706,9 +707,11 @@ async def test_version_stays_quick_during_abuse(short_tmp: str) -> None:
 
 
 async def _under_abuse(
-    r: Running, cid: str, work: Awaitable[list[float]]
-) -> tuple[list[float], dict[str, int]]:
-    """Run ``work`` while the streaming server is abused; its result, and what was done."""
+    r: Running, cid: str, work: Awaitable[Any], kinds: str = "all"
+) -> tuple[Any, dict[str, int]]:
+    """Run ``work`` while the streaming server is abused; its result, and what was done.
+
+    ``kinds``: "all", or one of "stuck", "flood", "garbage" (bench/abuse_bench.py)."""
     stop = asyncio.Event()
     dials = {"garbage": 0, "bad-token": 0, "half-frame": 0, "flood-bytes": 0}
     yes = pb.ExecRequest(container_id=cid, cmd=["sh", "-c", "yes"], stdin=True, stdout=True, stderr=True)
@@ -761,10 +764,13 @@ async def _under_abuse(
             writer.close()
             dials["half-frame"] += 1
 
-    abuse = [
-        asyncio.ensure_future(coro)
-        for coro in (stuck("spdy"), stuck("ws"), flood("spdy"), flood("ws"), garbage())
-    ]
+    chosen = {
+        "stuck": lambda: (stuck("spdy"), stuck("ws")),
+        "flood": lambda: (flood("spdy"), flood("ws")),
+        "garbage": lambda: (garbage(),),
+    }
+    coros = [c for k, make in chosen.items() if kinds in ("all", k) for c in make()]
+    abuse = [asyncio.ensure_future(coro) for coro in coros]
     try:
         await asyncio.sleep(0.3)  # under way
         result = await work
