@@ -11,7 +11,7 @@ from typing import Protocol
 # the other tasks of the loop (other sessions, every gRPC call) run: a flood of tiny
 # frames, all in the socket buffer, would otherwise hold the loop for as long as it
 # takes to parse them (about 100 ms per 64 KiB of empty WebSocket pings).
-FAIR_SLICE = 0.002
+FAIR_SLICE = 0.0005
 # Frames with less payload than TINY_FRAME cost a connection's reader about as much as
 # big ones and carry next to nothing. A client may send TINY_FRAME_RATE of them a second,
 # and JUNK_FRAME_RATE of those that give the session nothing (pings, data for streams
@@ -21,7 +21,7 @@ FAIR_SLICE = 0.002
 # of a core per connection instead of all of it.
 TINY_FRAME = 1024
 TINY_FRAME_RATE = 10_000.0
-JUNK_FRAME_RATE = 1_000.0
+JUNK_FRAME_RATE = 250.0
 # Seconds a closing connection gets for the peer to take what is still buffered for it
 # (the end of the output, the exit status); a peer that does not read is then cut off.
 FLUSH_TIMEOUT = 5.0
