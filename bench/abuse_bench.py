@@ -35,6 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from docker_bench import Cri  # noqa: E402
 from soak_bench import FakeShim, proc_cpu  # noqa: E402
 
 from cri_api import api_pb2 as pb  # noqa: E402
@@ -101,18 +102,9 @@ def main() -> int:
     shim = FakeShim(tmp)
     ctx = multiprocessing.get_context("spawn")
     try:
-        channel = grpc.insecure_channel(f"unix://{shim.sock}")
-        rt = api_pb2_grpc.RuntimeServiceStub(channel)  # type: ignore[no-untyped-call]
-        im = api_pb2_grpc.ImageServiceStub(channel)  # type: ignore[no-untyped-call]
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                rt.Version(pb.VersionRequest(), timeout=2)
-                break
-            except grpc.RpcError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        cri = Cri("cri-shim", shim.sock, "abuse", os.path.join(tmp, "logs"))
+        cri.wait_ready(30)
+        rt, im = cri.rt, cri.im
         im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image="busybox")), timeout=30)
         sc = sandbox_config(log_directory=os.path.join(tmp, "logs"))
         pod = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc), timeout=30).pod_sandbox_id
@@ -160,7 +152,7 @@ def main() -> int:
         for kind, med, lo, hi, cpu in summary:
             print(f"{kind:<8} | {med:16.2f} | {lo:4.2f} | {hi:4.2f} | {cpu * 100:.0f}% of a core")
         print("target: within 2x (the median ratio)")
-        channel.close()
+        cri.close()
     finally:
         shim.stop()
         shutil.rmtree(tmp, ignore_errors=True)
