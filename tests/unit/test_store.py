@@ -80,3 +80,35 @@ def test_persistence_round_trip(tmp_path: object) -> None:
     assert os.path.exists(os.path.join(root, "quarantine", "containers-" + "d" * 64 + ".json"))
     with pytest.raises(AlreadyExistsError):
         s2.sandbox_names.reserve("pod_default_" + sb.config.metadata.uid + "_0", "other")
+
+
+@pytest.mark.parametrize("swap", [True, False])
+def test_rewrites_swap_the_record_and_leave_no_temporary(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch, swap: bool
+) -> None:
+    import shim.store as store_module
+
+    if not swap:  # a kernel or filesystem without RENAME_EXCHANGE: plain renames
+        monkeypatch.setattr(store_module, "_renameat2", None)
+    root = str(tmp_path)
+    path = os.path.join(root, "r.json")
+    StateDir.write_atomic(path, b"one")  # no record yet: a rename
+    first = os.stat(path).st_ino
+    StateDir.write_atomic(path, b"two")
+    with open(path, "rb") as f:
+        assert f.read() == b"two"
+    assert os.listdir(root) == ["r.json"]
+    assert os.stat(path).st_ino != first  # a new file took the name, never a rewrite in place
+
+
+def test_a_swap_cut_short_leaves_the_new_record_and_loading_drops_the_old(tmp_path: object) -> None:
+    d = StateDir(str(tmp_path))
+    s = Store(d)
+    sb = sandbox("e" * 64)
+    s.put_sandbox(sb)
+    path = os.path.join(d.sandboxes, sb.id + ".json")
+    # A crash between the swap and the unlink: the old record sits at .tmp.
+    with open(path + ".tmp", "w") as f:
+        f.write("{}")
+    sandboxes, _ = StateDir(str(tmp_path)).load()
+    assert [r.id for r in sandboxes] == [sb.id] and not os.path.exists(path + ".tmp")
