@@ -46,6 +46,7 @@ import posixpath
 import random
 import re
 import string
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias, TypeVar
@@ -85,8 +86,11 @@ class Fs(Protocol):
 
 
 def _norm(path: str) -> str:
-    """An absolute, normalised path; POSIX keeps a leading '//', a container does not."""
-    return "/" + posixpath.normpath(path if path.startswith("/") else "/" + path).lstrip("/")
+    """An absolute, normalised path; POSIX keeps a leading '//', a container does not.
+
+    Interned: every container of a fake node holds the same few paths (/etc/hosts,
+    /proc/sys/..., their parents), once each for all of them rather than once each."""
+    return sys.intern("/" + posixpath.normpath(path if path.startswith("/") else "/" + path).lstrip("/"))
 
 
 class MemoryFs:
