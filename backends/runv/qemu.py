@@ -57,7 +57,7 @@ from backends.contract.errors import (
 )
 from backends.runv import guest_image, host
 from backends.runv.hypervisor import MIB, VM, BootError, Fault, VMSpec
-from backends.runv.stub import Cgroup, ProcessVMs, _mem_total, _proc_start, check_size
+from backends.runv.stub import Cgroup, ProcessVMs, _proc_start, check_size
 
 log = structlog.get_logger("cri-shim.runv.qemu")
 
@@ -149,15 +149,8 @@ class QemuHypervisor(ProcessVMs):
     readonly_on_host = True  # a read-only share is read-only at its source (see _share_mode)
 
     def __init__(self, config: dict[str, Any]) -> None:
-        cpus = os.cpu_count() or 1
         # A vCPU is a host thread: overcommitted like the stub's, 8 per host CPU by default.
-        super().__init__(
-            str(config.get("run_dir", "/run/cri-shim/runv-qemu")),
-            str(config.get("cgroup_parent", "cri-shim-runv-qemu")),
-            int(config.get("capacity_vcpus", cpus * int(config.get("cpu_overcommit", 8)))),
-            int(config.get("capacity_memory", _mem_total())),
-            str(config.get("python", sys.executable)),
-        )
+        super().__init__(*self.common_settings(config, "/run/cri-shim/runv-qemu", "cri-shim-runv-qemu", 8))
         self.guest_dir = str(config.get("guest_dir", guest_image.DEFAULT_OUT))
         self.qemu = str(config.get("qemu", "qemu-system-x86_64"))
         self.accel_setting = str(config.get("accel", "auto"))

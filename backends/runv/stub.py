@@ -250,6 +250,20 @@ class ProcessVMs(abc.ABC):
 
     name = ""
 
+    @staticmethod
+    def common_settings(
+        config: dict[str, Any], run_dir: str, cgroup_parent: str, cpu_overcommit: int
+    ) -> tuple[str, str, int, int, str]:
+        """The keys every driver reads, with the driver's defaults: ``__init__``'s arguments."""
+        cpus = os.cpu_count() or 1
+        return (
+            str(config.get("run_dir", run_dir)),
+            str(config.get("cgroup_parent", cgroup_parent)),
+            int(config.get("capacity_vcpus", cpus * int(config.get("cpu_overcommit", cpu_overcommit)))),
+            int(config.get("capacity_memory", _mem_total())),
+            str(config.get("python", sys.executable)),
+        )
+
     def __init__(
         self, run_dir: str, cgroup_parent: str, total_vcpus: int, total_memory: int, python: str
     ) -> None:
@@ -460,17 +474,10 @@ class StubHypervisor(ProcessVMs):
     name = "stub"
 
     def __init__(self, config: dict[str, Any]) -> None:
-        cpus = os.cpu_count() or 1
         # A stub VM's vCPU is a CFS quota, not a reserved core. 64 per host CPU lets a 2-core
         # node hold the kubelet's default 110 pods at 1 vCPU each (16 refused the 33rd pod
         # the kubelet had admitted).
-        super().__init__(
-            str(config.get("run_dir", "/run/cri-shim/runv")),
-            str(config.get("cgroup_parent", "cri-shim-runv")),
-            int(config.get("capacity_vcpus", cpus * int(config.get("cpu_overcommit", 64)))),
-            int(config.get("capacity_memory", _mem_total())),
-            str(config.get("python", sys.executable)),
-        )
+        super().__init__(*self.common_settings(config, "/run/cri-shim/runv", "cri-shim-runv", 64))
         self.boot_latency = float(config.get("boot_latency", 0.0))
         self.shutdown_latency = float(config.get("shutdown_latency", 0.0))
         self.boot_timeout = float(config.get("boot_timeout", 20.0))
