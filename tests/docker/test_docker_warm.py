@@ -238,7 +238,11 @@ async def test_warm_and_cold_host_network_pods_look_the_same_to_every_cri_call(
                 sc.log_directory = os.path.join(short_tmp, "logs", name)
                 pod = (await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc))).pod_sandbox_id
                 if name == "warm":
-                    warm_pool.size = 0  # the next pod starts cold
+                    # The next pod starts cold: no refill, and nothing the refill made meanwhile.
+                    warm_pool.size = 0
+                    await until(lambda: not warm_pool.booting, 30)
+                    while await warm_pool.give_back_one():
+                        pass
                 cc = pb.ContainerConfig(
                     metadata=pb.ContainerMetadata(name="app"),
                     image=pb.ImageSpec(image=BUSYBOX),

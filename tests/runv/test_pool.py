@@ -314,7 +314,11 @@ async def test_warm_and_cold_pods_look_the_same_to_every_cri_call(
                 sc.linux.sysctls["net.ipv4.ip_unprivileged_port_start"] = "80"
                 pod = (await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc))).pod_sandbox_id
                 if name == "warm":
-                    backend.pool.size = 0  # the next pod boots cold
+                    # The next pod boots cold: no refill, and nothing the refill made meanwhile.
+                    backend.pool.size = 0
+                    await until(lambda: not backend.pool.booting, 30)
+                    while await backend.pool.give_back_one():
+                        pass
                 cc = pb.ContainerConfig(
                     metadata=pb.ContainerMetadata(name="app"),
                     image=pb.ImageSpec(image=IMAGE),
