@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import shutil
+import signal
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -93,7 +97,13 @@ def runv_config(tmp_path: Path) -> Iterator[dict[str, Any]]:
         mounts = [line for line in fh if run_dir in line or cfg["root"] in line]
     assert not mounts, f"mounts leaked to the host: {mounts}"
     parent = Cgroup(cfg["stub"]["cgroup_parent"])
-    leaked = parent.pids()
+    leaked = sorted(set(parent.pids()))
+    for pid in leaked:  # the test's own VMs: ended here, so that a failure leaves none running
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while parent.pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
     parent.remove()
     shutil.rmtree(run_dir, ignore_errors=True)
     assert not leaked, f"processes left in the test cgroup: {leaked}"
