@@ -169,6 +169,11 @@ class CpuMeter:
         idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
         return idle, sum(fields)
 
+    def over(self, limit: float) -> bool:
+        """Whether the CPUs were busier than ``limit`` (a share of all); never when ``limit`` is 0.
+        The refill rule of every pool: it also waits while any RunPodSandbox is in progress."""
+        return limit > 0 and self.busy() > limit
+
     def busy(self) -> float:
         """The busy share of all CPUs since the previous call (0.0 on the first)."""
         now = self._read()

@@ -123,8 +123,6 @@ class WarmPauses:
         self._shared = shared
         self.settings = settings
         self.starting = 0  # RunPodSandbox calls in progress: the refill waits for them
-        self.hits = 0
-        self.misses = 0
         self._cpu = CpuMeter()
         self._cfg = convert.sandbox_config(
             "",
@@ -149,9 +147,7 @@ class WarmPauses:
         )
 
     def _busy(self) -> bool:
-        if self.starting:
-            return True
-        return self.settings.max_cpu > 0 and self._cpu.busy() > self.settings.max_cpu
+        return self.starting > 0 or self._cpu.over(self.settings.max_cpu)
 
     async def _make(self) -> WarmPause:
         shared = self._shared
@@ -184,7 +180,6 @@ class WarmPauses:
         shape = shape_of(cfg)
         if shape != self.shape:
             # Pods come in another shape than the pool's: follow them.
-            self.misses += 1
             differs = differences(self._cfg, cfg)
             self._cfg, self.shape = copy.deepcopy(cfg), shape
             self.pool.flush()
@@ -196,7 +191,6 @@ class WarmPauses:
             return None
         item = self.pool.take()
         if item is None or item.shape != shape:
-            self.misses += 1
             if item is not None:
                 self._drop(item)
             return None
@@ -209,11 +203,9 @@ class WarmPauses:
         except (CriError, KeyError) as exc:
             log.warning("warm.claim_failed", error=str(exc), note="the pod starts cold")
             self._drop(item)
-            self.misses += 1
             return None
         except BaseException:  # cancelled: the client gave up
             self._drop(item)
             raise
-        self.hits += 1
         sandbox.backend_data[WARM_ID] = item.warm_id
         return info

@@ -473,10 +473,7 @@ class RunvBackend:
         return pod.agent is not None and not pod.agent.closed and self.hv.alive(pod.vm)
 
     def _refill_should_wait(self) -> bool:
-        if self._sandboxes_starting > 0:
-            return True
-        limit = self.pool_config.max_cpu
-        return limit > 0 and self._cpu.busy() > limit
+        return self._sandboxes_starting > 0 or self._cpu.over(self.pool_config.max_cpu)
 
     async def _plumb(self, sandbox: contract.SandboxRecord, pod: _Pod, ports: list[Any]) -> str:
         """Give the VM its pod IP on the bridge and publish its host ports; return the IP.

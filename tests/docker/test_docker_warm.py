@@ -102,7 +102,7 @@ async def test_a_host_network_pod_takes_a_warm_pause_container_and_looks_cold(
     info = engine.inspect_container(eid)
     assert info["Name"] == "/" + lbl.sandbox_name(warm_sb.id, warm_sb.config)
     assert info["State"]["Running"] and warm_sb.backend_data["pid"] == info["State"]["Pid"]
-    assert h.backend.warm is not None and h.backend.warm.hits == 1
+    assert h.backend.warm is not None and h.backend.warm.pool.handed_out == 1
     await until(ready(h, 2), 30)  # refilled
 
     # A cold one of the same pod shape, from a backend without a pool.
