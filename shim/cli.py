@@ -47,6 +47,12 @@ def _parser() -> argparse.ArgumentParser:
         help="node i's pod IP range: a CIDR with {i} (10.{i}.0.0/16) or one CIDR split into "
         "N equal ranges (default: %(default)s)",
     )
+    hollow.add_argument(
+        "--transport",
+        choices=["native", "grpcio"],
+        default="native",
+        help="how each node's socket is served ([server] transport; default: %(default)s)",
+    )
     hollow.add_argument("--config", help="TOML configuration file; only fake handlers")
     hollow.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     hollow.add_argument("--log-format", choices=["json", "console"])

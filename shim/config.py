@@ -36,6 +36,7 @@ class ServerConfig:
     metrics_listen: str = ""
     shutdown_grace: float = 10.0
     event_loop: str = "uvloop"
+    transport: str = "grpcio"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +130,10 @@ shutdown_grace = 10.0
 # uvloop (about 10% less time per RPC; asyncio is used when uvloop is not
 # installed) or asyncio.
 event_loop = "uvloop"
+# How the CRI socket is served: grpcio, or native (HTTP/2 on the event loop
+# itself, no threads: a fraction of grpcio's CPU per call; the default of
+# `cri-shim hollow`). Both serve every CRI RPC and grpc.health.v1 Check.
+transport = "grpcio"
 
 # One table per runtime handler (RuntimeClass handler name). `type` is one
 # of fake, docker, runv; the other keys are options of that backend.
@@ -256,6 +261,8 @@ def parse(data: Mapping[str, Any]) -> Config:
         raise ConfigError(f"[logging] format: {logging_.format!r} is not one of console, json")
     if server.event_loop not in ("uvloop", "asyncio"):
         raise ConfigError(f"[server] event_loop: {server.event_loop!r} is not uvloop or asyncio")
+    if server.transport not in ("grpcio", "native"):
+        raise ConfigError(f"[server] transport: {server.transport!r} is not grpcio or native")
     if server.cgroup_driver not in ("cgroupfs", "systemd"):
         raise ConfigError(f"[server] cgroup_driver: {server.cgroup_driver!r} is not cgroupfs or systemd")
     handlers: dict[str, HandlerConfig] = {}

@@ -234,7 +234,8 @@ def build(args: argparse.Namespace) -> Hollow:
         logging_ = dataclasses.replace(logging_, level=args.log_level)
     if args.log_format:
         logging_ = dataclasses.replace(logging_, format=args.log_format)
-    cfg = dataclasses.replace(cfg, logging=logging_)
+    server = dataclasses.replace(cfg.server, transport=getattr(args, "transport", None) or "native")
+    cfg = dataclasses.replace(cfg, logging=logging_, server=server)
     nodes = plan(args.nodes, args.socket_template, args.state_root, args.pod_cidr_template)
     return Hollow(cfg, nodes)
 

@@ -29,6 +29,7 @@ from backends.registry import Registry, create_backend
 from shim.config import Config
 from shim.context import Shim
 from shim.errors import CriError, FailedPreconditionError, NotFoundError, UnimplementedError
+from shim.h2grpc import NativeServer, listen_socket
 from shim.recovery import recover
 from shim.servicer import IMAGE_SERVICE, RUNTIME_SERVICE, CriServicer, RpcObserver
 from shim.store import StateDir, Store, new_id
@@ -153,6 +154,7 @@ class Server:
         self.wrap_backend = wrap_backend
         self.shim: Shim | None = None
         self.grpc: grpc.aio.Server | None = None
+        self.native: NativeServer | None = None
         self.streaming: Any = None
         self.socket_path = ""
         self._proxy: asyncio.Server | None = None
@@ -219,6 +221,36 @@ class Server:
         if self.config.nri.enable:
             await shim.nri.start()
 
+        servicer = CriServicer(shim, observer=self._observer)
+        if cfg.transport == "native":
+            await self._start_native(servicer, kind, path, fds)
+        else:
+            await self._start_grpcio(servicer, kind, path, fds)
+        log.info(
+            "server.ready",
+            listen=cfg.listen,
+            handlers=registry.names(),
+            default_handler=registry.default,
+            sandboxes=len(store.sandboxes),
+            containers=len(store.containers),
+            event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
+            transport=cfg.transport,
+        )
+        # Records loaded at start live as long as the process: move them out of
+        # the collector's sight. With tens of thousands of records, full
+        # collections otherwise stall the loop for many ms. Young collections
+        # stay small: their pause grows with the young generation (about 0.5-1 us
+        # an object here; 20,000 gave 10-16 ms pauses every few seconds under
+        # polling, most of it grpcio's per-call reference cycles), while full
+        # ones come no more often than before (20 x 50 young collections apart).
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(3_000, 20, 50)
+        if self._notify:
+            sd_notify("READY=1")
+
+    async def _start_grpcio(self, servicer: CriServicer, kind: str, path: str, fds: list[int]) -> None:
+        cfg = self.config.server
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", cfg.max_message_bytes),
@@ -226,7 +258,6 @@ class Server:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        servicer = CriServicer(shim, observer=self._observer)
         server.add_generic_rpc_handlers(servicer.handlers())
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -248,27 +279,23 @@ class Server:
             self.socket_path = bind_path
         for svc in ("", RUNTIME_SERVICE, IMAGE_SERVICE):
             await health_servicer.set(svc, health_pb2.HealthCheckResponse.SERVING)
-        log.info(
-            "server.ready",
-            listen=cfg.listen,
-            handlers=registry.names(),
-            default_handler=registry.default,
-            sandboxes=len(store.sandboxes),
-            containers=len(store.containers),
-            event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
-        )
-        # Records loaded at start live as long as the process: move them out of
-        # the collector's sight. With tens of thousands of records, full
-        # collections otherwise stall the loop for many ms. Young collections
-        # stay small: their pause grows with the young generation (about 0.5-1 us
-        # an object here; 20,000 gave 10-16 ms pauses every few seconds under
-        # polling, most of it grpcio's per-call reference cycles), while full
-        # ones come no more often than before (20 x 50 young collections apart).
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(3_000, 20, 50)
-        if self._notify:
-            sd_notify("READY=1")
+
+    async def _start_native(self, servicer: CriServicer, kind: str, path: str, fds: list[int]) -> None:
+        """The native transport listens on the socket itself, systemd's one too."""
+        native = NativeServer(servicer, self.config.server.max_message_bytes)
+        if kind == "unix":
+            self.socket_path = path  # removed by stop() even if securing it fails
+            sock = listen_socket(path)
+            try:
+                self._secure_socket(path)
+            except BaseException:
+                sock.close()
+                raise
+        else:
+            sock = socket.socket(fileno=fds[0])
+            sock.setblocking(False)
+        await native.start(sock=sock)
+        self.native = native
 
     def _secure_socket(self, path: str) -> None:
         cfg = self.config.server
@@ -307,6 +334,8 @@ class Server:
             self._proxy.close()
         if self.grpc is not None:
             await self.grpc.stop(grace)
+        if self.native is not None:
+            await self.native.stop(grace)
         if self.streaming is not None:
             with contextlib.suppress(Exception):
                 await self.streaming.stop()

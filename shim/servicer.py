@@ -46,6 +46,8 @@ STREAM_CHUNK_BYTES = 1024 * 1024
 _ID_FIELDS = ("pod_sandbox_id", "container_id")
 
 RpcObserver = Callable[[str, str, float], None]
+# How a unary call ended: its code, the error's detail ("" if none), its response.
+Settled = tuple[grpc.StatusCode, str, Any]
 
 
 class BadRequest:
@@ -108,7 +110,7 @@ class Outcome:
 
 
 class Rpc:
-    __slots__ = ("fn", "name", "polled", "request", "stream")
+    __slots__ = ("decode", "fn", "name", "polled", "request", "stream")
 
     def __init__(
         self, name: str, request: type[Message], fn: Callable[[Any], Any], polled: bool, stream: bool = False
@@ -118,6 +120,7 @@ class Rpc:
         self.fn = fn
         self.polled = polled
         self.stream = stream
+        self.decode = _deserializer(request)
 
 
 class CriServicer:
@@ -187,14 +190,14 @@ class CriServicer:
         for rpc in rpcs:
             if rpc.stream:
                 table[rpc.name] = grpc.unary_stream_rpc_method_handler(
-                    self._stream_handler(rpc),
-                    request_deserializer=_deserializer(rpc.request),
+                    self.stream_handler(rpc),
+                    request_deserializer=rpc.decode,
                     response_serializer=_serialize,
                 )
             else:
                 table[rpc.name] = grpc.unary_unary_rpc_method_handler(
                     self._unary_handler(rpc),
-                    request_deserializer=_deserializer(rpc.request),
+                    request_deserializer=rpc.decode,
                     response_serializer=_serialize,
                 )
         return table
@@ -219,33 +222,64 @@ class CriServicer:
         finally:
             self._log(rpc, req, out.response, out.code, out.detail, time.perf_counter() - t0)
 
+    def begin(self, rpc: Rpc, req: Message | BadRequest) -> Settled | Awaitable[Settled]:
+        """Starts one unary call: its (code, detail, response) at once, or an awaitable of them.
+
+        Both transports call this (grpcio through ``_unary_handler``, the
+        native one directly, so that a call answered without waiting needs
+        no task). Every outcome is logged once, here.
+        """
+        t0 = time.perf_counter()
+        try:
+            _require_valid(rpc, req)
+            resp = rpc.fn(req)
+        except Exception as exc:
+            return self._settle(rpc, req, None, exc, t0)
+        if asyncio.iscoroutine(resp):
+            return self._finish(rpc, req, resp, t0)
+        return self._settle(rpc, req, resp, None, t0)
+
+    async def _finish(
+        self, rpc: Rpc, req: Message | BadRequest, pending: Awaitable[Any], t0: float
+    ) -> Settled:
+        try:
+            resp = await pending
+        except asyncio.CancelledError as exc:
+            self._settle(rpc, req, None, exc, t0)
+            raise
+        except Exception as exc:
+            return self._settle(rpc, req, None, exc, t0)
+        return self._settle(rpc, req, resp, None, t0)
+
+    def _settle(
+        self, rpc: Rpc, req: Message | BadRequest, resp: Any, exc: BaseException | None, t0: float
+    ) -> Settled:
+        """The call's code and detail from how it ended (called inside the ``except`` that caught ``exc``)."""
+        code, detail = grpc.StatusCode.OK, ""
+        if isinstance(exc, CriError):
+            code, detail = status_code(exc), exc.message
+        elif isinstance(exc, asyncio.CancelledError):
+            code = grpc.StatusCode.CANCELLED
+        elif exc is not None:
+            code = grpc.StatusCode.UNKNOWN
+            detail = f"{rpc.name} failed: {type(exc).__name__}: {exc}"
+            log.exception("rpc.bug", method=rpc.name)
+        self._log(rpc, req, resp, code, detail, time.perf_counter() - t0)
+        return code, detail, resp
+
     def _unary_handler(self, rpc: Rpc) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-        # What _outcome does, inline: unary calls are the polled hot path.
         async def handle(req: Message | BadRequest, context: grpc.aio.ServicerContext) -> Any:
-            t0 = time.perf_counter()
-            code, detail, resp = grpc.StatusCode.OK, "", None
-            try:
-                _require_valid(rpc, req)
-                resp = rpc.fn(req)
-                if asyncio.iscoroutine(resp):
-                    resp = await resp
+            outcome = self.begin(rpc, req)
+            code, detail, resp = outcome if type(outcome) is tuple else await outcome  # type: ignore[misc]
+            if code == grpc.StatusCode.OK:
                 return resp
-            except CriError as exc:
-                code, detail = status_code(exc), exc.message
-            except asyncio.CancelledError:
-                code = grpc.StatusCode.CANCELLED
-                raise
-            except Exception as exc:
-                code = grpc.StatusCode.UNKNOWN
-                detail = f"{rpc.name} failed: {type(exc).__name__}: {exc}"
-                log.exception("rpc.bug", method=rpc.name)
-            finally:
-                self._log(rpc, req, resp, code, detail, time.perf_counter() - t0)
             await context.abort(code, detail)
 
         return handle
 
-    def _stream_handler(self, rpc: Rpc) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
+    def stream_handler(self, rpc: Rpc) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
+        """The server-streaming call ``rpc``: an async generator of (request, context); both transports."""
+
         async def handle(req: Message | BadRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             with self._outcome(rpc, req) as out:
                 _require_valid(rpc, req)

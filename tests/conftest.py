@@ -54,11 +54,15 @@ class Running:
         self.im = api_pb2_grpc.ImageServiceStub(channel)
 
 
-@pytest.fixture
-async def running(short_tmp: str) -> AsyncIterator[Running]:
-    """A real server on a real unix socket, fake backend, clients through the generated stubs."""
+@pytest.fixture(params=["grpcio", "native"])
+async def running(request: pytest.FixtureRequest, short_tmp: str) -> AsyncIterator[Running]:
+    """A real server on a real unix socket, fake backend, clients through the generated stubs.
+
+    Once per transport: grpcio's server and the native one (shim/h2grpc.py).
+    """
     fake = FakeBackend("fake", {"state_dir": os.path.join(short_tmp, "fake")})
-    server = Server(server_config(short_tmp), backends={"fake": fake}, id_factory=make_ids())
+    cfg = server_config(short_tmp, transport=request.param)
+    server = Server(cfg, backends={"fake": fake}, id_factory=make_ids())
     await server.start()
     channel = grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock")
     try:

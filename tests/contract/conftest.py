@@ -35,6 +35,7 @@ class Cri:
     channel: grpc.aio.Channel
     server: Server
     ids: str  # seed of the shim's ID factory
+    transport: str = "grpcio"  # [server] transport
 
     async def restart(self) -> None:
         """Stop the shim and start a new one, with a new backend of the same kind on the same
@@ -42,7 +43,7 @@ class Cri:
         await self.channel.close()
         await self.server.stop(0)
         self.backend, _ = BACKENDS[self.kind](self.root)
-        self.server = _server(self.kind, self.backend, self.root, self.ids + "-again")
+        self.server = _server(self.kind, self.backend, self.root, self.ids + "-again", self.transport)
         await self.server.start()
         self.channel = grpc.aio.insecure_channel(f"unix://{self.root}/cri.sock")
         self.rt = api_pb2_grpc.RuntimeServiceStub(self.channel)
@@ -113,22 +114,33 @@ BACKENDS: dict[str, Callable[[str], tuple[Backend, str]]] = {
 }
 
 
-def _server(kind: str, backend: Backend, root: str, ids: str) -> Server:
-    cfg = dataclasses.replace(server_config(root, default_handler=kind), handlers={})
+def _server(kind: str, backend: Backend, root: str, ids: str, transport: str = "grpcio") -> Server:
+    cfg = dataclasses.replace(server_config(root, default_handler=kind, transport=transport), handlers={})
     return Server(cfg, backends={kind: backend}, id_factory=make_ids(ids))
 
 
-@pytest.fixture(params=sorted(BACKENDS))
+# Every backend behind grpcio, and the fake behind the native transport too.
+@pytest.fixture(params=[*sorted(BACKENDS), "fake-native"])
 async def cri(request: Any, short_tmp: str) -> AsyncIterator[Cri]:
-    kind = request.param
+    kind, _, transport = request.param.partition("-")
+    transport = transport or "grpcio"
     backend, image = BACKENDS[kind](short_tmp)
     ids = f"contract-{os.getpid()}-{id(request)}"
-    server = _server(kind, backend, short_tmp, ids)
+    server = _server(kind, backend, short_tmp, ids, transport)
     await server.start()
     channel = grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock")
     rt = api_pb2_grpc.RuntimeServiceStub(channel)
     cri = Cri(
-        kind, backend, rt, api_pb2_grpc.ImageServiceStub(channel), image, short_tmp, channel, server, ids
+        kind,
+        backend,
+        rt,
+        api_pb2_grpc.ImageServiceStub(channel),
+        image,
+        short_tmp,
+        channel,
+        server,
+        ids,
+        transport,
     )
     try:
         yield cri

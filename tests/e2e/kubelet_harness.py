@@ -294,6 +294,8 @@ def _kubelet_config(h: Harness) -> str:
 
 def _shim_config(h: Harness) -> str:
     lines = [
+        "[server]",
+        f'transport = "{h.transport}"',
         "[images]",
         f'pause_image = "{PAUSE}"',
         "[streaming]",
@@ -374,8 +376,10 @@ class Harness:
         warm: int = 0,
         driver: str = "stub",
         guest_dir: str = "",
+        transport: str = "grpcio",
     ) -> None:
         self.handler = handler
+        self.transport = transport  # the shim's [server] transport
         self.warm = warm  # runv: warm VMs; docker: warm pause containers (0: every pod starts cold)
         self.driver = driver  # runv: "stub" or "qemu" (real VMs; slow under TCG)
         self.guest_dir = guest_dir
@@ -1386,9 +1390,10 @@ def run(
     warm: int = 0,
     driver: str = "stub",
     guest_dir: str = "",
+    transport: str = "grpcio",
 ) -> tuple[list[tuple[Check, Result, float]], Harness]:
     """Start everything, run the checks, print the report, stop everything."""
-    h = Harness(handler, keep=keep, warm=warm, driver=driver, guest_dir=guest_dir)
+    h = Harness(handler, keep=keep, warm=warm, driver=driver, guest_dir=guest_dir, transport=transport)
     results: list[tuple[Check, Result, float]] = []
     try:
         h.start(settle_timeout=900.0 if driver == "qemu" else 90.0)
@@ -1433,6 +1438,9 @@ def main(argv: list[str] | None = None) -> int:
         help="runv: warm VMs, docker: warm pause containers kept ready (0: off)",
     )
     p.add_argument("--driver", choices=("stub", "qemu"), default="stub", help="runv: the hypervisor driver")
+    p.add_argument(
+        "--transport", choices=("grpcio", "native"), default="grpcio", help="the shim's [server] transport"
+    )
     p.add_argument("--guest-dir", default="", help="runv qemu: the guest image (default: the driver's)")
     p.add_argument(
         "--max-seconds", type=float, default=420, help="a last resort: give up (and clean up) after this long"
@@ -1451,6 +1459,7 @@ def main(argv: list[str] | None = None) -> int:
             warm=args.warm,
             driver=args.driver,
             guest_dir=args.guest_dir,
+            transport=args.transport,
         )
     return 0 if results and all(r.ok for _, r, _ in results) else 1
 
