@@ -82,7 +82,7 @@ _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b
 
 
 # ---------------------------------------------------------------------- encoding
-def _frame(kind: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
+def encode_frame(kind: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
     n = len(payload)
     return bytes((n >> 16, (n >> 8) & 0xFF, n & 0xFF, kind, flags)) + sid.to_bytes(4, "big") + payload
 
@@ -100,14 +100,14 @@ def _hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
     return bytes(out)
 
 
-def _literal(name: bytes, value: bytes) -> bytes:
+def literal_header(name: bytes, value: bytes) -> bytes:
     """A header as "literal without indexing, new name": the peer's table is never touched."""
     return b"\x00" + _hpack_int(len(name), 7) + name + _hpack_int(len(value), 7) + value
 
 
 # ":status: 200" is entry 8 of the static table; "content-type" is entry 31.
 RESPONSE_HEADERS = b"\x88" + _hpack_int(31, 4) + _hpack_int(16, 7) + b"application/grpc"
-OK_TRAILERS = _literal(b"grpc-status", b"0")
+OK_TRAILERS = literal_header(b"grpc-status", b"0")
 
 
 def _percent(detail: str) -> bytes:
@@ -123,9 +123,9 @@ def _percent(detail: str) -> bytes:
 
 
 def _status_block(code: grpc.StatusCode, detail: str) -> bytes:
-    block = _literal(b"grpc-status", str(code.value[0]).encode())
+    block = literal_header(b"grpc-status", str(code.value[0]).encode())
     if detail:
-        block += _literal(b"grpc-message", _percent(detail))
+        block += literal_header(b"grpc-message", _percent(detail))
     return block
 
 
@@ -234,8 +234,8 @@ class _Connection(asyncio.Protocol):
             MAX_HEADER_LIST,
         )
         self.transport.write(
-            _frame(SETTINGS, 0, 0, settings)
-            + _frame(WINDOW_UPDATE, 0, 0, (CONN_RECV_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big"))
+            encode_frame(SETTINGS, 0, 0, settings)
+            + encode_frame(WINDOW_UPDATE, 0, 0, (CONN_RECV_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big"))
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -309,7 +309,7 @@ class _Connection(asyncio.Protocol):
                     if sid or length != 8:
                         raise ProtocolViolation(PROTOCOL_ERROR, "malformed PING")
                     if not flags & ACK:
-                        out.append(_frame(PING, ACK, 0, payload))
+                        out.append(encode_frame(PING, ACK, 0, payload))
                 elif kind == WINDOW_UPDATE:
                     self._on_window_update(sid, payload)
                 elif kind == RST_STREAM:
@@ -369,7 +369,7 @@ class _Connection(asyncio.Protocol):
                 if not FRAME_MAX <= value <= (1 << 24) - 1:
                     raise ProtocolViolation(PROTOCOL_ERROR, f"max frame size {value} out of range")
                 self.peer_max_frame = value
-        out.append(_frame(SETTINGS, ACK, 0))
+        out.append(encode_frame(SETTINGS, ACK, 0))
         if self.blocked:
             self._flush_blocked(out)
 
@@ -431,10 +431,10 @@ class _Connection(asyncio.Protocol):
             )
         self.last_sid = sid
         if self.going_away or self.server.stopping:
-            out.append(_frame(RST_STREAM, 0, sid, REFUSED_STREAM.to_bytes(4, "big")))
+            out.append(encode_frame(RST_STREAM, 0, sid, REFUSED_STREAM.to_bytes(4, "big")))
             return
         if len(self.streams) >= MAX_STREAMS:
-            out.append(_frame(RST_STREAM, 0, sid, REFUSED_STREAM.to_bytes(4, "big")))
+            out.append(encode_frame(RST_STREAM, 0, sid, REFUSED_STREAM.to_bytes(4, "big")))
             return
         path = b""
         method = b""
@@ -480,7 +480,7 @@ class _Connection(asyncio.Protocol):
             raise ProtocolViolation(PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
         if size:
-            out.append(_frame(WINDOW_UPDATE, 0, 0, size.to_bytes(4, "big")))
+            out.append(encode_frame(WINDOW_UPDATE, 0, 0, size.to_bytes(4, "big")))
         st = self.streams.get(sid)
         if st is None or st.ended:
             if sid > self.last_sid:
@@ -502,7 +502,7 @@ class _Connection(asyncio.Protocol):
         if flags & END_STREAM:
             self._end_request(st, out)
         elif st.unacked >= RECV_WINDOW // 2:
-            out.append(_frame(WINDOW_UPDATE, 0, sid, st.unacked.to_bytes(4, "big")))
+            out.append(encode_frame(WINDOW_UPDATE, 0, sid, st.unacked.to_bytes(4, "big")))
             st.unacked = 0
 
     # ------------------------------------------------------------ calls
@@ -545,7 +545,7 @@ class _Connection(asyncio.Protocol):
 
     def _trailers_only(self, st: _Stream, code: grpc.StatusCode, detail: str, out: list[bytes]) -> None:
         block = RESPONSE_HEADERS + _status_block(code, detail)
-        out.append(_frame(HEADERS, END_HEADERS | END_STREAM, st.sid, block))
+        out.append(encode_frame(HEADERS, END_HEADERS | END_STREAM, st.sid, block))
         st.trailers = b""
         self._close_stream(st, out)
 
@@ -558,7 +558,7 @@ class _Connection(asyncio.Protocol):
         if not st.ended:
             # We answered before the request ended: tell the peer to stop sending.
             st.ended = True
-            out.append(_frame(RST_STREAM, 0, st.sid, NO_ERROR.to_bytes(4, "big")))
+            out.append(encode_frame(RST_STREAM, 0, st.sid, NO_ERROR.to_bytes(4, "big")))
 
     # ------------------------------------------------------------ frames out
     def send_message(self, st: _Stream, message: bytes, out: list[bytes] | None = None) -> None:
@@ -572,7 +572,7 @@ class _Connection(asyncio.Protocol):
         frames: list[bytes] = [] if out is None else out
         if not st.headers_sent:
             st.headers_sent = True
-            frames.append(_frame(HEADERS, END_HEADERS, st.sid, RESPONSE_HEADERS))
+            frames.append(encode_frame(HEADERS, END_HEADERS, st.sid, RESPONSE_HEADERS))
         st.outq.append(bytes(chunk))
         self._flush(st, frames)
         if own:
@@ -606,12 +606,12 @@ class _Connection(asyncio.Protocol):
                 data = data[:room]
             self.send_window -= len(data)
             st.window -= len(data)
-            out.append(_frame(DATA, 0, st.sid, data))
+            out.append(encode_frame(DATA, 0, st.sid, data))
         self.blocked.pop(st.sid, None)
         if st.drained is not None:
             st.drained.set()
         if st.trailers is not None:
-            out.append(_frame(HEADERS, END_HEADERS | END_STREAM, st.sid, st.trailers))
+            out.append(encode_frame(HEADERS, END_HEADERS | END_STREAM, st.sid, st.trailers))
             self._close_stream(st, out)
 
     def _flush_blocked(self, out: list[bytes]) -> None:
@@ -636,7 +636,7 @@ class _Connection(asyncio.Protocol):
             return
         self.going_away = True
         payload = self.last_sid.to_bytes(4, "big") + code.to_bytes(4, "big") + why.encode()[:256]
-        self.transport.write(_frame(GOAWAY, 0, 0, payload))
+        self.transport.write(encode_frame(GOAWAY, 0, 0, payload))
 
     def _fail(self, code: int, why: str) -> None:
         log.warning("h2.protocol_error", error=why, code=code)
@@ -812,4 +812,4 @@ def listen_socket(path: str) -> socket.socket:
     return sock
 
 
-__all__ = ["NativeServer", "listen_socket"]
+__all__ = ["PREFACE", "NativeServer", "encode_frame", "listen_socket", "literal_header"]
