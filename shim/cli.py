@@ -26,6 +26,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", choices=["json", "console"])
     serve.add_argument("--metrics-listen", help="host:port of the Prometheus /metrics endpoint")
+    serve.add_argument(
+        "--transport", choices=["grpcio", "native"], help="how the CRI socket is served ([server] transport)"
+    )
     hollow = sub.add_parser(
         "hollow",
         help="serve N isolated fake nodes from one process, one socket each (as kubemark's hollow nodes)",
@@ -74,6 +77,8 @@ def build_config(args: argparse.Namespace) -> Config:
         server = dataclasses.replace(server, metrics_listen=args.metrics_listen)
     if args.default_handler:
         server = dataclasses.replace(server, default_handler=args.default_handler)
+    if getattr(args, "transport", None):
+        server = dataclasses.replace(server, transport=args.transport)
     logging_ = cfg.logging
     if args.log_level:
         logging_ = dataclasses.replace(logging_, level=args.log_level)

@@ -74,6 +74,7 @@ RECV_WINDOW = 1 << 24  # per stream, advertised in our SETTINGS
 CONN_RECV_WINDOW = 1 << 30  # the connection's, raised by a WINDOW_UPDATE at start
 MAX_STREAMS = 1000
 MAX_HEADER_LIST = 64 * 1024
+CONN_BUFFER_MAX = 64 << 20  # unfinished request bytes one connection may hold
 MAX_DETAIL = 4096  # bytes of grpc-message before it is cut
 
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
@@ -219,6 +220,7 @@ class _Connection(asyncio.Protocol):
         self.going_away = False
         self.closed = False
         self.paused: asyncio.Future[None] | None = None
+        self.buffered = 0  # bytes of requests not yet complete, over all streams
 
     # ------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -489,15 +491,15 @@ class _Connection(asyncio.Protocol):
         data = self._unpad(flags, payload)
         st.received += len(data)
         if st.received > self.server.max_message_bytes + 5:
-            if st.task is None and st.trailers is None:
-                self._trailers_only(
-                    st,
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"received a message larger than the maximum ({self.server.max_message_bytes} bytes)",
-                    out,
-                )
+            why = f"received a message larger than the maximum ({self.server.max_message_bytes} bytes)"
+            self._trailers_only(st, grpc.StatusCode.RESOURCE_EXHAUSTED, why, out)
+            return
+        if self.buffered + len(data) > CONN_BUFFER_MAX:
+            why = f"more than {CONN_BUFFER_MAX >> 20} MiB of unfinished requests on this connection"
+            self._trailers_only(st, grpc.StatusCode.RESOURCE_EXHAUSTED, why, out)
             return
         st.body += data
+        self.buffered += len(data)
         st.unacked += size
         if flags & END_STREAM:
             self._end_request(st, out)
@@ -514,6 +516,7 @@ class _Connection(asyncio.Protocol):
             return  # already answered (an early error)
         body = st.body
         st.body = bytearray()
+        self.buffered -= len(body)
         if len(body) < 5:
             self._trailers_only(st, grpc.StatusCode.INTERNAL, "request without a complete gRPC message", out)
             return
@@ -534,6 +537,8 @@ class _Connection(asyncio.Protocol):
 
     def _drop(self, st: _Stream) -> None:
         """The stream is gone (reset, or the connection): stop its work."""
+        self.buffered -= len(st.body)
+        st.body = bytearray()
         self.blocked.pop(st.sid, None)
         if st.timer is not None:
             st.timer.cancel()
@@ -550,6 +555,8 @@ class _Connection(asyncio.Protocol):
         self._close_stream(st, out)
 
     def _close_stream(self, st: _Stream, out: list[bytes]) -> None:
+        self.buffered -= len(st.body)
+        st.body = bytearray()
         self.streams.pop(st.sid, None)
         self.blocked.pop(st.sid, None)
         if st.timer is not None:

@@ -55,7 +55,7 @@ class Activated:
         self.notify.settimeout(60)
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def launch(self) -> None:
+    def launch(self, transport: str = "grpcio") -> None:
         assert ACTIVATE is not None
         cmd = [
             ACTIVATE,
@@ -78,6 +78,8 @@ class Activated:
             f"127.0.0.1:{self.metrics_port}",
             "--log-format",
             "json",
+            "--transport",
+            transport,
         ]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
@@ -171,6 +173,24 @@ async def test_version_over_the_activated_socket(activated: Activated) -> None:
     os.kill(activated.proc.pid, signal.SIGTERM)
     stopping = await asyncio.to_thread(activated.notifications, "STOPPING=1")
     assert "STOPPING=1" in stopping
+    rc = await asyncio.to_thread(activated.proc.wait, 30)
+    assert rc == 0, activated.log()[-2000:]
+
+
+async def test_native_transport_serves_the_activated_socket_itself(activated: Activated) -> None:
+    activated.launch("native")
+    assert await asyncio.to_thread(activated.wait_for_socket, 20), activated.log()
+    async with grpc.aio.insecure_channel(f"unix://{activated.sock}") as channel:
+        stub = api_pb2_grpc.RuntimeServiceStub(channel)
+        resp = await stub.Version(pb.VersionRequest(version="v1"), timeout=60, wait_for_ready=True)
+        assert resp.runtime_api_version == "v1"
+        status = await stub.Status(pb.StatusRequest(), timeout=30)
+        assert any(c.type == "RuntimeReady" for c in status.status.conditions)
+    assert "READY=1" in await asyncio.to_thread(activated.notifications, "READY=1")
+    # No relay: the native server accepts on systemd's socket.
+    assert not os.path.exists(os.path.join(activated.dir, "state", "grpc.sock"))
+    assert activated.proc is not None
+    os.kill(activated.proc.pid, signal.SIGTERM)
     rc = await asyncio.to_thread(activated.proc.wait, 30)
     assert rc == 0, activated.log()[-2000:]
 
