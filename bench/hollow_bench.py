@@ -53,7 +53,7 @@ from hpack import Decoder  # noqa: E402
 
 from cri_api import api_pb2 as pb  # noqa: E402
 from cri_api import api_pb2_grpc  # noqa: E402
-from shim.h2grpc import PREFACE, encode_frame, literal_header  # noqa: E402
+from shim.h2grpc import PREFACE, encode_frame, literal_header, next_frame  # noqa: E402
 
 TARGET_RSS_MIB = 300
 TARGET_P99_MS = 10.0
@@ -218,15 +218,10 @@ class H2Client(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buf = self.buf
         buf += data
-        pos, n, out = 0, len(buf), []
-        while n - pos >= 9:
-            length = int.from_bytes(buf[pos : pos + 3], "big")
-            if n - pos - 9 < length:
-                break
-            kind, flags = buf[pos + 3], buf[pos + 4]
-            sid = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-            payload = bytes(buf[pos + 9 : pos + 9 + length])
-            pos += 9 + length
+        pos, out = 0, []
+        while (frame := next_frame(buf, pos, 1 << 24)) is not None:
+            kind, flags, sid, payload, pos = frame
+            length = len(payload)
             call = self.calls.get(sid)
             if kind == 0:  # DATA
                 if length:
@@ -437,6 +432,7 @@ async def one_transport(args: argparse.Namespace, tmp: str, single: float, trans
                 await n.channel.close()
                 if n.h2 is not None and n.h2.transport is not None:
                     n.h2.transport.close()
+            await asyncio.sleep(0.1)  # let the closes happen before the SIGTERM below
     finally:
         took = stop(proc)
         left = [s for s in os.listdir(tmp) if s.endswith(".sock") and s.startswith(transport[0])]

@@ -82,10 +82,35 @@ _HEALTHY = frozenset({"", RUNTIME_SERVICE, IMAGE_SERVICE})
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 
 
+class ProtocolViolation(Exception):
+    """The peer broke the protocol: GOAWAY with ``code``, then close."""
+
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__(why)
+        self.code = code
+
+
 # ---------------------------------------------------------------------- encoding
 def encode_frame(kind: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
     n = len(payload)
     return bytes((n >> 16, (n >> 8) & 0xFF, n & 0xFF, kind, flags)) + sid.to_bytes(4, "big") + payload
+
+
+def next_frame(buf: bytearray, pos: int, limit: int) -> tuple[int, int, int, bytes, int] | None:
+    """The frame at ``pos``: (type, flags, stream ID, payload, where the next one starts), None if cut short.
+
+    A frame longer than ``limit`` is the peer's error (FRAME_SIZE_ERROR).
+    """
+    if len(buf) - pos < 9:
+        return None
+    length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
+    if length > limit:
+        raise ProtocolViolation(FRAME_SIZE_ERROR, f"frame of {length} bytes (max {limit})")
+    end = pos + 9 + length
+    if len(buf) < end:
+        return None
+    sid = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
+    return buf[pos + 3], buf[pos + 4], sid, bytes(buf[pos + 9 : end]), end
 
 
 def _hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
@@ -155,14 +180,6 @@ class _Context:
 
 
 _CONTEXT = _Context()
-
-
-class ProtocolViolation(Exception):
-    """The peer broke the protocol: GOAWAY with ``code``, then close."""
-
-    def __init__(self, code: int, why: str) -> None:
-        super().__init__(why)
-        self.code = code
 
 
 # ---------------------------------------------------------------------- streams
@@ -284,19 +301,15 @@ class _Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------ frames in
     def _frames(self, buf: bytearray) -> None:
-        pos, n = 0, len(buf)
+        pos = 0
         out: list[bytes] = []
         try:
-            while n - pos >= 9 and not self.closed:
-                length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
-                if length > FRAME_MAX:
-                    raise ProtocolViolation(FRAME_SIZE_ERROR, f"frame of {length} bytes (max {FRAME_MAX})")
-                if n - pos - 9 < length:
+            while not self.closed:
+                frame = next_frame(buf, pos, FRAME_MAX)
+                if frame is None:
                     break
-                kind, flags = buf[pos + 3], buf[pos + 4]
-                sid = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-                payload = bytes(buf[pos + 9 : pos + 9 + length])
-                pos += 9 + length
+                kind, flags, sid, payload, pos = frame
+                length = len(payload)
                 if self.headers_in is not None and kind != CONTINUATION:
                     raise ProtocolViolation(PROTOCOL_ERROR, "header block interrupted by another frame")
                 if kind == DATA:
@@ -819,4 +832,4 @@ def listen_socket(path: str) -> socket.socket:
     return sock
 
 
-__all__ = ["PREFACE", "NativeServer", "encode_frame", "listen_socket", "literal_header"]
+__all__ = ["PREFACE", "NativeServer", "encode_frame", "listen_socket", "literal_header", "next_frame"]

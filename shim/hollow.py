@@ -12,6 +12,11 @@ configuration:
 - its streaming server listens on its own port (the configured one plus i, or
   a random one when it is 0, the default).
 
+Each node's socket is served by the native transport (shim/h2grpc.py: HTTP/2
+on the event loop, no threads) unless ``--transport grpcio`` says otherwise:
+with a hundred nodes polled by their kubelets, grpcio's per-call thread
+hand-offs cost a core's fifth where the native server costs a twentieth.
+
 Nothing is shared between two nodes but the process, its event loop and the
 logging set-up (every log line carries ``node=i``): a pod run, an image pulled
 or a fault injected on one node is not seen on another. Only ``fake``
