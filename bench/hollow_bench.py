@@ -77,6 +77,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """(all, steal) ticks of every CPU so far: what the hypervisor took is steal."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return sum(fields[:8]), fields[7] if len(fields) > 7 else 0
+
+
 def pct(samples: list[float], q: float) -> float:
     """The nearest-rank percentile: with fewer than 100 samples, the p99 is the slowest."""
     s = sorted(samples)
@@ -399,9 +406,11 @@ async def one_transport(args: argparse.Namespace, tmp: str, single: float, trans
             for client in args.clients.split(","):
                 if client == "h2":
                     await asyncio.gather(*(n.connect_h2() for n in nodes))
-                cpu0, w0 = cpu_seconds(proc.pid), time.perf_counter()
+                cpu0, w0, ticks0 = cpu_seconds(proc.pid), time.perf_counter(), cpu_ticks()
                 lags = await poll(nodes, args.poll_seconds, client)
                 cpu = (cpu_seconds(proc.pid) - cpu0) / (time.perf_counter() - w0)
+                ticks1 = cpu_ticks()
+                steal = (ticks1[1] - ticks0[1]) / max(1, ticks1[0] - ticks0[0])
                 print(
                     f"polling through the {client} client: {args.nodes} pollers x 1/s for "
                     f"{args.poll_seconds:g} s, each ListPodSandbox + ListContainers"
@@ -416,6 +425,8 @@ async def one_transport(args: argparse.Namespace, tmp: str, single: float, trans
                     f"p50 {pct(lags, 0.5):6.2f} ms   p99 {pct(lags, 0.99):6.2f} ms   max {max(lags):6.2f} ms"
                     f"   (load average {os.getloadavg()[0]:.2f})",
                 )
+                # A VM whose host takes its CPUs away stalls shim and pollers alike.
+                line("CPU time the host took (steal) while polling", f"{steal * 100:8.1f} %")
                 seen = {(n.pods_seen, n.containers_seen) for n in nodes}
                 line("pods, containers listed per node", ", ".join(f"{p}, {c}" for p, c in sorted(seen)))
                 every = [ms for n in nodes for ms in n.pod_ms + n.container_ms]
@@ -423,6 +434,7 @@ async def one_transport(args: argparse.Namespace, tmp: str, single: float, trans
                 summary[f"{client} p99"] = f"{pct(every, 0.99):.2f} ms"
                 summary[f"{client} over"] = f"{over[0]} + {over[1]} of {args.nodes}"
                 summary[f"{client} cpu"] = f"{cpu * 100:.1f} %"
+                summary[f"{client} steal"] = f"{steal * 100:.1f} %"
             line(
                 "RSS after polling",
                 f"{rss_mib(proc.pid):8.1f} MiB   (peak {proc_status(proc.pid, 'VmHWM') / 1024:.1f})",
