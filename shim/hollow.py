@@ -10,7 +10,9 @@ configuration:
 - each handler is a fake backend of its own (images, pods, containers, call
   log), whose pods take their IPs from the node's own range;
 - its streaming server listens on its own port (the configured one plus i, or
-  a random one when it is 0, the default).
+  a random one when it is 0, the default);
+- NRI is off, unless ``[nri] socket_path`` has ``{i}``: then node i serves NRI
+  plugins on that path with ``{i}`` replaced.
 
 Each node's socket is served by the native transport (shim/h2grpc.py: HTTP/2
 on the event loop, no threads) unless ``--transport grpcio`` says otherwise:
@@ -163,7 +165,14 @@ def node_config(base: Config, node: NodeSpec) -> Config:
         opts["pod_cidr"] = str(net)
         opts.setdefault("max_calls", NODE_MAX_CALLS)
         handlers[name] = HandlerConfig(name, h.type, opts)
-    return dataclasses.replace(base, server=server, streaming=streaming, handlers=handlers)
+    # One NRI socket is one node's: each node gets its own when the path has {i},
+    # and none otherwise (node 0 would take the shared one, the rest warn).
+    nri = base.nri
+    if "{i}" in nri.socket_path:
+        nri = dataclasses.replace(nri, socket_path=nri.socket_path.replace("{i}", str(node.index)))
+    else:
+        nri = dataclasses.replace(nri, enable=False)
+    return dataclasses.replace(base, server=server, streaming=streaming, handlers=handlers, nri=nri)
 
 
 class Hollow:

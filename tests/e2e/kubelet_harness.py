@@ -377,9 +377,11 @@ class Harness:
         driver: str = "stub",
         guest_dir: str = "",
         transport: str = "grpcio",
+        hollow: int = 0,
     ) -> None:
         self.handler = handler
         self.transport = transport  # the shim's [server] transport
+        self.hollow = hollow  # fake: serve this many hollow nodes; the kubelet runs on the last
         self.warm = warm  # runv: warm VMs; docker: warm pause containers (0: every pod starts cold)
         self.driver = driver  # runv: "stub" or "qemu" (real VMs; slow under TCG)
         self.guest_dir = guest_dir
@@ -390,7 +392,7 @@ class Harness:
         self.tag = f"{random.randrange(16**4):04x}"
         self.subnet_octet = random.randrange(256)
         self.dir = Path(tempfile.mkdtemp(prefix="k-", dir="/tmp"))
-        self.socket = self.dir / "cri.sock"
+        self.socket = self.dir / (f"n-{hollow - 1}.sock" if hollow else "cri.sock")
         self.manifest_dir = self.dir / "manifests"
         self.hostdir = self.dir / "hostdir"
         self.host_token = f"from-host-{self.tag}"
@@ -462,6 +464,22 @@ class Harness:
             "--default-handler",
             self.handler,
         ]
+        if self.hollow:
+            # One process, many nodes: the kubelet's node is the last, the others idle beside it.
+            argv = [
+                *_shim_command(),
+                "hollow",
+                "--nodes",
+                str(self.hollow),
+                "--config",
+                _shim_config(self),
+                "--socket-template",
+                str(self.dir / "n-{i}.sock"),
+                "--state-root",
+                str(self.dir / "state"),
+                "--transport",
+                self.transport,
+            ]
         proc = self._spawn("cri-shim", argv, self.shim_log)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -1391,9 +1409,12 @@ def run(
     driver: str = "stub",
     guest_dir: str = "",
     transport: str = "grpcio",
+    hollow: int = 0,
 ) -> tuple[list[tuple[Check, Result, float]], Harness]:
     """Start everything, run the checks, print the report, stop everything."""
-    h = Harness(handler, keep=keep, warm=warm, driver=driver, guest_dir=guest_dir, transport=transport)
+    h = Harness(
+        handler, keep=keep, warm=warm, driver=driver, guest_dir=guest_dir, transport=transport, hollow=hollow
+    )
     results: list[tuple[Check, Result, float]] = []
     try:
         h.start(settle_timeout=900.0 if driver == "qemu" else 90.0)
@@ -1441,11 +1462,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--transport", choices=("grpcio", "native"), default="grpcio", help="the shim's [server] transport"
     )
+    p.add_argument(
+        "--hollow",
+        type=int,
+        default=0,
+        help="fake: `cri-shim hollow --nodes N`, the kubelet on the last node",
+    )
     p.add_argument("--guest-dir", default="", help="runv qemu: the guest image (default: the driver's)")
     p.add_argument(
         "--max-seconds", type=float, default=420, help="a last resort: give up (and clean up) after this long"
     )
     args = p.parse_args(argv)
+    if args.hollow and args.handler != "fake":
+        p.error("--hollow needs --handler fake: only fake nodes can be hollow")
     problem = environment_problem(args.handler)
     if problem:
         print(f"cannot run: {problem}", file=sys.stderr)
@@ -1460,6 +1489,7 @@ def main(argv: list[str] | None = None) -> int:
             driver=args.driver,
             guest_dir=args.guest_dir,
             transport=args.transport,
+            hollow=args.hollow,
         )
     return 0 if results and all(r.ok for _, r, _ in results) else 1
 

@@ -207,6 +207,12 @@ def test_node_config(short_tmp: str) -> None:
     assert cfg.streaming.port == 20002
     assert cfg.handlers["fake"].options == {"pull_seconds": 0, "pod_cidr": "10.2.0.0/17", "max_calls": 1000}
     assert cfg.handlers["fake2"].options == {"max_calls": 5, "pod_cidr": "10.2.128.0/17"}
+    assert not cfg.nri.enable  # one shared NRI socket would be node 0's alone
+    per_node = dataclasses.replace(
+        base, nri=dataclasses.replace(base.nri, socket_path=f"{short_tmp}/nri-{{i}}.sock")
+    )
+    assert node_config(per_node, spec).nri.enable
+    assert node_config(per_node, spec).nri.socket_path == f"{short_tmp}/nri-2.sock"
     docker = dataclasses.replace(base, handlers={"docker": HandlerConfig("docker", "docker", {})})
     with pytest.raises(HollowError, match="fake handlers only"):
         Hollow(docker, [spec])
