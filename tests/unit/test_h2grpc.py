@@ -24,6 +24,7 @@ from cri_api import api_pb2_grpc
 from shim.h2grpc import PREFACE, _percent, _timeout, encode_frame
 from shim.server import Server
 from tests.conftest import make_ids, server_config
+from tests.criutil import until
 
 
 class Native:
@@ -154,8 +155,7 @@ async def test_deadline_and_cancel_end_the_call_not_the_server(native: Native) -
     with pytest.raises(asyncio.CancelledError):
         await call
     native.fake.set_latency("run_sandbox", 0.0)
-    await asyncio.sleep(0.1)
-    assert not native.server.native.tasks  # type: ignore[union-attr]
+    await until(lambda: not native.server.native.tasks)  # type: ignore[union-attr]
     pod = (await native.rt.RunPodSandbox(_pod("after"))).pod_sandbox_id
     pods = (await native.rt.ListPodSandbox(pb.ListPodSandboxRequest())).items
     assert [p.id for p in pods] == [pod]  # the cut calls left nothing behind
@@ -287,8 +287,7 @@ async def test_random_frames_never_reach_past_the_connection(
         settings = encode_frame(4, 0, 0)
         await loop.run_in_executor(None, _send_and_close, native.sock, PREFACE + settings + b"".join(frames))
     assert (await native.rt.Version(pb.VersionRequest())).runtime_api_version == "v1"
-    await asyncio.sleep(0.1)
-    assert not native.server.native.tasks  # type: ignore[union-attr]
+    await until(lambda: not native.server.native.tasks)  # type: ignore[union-attr]
     logged = capfd.readouterr()
     assert "h2.protocol_error" in logged.out + logged.err  # the bad ones were seen as such
     assert "h2.bug" not in logged.out + logged.err
