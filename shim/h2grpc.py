@@ -326,7 +326,7 @@ class _Connection(asyncio.Protocol):
                     if not flags & ACK:
                         out.append(encode_frame(PING, ACK, 0, payload))
                 elif kind == WINDOW_UPDATE:
-                    self._on_window_update(sid, payload)
+                    self._on_window_update(sid, payload, out)
                 elif kind == RST_STREAM:
                     if not sid or length != 4:
                         raise ProtocolViolation(PROTOCOL_ERROR, "malformed RST_STREAM")
@@ -388,7 +388,7 @@ class _Connection(asyncio.Protocol):
         if self.blocked:
             self._flush_blocked(out)
 
-    def _on_window_update(self, sid: int, payload: bytes) -> None:
+    def _on_window_update(self, sid: int, payload: bytes, out: list[bytes]) -> None:
         if len(payload) != 4:
             raise ProtocolViolation(FRAME_SIZE_ERROR, "WINDOW_UPDATE not 4 bytes")
         inc = int.from_bytes(payload, "big") & 0x7FFFFFFF
@@ -404,9 +404,8 @@ class _Connection(asyncio.Protocol):
                 return
             st.window += inc
         if self.blocked:
-            out: list[bytes] = []
+            # Into this read's frames, after what they already hold for the same streams.
             self._flush_blocked(out)
-            self.write(out)
 
     def _on_headers(self, sid: int, flags: int, payload: bytes, out: list[bytes]) -> None:
         if sid == 0 or not sid & 1:

@@ -93,6 +93,17 @@ async def test_a_reply_larger_than_the_clients_window_arrives_whole(native: Nati
     assert got == 700
 
 
+async def test_many_large_replies_at_once_each_arrive_whole(native: Native) -> None:
+    # Replies that wait for window on one connection, released by WINDOW_UPDATEs that
+    # arrive among new requests: each must keep its frames in order (headers, data, trailers).
+    for i in range(300):
+        await native.rt.RunPodSandbox(_pod(f"pod-{i:04d}", note="x" * 100))
+    replies = await asyncio.gather(
+        *(native.rt.ListPodSandbox(pb.ListPodSandboxRequest()) for _ in range(200))
+    )
+    assert [len(r.items) for r in replies] == [300] * 200
+
+
 async def test_a_request_in_many_frames_is_read_whole(native: Native) -> None:
     blobs = {f"blob{i}": str(i) * 200_000 for i in range(3)}  # ~37 DATA frames of 16 KiB
     pod = (await native.rt.RunPodSandbox(_pod("big", **blobs))).pod_sandbox_id
