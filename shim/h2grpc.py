@@ -682,15 +682,13 @@ class NativeServer:
         self.tasks: set[asyncio.Task[None]] = set()
         self.stopping = False
         self._server: asyncio.AbstractServer | None = None
-        self._context = contextvars.copy_context()
+        self._context: contextvars.Context = contextvars.copy_context()
 
-    async def start(self, path: str | None = None, sock: socket.socket | None = None) -> None:
+    async def start(self, sock: socket.socket) -> None:
+        """Serve on ``sock``, a listening unix socket (``listen_socket``, or systemd's)."""
         loop = asyncio.get_running_loop()
-        self._context = contextvars.copy_context()
-        if sock is not None:
-            self._server = await loop.create_unix_server(lambda: _Connection(self), sock=sock, backlog=1024)
-        else:
-            self._server = await loop.create_unix_server(lambda: _Connection(self), path=path, backlog=1024)
+        self._context = contextvars.copy_context()  # the caller's: its tasks log as it does
+        self._server = await loop.create_unix_server(lambda: _Connection(self), sock=sock)
 
     async def stop(self, grace: float | None) -> None:
         """No new calls; calls under way get ``grace`` seconds, then are cancelled."""

@@ -210,17 +210,14 @@ class CriServicer:
         t0 = time.perf_counter()
         try:
             yield out
-        except CriError as exc:
-            out.code, out.detail = status_code(exc), exc.message
-        except asyncio.CancelledError:
-            out.code = grpc.StatusCode.CANCELLED
-            raise
         except Exception as exc:
-            out.code = grpc.StatusCode.UNKNOWN
-            out.detail = f"{rpc.name} failed: {type(exc).__name__}: {exc}"
-            log.exception("rpc.bug", method=rpc.name)
-        finally:
-            self._log(rpc, req, out.response, out.code, out.detail, time.perf_counter() - t0)
+            out.code, out.detail, _ = self._settle(rpc, req, None, exc, t0)
+        except BaseException as exc:  # cancelled, or the stream closed under it
+            cancelled = exc if isinstance(exc, asyncio.CancelledError) else None
+            self._settle(rpc, req, out.response, cancelled, t0)
+            raise
+        else:
+            self._settle(rpc, req, out.response, None, t0)
 
     def begin(self, rpc: Rpc, req: Message | BadRequest) -> Settled | Awaitable[Settled]:
         """Starts one unary call: its (code, detail, response) at once, or an awaitable of them.
