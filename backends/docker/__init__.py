@@ -6,16 +6,24 @@ import hashlib
 import os
 from typing import Any
 
-import structlog
-
-from backends.contract.errors import InvalidArgumentError
+from backends.contract import options
+from backends.contract.options import Kind, Schema
 
 from .backend import DockerBackend
-from .warm import PoolSettings
+from .warm import POOL_SCHEMA, PoolSettings
 
 __all__ = ["DockerBackend", "create"]
 
-log = structlog.get_logger(__name__)
+
+SCHEMA: Schema = {
+    "endpoint": Kind.STR,
+    "network": Kind.STR,
+    "runtime": Kind.STR_MAP,  # runtime handler -> engine runtime
+    "cgroup_parent": Kind.STR,
+    "call_timeout": Kind.NUMBER,
+    "instance": Kind.STR,
+    "pool": POOL_SCHEMA,
+}
 
 
 def _instance_of(name: str, state_dir: object) -> str:
@@ -42,28 +50,8 @@ def create(name: str, config: dict[str, Any]) -> DockerBackend:
     (s, 0.05), ``max_cpu`` (0.8)): warm pause containers for host-network pods
     (see warm.py).
     """
-    known = {
-        "cgroup_driver",
-        "instance",
-        "state_dir",
-        "endpoint",
-        "pause_image",
-        "network",
-        "runtime",
-        "pull_no_progress_timeout",
-        "cgroup_parent",
-        "call_timeout",
-        "pool",
-    }
-    unknown = set(config) - known - {"type"}
-    if unknown:
-        # A misspelt key must be visible, yet not keep the node from starting.
-        log.warning("docker backend: unknown settings ignored", handler=name, keys=sorted(unknown))
+    options.check(name, config, SCHEMA)
     runtimes = config.get("runtime") or {}
-    if not isinstance(runtimes, dict) or not all(isinstance(v, str) for v in runtimes.values()):
-        raise InvalidArgumentError(
-            f"docker backend {name!r}: 'runtime' must map handler names to runtime names"
-        )
     return DockerBackend(
         name,
         endpoint=str(config.get("endpoint", "unix:///var/run/docker.sock")),

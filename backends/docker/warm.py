@@ -38,12 +38,14 @@ import copy
 import dataclasses
 import json
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
 
-from backends.contract import SandboxRecord
+from backends.contract import SandboxRecord, options
 from backends.contract.errors import CriError, InternalError, InvalidArgumentError
+from backends.contract.options import Kind, Schema
 from backends.contract.pool import CpuMeter, Pool
 from cri_api import api_pb2 as pb
 
@@ -56,6 +58,9 @@ log = structlog.get_logger("docker.warm")
 WARM_ID = "warm_id"  # backend_data key of a pod that took a warm pause container
 
 
+POOL_SCHEMA: Schema = {"size": Kind.INT, "refill_interval": Kind.NUMBER, "max_cpu": Kind.NUMBER}
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class PoolSettings:
     size: int = 0  # pause containers kept ready; 0: no pool
@@ -66,20 +71,12 @@ class PoolSettings:
     def from_table(cls, handler: str, table: object) -> PoolSettings:
         if table is None:
             return cls()
-        if not isinstance(table, dict):
-            raise InvalidArgumentError(f"docker backend {handler!r}: 'pool' must be a table")
-        unknown = set(table) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise InvalidArgumentError(f"docker backend {handler!r}: unknown pool keys {sorted(unknown)}")
-        size = table.get("size", 0)
-        interval, max_cpu = table.get("refill_interval", 0.05), table.get("max_cpu", 0.8)
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise InvalidArgumentError(f"docker backend {handler!r}: pool.size must be a whole number >= 0")
-        for key, value in (("refill_interval", interval), ("max_cpu", max_cpu)):
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise InvalidArgumentError(f"docker backend {handler!r}: pool.{key} must be a number >= 0")
+        options.check_section(f"handlers.{handler}.pool", table, POOL_SCHEMA)
+        assert isinstance(table, Mapping)
+        size, interval = table.get("size", 0), table.get("refill_interval", 0.05)
+        max_cpu = table.get("max_cpu", 0.8)
         if max_cpu > 1:
-            raise InvalidArgumentError(f"docker backend {handler!r}: pool.max_cpu must be 0..1")
+            raise InvalidArgumentError(f"[handlers.{handler}.pool] max_cpu: expected 0..1, got {max_cpu!r}")
         return cls(size, float(interval), float(max_cpu))
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from backends.contract import options
+from backends.contract.options import Kind, Schema
 from backends.fake.backend import FakeBackend, FakeRuntime
 from backends.fake.faults import Call, FaultInjector, error_from_spec
 from backends.fake.program import PROGRAM_ANNOTATION, Program
@@ -20,5 +22,22 @@ __all__ = [
 ]
 
 
-def create(name: str, options: dict[str, Any]) -> FakeBackend:
-    return FakeBackend(name, options)
+# The keys of a ``[handlers.NAME]`` table of type "fake"; the tables and lists hold rules whose parts
+# the fake's modules check as they read them (faults.py, program.py, images.py, exec.py).
+SCHEMA: Schema = {
+    "pod_cidr": Kind.STR,  # where simulated pod IPs come from; UpdateRuntimeConfig replaces it
+    "pull_seconds": Kind.NUMBER,
+    "images": Kind.TABLE,
+    "missing_images": Kind.STRINGS,
+    "programs": Kind.TABLE,
+    "exec": Kind.LIST,
+    "port_responses": Kind.TABLE,
+    "errors": Kind.TABLE,
+    "latency": Kind.TABLE,
+    "max_calls": Kind.INT,
+}
+
+
+def create(name: str, config: dict[str, Any]) -> FakeBackend:
+    options.check(name, config, SCHEMA)
+    return FakeBackend(name, config)

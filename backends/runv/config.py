@@ -10,23 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from backends.contract.errors import InvalidArgumentError
+from backends.contract import options
+from backends.contract.options import Kind, Schema
 
-STR = "a string"
-NUMBER = "a non-negative number"
-INT = "a non-negative integer"
-STRINGS = "a list of strings"
+STR, NUMBER, INT, STRINGS = Kind.STR, Kind.NUMBER, Kind.INT, Kind.STRINGS
 
-# Keys the shim adds to every handler's options, whichever its type; runv has no use for them.
-SHIM_KEYS: dict[str, str] = {
-    "type": STR,
-    "state_dir": STR,
-    "pause_image": STR,
-    "pull_no_progress_timeout": NUMBER,
-    "cgroup_driver": STR,
-}
-
-TOP: dict[str, str] = {
+TOP: dict[str, Kind] = {
     "root": STR,
     "run_dir": STR,
     "agent_timeout": NUMBER,
@@ -36,7 +25,7 @@ TOP: dict[str, str] = {
     "driver": STR,  # "stub" (default) or "qemu"
 }
 
-STUB: dict[str, str] = {
+STUB: dict[str, Kind] = {
     "run_dir": STR,  # default: the handler's run_dir
     "cgroup_parent": STR,
     "boot_latency": NUMBER,
@@ -52,7 +41,7 @@ STUB: dict[str, str] = {
 }
 
 # The qemu driver (backends/runv/qemu.py).
-QEMU: dict[str, str] = {
+QEMU: dict[str, Kind] = {
     "run_dir": STR,
     "guest_dir": STR,
     "qemu": STR,
@@ -71,7 +60,7 @@ QEMU: dict[str, str] = {
     "cpu_overcommit": INT,
 }
 
-NETWORK: dict[str, str] = {
+NETWORK: dict[str, Kind] = {
     "bridge": STR,
     "subnet": STR,
     "gateway": STR,
@@ -84,7 +73,7 @@ NETWORK: dict[str, str] = {
 }
 
 # Warm VMs (backends/runv/pool.py).
-POOL: dict[str, str] = {
+POOL: dict[str, Kind] = {
     "size": INT,
     "vcpus": INT,
     "memory_mib": INT,
@@ -92,40 +81,9 @@ POOL: dict[str, str] = {
     "max_cpu": NUMBER,
 }
 
-TABLES: dict[str, dict[str, str]] = {"stub": STUB, "qemu": QEMU, "network": NETWORK, "pool": POOL}
-
-
-def _fits(kind: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return False  # TOML true/false is never a number or a string here
-    if kind == STR:
-        return isinstance(value, str)
-    if kind == NUMBER:
-        return isinstance(value, int | float) and value >= 0
-    if kind == INT:
-        return isinstance(value, int) and value >= 0
-    return isinstance(value, list) and all(isinstance(v, str) for v in value)
-
-
-def _check_table(
-    name: str, table: str, data: Mapping[str, Any], known: dict[str, str], accepted: dict[str, str]
-) -> None:
-    where = f"runv handler {name!r}: [handlers.{name}{'.' + table if table else ''}]"
-    for key, value in data.items():
-        kind = known.get(key) or accepted.get(key)
-        if kind is None:
-            raise InvalidArgumentError(f"{where} unknown key {key!r} (known: {', '.join(sorted(known))})")
-        if not _fits(kind, value):
-            raise InvalidArgumentError(f"{where} {key}: expected {kind}, got {value!r}")
+SCHEMA: Schema = {**TOP, "stub": STUB, "qemu": QEMU, "network": NETWORK, "pool": POOL}
 
 
 def check(name: str, config: Mapping[str, Any]) -> None:
     """Raise InvalidArgumentError for an unknown key or a wrongly typed value of ``config``."""
-    _check_table(name, "", {k: v for k, v in config.items() if k not in TABLES}, TOP, SHIM_KEYS)
-    for table, known in TABLES.items():
-        data = config.get(table)
-        if data is None:
-            continue
-        if not isinstance(data, Mapping):
-            raise InvalidArgumentError(f"runv handler {name!r}: [handlers.{name}] {table}: expected a table")
-        _check_table(name, table, data, known, {})
+    options.check(name, config, SCHEMA)

@@ -193,12 +193,12 @@ async def test_pool_items_are_reclaimed_after_a_crash_and_removed_at_stop(engine
 @pytest.mark.parametrize(
     ("table", "why"),
     [
-        ({"size": -1}, "pool.size"),
-        ({"size": "2"}, "pool.size"),
-        ({"size": 1, "max_cpu": 2}, "pool.max_cpu"),
-        ({"size": 1, "refill_interval": -1}, "pool.refill_interval"),
-        ({"vcpus": 2}, "unknown pool keys"),
-        ("big", "must be a table"),
+        ({"size": -1}, r"\[handlers.docker.pool\] size: expected a non-negative integer"),
+        ({"size": "2"}, r"\[handlers.docker.pool\] size: expected"),
+        ({"size": 1, "max_cpu": 2}, r"\[handlers.docker.pool\] max_cpu: expected 0..1"),
+        ({"size": 1, "refill_interval": -1}, r"\[handlers.docker.pool\] refill_interval: expected"),
+        ({"vcpus": 2}, r"\[handlers.docker.pool\] unknown key 'vcpus'"),
+        ("big", r"\[handlers.docker.pool\]: expected a table"),
     ],
 )
 def test_pool_settings_are_checked(table: Any, why: str) -> None:

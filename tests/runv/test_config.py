@@ -85,6 +85,6 @@ def test_bad_key_or_type_is_an_error_naming_handler_table_key(
             cfg[key] = {**cfg[key], **value}
         else:
             cfg[key] = value
-    with pytest.raises(InvalidArgumentError, match="runv handler 'vm': " + error):
+    with pytest.raises(InvalidArgumentError, match=error):
         create("vm", cfg)
     assert not (tmp_path / "root").exists()  # raised before anything was made

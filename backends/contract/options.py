@@ -1,0 +1,85 @@
+"""The one checker of a handler's options (its ``[handlers.NAME]`` table), for every backend.
+
+Each backend describes its keys as a schema: key -> :class:`Kind`, or key -> a nested schema for a
+sub-table (``pool``, ``network``...). :func:`check` applies one rule everywhere: an unknown key is an
+error naming the section and the key, and so is a value of the wrong kind. Without it a misspelt key
+is silently ignored and fails much later (a pod on the wrong bridge, a pool that never fills).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any, TypeAlias
+
+from backends.contract.errors import InvalidArgumentError
+
+
+class Kind(enum.Enum):
+    """What a value may be; the enum's value is how an error names it."""
+
+    STR = "a string"
+    NUMBER = "a non-negative number"
+    INT = "a non-negative integer"
+    BOOL = "true or false"
+    STRINGS = "a list of strings"
+    STR_MAP = "a table of strings"
+    TABLE = "a table"  # free-form: the backend reads and checks its content itself
+    LIST = "a list"  # free-form, likewise
+
+    def fits(self, value: Any) -> bool:
+        if self is Kind.BOOL:
+            return isinstance(value, bool)
+        if isinstance(value, bool):
+            return False  # TOML true/false is never a number or a string
+        match self:
+            case Kind.STR:
+                return isinstance(value, str)
+            case Kind.NUMBER:
+                return isinstance(value, int | float) and value >= 0
+            case Kind.INT:
+                return isinstance(value, int) and value >= 0
+            case Kind.STRINGS:
+                return isinstance(value, list) and all(isinstance(v, str) for v in value)
+            case Kind.STR_MAP:
+                return isinstance(value, Mapping) and all(isinstance(v, str) for v in value.values())
+            case Kind.TABLE:
+                return isinstance(value, Mapping)
+            case _:
+                return isinstance(value, list)
+
+
+Schema: TypeAlias = Mapping[str, "Kind | Schema"]
+
+# Keys the shim adds to every handler's options, whatever its type (shim.server); a backend may
+# have no use for some of them, but they are never unknown.
+SHIM_KEYS: Schema = {
+    "type": Kind.STR,
+    "state_dir": Kind.STR,
+    "pause_image": Kind.STR,
+    "pull_no_progress_timeout": Kind.NUMBER,
+    "cgroup_driver": Kind.STR,
+}
+
+
+def check(handler: str, options: Mapping[str, Any], schema: Schema) -> None:
+    """Raise InvalidArgumentError naming ``[handlers.HANDLER...]`` and the key for the first bad key."""
+    check_section(f"handlers.{handler}", options, {**SHIM_KEYS, **schema})
+
+
+def check_section(section: str, data: object, schema: Schema) -> None:
+    """The same for one table, ``section`` as a TOML header names it (``handlers.docker.pool``)."""
+    if not isinstance(data, Mapping):
+        raise InvalidArgumentError(f"[{section}]: expected a table, got {data!r}")
+    for key, value in data.items():
+        kind = schema.get(key)
+        if kind is None:
+            known = ", ".join(sorted(schema))
+            raise InvalidArgumentError(f"[{section}] unknown key {key!r} (known: {known})")
+        if isinstance(kind, Kind):
+            if not kind.fits(value):
+                raise InvalidArgumentError(f"[{section}] {key}: expected {kind.value}, got {value!r}")
+        elif not isinstance(value, Mapping):
+            raise InvalidArgumentError(f"[{section}] {key}: expected a table, got {value!r}")
+        else:
+            check_section(f"{section}.{key}", value, kind)
