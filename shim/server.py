@@ -29,10 +29,10 @@ from backends.registry import Registry, create_backend
 from shim.config import Config
 from shim.context import Shim
 from shim.errors import CriError, FailedPreconditionError, NotFoundError, UnimplementedError
-from shim.h2grpc import NativeServer, listen_socket
 from shim.recovery import recover
 from shim.servicer import IMAGE_SERVICE, RUNTIME_SERVICE, CriServicer, RpcObserver
 from shim.store import StateDir, Store, new_id
+from shim.transport.native import NativeServer, listen_socket
 
 log = structlog.get_logger("server")
 
