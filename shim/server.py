@@ -20,9 +20,7 @@ import stat
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import grpc
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from backends.contract import Backend, PortStream, StreamIO
 from backends.registry import Registry, create_backend
@@ -30,8 +28,9 @@ from shim.config import Config
 from shim.context import Shim
 from shim.errors import CriError, FailedPreconditionError, NotFoundError, UnimplementedError
 from shim.recovery import recover
-from shim.servicer import IMAGE_SERVICE, RUNTIME_SERVICE, CriServicer, RpcObserver
+from shim.servicer import CriServicer, RpcObserver
 from shim.store import StateDir, Store, new_id
+from shim.transport.grpcio import GrpcioServer, relay_from_fd
 from shim.transport.native import NativeServer, listen_socket
 
 log = structlog.get_logger("server")
@@ -153,7 +152,7 @@ class Server:
         self._observer = observer
         self.wrap_backend = wrap_backend
         self.shim: Shim | None = None
-        self.grpc: grpc.aio.Server | None = None
+        self.grpc: GrpcioServer | None = None
         self.native: NativeServer | None = None
         self.streaming: Any = None
         self.socket_path = ""
@@ -251,34 +250,23 @@ class Server:
 
     async def _start_grpcio(self, servicer: CriServicer, kind: str, path: str, fds: list[int]) -> None:
         cfg = self.config.server
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", cfg.max_message_bytes),
-                ("grpc.max_send_message_length", cfg.max_message_bytes),
-                ("grpc.so_reuseport", 0),
-            ],
-        )
-        server.add_generic_rpc_handlers(servicer.handlers())
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        server = GrpcioServer(servicer, cfg.max_message_bytes)
         if kind == "unix":
             bind_path = path
         else:
             bind_path = os.path.join(cfg.state_dir, "grpc.sock")
             prepare_socket_path(bind_path)
-        if server.add_insecure_port(f"unix://{bind_path}") == 0:
+        if not await server.start(bind_path):
             raise ServerError(f"cannot listen on {bind_path}")
-        await server.start()
         self.grpc = server
         if kind == "unix":
             self.socket_path = path  # removed by stop() even if securing it fails
             self._secure_socket(bind_path)
         else:
             os.chmod(bind_path, 0o600)
-            self._proxy = await _serve_fd_proxy(fds[0], bind_path)
+            self._proxy = await relay_from_fd(fds[0], bind_path)
             self.socket_path = bind_path
-        for svc in ("", RUNTIME_SERVICE, IMAGE_SERVICE):
-            await health_servicer.set(svc, health_pb2.HealthCheckResponse.SERVING)
+        await server.set_serving()
 
     async def _start_native(self, servicer: CriServicer, kind: str, path: str, fds: list[int]) -> None:
         """The native transport listens on the socket itself, systemd's one too."""
@@ -395,37 +383,6 @@ def dump_stacks() -> None:
         str(tid): "".join(traceback.format_stack(frame)) for tid, frame in sys._current_frames().items()
     }
     log.warning("diagnostics.stacks", tasks=tasks, threads=threads)
-
-
-async def _serve_fd_proxy(fd: int, target: str) -> asyncio.Server:
-    """Serve a socket handed over by systemd by relaying each connection to gRPC.
-
-    grpcio cannot adopt a listening descriptor, so it listens on a private
-    socket and every connection accepted on the systemd socket is spliced to it.
-    """
-    listener = socket.socket(fileno=fd)
-    listener.setblocking(False)
-
-    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(256 * 1024):
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            with contextlib.suppress(Exception):
-                writer.close()
-
-    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_unix_connection(target)
-        except OSError:
-            writer.close()
-            return
-        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
-
-    return await asyncio.start_unix_server(relay, sock=listener)
 
 
 __all__ = ["Server", "ServerError", "UnimplementedError"]
