@@ -25,11 +25,11 @@ import structlog
 from backends.contract import Backend, PortStream, StreamIO
 from backends.registry import Registry, create_backend
 from shim.config import Config
-from shim.context import Shim
-from shim.errors import CriError, FailedPreconditionError, NotFoundError, UnimplementedError
-from shim.recovery import recover
-from shim.servicer import CriServicer, RpcObserver
-from shim.store import StateDir, Store, new_id
+from shim.cri.errors import CriError, FailedPreconditionError, NotFoundError, UnimplementedError
+from shim.cri.recovery import recover
+from shim.cri.servicer import CriServicer, RpcObserver
+from shim.cri.state import Shim
+from shim.cri.store import StateDir, Store, new_id
 from shim.transport.grpcio import GrpcioServer, relay_from_fd
 from shim.transport.native import NativeServer, listen_socket
 

@@ -14,7 +14,7 @@ import socket
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from shim.servicer import IMAGE_SERVICE, RUNTIME_SERVICE, CriServicer
+from shim.cri.servicer import IMAGE_SERVICE, RUNTIME_SERVICE, CriServicer
 
 
 class GrpcioServer:

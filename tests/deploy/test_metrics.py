@@ -19,7 +19,7 @@ from cri_api import api_pb2 as pb
 from cri_api import api_pb2_grpc
 from shim import metrics
 from shim.config import Config, HandlerConfig
-from shim.errors import UnavailableError
+from shim.cri.errors import UnavailableError
 from shim.server import Server
 
 IMAGE = "registry.example/busybox:1.36"

@@ -50,5 +50,5 @@ def test_imports_run_one_way(package: str, forbidden: tuple[str, ...]) -> None:
 
 def test_the_check_sees_a_wrong_import(tmp_path: Path) -> None:
     bad = tmp_path / "m.py"
-    bad.write_text("def f():\n    from shim.errors import NotFoundError\n")
-    assert _imports(bad) == [(2, "shim.errors")]
+    bad.write_text("def f():\n    from shim.cri.errors import NotFoundError\n")
+    assert _imports(bad) == [(2, "shim.cri.errors")]

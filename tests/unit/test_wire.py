@@ -1,7 +1,7 @@
 """Pre-encoded List responses decode to the same messages."""
 
 from cri_api import api_pb2 as pb
-from shim.servicer import _split_entries
+from shim.cri.servicer import _split_entries
 from shim.wire import field1_entry, labels_match
 
 

@@ -20,10 +20,11 @@ from backends.contract import (
     SandboxStatus,
 )
 from cri_api import api_pb2 as pb
-from shim import cadvisor, stats, validate
-from shim.context import Shim, sandbox_pb, sandbox_status_pb
-from shim.errors import InvalidArgumentError, UnimplementedError
-from shim.store import sandbox_name, sandbox_to_json
+from shim import cadvisor, stats
+from shim.cri import validate
+from shim.cri.errors import InvalidArgumentError, UnimplementedError
+from shim.cri.state import Shim, sandbox_pb, sandbox_status_pb
+from shim.cri.store import sandbox_name, sandbox_to_json
 from shim.wire import ListCache, labels_match
 
 log = structlog.get_logger("sandbox")

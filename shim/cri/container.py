@@ -21,9 +21,9 @@ from backends.contract import (
     SandboxRecord,
 )
 from cri_api import api_pb2 as pb
-from shim import stats, validate
-from shim.context import Shim, container_pb, container_status_pb
-from shim.errors import (
+from shim import stats
+from shim.cri import validate
+from shim.cri.errors import (
     CriError,
     DeadlineExceededError,
     FailedPreconditionError,
@@ -32,8 +32,9 @@ from shim.errors import (
     ResourceExhaustedError,
     UnimplementedError,
 )
+from shim.cri.state import Shim, container_pb, container_status_pb
+from shim.cri.store import container_name, container_to_json
 from shim.io import CriLogWriter, touch_log
-from shim.store import container_name, container_to_json
 from shim.wire import ListCache, labels_match
 
 log = structlog.get_logger("container")

@@ -29,12 +29,12 @@ from backends.contract import (
 from backends.registry import Registry
 from cri_api import api_pb2 as pb
 from shim.config import Config
-from shim.errors import UnavailableError
-from shim.events import EventHub
+from shim.cri.errors import UnavailableError
+from shim.cri.events import EventHub
+from shim.cri.store import Store, new_id
 from shim.io import ContainerIO, CriLogWriter, last_log_marks
 from shim.nri.service import Nri
 from shim.stats import CpuRates
-from shim.store import Store, new_id
 
 log = structlog.get_logger("shim")
 
@@ -175,7 +175,7 @@ class Shim:
 
     async def _nri_update(self, container_id: str, linux: pb.LinuxContainerResources) -> None:
         """A resource update an NRI plugin asked for: as UpdateContainerResources does it."""
-        from shim.container import ContainerService
+        from shim.cri.container import ContainerService
 
         req = pb.UpdateContainerResourcesRequest(container_id=container_id, linux=linux)
         await ContainerService(self).update_resources(req, from_nri=True)
