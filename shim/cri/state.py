@@ -3,7 +3,7 @@
 The services (`runtime`, `sandbox`, `container`, `image`) are thin
 modules over one ``Shim``. It also is the backends' ``EventSink`` (a pod
 that lost its VM or network), and it follows every running container's
-process (:mod:`shim.io`): an exit is recorded, persisted and published as a
+process (:mod:`shim.cri.container_io`): an exit is recorded, persisted and published as a
 CRI event once, after the output is in the log.
 """
 
@@ -29,12 +29,12 @@ from backends.contract import (
 from backends.registry import Registry
 from cri_api import api_pb2 as pb
 from shim.config import Config
+from shim.cri.container_io import ContainerIO, CriLogWriter, last_log_marks
 from shim.cri.errors import UnavailableError
 from shim.cri.events import EventHub
+from shim.cri.stats_messages import CpuRates
 from shim.cri.store import Store, new_id
-from shim.io import ContainerIO, CriLogWriter, last_log_marks
 from shim.nri.service import Nri
-from shim.stats import CpuRates
 
 log = structlog.get_logger("shim")
 
