@@ -33,7 +33,8 @@ from shim.cri.errors import (
     UnimplementedError,
 )
 from shim.cri.list_cache import ListCache, labels_match
-from shim.cri.state import Shim, container_pb, container_status_pb
+from shim.cri.messages import container_pb, container_status_pb
+from shim.cri.state import Shim
 from shim.cri.store import container_name, container_to_json
 
 log = structlog.get_logger("container")

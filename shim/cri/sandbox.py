@@ -23,7 +23,8 @@ from cri_api import api_pb2 as pb
 from shim.cri import sandbox_metrics, stats_messages, validate
 from shim.cri.errors import InvalidArgumentError, UnimplementedError
 from shim.cri.list_cache import ListCache, labels_match
-from shim.cri.state import Shim, sandbox_pb, sandbox_status_pb
+from shim.cri.messages import sandbox_pb, sandbox_status_pb
+from shim.cri.state import Shim
 from shim.cri.store import sandbox_name, sandbox_to_json
 
 log = structlog.get_logger("sandbox")
