@@ -17,19 +17,20 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
 
-from backends.contract import Backend, PortStream, StreamIO
+from backends.contract import Backend
 from backends.registry import Registry, create_backend
 from shim.config import Config
-from shim.cri.errors import CriError, FailedPreconditionError, NotFoundError, UnimplementedError
+from shim.cri.errors import CriError, UnimplementedError
 from shim.cri.recovery import recover
 from shim.cri.servicer import CriServicer, RpcObserver
 from shim.cri.state import Shim
 from shim.cri.store import StateDir, Store, new_id
+from shim.cri.streaming_runtime import StreamTarget
 from shim.transport.grpcio import GrpcioServer, relay_from_fd
 from shim.transport.native import NativeServer, listen_socket
 
@@ -38,35 +39,6 @@ log = structlog.get_logger("server")
 
 class ServerError(Exception):
     """Startup cannot proceed; the message says why."""
-
-
-class StreamTarget:
-    """What the streaming server calls: CRI IDs → records → the owning backend."""
-
-    def __init__(self, shim: Shim) -> None:
-        self.shim = shim
-
-    def _running(self, container_id: str) -> Any:
-        c = self.shim.store.containers.get(container_id)
-        if c is None:
-            raise NotFoundError(f"container {container_id} not found")
-        return c
-
-    async def exec(self, container_id: str, cmd: Sequence[str], io: StreamIO) -> int:
-        c = self._running(container_id)
-        return await self.shim.backend(c.backend).exec(c, cmd, io)
-
-    async def attach(self, container_id: str, io: StreamIO) -> None:
-        c = self._running(container_id)
-        await self.shim.backend(c.backend).attach(c, io)
-
-    async def port_forward(self, sandbox_id: str, port: int, stream: PortStream) -> None:
-        sb = self.shim.store.sandboxes.get(sandbox_id)
-        if sb is None:
-            raise NotFoundError(f"pod sandbox {sandbox_id} not found")
-        if not sb.status.ready:
-            raise FailedPreconditionError(f"pod sandbox {sandbox_id} is not ready")
-        await self.shim.backend(sb.backend).port_forward(sb, port, stream)
 
 
 def parse_listen(listen: str) -> tuple[str, str]:
