@@ -1,8 +1,10 @@
 """Imports run one way: a backend never imports ``shim``, and the contract knows no gRPC.
 
 ``cri_api`` <- ``backends.contract`` <- backends; ``shim`` uses the contract
-and the registry. The check reads every module's import statements (a lazy
-import inside a function counts too) and fails on the first wrong one.
+and the registry. Inside ``shim``, the CRI logic and the transports never
+import the process-level modules above them. The check reads every module's
+import statements (a lazy import inside a function counts too) and fails on
+the first wrong one.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# The process-level modules of shim, above the transports and the CRI logic (config and logging
+# are below both).
+PROCESS = ("shim.cli", "shim.server", "shim.hollow", "shim.prometheus")
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -41,8 +46,16 @@ def _offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
         ("backends", ("shim",)),
         ("backends/contract", ("shim", "grpc", "backends.docker", "backends.runv", "backends.fake")),
         ("cri_api", ("shim", "backends")),
+        ("shim/transport", PROCESS),
+        ("shim/cri", (*PROCESS, "shim.transport")),
     ],
-    ids=["backends-never-import-shim", "contract-knows-no-grpc", "schema-imports-nothing-of-ours"],
+    ids=[
+        "backends-never-import-shim",
+        "contract-knows-no-grpc",
+        "schema-imports-nothing-of-ours",
+        "transports-know-no-process",
+        "cri-logic-knows-no-transport-or-process",
+    ],
 )
 def test_imports_run_one_way(package: str, forbidden: tuple[str, ...]) -> None:
     assert _offenders(package, forbidden) == []
