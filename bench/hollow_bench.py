@@ -53,7 +53,7 @@ from hpack import Decoder  # noqa: E402
 
 from cri_api import api_pb2 as pb  # noqa: E402
 from cri_api import api_pb2_grpc  # noqa: E402
-from shim.h2grpc import PREFACE, encode_frame, literal_header, next_frame  # noqa: E402
+from shim.transport.native import PREFACE, encode_frame, literal_header, next_frame  # noqa: E402
 
 TARGET_RSS_MIB = 300
 TARGET_P99_MS = 10.0

@@ -54,8 +54,8 @@ from backends.runv.hypervisor import MIB, VM, VMSpec  # noqa: E402
 from backends.runv.network import PodNetwork  # noqa: E402
 from backends.runv.stub import Cgroup  # noqa: E402
 from cri_api import api_pb2 as pb  # noqa: E402
-from shim.errors import ResourceExhaustedError  # noqa: E402
-from shim.io import ContainerIO  # noqa: E402
+from shim.cri.container_io import ContainerIO  # noqa: E402
+from shim.cri.errors import ResourceExhaustedError  # noqa: E402
 
 # The same child-process pattern, images and percentile as the docker benchmark.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

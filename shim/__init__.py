@@ -1,4 +1,19 @@
-"""cri-shim: the CRI layer, backend-neutral."""
+"""cri-shim: the CRI layer, backend-neutral.
+
+Its parts, from the process down:
+
+- the process, the modules of this package itself: ``cli`` (the ``cri-shim``
+  command), ``config``, ``logging``, ``server`` (one node's startup → serve →
+  shutdown), ``hollow`` (many fake nodes in one process), ``prometheus``
+  (the /metrics endpoint);
+- ``transport``: how the CRI socket is served, by grpcio's server or the native one;
+- ``cri``: the CRI logic, from the servicer down to the store;
+- ``streaming`` (exec, attach, port-forward) and ``nri`` (NRI plugins): units
+  that the CRI logic and the server use.
+
+Of the process, ``transport`` and ``cri`` use only ``config`` and ``logging``
+(tests/unit/test_import_contract.py).
+"""
 
 import os
 from importlib.metadata import PackageNotFoundError, version

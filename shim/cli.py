@@ -139,9 +139,9 @@ async def _serve(server: object) -> None:
     assert isinstance(server, Server)
     metrics_listen = server.config.server.metrics_listen
     if metrics_listen:
-        from shim import metrics  # type: ignore[attr-defined, unused-ignore]
+        from shim import prometheus  # type: ignore[attr-defined, unused-ignore]
 
-        metrics.start(metrics_listen, server)
+        prometheus.start(metrics_listen, server)
     await server.run_until_signalled()
 
 

@@ -17,57 +17,28 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import grpc
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from backends.contract import Backend, PortStream, StreamIO
+from backends.contract import Backend
 from backends.registry import Registry, create_backend
 from shim.config import Config
-from shim.context import Shim
-from shim.errors import CriError, FailedPreconditionError, NotFoundError, UnimplementedError
-from shim.h2grpc import NativeServer, listen_socket
-from shim.recovery import recover
-from shim.servicer import IMAGE_SERVICE, RUNTIME_SERVICE, CriServicer, RpcObserver
-from shim.store import StateDir, Store, new_id
+from shim.cri.errors import CriError, UnimplementedError
+from shim.cri.recovery import recover
+from shim.cri.servicer import CriServicer, RpcObserver
+from shim.cri.state import Shim
+from shim.cri.store import StateDir, Store, new_id
+from shim.cri.streaming_runtime import StreamTarget
+from shim.transport.grpcio import GrpcioServer, relay_from_fd
+from shim.transport.native import NativeServer, listen_socket
 
 log = structlog.get_logger("server")
 
 
 class ServerError(Exception):
     """Startup cannot proceed; the message says why."""
-
-
-class StreamTarget:
-    """What the streaming server calls: CRI IDs → records → the owning backend."""
-
-    def __init__(self, shim: Shim) -> None:
-        self.shim = shim
-
-    def _running(self, container_id: str) -> Any:
-        c = self.shim.store.containers.get(container_id)
-        if c is None:
-            raise NotFoundError(f"container {container_id} not found")
-        return c
-
-    async def exec(self, container_id: str, cmd: Sequence[str], io: StreamIO) -> int:
-        c = self._running(container_id)
-        return await self.shim.backend(c.backend).exec(c, cmd, io)
-
-    async def attach(self, container_id: str, io: StreamIO) -> None:
-        c = self._running(container_id)
-        await self.shim.backend(c.backend).attach(c, io)
-
-    async def port_forward(self, sandbox_id: str, port: int, stream: PortStream) -> None:
-        sb = self.shim.store.sandboxes.get(sandbox_id)
-        if sb is None:
-            raise NotFoundError(f"pod sandbox {sandbox_id} not found")
-        if not sb.status.ready:
-            raise FailedPreconditionError(f"pod sandbox {sandbox_id} is not ready")
-        await self.shim.backend(sb.backend).port_forward(sb, port, stream)
 
 
 def parse_listen(listen: str) -> tuple[str, str]:
@@ -153,7 +124,7 @@ class Server:
         self._observer = observer
         self.wrap_backend = wrap_backend
         self.shim: Shim | None = None
-        self.grpc: grpc.aio.Server | None = None
+        self.grpc: GrpcioServer | None = None
         self.native: NativeServer | None = None
         self.streaming: Any = None
         self.socket_path = ""
@@ -251,34 +222,23 @@ class Server:
 
     async def _start_grpcio(self, servicer: CriServicer, kind: str, path: str, fds: list[int]) -> None:
         cfg = self.config.server
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", cfg.max_message_bytes),
-                ("grpc.max_send_message_length", cfg.max_message_bytes),
-                ("grpc.so_reuseport", 0),
-            ],
-        )
-        server.add_generic_rpc_handlers(servicer.handlers())
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        server = GrpcioServer(servicer, cfg.max_message_bytes)
         if kind == "unix":
             bind_path = path
         else:
             bind_path = os.path.join(cfg.state_dir, "grpc.sock")
             prepare_socket_path(bind_path)
-        if server.add_insecure_port(f"unix://{bind_path}") == 0:
+        if not await server.start(bind_path):
             raise ServerError(f"cannot listen on {bind_path}")
-        await server.start()
         self.grpc = server
         if kind == "unix":
             self.socket_path = path  # removed by stop() even if securing it fails
             self._secure_socket(bind_path)
         else:
             os.chmod(bind_path, 0o600)
-            self._proxy = await _serve_fd_proxy(fds[0], bind_path)
+            self._proxy = await relay_from_fd(fds[0], bind_path)
             self.socket_path = bind_path
-        for svc in ("", RUNTIME_SERVICE, IMAGE_SERVICE):
-            await health_servicer.set(svc, health_pb2.HealthCheckResponse.SERVING)
+        await server.set_serving()
 
     async def _start_native(self, servicer: CriServicer, kind: str, path: str, fds: list[int]) -> None:
         """The native transport listens on the socket itself, systemd's one too."""
@@ -395,37 +355,6 @@ def dump_stacks() -> None:
         str(tid): "".join(traceback.format_stack(frame)) for tid, frame in sys._current_frames().items()
     }
     log.warning("diagnostics.stacks", tasks=tasks, threads=threads)
-
-
-async def _serve_fd_proxy(fd: int, target: str) -> asyncio.Server:
-    """Serve a socket handed over by systemd by relaying each connection to gRPC.
-
-    grpcio cannot adopt a listening descriptor, so it listens on a private
-    socket and every connection accepted on the systemd socket is spliced to it.
-    """
-    listener = socket.socket(fileno=fd)
-    listener.setblocking(False)
-
-    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(256 * 1024):
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            with contextlib.suppress(Exception):
-                writer.close()
-
-    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_unix_connection(target)
-        except OSError:
-            writer.close()
-            return
-        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
-
-    return await asyncio.start_unix_server(relay, sock=listener)
 
 
 __all__ = ["Server", "ServerError", "UnimplementedError"]

@@ -2,7 +2,7 @@
 
 :class:`Follower` is the backends' ``EventSink`` of such a test, and it
 follows each started container's process with the shim's own
-:class:`~shim.io.ContainerIO`: output into a sink (memory or a CRI log
+:class:`~shim.cri.container_io.ContainerIO`: output into a sink (memory or a CRI log
 file), the exit recorded once the output is drained.
 """
 
@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from backends.contract import Backend, ContainerRecord, ExitInfo, LogMarks, SandboxRecord
-from shim.io import ContainerIO, LogWriter
+from shim.cri.container_io import ContainerIO, LogWriter
 
 
 class MemoryLog:

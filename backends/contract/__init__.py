@@ -1,7 +1,7 @@
 """What the CRI layer (``shim``) and the backends share, knowing neither of them.
 
 - :mod:`~backends.contract.errors`: the conditions a backend raises, with no
-  gRPC in them (``shim.errors`` maps each to a status code, once);
+  gRPC in them (``shim.cri.errors`` maps each to a status code, once);
 - :mod:`~backends.contract.records`: the shim's records of pods and containers;
 - :mod:`~backends.contract.values`: what backends report (exits, networks,
   recovery observations, exec results);

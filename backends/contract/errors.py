@@ -1,4 +1,4 @@
-"""Conditions raised by backends and the CRI layer; ``shim.errors`` maps each to a gRPC code.
+"""Conditions raised by backends and the CRI layer; ``shim.cri.errors`` maps each to a gRPC code.
 
     CriError
     ├── NotFoundError            the object does not exist

@@ -232,7 +232,7 @@ class Backend(Lifecycle, Images, Exec, Stats, Resources, Protocol):
 class MetricsBackend(Protocol):
     """ListPodSandboxMetrics (METRICS): the figures of cAdvisor's container_* families.
 
-    The shim names the families and builds the metrics (``shim/cadvisor.py``);
+    The shim names the families and builds the metrics (``shim/cri/sandbox_metrics.py``);
     a backend reports, per pod, its running containers' samples with their
     detail and layer, and the pod's interfaces.
     """

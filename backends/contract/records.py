@@ -35,7 +35,7 @@ class SandboxRecord:
     # Set once the backend's run_sandbox returned; a record without it at
     # recovery is a half-created leftover.
     committed: bool = False
-    # The shim's encoded List entry and the status it was built from (shim/wire.py).
+    # The shim's encoded List entry and the status it was built from (shim/cri/list_cache.py).
     wire: tuple[object, bytes] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property

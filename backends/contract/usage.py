@@ -2,8 +2,8 @@
 
 A backend hands the shim what it read (cgroup counters, interface counters,
 its writable layer's size); the shim builds the CRI messages from them once
-for every backend (``shim/stats.py`` for the stats RPCs, with the CPU rate
-from the previous sample; ``shim/cadvisor.py`` for ListPodSandboxMetrics).
+for every backend (``shim/cri/stats_messages.py`` for the stats RPCs, with the CPU rate
+from the previous sample; ``shim/cri/sandbox_metrics.py`` for ListPodSandboxMetrics).
 None means "not measured": the field is left out of the message.
 """
 

@@ -47,7 +47,7 @@ from cri_api import api_pb2 as pb
 from cri_api import nri_pb2 as nri
 from shim import __version__
 from shim.config import NriConfig
-from shim.errors import AbortedError, DeadlineExceededError, FailedPreconditionError
+from shim.cri.errors import AbortedError, DeadlineExceededError, FailedPreconditionError
 from shim.nri import convert
 from shim.nri.wire import CODE_INVALID_ARGUMENT, CODE_UNIMPLEMENTED, CallError, Channel, ClosedError
 

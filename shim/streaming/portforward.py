@@ -10,7 +10,7 @@ import time
 import structlog
 
 from cri_api import api_pb2 as pb
-from shim.errors import CriError
+from shim.cri.errors import CriError
 from shim.streaming import protocols as proto
 from shim.streaming.config import StreamingRuntime
 from shim.streaming.session import SpdySession, SpdyStream

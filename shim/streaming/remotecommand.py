@@ -15,7 +15,7 @@ import structlog
 
 from backends.contract import StreamIO, TerminalSize
 from cri_api import api_pb2 as pb
-from shim.errors import CriError
+from shim.cri.errors import CriError
 from shim.streaming import protocols as proto
 from shim.streaming.config import StreamingRuntime
 from shim.streaming.session import SpdySession, SpdyStream

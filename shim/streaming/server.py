@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from cri_api import api_pb2 as pb
-from shim.errors import InvalidArgumentError
+from shim.cri.errors import InvalidArgumentError
 from shim.streaming import portforward, remotecommand, websocket
 from shim.streaming import protocols as proto
 from shim.streaming.config import StreamingConfig, StreamingRuntime

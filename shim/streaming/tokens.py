@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from shim.errors import ResourceExhaustedError
+from shim.cri.errors import ResourceExhaustedError
 
 T = TypeVar("T")
 

@@ -17,9 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from backends.contract import Backend
 from cri_api import api_pb2 as pb
 from cri_api import api_pb2_grpc
-from shim import metrics
+from shim import prometheus
 from shim.config import Config, HandlerConfig
-from shim.errors import UnavailableError
+from shim.cri.errors import UnavailableError
 from shim.server import Server
 
 IMAGE = "registry.example/busybox:1.36"
@@ -30,7 +30,7 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 @dataclasses.dataclass
 class Running:
     server: Server
-    endpoint: metrics.MetricsEndpoint
+    endpoint: prometheus.MetricsEndpoint
     runtime: api_pb2_grpc.RuntimeServiceStub
     images: api_pb2_grpc.ImageServiceStub
 
@@ -59,7 +59,7 @@ async def running(tmpdir_short: str) -> AsyncIterator[Running]:
         handlers={"fake": HandlerConfig("fake", "fake", {"images": {IMAGE: {"size": IMAGE_SIZE}}})},
     )
     server = Server(cfg)
-    endpoint = metrics.start("127.0.0.1:0", server)
+    endpoint = prometheus.start("127.0.0.1:0", server)
     await server.start()
     channel = grpc.aio.insecure_channel(f"unix://{tmpdir_short}/s.sock")
     try:
@@ -247,7 +247,7 @@ async def test_warm_pools_by_handler(running: Running) -> None:
 
 async def test_backend_proxy_forwards_attributes_and_coroutines(running: Running) -> None:
     proxy = running.fake
-    assert isinstance(proxy, metrics.TimedBackend)
+    assert isinstance(proxy, prometheus.TimedBackend)
     inner = proxy.wrapped
     assert proxy.name == inner.name == "fake"
     assert proxy.capabilities == inner.capabilities
@@ -278,7 +278,7 @@ async def test_http_endpoint_paths_and_shutdown(running: Running) -> None:
 
 async def test_two_servers_keep_separate_registries(running: Running, tmpdir_short: str) -> None:
     other = Server(Config())
-    other_metrics = metrics.ShimMetrics(other)
+    other_metrics = prometheus.ShimMetrics(other)
     other_metrics.observe_rpc("Version", "OK", 0.001)
     await running.runtime.Version(pb.VersionRequest())
     s = await scrape(running)
@@ -301,22 +301,22 @@ async def test_two_servers_keep_separate_registries(running: Running, tmpdir_sho
     ids=["ipv4", "any", "ipv6"],
 )
 def test_parse_listen(listen: str, expected: tuple[str, int]) -> None:
-    assert metrics.parse_listen(listen) == expected
+    assert prometheus.parse_listen(listen) == expected
 
 
 @pytest.mark.parametrize("listen", ["9090", "host:", "host:http", "host:70000"], ids=str)
 def test_parse_listen_rejects(listen: str) -> None:
     with pytest.raises(ValueError, match="HOST:PORT"):
-        metrics.parse_listen(listen)
+        prometheus.parse_listen(listen)
 
 
 async def test_taken_port_fails_at_start(tmpdir_short: str) -> None:
     from shim.server import ServerError
 
-    first = metrics.start("127.0.0.1:0", Server(Config()))
+    first = prometheus.start("127.0.0.1:0", Server(Config()))
     try:
         with pytest.raises(ServerError, match="metrics-listen"):
-            metrics.start(f"127.0.0.1:{first.port}", Server(Config()))
+            prometheus.start(f"127.0.0.1:{first.port}", Server(Config()))
     finally:
         first.close()
         await first.wait_closed()
@@ -326,4 +326,4 @@ async def test_bad_listen_is_a_server_error() -> None:
     from shim.server import ServerError
 
     with pytest.raises(ServerError, match="HOST:PORT"):
-        metrics.start("localhost", Server(Config()))
+        prometheus.start("localhost", Server(Config()))

@@ -22,8 +22,8 @@ from backends.contract import Backend, ContainerRecord, SandboxStatus, TerminalS
 from backends.docker import create
 from backends.docker import labels as lbl
 from cri_api import api_pb2 as pb
-from shim.errors import CriError, DeadlineExceededError, NotFoundError, UnavailableError
-from shim.io import CriLogWriter, last_log_marks
+from shim.cri.container_io import CriLogWriter, last_log_marks
+from shim.cri.errors import CriError, DeadlineExceededError, NotFoundError, UnavailableError
 from tests.as_shim import AsShim
 from tests.docker.dockerkit import (
     BUSYBOX,

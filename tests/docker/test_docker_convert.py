@@ -17,8 +17,8 @@ from backends.docker.backend import LogResume, exit_info, parse_time
 from backends.docker.images import _pull_error, registry_auth, split_reference
 from backends.linux.cgroups import CgroupReader
 from cri_api import api_pb2 as pb
-from shim.errors import FailedPreconditionError, InternalError, InvalidArgumentError, NotFoundError
-from shim.io import last_log_marks
+from shim.cri.container_io import last_log_marks
+from shim.cri.errors import FailedPreconditionError, InternalError, InvalidArgumentError, NotFoundError
 
 SB_ID = "a" * 64
 CT_ID = "b" * 64

@@ -22,7 +22,7 @@ from backends.docker import DockerBackend, create
 from backends.docker import labels as lbl
 from backends.docker.warm import WARM_ID, PoolSettings
 from cri_api import api_pb2 as pb
-from shim.io import CriLogWriter
+from shim.cri.container_io import CriLogWriter
 from tests.criutil import until
 from tests.docker.dockerkit import (
     BUSYBOX,

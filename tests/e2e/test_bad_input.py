@@ -138,7 +138,7 @@ async def test_unknown_method_is_unimplemented(running: Running) -> None:
 
 
 async def test_injected_backend_failure_rolls_back(running: Running) -> None:
-    from shim.errors import UnavailableError
+    from shim.cri.errors import UnavailableError
 
     r = running
     r.fake.inject_error("run_sandbox", UnavailableError("engine went away"))
@@ -315,8 +315,8 @@ USERNS = [
 @pytest.mark.parametrize(("cfg", "needle"), [(c, n) for _, c, n in USERNS], ids=[i for i, _, _ in USERNS])
 def test_user_namespace_options_are_checked(cfg: pb.PodSandboxConfig, needle: str) -> None:
     from backends.contract import Capability
-    from shim import validate
-    from shim.errors import InvalidArgumentError
+    from shim.cri import validate
+    from shim.cri.errors import InvalidArgumentError
 
     with pytest.raises(InvalidArgumentError, match=needle):
         validate.userns_for(cfg, Capability.USER_NAMESPACES, "runv")

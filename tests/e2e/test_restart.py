@@ -187,7 +187,7 @@ async def test_half_created_records_are_cleaned_at_start(short_tmp: str) -> None
     """A crash between persisting a record and committing it leaves an uncommitted record:
     the next start removes what the backend may have made and forgets the record."""
     from backends.contract import ContainerRecord, SandboxRecord, SandboxStatus
-    from shim.store import StateDir, Store
+    from shim.cri.store import StateDir, Store
 
     cfg = server_config(short_tmp)
     store = Store(StateDir(cfg.server.state_dir))

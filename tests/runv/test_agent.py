@@ -13,7 +13,7 @@ from backends.runv.agent import messages as m
 from backends.runv.agent.client import AgentClient
 from backends.runv.agent.protocol import Channel
 from backends.runv.agent.server import Agent
-from shim import errors
+from shim.cri import errors
 
 
 @pytest.fixture

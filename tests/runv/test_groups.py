@@ -18,7 +18,7 @@ async def test_supplemental_groups_policy_merge_and_strict(
     """Merge (the default) adds the image's groups of the user; Strict does not; the status says which."""
     import shutil
 
-    from shim.context import container_status_pb
+    from shim.cri.messages import container_status_pb
 
     backend, events = runv
     assert backend.capabilities & Capability.SUPPLEMENTAL_GROUPS_POLICY

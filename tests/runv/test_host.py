@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backends.runv import host
-from shim import errors
+from shim.cri import errors
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ from backends.runv.agent.messages import ContainerSpec, Mount
 from backends.runv.agent.protocol import AgentError
 from backends.runv.backend import RunvBackend
 from cri_api import api_pb2 as pb
-from shim import errors
-from shim.context import container_status_pb
+from shim.cri import errors
+from shim.cri.messages import container_status_pb
 from tests.runv.helpers import Events, MemorySink, container_record, needs_vm, sandbox_record
 
 IMAGE = "test/busybox:1"

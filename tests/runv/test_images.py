@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from backends.runv.images.store import Credentials, ImageStore, unpack_layer
-from shim import errors
+from shim.cri import errors
 
 
 def _tar(entries: list[tuple[str, bytes | None, int]]) -> bytes:

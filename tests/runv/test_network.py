@@ -14,7 +14,7 @@ import pytest
 from backends.runv.backend import RunvBackend
 from backends.runv.network import PodNetwork, host_ports
 from cri_api import api_pb2 as pb
-from shim import errors
+from shim.cri import errors
 from tests.runv.helpers import Events, MemorySink, container_record, needs_vm, sandbox_record
 
 IMAGE = "test/busybox:1"

@@ -15,7 +15,7 @@ import pytest
 from backends.runv.backend import RunvBackend
 from backends.runv.hypervisor import MIB
 from backends.runv.pool import CpuMeter, Pool, PoolConfig
-from shim import errors
+from shim.cri import errors
 from tests.criutil import until
 from tests.runv.helpers import Events, MemorySink, container_record, needs_vm, sandbox_record
 

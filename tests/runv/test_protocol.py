@@ -12,7 +12,7 @@ import pytest
 from backends.runv.agent import protocol as p
 from backends.runv.agent.client import AgentClient
 from backends.runv.agent.messages import StateRequest
-from shim import errors
+from shim.cri import errors
 
 VECTORS = [
     (

@@ -26,7 +26,7 @@ from backends.runv.hypervisor import MIB, VM, Fault, VMSpec
 from backends.runv.qemu import QemuHypervisor, agent_files, console_summary
 from backends.runv.stub import Cgroup
 from cri_api import api_pb2 as pb
-from shim import errors
+from shim.cri import errors
 from tests.runv.helpers import (
     BUSYBOX,
     Events,

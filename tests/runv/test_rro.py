@@ -59,12 +59,12 @@ async def test_recursive_read_only_covers_submounts(runv: tuple[RunvBackend, Eve
 
 async def test_the_shim_reports_the_feature_per_handler(runv: tuple[RunvBackend, Events]) -> None:
     backend, _ = runv
-    from shim.validate import mounts_for
+    from shim.cri.validate import mounts_for
 
     cfg = pb.ContainerConfig(
         mounts=[pb.Mount(host_path="/tmp", container_path="/x", readonly=False, recursive_read_only=True)]
     )
-    from shim.errors import InvalidArgumentError
+    from shim.cri.errors import InvalidArgumentError
 
     with pytest.raises(InvalidArgumentError, match="must be read-only"):
         mounts_for(cfg, backend.capabilities, "runv")

@@ -17,7 +17,7 @@ import pytest
 
 from backends.runv.backend import RunvBackend
 from cri_api import api_pb2 as pb
-from shim import errors
+from shim.cri import errors
 from tests.as_shim import AsShim
 from tests.runv.helpers import Events, MemorySink, container_record, needs_vm, sandbox_record
 

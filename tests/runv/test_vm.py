@@ -15,7 +15,7 @@ from backends.runv.agent.messages import StateRequest
 from backends.runv.backend import VM_CRASH_REASON, RunvBackend
 from backends.runv.hypervisor import MIB, Fault
 from cri_api import api_pb2 as pb
-from shim import errors
+from shim.cri import errors
 from tests.as_shim import AsShim
 from tests.runv.helpers import Events, FakePort, MemorySink, container_record, needs_vm, sandbox_record
 

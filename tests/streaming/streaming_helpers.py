@@ -17,7 +17,7 @@ from websockets.protocol import State
 from websockets.uri import parse_uri
 
 from backends.contract import PortStream, StreamIO, TerminalSize
-from shim.errors import NotFoundError
+from shim.cri.errors import NotFoundError
 from shim.streaming import StreamingServer, spdy
 
 

@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from cri_api import api_pb2 as pb
-from shim.errors import InvalidArgumentError
+from shim.cri.errors import InvalidArgumentError
 from shim.streaming import StreamingConfig, StreamingServer, spdy
 from shim.streaming import session as session_module
 from tests.streaming.streaming_helpers import FakeRuntime, SpdyClient, header, http_request, sessions_drained

@@ -4,7 +4,7 @@ import base64
 
 import pytest
 
-from shim.errors import ResourceExhaustedError
+from shim.cri.errors import ResourceExhaustedError
 from shim.streaming.tokens import TokenCache
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from backends.docker.engine import EngineClient
-from shim.errors import (
+from shim.cri.errors import (
     AlreadyExistsError,
     DeadlineExceededError,
     FailedPreconditionError,

@@ -13,8 +13,8 @@ import pytest
 
 from backends.fake import PROGRAM_ANNOTATION, FakeBackend
 from cri_api import api_pb2 as pb
-from shim.errors import UnavailableError
-from shim.events import EventHub
+from shim.cri.errors import UnavailableError
+from shim.cri.events import EventHub
 from tests.conftest import Running, make_ids, server_config
 from tests.criutil import container_config, sandbox_config
 

@@ -2,9 +2,10 @@
 
 ``cri_api`` <- ``backends.contract`` (and the shared ``backends.linux``,
 ``backends.cni``, ``backends.reference``) <- each backend; ``shim`` uses the
-contract and the registry. The check reads every module's import statements
-(a lazy import inside a function counts too, and so does a relative one)
-and fails on the first wrong one.
+contract and the registry. Inside ``shim``, the CRI logic and the transports
+never import the process-level modules above them. The check reads every
+module's import statements (a lazy import inside a function counts too, and
+so does a relative one) and fails on the first wrong one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import pytest
 from backends.registry import BACKEND_MODULES
 
 REPO = Path(__file__).resolve().parents[2]
+# The process-level modules of shim, above the transports and the CRI logic (config and logging
+# are below both).
+PROCESS = ("shim.cli", "shim.server", "shim.hollow", "shim.prometheus")
 
 
 def _imports(path: Path, root: Path = REPO) -> list[tuple[int, str]]:
@@ -53,8 +57,16 @@ def _offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
         ("backends", ("shim",)),
         ("backends/contract", ("shim", "grpc", "backends.docker", "backends.runv", "backends.fake")),
         ("cri_api", ("shim", "backends")),
+        ("shim/transport", PROCESS),
+        ("shim/cri", (*PROCESS, "shim.transport")),
     ],
-    ids=["backends-never-import-shim", "contract-knows-no-grpc", "schema-imports-nothing-of-ours"],
+    ids=[
+        "backends-never-import-shim",
+        "contract-knows-no-grpc",
+        "schema-imports-nothing-of-ours",
+        "transports-know-no-process",
+        "cri-logic-knows-no-transport-or-process",
+    ],
 )
 def test_imports_run_one_way(package: str, forbidden: tuple[str, ...]) -> None:
     assert _offenders(package, forbidden) == []
@@ -91,5 +103,5 @@ def test_the_check_sees_a_relative_import_of_another_backend(tmp_path: Path) -> 
 
 def test_the_check_sees_a_wrong_import(tmp_path: Path) -> None:
     bad = tmp_path / "m.py"
-    bad.write_text("def f():\n    from shim.errors import NotFoundError\n")
-    assert _imports(bad, tmp_path) == [(2, "shim.errors")]
+    bad.write_text("def f():\n    from shim.cri.errors import NotFoundError\n")
+    assert _imports(bad, tmp_path) == [(2, "shim.cri.errors")]

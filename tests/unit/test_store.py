@@ -6,8 +6,8 @@ import pytest
 
 from backends.contract import ContainerRecord, ContainerStatus, SandboxRecord, SandboxStatus
 from cri_api import api_pb2 as pb
-from shim.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
-from shim.store import StateDir, Store
+from shim.cri.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from shim.cri.store import StateDir, Store
 from tests.criutil import container_config, sandbox_config
 
 
@@ -86,7 +86,7 @@ def test_persistence_round_trip(tmp_path: object) -> None:
 def test_rewrites_swap_the_record_and_leave_no_temporary(
     tmp_path: object, monkeypatch: pytest.MonkeyPatch, swap: bool
 ) -> None:
-    import shim.store as store_module
+    import shim.cri.store as store_module
 
     if not swap:  # a kernel or filesystem without RENAME_EXCHANGE: plain renames
         monkeypatch.setattr(store_module, "_renameat2", None)

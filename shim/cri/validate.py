@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from backends.contract import Capability
 from cri_api import api_pb2 as pb
-from shim.errors import InvalidArgumentError, UnimplementedError
+from shim.cri.errors import InvalidArgumentError, UnimplementedError
 
 MAX_NAME = 253  # DNS subdomain length: what the kubelet itself allows for names
 MAX_LABELS = 1024

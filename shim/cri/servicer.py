@@ -29,13 +29,13 @@ import structlog
 from google.protobuf.message import DecodeError, Message
 
 from cri_api import api_pb2 as pb
-from shim.container import ContainerService
-from shim.context import Shim
-from shim.errors import CriError, InvalidArgumentError, status_code
-from shim.image import ImageService
+from shim.cri.container import ContainerService
+from shim.cri.errors import CriError, InvalidArgumentError, status_code
+from shim.cri.image import ImageService
+from shim.cri.runtime import RuntimeService
+from shim.cri.sandbox import SandboxService
+from shim.cri.state import Shim
 from shim.logging import debug_enabled
-from shim.runtime import RuntimeService
-from shim.sandbox import SandboxService
 
 log = structlog.get_logger("rpc")
 

@@ -21,9 +21,9 @@ from backends.contract import (
     SandboxRecord,
 )
 from cri_api import api_pb2 as pb
-from shim import stats, validate
-from shim.context import Shim, container_pb, container_status_pb
-from shim.errors import (
+from shim.cri import stats_messages, validate
+from shim.cri.container_io import CriLogWriter, touch_log
+from shim.cri.errors import (
     CriError,
     DeadlineExceededError,
     FailedPreconditionError,
@@ -32,9 +32,10 @@ from shim.errors import (
     ResourceExhaustedError,
     UnimplementedError,
 )
-from shim.io import CriLogWriter, touch_log
-from shim.store import container_name, container_to_json
-from shim.wire import ListCache, labels_match
+from shim.cri.list_cache import ListCache, labels_match
+from shim.cri.messages import container_pb, container_status_pb
+from shim.cri.state import Shim
+from shim.cri.store import container_name, container_to_json
 
 log = structlog.get_logger("container")
 
@@ -358,7 +359,7 @@ class ContainerService:
             raise UnimplementedError(f"runtime handler {c.backend!r} does not report stats")
         got = await backend.container_stats([c])
         return pb.ContainerStatsResponse(
-            stats=stats.container_stats(c, got.get(c.id), self.shim.cpu_rates, self.shim.clock())
+            stats=stats_messages.container_stats(c, got.get(c.id), self.shim.cpu_rates, self.shim.clock())
         )
 
     async def list_stats(self, req: pb.ListContainerStatsRequest) -> pb.ListContainerStatsResponse:
@@ -386,7 +387,7 @@ class ContainerService:
                 return []
             got = await backend.container_stats(group)
             now = shim.clock()
-            return [stats.container_stats(c, got.get(c.id), shim.cpu_rates, now) for c in group]
+            return [stats_messages.container_stats(c, got.get(c.id), shim.cpu_rates, now) for c in group]
 
         if not f.id and not f.pod_sandbox_id and not f.label_selector:
             # Every container is in this answer: a good time to forget the removed ones.

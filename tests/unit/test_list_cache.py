@@ -1,8 +1,8 @@
 """Pre-encoded List responses decode to the same messages."""
 
 from cri_api import api_pb2 as pb
-from shim.servicer import _split_entries
-from shim.wire import field1_entry, labels_match
+from shim.cri.list_cache import field1_entry, labels_match
+from shim.cri.servicer import _split_entries
 
 
 def test_concatenated_entries_are_a_valid_response() -> None:

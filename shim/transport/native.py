@@ -44,7 +44,7 @@ import structlog
 from grpc_health.v1 import health_pb2
 from hpack import Decoder, HPACKError
 
-from shim.servicer import IMAGE_SERVICE, RUNTIME_SERVICE, CriServicer, Rpc
+from shim.cri.servicer import IMAGE_SERVICE, RUNTIME_SERVICE, CriServicer, Rpc
 
 log = structlog.get_logger("h2grpc")
 

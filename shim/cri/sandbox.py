@@ -20,11 +20,12 @@ from backends.contract import (
     SandboxStatus,
 )
 from cri_api import api_pb2 as pb
-from shim import cadvisor, stats, validate
-from shim.context import Shim, sandbox_pb, sandbox_status_pb
-from shim.errors import InvalidArgumentError, UnimplementedError
-from shim.store import sandbox_name, sandbox_to_json
-from shim.wire import ListCache, labels_match
+from shim.cri import sandbox_metrics, stats_messages, validate
+from shim.cri.errors import InvalidArgumentError, UnimplementedError
+from shim.cri.list_cache import ListCache, labels_match
+from shim.cri.messages import sandbox_pb, sandbox_status_pb
+from shim.cri.state import Shim
+from shim.cri.store import sandbox_name, sandbox_to_json
 
 log = structlog.get_logger("sandbox")
 
@@ -159,7 +160,9 @@ class SandboxService:
         containers = self.shim.store.containers_of(sb.id)
         got = await backend.sandbox_stats([sb], containers)
         return pb.PodSandboxStatsResponse(
-            stats=stats.sandbox_stats(sb, got.get(sb.id), containers, self.shim.cpu_rates, self.shim.clock())
+            stats=stats_messages.sandbox_stats(
+                sb, got.get(sb.id), containers, self.shim.cpu_rates, self.shim.clock()
+            )
         )
 
     async def list_stats(self, req: pb.ListPodSandboxStatsRequest) -> pb.ListPodSandboxStatsResponse:
@@ -193,7 +196,7 @@ class SandboxService:
         got = await backend.sandbox_stats(group, containers)
         now = self.shim.clock()
         return [
-            stats.sandbox_stats(sb, got[sb.id], containers, self.shim.cpu_rates, now)
+            stats_messages.sandbox_stats(sb, got[sb.id], containers, self.shim.cpu_rates, now)
             for sb in group
             if sb.id in got
         ]
@@ -209,7 +212,7 @@ class SandboxService:
         ]
         if not exporting:
             raise UnimplementedError("no runtime handler exports metrics")
-        return pb.ListMetricDescriptorsResponse(descriptors=cadvisor.descriptors())
+        return pb.ListMetricDescriptorsResponse(descriptors=sandbox_metrics.descriptors())
 
     async def metrics(self, req: pb.ListPodSandboxMetricsRequest) -> pb.ListPodSandboxMetricsResponse:
         resp = pb.ListPodSandboxMetricsResponse()
@@ -220,7 +223,9 @@ class SandboxService:
             sandboxes = [sb for sb in store.sandboxes.values() if sb.backend == backend.name and sb.committed]
             containers = [c for sb in sandboxes for c in store.containers_of(sb.id) if c.committed]
             got = await backend.sandbox_metrics(sandboxes, containers)
-            resp.pod_metrics.extend(cadvisor.pod_metrics(sb, got.get(sb.id), containers) for sb in sandboxes)
+            resp.pod_metrics.extend(
+                sandbox_metrics.pod_metrics(sb, got.get(sb.id), containers) for sb in sandboxes
+            )
         return resp
 
     async def update_resources(

@@ -1,4 +1,4 @@
-"""The native transport (shim/h2grpc.py): what grpcio's server does, checked through grpcio's client.
+"""The native transport (shim/transport/native.py): what grpcio's server does, checked through grpcio's client.
 
 The CRI behaviour itself is covered by every test on the ``running`` fixture
 and the fake's contract tests, which run on both transports. Here: flow
@@ -21,8 +21,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from backends.fake import FakeBackend
 from cri_api import api_pb2 as pb
 from cri_api import api_pb2_grpc
-from shim.h2grpc import PREFACE, _percent, _timeout, encode_frame
 from shim.server import Server
+from shim.transport.native import PREFACE, _percent, _timeout, encode_frame
 from tests.conftest import make_ids, server_config
 from tests.criutil import until
 

@@ -16,8 +16,8 @@ import structlog
 
 from backends.contract import Backend, Capability, ImageInfo
 from cri_api import api_pb2 as pb
-from shim.context import Shim
-from shim.errors import InvalidArgumentError
+from shim.cri.errors import InvalidArgumentError
+from shim.cri.state import Shim
 
 log = structlog.get_logger("image")
 

@@ -9,8 +9,8 @@ import json
 from backends.contract import Capability
 from cri_api import api_pb2 as pb
 from shim import __version__
-from shim.context import Shim
-from shim.errors import InvalidArgumentError
+from shim.cri.errors import InvalidArgumentError
+from shim.cri.state import Shim
 
 RUNTIME_NAME = "cri-shim"
 RUNTIME_API_VERSION = "v1"

@@ -1,6 +1,6 @@
 """The one table from a condition (``backends.contract.errors``) to its gRPC status code.
 
-Only :mod:`shim.servicer` asks it. The classes are re-exported so that the
+Only :mod:`shim.cri.servicer` asks it. The classes are re-exported so that the
 CRI layer names them from one place.
 """
 

@@ -3,7 +3,7 @@
 The services (`runtime`, `sandbox`, `container`, `image`) are thin
 modules over one ``Shim``. It also is the backends' ``EventSink`` (a pod
 that lost its VM or network), and it follows every running container's
-process (:mod:`shim.io`): an exit is recorded, persisted and published as a
+process (:mod:`shim.cri.container_io`): an exit is recorded, persisted and published as a
 CRI event once, after the output is in the log.
 """
 
@@ -29,12 +29,13 @@ from backends.contract import (
 from backends.registry import Registry
 from cri_api import api_pb2 as pb
 from shim.config import Config
-from shim.errors import UnavailableError
-from shim.events import EventHub
-from shim.io import ContainerIO, CriLogWriter, last_log_marks
+from shim.cri.container_io import ContainerIO, CriLogWriter, last_log_marks
+from shim.cri.errors import UnavailableError
+from shim.cri.events import EventHub
+from shim.cri.messages import container_status_pb, sandbox_status_pb
+from shim.cri.stats_messages import CpuRates
+from shim.cri.store import Store, new_id
 from shim.nri.service import Nri
-from shim.stats import CpuRates
-from shim.store import Store, new_id
 
 log = structlog.get_logger("shim")
 
@@ -175,7 +176,7 @@ class Shim:
 
     async def _nri_update(self, container_id: str, linux: pb.LinuxContainerResources) -> None:
         """A resource update an NRI plugin asked for: as UpdateContainerResources does it."""
-        from shim.container import ContainerService
+        from shim.cri.container import ContainerService
 
         req = pb.UpdateContainerResourcesRequest(container_id=container_id, linux=linux)
         await ContainerService(self).update_resources(req, from_nri=True)
@@ -195,107 +196,3 @@ class Shim:
             # Already gone from the store; the event still describes it.
             event.containers_statuses.append(container_status_pb(c))
         self.events.publish(event)
-
-
-# ---------------------------------------------------------------------- record → CRI messages
-
-
-def sandbox_status_pb(sb: SandboxRecord) -> pb.PodSandboxStatus:
-    cfg = sb.config
-    st = pb.PodSandboxStatus(
-        id=sb.id,
-        metadata=cfg.metadata,
-        state=sb.state,
-        created_at=sb.created_at,
-        runtime_handler=sb.handler,
-    )
-    if sb.status.ip:
-        st.network.ip = sb.status.ip
-        for ip in sb.status.additional_ips:
-            st.network.additional_ips.add(ip=ip)
-    ns = cfg.linux.security_context.namespace_options
-    st.linux.namespaces.options.CopyFrom(ns)
-    st.labels.update(cfg.labels)
-    st.annotations.update(cfg.annotations)
-    return st
-
-
-def sandbox_pb(sb: SandboxRecord) -> pb.PodSandbox:
-    cfg = sb.config
-    out = pb.PodSandbox(
-        id=sb.id, metadata=cfg.metadata, state=sb.state, created_at=sb.created_at, runtime_handler=sb.handler
-    )
-    out.labels.update(cfg.labels)
-    out.annotations.update(cfg.annotations)
-    return out
-
-
-def image_spec_pb(c: ContainerRecord) -> pb.ImageSpec:
-    spec = pb.ImageSpec()
-    spec.CopyFrom(c.config.image)
-    spec.image = c.image_name or c.config.image.image
-    spec.user_specified_image = c.config.image.user_specified_image or c.config.image.image
-    return spec
-
-
-def container_pb(c: ContainerRecord) -> pb.Container:
-    cfg = c.config
-    out = pb.Container(
-        id=c.id,
-        pod_sandbox_id=c.sandbox_id,
-        metadata=cfg.metadata,
-        image=image_spec_pb(c),
-        image_ref=c.image_ref,
-        image_id=c.image_ref,
-        state=c.state,
-        created_at=c.created_at,
-    )
-    out.labels.update(cfg.labels)
-    out.annotations.update(cfg.annotations)
-    return out
-
-
-def container_status_pb(c: ContainerRecord) -> pb.ContainerStatus:
-    cfg = c.config
-    s = c.status
-    out = pb.ContainerStatus(
-        id=c.id,
-        metadata=cfg.metadata,
-        state=s.state,
-        created_at=c.created_at,
-        started_at=s.started_at,
-        finished_at=s.finished_at,
-        exit_code=s.exit_code,
-        image=image_spec_pb(c),
-        image_ref=c.image_ref,
-        image_id=c.image_ref,
-        reason=s.reason,
-        message=s.message,
-        log_path=c.log_path,
-    )
-    out.labels.update(cfg.labels)
-    out.annotations.update(cfg.annotations)
-    out.mounts.extend(cfg.mounts)
-    volumes = c.backend_data.get("image_volumes")
-    if isinstance(volumes, dict):  # which image each image volume is, by its digest
-        for mnt in out.mounts:
-            ref = volumes.get(mnt.container_path)
-            if ref and mnt.HasField("image"):
-                mnt.image.image_ref = str(ref)
-    if c.resources is not None:
-        out.resources.CopyFrom(c.resources)
-    elif cfg.linux.HasField("resources"):
-        out.resources.linux.CopyFrom(cfg.linux.resources)
-    sc = cfg.linux.security_context
-    effective = c.backend_data.get("user")
-    if isinstance(effective, dict):  # what the runtime resolved in the image
-        user = out.user.linux
-        user.uid = int(effective.get("uid", 0))
-        user.gid = int(effective.get("gid", 0))
-        user.supplemental_groups.extend(int(g) for g in effective.get("groups", []))
-    elif sc.HasField("run_as_user") or sc.HasField("run_as_group") or sc.supplemental_groups:
-        user = out.user.linux
-        user.uid = sc.run_as_user.value
-        user.gid = sc.run_as_group.value
-        user.supplemental_groups.extend(sc.supplemental_groups)
-    return out

@@ -19,7 +19,7 @@ import structlog
 
 from backends.contract import ContainerRecord, ExitInfo, SandboxRecord, SandboxStatus
 from cri_api import api_pb2 as pb
-from shim.context import Shim
+from shim.cri.state import Shim
 
 log = structlog.get_logger("recovery")
 

@@ -47,8 +47,8 @@ from backends.contract import Backend
 from backends.contract.protocols import WarmPool
 from cri_api import api_pb2 as pb
 from shim import __version__
+from shim.cri.servicer import RpcObserver
 from shim.server import Server, ServerError
-from shim.servicer import RpcObserver
 
 log = structlog.get_logger("metrics")
 

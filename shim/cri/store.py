@@ -26,7 +26,7 @@ import structlog
 
 from backends.contract import ContainerRecord, ContainerStatus, SandboxRecord, SandboxStatus
 from cri_api import api_pb2 as pb
-from shim.errors import (
+from shim.cri.errors import (
     AlreadyExistsError,
     CriError,
     InternalError,

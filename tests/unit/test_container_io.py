@@ -11,7 +11,7 @@ import pytest
 import structlog
 
 from backends.contract import ExitInfo, ExitLatch, Output, ProcessPipe
-from shim.io import MAX_RECORD, ContainerIO, CriLogWriter, parse_rfc3339_nano, rfc3339_nano
+from shim.cri.container_io import MAX_RECORD, ContainerIO, CriLogWriter, parse_rfc3339_nano, rfc3339_nano
 from tests.follow import MemoryLog
 
 RECORD = re.compile(rb"^(\S+) (stdout|stderr) ([PF]) (.*)$")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from backends.contract import ContainerRecord, ContainerUsage, SandboxRecord, SandboxUsage
 from backends.contract.usage import Interface, Layer, Sample
 from cri_api import api_pb2 as pb
-from shim.stats import CpuRates, container_stats, sandbox_stats
+from shim.cri.stats_messages import CpuRates, container_stats, sandbox_stats
 
 S = 1_000_000_000
 
