@@ -7,8 +7,8 @@ Its plugin config object carries a ``fake`` object (the runtime passes plugin fi
   ``{"error": {...}}`` (print it, exit 1), ``{"error": {...}, "stream": "stderr"}``,
   ``{"exit": N, "stderr": "text"}``, ``{"result": {...}}`` (ADD's output),
   ``{"stdout": "raw text"}``, ``{"hang": "/pidfile"}`` (start a child, write both PIDs, sleep),
-  ``{"sleep": seconds}``, ``{"wait_for": path}`` (wait until the file exists; fail after 10 s),
-  ``{"touch": path}`` (create it on start).
+  ``{"sleep": seconds}``, ``{"meet": [dir, n]}`` (put CNI_CONTAINERID in ``dir``, wait until
+  ``n`` are there; fail after 10 s).
 
 An ADD without ``result`` passes ``prevResult`` on, or answers a result in the requested version
 with ``CNI_IFNAME`` in ``CNI_NETNS`` holding ``fake.ip`` (default 10.88.0.2/24).
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 SCRIPT = r"""
-import json, os, subprocess, sys, time
+import json, os, sys, time
 
 t0 = time.time()
 conf = json.load(sys.stdin)
@@ -41,18 +41,21 @@ def record():
             f.write(json.dumps(entry) + "\n")
 
 
-if "touch" in act:
-    open(act["touch"], "w").close()
-if "wait_for" in act:
+if "meet" in act:
+    meeting, count = act["meet"]
+    os.makedirs(meeting, exist_ok=True)
+    open(os.path.join(meeting, os.environ.get("CNI_CONTAINERID", "none")), "w").close()
     deadline = time.time() + 10
-    while not os.path.exists(act["wait_for"]):
+    while len(os.listdir(meeting)) < count:
         if time.time() > deadline:
-            print(json.dumps({"code": 101, "msg": "waited in vain for " + act["wait_for"]}))
+            print(json.dumps({"code": 101, "msg": "nobody came to " + meeting}))
             sys.exit(1)
         time.sleep(0.02)
 if "sleep" in act:
     time.sleep(act["sleep"])
 if "hang" in act:
+    import subprocess
+
     child = subprocess.Popen(["sleep", "300"])
     with open(act["hang"], "w") as f:
         f.write("%d %d" % (os.getpid(), child.pid))
@@ -87,7 +90,8 @@ def install(bin_dir: Path, *names: str) -> None:
     bin_dir.mkdir(parents=True, exist_ok=True)
     for name in names:
         path = bin_dir / name
-        path.write_text(f"#!{sys.executable}\n{SCRIPT}")
+        # -IS: no site-packages to import, a quicker start (the script needs the standard library only).
+        path.write_text(f"#!{sys.executable} -IS\n{SCRIPT}")
         path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
