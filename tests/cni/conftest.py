@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,24 @@ import pytest
 
 from backends.cni import CniClient, CniSettings
 from tests.cni import fakeplugin
+
+REAL_MARKER = "cni_plugins"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{REAL_MARKER}: runs Debian's CNI plugins as root (skipped without; a failure in CI)"
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """In CI (CI=true) a skipped real-plugin test is a failure: scripts/testenv/up installs them."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get("CI") == "true" and item.get_closest_marker(REAL_MARKER):
+        report.outcome = "failed"
+        report.longrepr = f"{REAL_MARKER} test skipped in CI: {report.longrepr}"
 
 
 @dataclasses.dataclass
