@@ -93,6 +93,7 @@ class _Gate:
                 await self._cond.wait_for(lambda: not self._gc_running and not self._busy)
             finally:
                 self._gc_waiting -= 1
+                self._cond.notify_all()  # a GC given up (cancelled) holds no one back
             self._gc_running = True
         try:
             yield
