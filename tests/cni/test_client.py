@@ -360,3 +360,19 @@ async def test_gc_runs_alone(env: Env) -> None:
         "ADD",
     ]
     assert add_a["t1"] <= gc_call["t0"] and gc_call["t1"] <= add_b["t0"]
+
+
+async def test_a_gc_given_up_lets_the_operations_it_held_back_go(env: Env, tmp_path: Path) -> None:
+    # a's ADD waits until b's has started; b waits behind the GC until the GC is cancelled.
+    env.write(slow(env, "1.1.0", ADD={"meet": [str(tmp_path / "meet"), 2]}))
+    client = env.client()
+    a = asyncio.create_task(client.add(Attachment("a", "/proc/self/ns/net")))
+    await asyncio.sleep(0)
+    gc = asyncio.create_task(client.gc([]))
+    await asyncio.sleep(0)
+    b = asyncio.create_task(client.add(Attachment("b", "/proc/self/ns/net")))
+    await asyncio.sleep(0.2)
+    gc.cancel()
+    await asyncio.gather(a, b)
+    assert sorted(c["env"]["CNI_CONTAINERID"] for c in env.calls()) == ["a", "b"]
+    assert gc.cancelled()
