@@ -18,8 +18,10 @@ BUSYBOX_REF=$REGISTRY/busybox:1.36
 PAUSE_REF=$REGISTRY/pause:3.10
 
 # systemd brings systemd-socket-activate (deploy tests); openssl makes the streaming TLS test
-# certificate; runc runs the containers inside runv VMs.
-APT_PACKAGES="docker.io docker-registry busybox-static gcc libc6-dev iptables curl procps ca-certificates systemd openssl runc"
+# certificate; runc runs the containers inside runv VMs; containernetworking-plugins puts the CNI
+# plugins (bridge, host-local, portmap, loopback, ...) in /usr/lib/cni, and iproute2 the `ip`
+# that the CNI tests make their network namespaces with.
+APT_PACKAGES="docker.io docker-registry busybox-static gcc libc6-dev iptables curl procps ca-certificates systemd openssl runc containernetworking-plugins iproute2"
 
 say() { echo "testenv: $*" >&2; }
 fail() { say "error: $*"; exit 1; }

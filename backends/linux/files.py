@@ -1,0 +1,33 @@
+"""Files written so that a reader, or a restart after a crash, sees the old content or the new, whole."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data``: a temporary file beside it, synced, renamed over it, and
+    the directory synced so that the rename survives a crash.
+
+    The temporary file's name starts with a dot and ends in ``.tmp``, so that a directory
+    scanned for ``*.json`` or ``*.conflist`` never takes it for one of its files.
+    """
+    directory, name = os.path.split(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
