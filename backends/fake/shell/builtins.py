@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import re
 
@@ -87,9 +86,7 @@ async def _s_source(sh: Shell, argv: list[str]) -> int:
         sh.args = argv[2:]
     sh.sourcing += 1
     try:
-        return await sh.nested(functools.partial(sh.run, node))
-    except Return as exc:
-        return exc.code
+        return await sh.call(node)
     finally:
         sh.sourcing -= 1
         sh.args = saved_args

@@ -18,7 +18,6 @@ from backends.fake.shell.control import (
     Exit,
     Interrupted,
     RedirError,
-    Return,
     ToolError,
     propagate,
     reason,
@@ -276,13 +275,8 @@ class Shell(ShellProcess):
         return saved
 
     def _restore(self, saved: dict[str, tuple[str | None, bool]]) -> None:
-        for name, (value, exported) in saved.items():
-            if value is None:
-                self.vars.pop(name, None)
-            else:
-                self.vars[name] = value
-            if not exported:
-                self.exported.discard(name)
+        self.restore({name: value for name, (value, _) in saved.items()})
+        self.exported -= {name for name, (_, exported) in saved.items() if not exported}
 
     async def invoke(self, argv: list[str], functions: bool = True) -> int:
         """Runs a command by name: a special builtin, a function, or what `external` finds."""
@@ -343,11 +337,9 @@ class Shell(ShellProcess):
         self.args, self.loop_depth = argv[1:], 0
         self.locals.append({})
         try:
-            return await self.nested(functools.partial(self.run, body))
-        except Return as exc:
-            return exc.code
+            return await self.call(body)
         finally:
-            self._pop_locals()
+            self.restore(self.locals.pop())
             self.args, self.loop_depth = saved_args, saved_loops
 
     def find_script(self, name: str) -> str | None:

@@ -239,14 +239,18 @@ class ShellProcess(abc.ABC):
         finally:
             self.depth -= 1
 
-    async def run_text(self, text: str) -> int:
-        """Runs a script as this shell's program; a syntax error prints and gives 2, running nothing."""
+    async def _parsed(self, text: str) -> Node | None:
+        """The commands of text, or None once a syntax error is printed."""
         try:
-            node = parse(text)
+            return parse(text)
         except ParseError as exc:
             await self.err(f"sh: syntax error: {exc}")
-            return 2
-        return await self.subshell(node)
+            return None
+
+    async def run_text(self, text: str) -> int:
+        """Runs a script as this shell's program; a syntax error prints and gives 2, running nothing."""
+        node = await self._parsed(text)
+        return 2 if node is None else await self.subshell(node)
 
     @abc.abstractmethod
     async def run(self, node: Node) -> int:
@@ -258,12 +262,15 @@ class ShellProcess(abc.ABC):
 
     async def eval(self, text: str) -> int:
         """Parses and runs text in this shell: eval, traps."""
+        node = await self._parsed(text)
+        return 2 if node is None else await self.nested(functools.partial(self.run, node))
+
+    async def call(self, body: Node) -> int:
+        """Runs body one level deeper, as a function or a sourced file runs: `return` ends it."""
         try:
-            node = parse(text)
-        except ParseError as exc:
-            await self.err(f"sh: syntax error: {exc}")
-            return 2
-        return await self.nested(functools.partial(self.run, node))
+            return await self.nested(functools.partial(self.run, body))
+        except Return as exc:
+            return exc.code
 
     async def run_stdin(self) -> int:
         """`sh` with no script: runs the commands of stdin as they arrive (kubectl exec -i -- sh)."""
@@ -434,8 +441,9 @@ class ShellProcess(abc.ABC):
             self.vars[name] = value
         return name
 
-    def _pop_locals(self) -> None:
-        for name, value in self.locals.pop().items():
+    def restore(self, values: Mapping[str, str | None]) -> None:
+        """Sets variables back to what they were: a value, or unset (None)."""
+        for name, value in values.items():
             if value is None:
                 self.vars.pop(name, None)
             else:
