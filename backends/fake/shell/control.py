@@ -56,10 +56,6 @@ class ToolError(Exception):
         self.code = code
 
 
-class RedirError(Exception):
-    """A redirection that cannot be opened: the command does not run and gives 1."""
-
-
 def propagate(jump: Break | Continue) -> None:
     """Re-raises `break N`/`continue N` for the enclosing loop when N > 1."""
     if jump.code > 1:

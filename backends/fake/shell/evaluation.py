@@ -17,7 +17,6 @@ from backends.fake.shell.control import (
     Continue,
     Exit,
     Interrupted,
-    RedirError,
     ToolError,
     propagate,
     reason,
@@ -208,12 +207,10 @@ class Shell(ShellProcess):
         return 0
 
     async def _run_redirected(self, node: Redirected) -> int:
-        saved = self.fds
-        try:
-            self.fds = await redirection.redirect(self, node.redirs)
-        except RedirError as exc:
-            await self.err(f"sh: {exc}")
+        fds = await redirection.redirect(self, node.redirs)
+        if fds is None:
             return 1
+        saved, self.fds = self.fds, fds
         try:
             return await self.run(node.cmd)
         finally:
@@ -235,22 +232,18 @@ class Shell(ShellProcess):
     async def _assign(self, node: Simple) -> int:
         for name, word in node.assigns:
             self.vars[name] = await expansion.string(self, word)
-        if node.redirs:
-            try:
-                await redirection.redirect(self, node.redirs)  # `> file` alone creates the file
-            except RedirError as exc:
-                await self.err(f"sh: {exc}")
-                return 1
+        # `> file` alone creates the file.
+        if node.redirs and await redirection.redirect(self, node.redirs) is None:
+            return 1
         return self.subst_status or 0
 
     async def _command(self, argv: list[str], node: Simple) -> int:
         saved_fds = self.fds
-        try:
-            if node.redirs:
-                self.fds = await redirection.redirect(self, node.redirs)
-        except RedirError as exc:
-            await self.err(f"sh: {exc}")
-            return 1
+        if node.redirs:
+            fds = await redirection.redirect(self, node.redirs)
+            if fds is None:
+                return 1
+            self.fds = fds
         if argv == ["exec"]:
             return 0  # exec with only redirections: they stay for the rest of the shell
         saved_vars = await self._prefix_assign(node.assigns)

@@ -5,14 +5,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from backends.fake.shell import expansion
-from backends.fake.shell.control import RedirError, reason
+from backends.fake.shell.control import reason
 from backends.fake.shell.process import ShellProcess
 from backends.fake.shell.streams import NULL, Fd, Reader, enc
 from backends.fake.shell.syntax import Redir
 
 
-async def redirect(sh: ShellProcess, redirs: Sequence[Redir]) -> dict[int, Fd]:
-    """The descriptors of a command with its redirections applied, left to right."""
+class _RedirError(Exception):
+    """A redirection that cannot be opened."""
+
+
+async def redirect(sh: ShellProcess, redirs: Sequence[Redir]) -> dict[int, Fd] | None:
+    """The descriptors of a command with its redirections applied, left to right; None once the
+    error of one that cannot be opened is printed (the command then does not run: status 1)."""
+    try:
+        return await _apply(sh, redirs)
+    except _RedirError as exc:
+        await sh.err(f"sh: {exc}")
+        return None
+
+
+async def _apply(sh: ShellProcess, redirs: Sequence[Redir]) -> dict[int, Fd]:
     saved = sh.fds
     sh.fds = dict(saved)
     try:
@@ -34,7 +47,7 @@ async def _open(sh: ShellProcess, r: Redir) -> Fd:
             return Reader() if r.op == "<&" else NULL
         fd = sh.fds.get(int(target)) if target.isdecimal() else None
         if fd is None:
-            raise RedirError(f"{target}: bad file descriptor")
+            raise _RedirError(f"{target}: bad file descriptor")
         return fd
     try:
         if r.op in ("<", "<>"):
@@ -42,4 +55,4 @@ async def _open(sh: ShellProcess, r: Redir) -> Fd:
         return sh.open_output(target, append=r.op == ">>")
     except OSError as exc:
         verb = "open" if r.op in ("<", "<>") else "create"
-        raise RedirError(f"can't {verb} {target}: {reason(exc)}") from None
+        raise _RedirError(f"can't {verb} {target}: {reason(exc)}") from None
