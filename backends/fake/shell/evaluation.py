@@ -285,10 +285,10 @@ class Shell(ShellProcess):
         """What is a program in a real container: an extra command of the caller, a built-in tool
         (also as /bin/NAME), or a shell script of io.fs (by path or on PATH)."""
         name = argv[0]
-        base = name.rsplit("/", 1)[-1]
-        command = self.io.commands.get(name) or (self.io.commands.get(base) if "/" in name else None)
+        command = self._extra(name)
         if command is not None:
             return await self._call_extra(command, argv)
+        base = name.rsplit("/", 1)[-1]
         tool = TOOLS.get(base)
         if tool is not None:
             return await self._builtin(tool, argv, base)
@@ -300,6 +300,11 @@ class Shell(ShellProcess):
             return 0
         await self.err(f"sh: {name}: not found")
         return 127
+
+    def _extra(self, name: str) -> Command | None:
+        """The caller's extra command that name runs: by its name, or by a path ending in it."""
+        commands = self.io.commands
+        return commands.get(name) or (commands.get(name.rsplit("/", 1)[-1]) if "/" in name else None)
 
     async def _builtin(self, fn: Builtin, argv: list[str], prefix: str) -> int:
         try:
@@ -367,8 +372,7 @@ class Shell(ShellProcess):
             return "builtin", name
         if name in self.functions:
             return "function", name
-        base = name.rsplit("/", 1)[-1]
-        if name in self.io.commands or ("/" in name and base in self.io.commands) or base in TOOLS:
+        if self._extra(name) is not None or name.rsplit("/", 1)[-1] in TOOLS:
             return "file", name if "/" in name else "/bin/" + name
         script = self.find_script(name)
         return ("file", script) if script is not None else None
