@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import re
 import string
+from collections.abc import Iterator
 
 CLASSES = {
     "alpha": "a-zA-Z",
@@ -59,24 +60,36 @@ def _bracket(content: str, negations: str) -> str:
     return "[" + ("^" if negate else "") + "".join(out) + "]"
 
 
-@functools.lru_cache(maxsize=512)
-def glob(pattern: str) -> re.Pattern[str]:
-    """A shell pattern (case, ${x%...}) as a regular expression; a backslash quotes a character."""
-    out: list[str] = []
+def _elements(pattern: str, negations: str) -> Iterator[tuple[str, str]]:
+    """A pattern's elements, left to right: ("\\", c) for a character after a backslash, ("[", set)
+    for a bracket expression as a Python character set, ("", c) for any other character."""
     i = 0
     while i < len(pattern):
         c = pattern[i]
         if c == "\\" and i + 1 < len(pattern):
-            out.append(re.escape(pattern[i + 1]))
+            yield "\\", pattern[i + 1]
             i += 2
             continue
         end = _bracket_end(pattern, i) if c == "[" else -1
         if end > 0:
-            out.append(_bracket(pattern[i + 1 : end], "!^"))
+            yield "[", _bracket(pattern[i + 1 : end], negations)
             i = end + 1
             continue
-        out.append(".*" if c == "*" else "." if c == "?" else re.escape(c))
+        yield "", c
         i += 1
+
+
+@functools.lru_cache(maxsize=512)
+def glob(pattern: str) -> re.Pattern[str]:
+    """A shell pattern (case, ${x%...}) as a regular expression; a backslash quotes a character."""
+    out: list[str] = []
+    for kind, text in _elements(pattern, "!^"):
+        if kind == "[":
+            out.append(text)
+        elif not kind and text in "*?":
+            out.append(".*" if text == "*" else ".")
+        else:
+            out.append(re.escape(text))
     return re.compile("".join(out), re.S)
 
 
@@ -101,27 +114,18 @@ def posix_regex(pattern: str, extended: bool) -> str:
     """A POSIX basic (or extended) regular expression in Python's syntax: in a basic one \\( \\)
     \\{ \\} \\| \\+ \\? are the operators and the bare characters are literal."""
     out: list[str] = []
-    i = 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\" and i + 1 < len(pattern):
-            escaped = pattern[i + 1]
-            if escaped in "<>":
+    for kind, c in _elements(pattern, "^"):
+        if kind == "[":
+            out.append(c)
+        elif kind:  # escaped
+            if c in "<>":
                 out.append(r"\b")
-            elif not extended and escaped in "(){}|+?":
-                out.append(escaped)
+            elif not extended and c in "(){}|+?":
+                out.append(c)
             else:
-                out.append("\\" + escaped)
-            i += 2
-            continue
-        end = _bracket_end(pattern, i) if c == "[" else -1
-        if end > 0:
-            out.append(_bracket(pattern[i + 1 : end], "^"))
-            i = end + 1
-            continue
-        if (not extended and c in "(){}|+?") or (c == "*" and (not out or out[-1] in ("^", "(", "|"))):
+                out.append("\\" + c)
+        elif (not extended and c in "(){}|+?") or (c == "*" and (not out or out[-1] in ("^", "(", "|"))):
             out.append("\\" + c)
         else:
             out.append(c)
-        i += 1
     return "".join(out)
