@@ -3,6 +3,12 @@
 
 from __future__ import annotations
 
+import re
+
+import pytest
+
+from backends.fake.shell.arithmetic import arith_compile
+from backends.fake.shell.patterns import glob, posix_regex
 from tests.fake.harness import Row, check_script, script_table
 
 TABLE: list[Row] = [
@@ -56,3 +62,67 @@ TABLE: list[Row] = [
 @script_table(TABLE)
 async def test_script(script: str, stdin: str, stdout: str, stderr: str | None, code: int) -> None:
     await check_script(script, stdin, stdout, stderr, code)
+
+
+class Variables:
+    """The shell's variables as arithmetic sees them."""
+
+    def __init__(self, **values: str) -> None:
+        self.vars = dict(values)
+
+    def get(self, name: str) -> str | None:
+        return self.vars.get(name)
+
+
+@pytest.mark.parametrize(
+    ("expression", "value", "assigned"),
+    [
+        ("1 + 2 * 3", 7, {}),
+        ("x += 2", 7, {"x": "7"}),
+        ("x++ + x", 11, {"x": "6"}),
+        ("y = x > 4 ? 0x10 : 010", 16, {"y": "16"}),
+        ("-7 / 2", -3, {}),
+        ("1 << 65", 2, {}),
+        ("unset_name * 3", 0, {}),
+    ],
+)
+def test_arithmetic_reads_and_assigns_variables(
+    expression: str, value: int, assigned: dict[str, str]
+) -> None:
+    scope = Variables(x="5")
+    assert arith_compile(expression)(scope) == value
+    assert scope.vars == {"x": "5", **assigned}
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text", "matches"),
+    [
+        ("*.txt", "a.txt", True),
+        ("*.txt", "a.txt.log", False),
+        ("[!a]?", "b1", True),
+        ("[!a]?", "a1", False),
+        ("[[:digit:]]*", "1x", True),
+        ("\\*", "*", True),
+        ("\\*", "a", False),
+    ],
+)
+def test_shell_patterns(pattern: str, text: str, matches: bool) -> None:
+    assert (glob(pattern).fullmatch(text) is not None) is matches
+
+
+@pytest.mark.parametrize(
+    ("pattern", "extended", "text", "found"),
+    [
+        ("a\\{2\\}", False, "xaab", True),
+        ("a{2}", False, "a{2}", True),
+        ("a{2}", True, "a{2}", False),
+        ("\\(ab\\)*c$", False, "ababc", True),
+        ("a|b", False, "b", False),
+        ("a|b", True, "b", True),
+        ("\\<ab\\>", False, "x abc", False),
+        ("*a", False, "*a", True),
+        ("[^[:space:]]", False, " \t", False),
+    ],
+)
+def test_posix_regular_expressions(pattern: str, extended: bool, text: str, found: bool) -> None:
+    assert (re.search(posix_regex(pattern, extended), text) is not None) is found

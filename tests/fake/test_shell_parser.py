@@ -2,6 +2,26 @@
 
 from __future__ import annotations
 
+import pytest
+
+from backends.fake.shell.lexer import ParseError
+from backends.fake.shell.parser import parse
+from backends.fake.shell.syntax import (
+    AndOr,
+    Case,
+    For,
+    FuncDef,
+    Group,
+    If,
+    Lit,
+    Loop,
+    Pipeline,
+    Redirected,
+    Seq,
+    Simple,
+    Subshell,
+    Subst,
+)
 from tests.fake.harness import Harness, Row, check_script, script_table
 
 TABLE: list[Row] = [
@@ -74,3 +94,55 @@ B
         "first\nsecond\n"
     )
     assert result.code == 0
+
+
+@pytest.mark.parametrize(
+    ("script", "kind"),
+    [
+        ("echo a", Simple),
+        ("a | b", Pipeline),
+        ("! a", Pipeline),
+        ("a && b || c", AndOr),
+        ("a; b &", Seq),
+        ("{ a; }", Group),
+        ("(a)", Subshell),
+        ("if a; then b; fi", If),
+        ("until a; do b; done", Loop),
+        ("for x in 1 2; do b; done", For),
+        ("case x in a) b;; esac", Case),
+        ("f() { a; }", FuncDef),
+        ("{ a; } > /f", Redirected),
+    ],
+    ids=lambda v: v if isinstance(v, str) else v.__name__,
+)
+def test_a_script_parses_into_its_command(script: str, kind: type) -> None:
+    # A list or pipeline of one command is that command: evaluation walks no empty levels.
+    assert type(parse(script)) is kind
+
+
+def test_substitutions_hold_their_commands_and_the_word_goes_on_after_them() -> None:
+    node = parse('echo $(a | b)x `c; d` "$(e)"')
+    assert isinstance(node, Simple)
+    first, second, third = (word.parts for word in node.words[1:])
+    assert isinstance(first[0], Subst) and isinstance(first[0].body, Pipeline) and not first[0].quoted
+    assert first[1:] == (Lit("x", False),)
+    assert isinstance(second[0], Subst) and isinstance(second[0].body, Seq)
+    assert isinstance(third[0], Subst) and isinstance(third[0].body, Simple) and third[0].quoted
+
+
+@pytest.mark.parametrize(
+    ("script", "incomplete"),
+    [
+        ("echo 'open", True),
+        ("if true; then", True),
+        ("echo $(a", True),
+        ("echo ${x", True),
+        ("echo a ;; b", False),
+        ("fi", False),
+    ],
+)
+def test_a_syntax_error_tells_whether_more_input_could_complete_it(script: str, incomplete: bool) -> None:
+    # `sh` reading stdin waits for the next line on an incomplete script and fails on the others.
+    with pytest.raises(ParseError) as raised:
+        parse(script)
+    assert raised.value.incomplete is incomplete
