@@ -271,6 +271,8 @@ class Shell(ShellProcess):
         self.restore({name: value for name, (value, _) in saved.items()})
         self.exported -= {name for name, (_, exported) in saved.items() if not exported}
 
+    # -- names
+
     async def invoke(self, argv: list[str], functions: bool = True) -> int:
         """Runs a command by name: a special builtin, a function, or what `external` finds."""
         special = SPECIAL.get(argv[0])
