@@ -145,17 +145,15 @@ class Cgroup:
 
 def _proc_start(pid: int) -> int:
     """Start time of a live process in clock ticks since boot (0 if gone), to detect PID reuse."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except OSError:
+    st = procfs.stat(pid)
+    if st is None:
         return 0
-    if fields[0] in ("Z", "X"):
+    if st.state in ("Z", "X"):
         # A zombie: dead. Reap it if it is ours (a VM booted by this process before a "restart").
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
         return 0
-    return int(fields[19])
+    return st.start_time
 
 
 class Injector:
@@ -581,14 +579,10 @@ class StubHypervisor(ProcessVMs):
             if pid:
                 # Find the VM process: the topmost process of the cgroup.
                 while True:
-                    try:
-                        with open(f"/proc/{pid}/stat") as fh:
-                            ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-                    except (OSError, ValueError):
+                    st = procfs.stat(pid)
+                    if st is None or st.ppid not in Cgroup(f"{self.cgroup_parent}/{entry}").pids():
                         break
-                    if ppid not in Cgroup(f"{self.cgroup_parent}/{entry}").pids():
-                        break
-                    pid = ppid
+                    pid = st.ppid
                 vm.pid = pid
                 vm.started_at = _proc_start(pid)
             out.append(vm)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from backends.contract import Capability
+from backends.linux import procfs
 from backends.runv import config as runv_config
 from backends.runv import guest_image
 from backends.runv.backend import VM_CRASH_REASON, RunvBackend
@@ -324,11 +325,8 @@ def _taps() -> set[str]:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    st = procfs.stat(pid)
+    return st is not None and st.state != "Z"
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from backends.contract import TerminalSize
+from backends.linux import procfs
 from backends.runv.agent.messages import StateRequest
 from backends.runv.backend import VM_CRASH_REASON, RunvBackend
 from backends.runv.hypervisor import MIB, Fault
@@ -25,11 +26,8 @@ IMAGE = "test/busybox:1"
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    st = procfs.stat(pid)
+    return st is not None and st.state != "Z"
 
 
 async def test_pod_lifecycle(runv: tuple[RunvBackend, Events]) -> None:
