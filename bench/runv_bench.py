@@ -49,10 +49,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from backends import contract  # noqa: E402
+from backends.linux.cgroups import Cgroup  # noqa: E402
 from backends.runv.backend import RunvBackend  # noqa: E402
 from backends.runv.hypervisor import MIB, VM, VMSpec  # noqa: E402
 from backends.runv.network import PodNetwork  # noqa: E402
-from backends.runv.stub import Cgroup  # noqa: E402
 from cri_api import api_pb2 as pb  # noqa: E402
 from shim.errors import ResourceExhaustedError  # noqa: E402
 from shim.io import ContainerIO  # noqa: E402

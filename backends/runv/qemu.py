@@ -55,9 +55,10 @@ from backends.contract.errors import (
     InvalidArgumentError,
     UnimplementedError,
 )
+from backends.linux.cgroups import Cgroup
 from backends.runv import guest_image, host
 from backends.runv.hypervisor import MIB, VM, BootError, Fault, VMSpec
-from backends.runv.stub import Cgroup, ProcessVMs, _proc_start, check_size
+from backends.runv.stub import ProcessVMs, _proc_start, check_size
 
 log = structlog.get_logger("cri-shim.runv.qemu")
 

@@ -34,25 +34,11 @@ from backends.contract.errors import (
     ResourceExhaustedError,
 )
 from backends.linux import procfs
+from backends.linux.cgroups import Cgroup
 from backends.runv import host
 from backends.runv.hypervisor import MIB, VM, BootError, Fault, VMSpec
 
-CGROUP_ROOT = "/sys/fs/cgroup"
 CONSOLE_KEPT = 1 << 20  # the end of a console a driver reads back
-CPU_PERIOD = 100_000
-
-
-def _write(path: str, value: str) -> None:
-    with open(path, "w") as fh:
-        fh.write(value)
-
-
-def _read_int(path: str) -> int:
-    try:
-        with open(path) as fh:
-            return int(fh.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def _mem_total() -> int:
@@ -61,86 +47,6 @@ def _mem_total() -> int:
             if line.startswith("MemTotal:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-class Cgroup:
-    """The VM's cgroup on v1 (one directory per controller) or v2."""
-
-    V1_CONTROLLERS = ("memory", "cpu", "cpuacct", "pids")
-
-    def __init__(self, rel: str) -> None:
-        self.rel = rel.strip("/")
-        self.v2 = os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers"))
-
-    def dirs(self) -> list[str]:
-        if self.v2:
-            return [os.path.join(CGROUP_ROOT, self.rel)]
-        return [os.path.join(CGROUP_ROOT, c, self.rel) for c in self.V1_CONTROLLERS]
-
-    def all_dirs(self) -> list[str]:
-        """Every hierarchy, including ones runc creates container cgroups in."""
-        if self.v2:
-            return self.dirs()
-        out = []
-        for entry in sorted(os.listdir(CGROUP_ROOT)):
-            base = os.path.join(CGROUP_ROOT, entry)
-            if os.path.isdir(base) and not os.path.islink(base):
-                out.append(os.path.join(base, self.rel))
-        return out
-
-    def create(self) -> None:
-        for d in self.dirs():
-            os.makedirs(d, exist_ok=True)
-
-    def procs_files(self) -> list[str]:
-        return [os.path.join(d, "cgroup.procs") for d in self.dirs()]
-
-    def set_limits(self, vcpus: int, memory: int) -> None:
-        if self.v2:
-            d = self.dirs()[0]
-            _write(os.path.join(d, "cpu.max"), f"{vcpus * CPU_PERIOD} {CPU_PERIOD}")
-            _write(os.path.join(d, "memory.max"), str(memory))
-            return
-        cpu = os.path.join(CGROUP_ROOT, "cpu", self.rel)
-        _write(os.path.join(cpu, "cpu.cfs_period_us"), str(CPU_PERIOD))
-        _write(os.path.join(cpu, "cpu.cfs_quota_us"), str(vcpus * CPU_PERIOD))
-        _write(os.path.join(CGROUP_ROOT, "memory", self.rel, "memory.limit_in_bytes"), str(memory))
-
-    def usage(self) -> tuple[int, int]:
-        if self.v2:
-            d = self.dirs()[0]
-            cpu = 0
-            with contextlib.suppress(OSError):
-                with open(os.path.join(d, "cpu.stat")) as fh:
-                    for line in fh:
-                        if line.startswith("usage_usec"):
-                            cpu = int(line.split()[1]) * 1000
-            return cpu, _read_int(os.path.join(d, "memory.current"))
-        return (
-            _read_int(os.path.join(CGROUP_ROOT, "cpuacct", self.rel, "cpuacct.usage")),
-            _read_int(os.path.join(CGROUP_ROOT, "memory", self.rel, "memory.usage_in_bytes")),
-        )
-
-    def pids(self) -> list[int]:
-        out: list[int] = []
-        for d in self.all_dirs():
-            for root, _dirs, files in os.walk(d):
-                if "cgroup.procs" in files:
-                    with contextlib.suppress(OSError), open(os.path.join(root, "cgroup.procs")) as fh:
-                        out += [int(x) for x in fh.read().split()]
-        return out
-
-    def remove(self) -> None:
-        """rmdir bottom-up; a cgroup with live processes stays (and is reported by pids())."""
-        for d in self.all_dirs():
-            if not os.path.isdir(d):
-                continue
-            for root, dirs, _files in os.walk(d, topdown=False):
-                for sub in dirs:
-                    with contextlib.suppress(OSError):
-                        os.rmdir(os.path.join(root, sub))
-            with contextlib.suppress(OSError):
-                os.rmdir(d)
 
 
 def _proc_start(pid: int) -> int:

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from backends.linux.cgroups import Cgroup
 from backends.runv.backend import RunvBackend
-from backends.runv.stub import Cgroup
 from tests.runv.helpers import BUSYBOX, Events
 
 REPO = Path(__file__).resolve().parents[2]
