@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import secrets
@@ -29,12 +30,12 @@ from backends.runv.agent import messages as m
 from backends.runv.agent import rro
 from backends.runv.agent.client import AgentClient
 from backends.runv.agent.protocol import AgentError, Ch, ConnectionLost, Stream
+from backends.runv.drivers.qemu import QemuHypervisor
+from backends.runv.drivers.stub import StubHypervisor
 from backends.runv.hypervisor import MIB, VM, Fault, Hypervisor, VMSpec
 from backends.runv.images.store import Credentials, Image, ImageStore
 from backends.runv.network import PodNetwork, host_ports
 from backends.runv.pool import CpuMeter, Pool, PoolConfig
-from backends.runv.qemu import QemuHypervisor
-from backends.runv.stub import StubHypervisor, vm_size
 from cri_api import api_pb2 as pb
 
 log = structlog.get_logger(__name__)
@@ -1183,3 +1184,16 @@ def _fs_of(path: str) -> Layer | None:
         inodes_total=vfs.f_files,
         inodes_free=vfs.f_ffree,
     )
+
+
+def vm_size(
+    cpu_quota: int, cpu_period: int, memory_limit: int, overhead_vcpus: float, overhead_memory: int
+) -> tuple[int, int]:
+    """vCPUs and memory of a pod's VM: its limits plus overhead, 1 vCPU/128 MiB without limits."""
+    vcpus = 1
+    if cpu_quota > 0 and cpu_period > 0:
+        vcpus = max(1, math.ceil(cpu_quota / cpu_period + overhead_vcpus))
+    memory = 128 * MIB
+    if memory_limit > 0:
+        memory = memory_limit + overhead_memory
+    return vcpus, memory

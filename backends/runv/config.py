@@ -51,7 +51,7 @@ STUB: dict[str, str] = {
     "cpu_overcommit": INT,
 }
 
-# The qemu driver (backends/runv/qemu.py).
+# The qemu driver (backends/runv/drivers/qemu.py).
 QEMU: dict[str, str] = {
     "run_dir": STR,
     "guest_dir": STR,

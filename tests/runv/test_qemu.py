@@ -24,8 +24,8 @@ from backends.linux.cgroups import Cgroup
 from backends.runv import config as runv_config
 from backends.runv import guest_image
 from backends.runv.backend import VM_CRASH_REASON, RunvBackend
+from backends.runv.drivers.qemu import QemuHypervisor, agent_files, console_summary
 from backends.runv.hypervisor import MIB, VM, Fault, VMSpec
-from backends.runv.qemu import QemuHypervisor, agent_files, console_summary
 from cri_api import api_pb2 as pb
 from shim import errors
 from tests.runv.helpers import (
