@@ -121,6 +121,6 @@ async def runv(
         yield backend, events
     finally:
         await events.close()
-        for pod in list(backend._pods.values()):
+        for pod in list(backend._shared.pods.values()):
             await backend.hv.destroy(pod.vm)
         await backend.close()
