@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from backends.contract.usage import UNLIMITED, Detail, Device, Interface, Sample, available
+from backends.linux import procfs
 
 __all__ = [
     "Cgroup",
@@ -73,22 +74,17 @@ def _mounts() -> Hierarchies:
     v1: dict[str, str] = {}
     v2: str | None = None
     every: list[str] = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields = left.split()
-            fstype, _src, *opts = right.split()
-            mount_point = fields[4]
-            if fstype not in ("cgroup", "cgroup2"):
-                continue
-            if mount_point not in every:
-                every.append(mount_point)
-            if fstype == "cgroup2":
-                v2 = v2 or mount_point
-                continue
-            for opt in (opts[0] if opts else "").split(","):
-                if opt not in ("rw", "ro") and not opt.startswith("name=") and "=" not in opt:
-                    v1.setdefault(opt, mount_point)
+    for mount in procfs.mounts():
+        if mount.fstype not in ("cgroup", "cgroup2"):
+            continue
+        if mount.point not in every:
+            every.append(mount.point)
+        if mount.fstype == "cgroup2":
+            v2 = v2 or mount.point
+            continue
+        for opt in mount.super_options.split(","):
+            if opt not in ("rw", "ro") and not opt.startswith("name=") and "=" not in opt:
+                v1.setdefault(opt, mount.point)
     return Hierarchies(v1, v2, tuple(sorted(every)))
 
 

@@ -1,12 +1,15 @@
 """Reading processes from /proc.
 
-The one reader of ``/proc/PID/stat`` for the host side and the runv guest agent alike (the
-agent ships ``backends/linux`` into the VM with its own code): standard library only.
+The one reader of ``/proc/PID/stat`` and of ``/proc/PID/mountinfo`` for the host side and
+the runv guest agent alike (the agent ships ``backends/linux`` into the VM with its own
+code): standard library only.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -41,3 +44,27 @@ def children(pid: int) -> list[int]:
             return [int(x) for x in fh.read().split()]
     except (OSError, ValueError):
         return []
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Mount:
+    """What is read of a line of ``/proc/PID/mountinfo`` (proc(5))."""
+
+    point: str  # the mount point, unescaped
+    fstype: str
+    super_options: str  # "rw,memory" for a cgroup v1 hierarchy
+
+
+_OCTAL = re.compile(rb"\\([0-7]{3})")  # how mountinfo writes a space, tab, newline or backslash
+
+
+def mounts(pid: int | str = "self") -> list[Mount]:
+    """The mounts ``pid`` sees, in its mount namespace (OSError if it is gone)."""
+    out = []
+    with open(f"/proc/{pid}/mountinfo", "rb") as fh:
+        for line in fh:
+            left, _, right = line.partition(b" - ")
+            fstype, _source, *options = right.split()
+            point = _OCTAL.sub(lambda o: bytes([int(o[1], 8)]), left.split()[4])
+            out.append(Mount(os.fsdecode(point), fstype.decode(), (options[0] if options else b"").decode()))
+    return out

@@ -1,4 +1,4 @@
-"""The one /proc/PID/stat reader: state, parent and start time, whatever the command's name."""
+"""The /proc readers: a process's stat (state, parent, start time, whatever its name) and mounts."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from backends.linux import procfs
 
@@ -46,3 +48,28 @@ def test_children_of_a_process_and_of_none() -> None:
         proc.kill()
         proc.wait()
     assert procfs.children(proc.pid) == []
+
+
+def test_mounts_of_this_process() -> None:
+    found = {m.point: m for m in procfs.mounts()}
+    assert found["/proc"].fstype == "proc"
+    assert "/" in found
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_mounts_unescapes_the_mount_point_and_reads_another_process(tmp_path: Path) -> None:
+    odd = tmp_path / "a dir\twith\\odd names"
+    odd.mkdir()
+    script = 'mount -t tmpfs -o size=1m runv-test "$0" && exec sleep 30'
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(odd)])
+    try:
+        for _ in range(500):
+            theirs = {m.point: m for m in procfs.mounts(proc.pid)}
+            if str(odd) in theirs:
+                break
+            time.sleep(0.01)
+        assert theirs[str(odd)].fstype == "tmpfs" and "size=1024k" in theirs[str(odd)].super_options
+        assert str(odd) not in {m.point for m in procfs.mounts()}  # its namespace's, not ours
+    finally:
+        proc.kill()
+        proc.wait()

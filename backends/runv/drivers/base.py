@@ -411,15 +411,9 @@ def shares_dir(vm: VM) -> str:
     return os.path.join(vm.state_dir, "shares")
 
 
-def _mount_points() -> list[str]:
-    with open("/proc/self/mountinfo") as fh:
-        # Field 5 is the mount point, octal-escaped.
-        return [line.split()[4].encode().decode("unicode_escape") for line in fh]
-
-
 def _mounts_under(path: str) -> list[str]:
     root = os.path.abspath(path)
-    return [m for m in _mount_points() if m == root or m.startswith(root + "/")]
+    return [m.point for m in procfs.mounts() if m.point == root or m.point.startswith(root + "/")]
 
 
 def package_root() -> str:
