@@ -132,7 +132,7 @@ class Burst(kh.Harness):
                 )
             finally:
                 api.close()
-        from backends.runv.stub import Cgroup
+        from backends.linux.cgroups import Cgroup
 
         parent = Cgroup(f"cri-shim-runv-e2e-{self.tag}").dirs()[0]
         try:
