@@ -61,11 +61,13 @@ PRIORITY_FLAG = 0x20
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
 STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
 
+SETTINGS_HEADER_TABLE_SIZE = 0x1
 SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
 SETTINGS_INITIAL_WINDOW_SIZE = 0x4
 SETTINGS_MAX_FRAME_SIZE = 0x5
 SETTINGS_MAX_HEADER_LIST_SIZE = 0x6
 
+DEFAULT_TABLE = 4096  # HPACK dynamic table size until the peer's SETTINGS say otherwise
 DEFAULT_WINDOW = 65535
 MAX_WINDOW = (1 << 31) - 1
 FRAME_MAX = 16384  # what we accept; we never raise it
@@ -231,6 +233,8 @@ class _Connection(asyncio.Protocol):
         self.send_window = DEFAULT_WINDOW
         self.peer_initial_window = DEFAULT_WINDOW
         self.peer_max_frame = FRAME_MAX
+        self.table_size = DEFAULT_TABLE  # the most of the peer's HPACK table we may use (we use none)
+        self.table_update = b""  # a size update owed at the start of our next header block
         self.blocked: dict[int, _Stream] = {}  # streams with data waiting for window
         self.headers_in: tuple[int, int, bytearray] | None = None  # (sid, flags, block) until END_HEADERS
         self.going_away = False
@@ -379,6 +383,10 @@ class _Connection(asyncio.Protocol):
                 self.peer_initial_window = value
                 for st in self.streams.values():
                     st.window += delta
+            elif key == SETTINGS_HEADER_TABLE_SIZE and value < self.table_size:
+                # RFC 7541 section 4.2: our next header block must first shrink the table to fit.
+                self.table_size = value
+                self.table_update = _hpack_int(value, 5, 0x20)
             elif key == SETTINGS_MAX_FRAME_SIZE:
                 if not FRAME_MAX <= value <= (1 << 24) - 1:
                     raise ProtocolViolation(PROTOCOL_ERROR, f"max frame size {value} out of range")
@@ -561,7 +569,7 @@ class _Connection(asyncio.Protocol):
 
     def _trailers_only(self, st: _Stream, code: grpc.StatusCode, detail: str, out: list[bytes]) -> None:
         block = RESPONSE_HEADERS + _status_block(code, detail)
-        out.append(encode_frame(HEADERS, END_HEADERS | END_STREAM, st.sid, block))
+        out.append(self._headers(END_HEADERS | END_STREAM, st.sid, block))
         st.trailers = b""
         self._close_stream(st, out)
 
@@ -590,7 +598,7 @@ class _Connection(asyncio.Protocol):
         frames: list[bytes] = [] if out is None else out
         if not st.headers_sent:
             st.headers_sent = True
-            frames.append(encode_frame(HEADERS, END_HEADERS, st.sid, RESPONSE_HEADERS))
+            frames.append(self._headers(END_HEADERS, st.sid, RESPONSE_HEADERS))
         st.outq.append(bytes(chunk))
         self._flush(st, frames)
         if own:
@@ -629,8 +637,15 @@ class _Connection(asyncio.Protocol):
         if st.drained is not None:
             st.drained.set()
         if st.trailers is not None:
-            out.append(encode_frame(HEADERS, END_HEADERS | END_STREAM, st.sid, st.trailers))
+            out.append(self._headers(END_HEADERS | END_STREAM, st.sid, st.trailers))
             self._close_stream(st, out)
+
+    def _headers(self, flags: int, sid: int, block: bytes) -> bytes:
+        """A HEADERS frame; frames are written in the order they are made, so this one is next."""
+        if self.table_update:
+            block = self.table_update + block
+            self.table_update = b""
+        return encode_frame(HEADERS, flags, sid, block)
 
     def _flush_blocked(self, out: list[bytes]) -> None:
         for st in list(self.blocked.values()):

@@ -330,6 +330,27 @@ async def test_max_frame_size_grows_and_shrinks_mid_reply(native: Native, peers)
     assert listed(reply) == pods
 
 
+async def test_header_table_sizes_change_mid_connection(native: Native, peers) -> None:  # type: ignore[no-untyped-def]
+    pods = await make_pods(native, 5)
+    peer = await peers()
+    events = await peer.start(RUNTIME + "GetContainerEvents", pb.GetEventsRequest())
+    # Our decoder's table: 0 bytes, then back to 4096 (the server must not index into it).
+    for size in (0, 4096, 64):
+        acks = peer.settings_acks
+        peer.conn.update_settings({SettingCodes.HEADER_TABLE_SIZE: size})
+        peer.flush()
+        await peer.until(lambda: peer.settings_acks > acks)  # noqa: B023
+        assert listed(await peer.call(LIST, pb.ListPodSandboxRequest())) == pods
+    # The server's decoder: our encoder shrinks and regrows its table (size updates in the blocks),
+    # with headers that would otherwise be indexed and evicted.
+    for size in (0, 100, 4096, 300, 4096):
+        peer.conn.encoder.header_table_size = size
+        for i in range(5):
+            reply = await peer.call(LIST, pb.ListPodSandboxRequest(), extra=[(b"x-n", str(i).encode() * 50)])
+            assert listed(reply) == pods
+    assert not peer.replies[events].done
+
+
 # ---------------------------------------------------------------------- calls interleaved
 async def test_unary_and_streaming_calls_interleave_on_one_connection(native: Native, peers) -> None:  # type: ignore[no-untyped-def]
     pods = await make_pods(native, 600, note=60)
