@@ -164,6 +164,12 @@ def _timeout(value: bytes) -> float | None:
     return None if unit is None else int(value[:-1]) * unit
 
 
+def _cancel(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` after its first step: one cancelled before it ever ran would drop the
+    servicer's coroutine it was given unawaited (never run, never settled, a RuntimeWarning)."""
+    asyncio.get_running_loop().call_soon(task.cancel)
+
+
 class _Abort(Exception):
     def __init__(self, code: grpc.StatusCode, detail: str) -> None:
         super().__init__(detail)
@@ -563,7 +569,7 @@ class _Connection(asyncio.Protocol):
             st.timer.cancel()
             st.timer = None
         if st.task is not None and not st.task.done():
-            st.task.cancel()
+            _cancel(st.task)
         if st.drained is not None:
             st.drained.set()
 
@@ -716,7 +722,7 @@ class NativeServer:
         if self.tasks and grace:
             await asyncio.wait(list(self.tasks), timeout=grace)
         for task in list(self.tasks):
-            task.cancel()
+            _cancel(task)
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=1.0)
         for conn in list(self.connections):
@@ -776,7 +782,7 @@ class NativeServer:
         st.timer = None
         st.timed_out = True
         if st.task is not None and not st.task.done():
-            st.task.cancel()
+            _cancel(st.task)
 
     async def _run_unary(self, conn: _Connection, st: _Stream, pending: Awaitable[Any]) -> None:
         try:

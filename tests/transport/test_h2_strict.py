@@ -15,7 +15,9 @@ the barrier that says the server has answered every frame sent before it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
+import warnings
 
 import grpc
 import h2.errors
@@ -24,7 +26,16 @@ from h2.settings import SettingCodes
 
 from cri_api import api_pb2 as pb
 from tests.transport.conftest import Native, pod_request, start_native
-from tests.transport.h2peer import IMAGE, RUNTIME, Peer, Reply, frame, grpc_frame, split_headers
+from tests.transport.h2peer import (
+    IMAGE,
+    RUNTIME,
+    Peer,
+    Reply,
+    frame,
+    grpc_frame,
+    request_headers,
+    split_headers,
+)
 
 LIST = RUNTIME + "ListPodSandbox"
 STREAM_LIST = RUNTIME + "StreamPodSandboxes"
@@ -206,6 +217,30 @@ async def test_a_stream_reset_mid_reply_stops_and_its_neighbours_finish(native: 
     peer.conn.reset_stream(events)
     peer.flush()
     await native_tasks(native, 0)
+
+
+@pytest.mark.parametrize("method", ["Version", "RunPodSandbox"])
+async def test_a_stream_reset_in_the_read_that_starts_its_call(native: Native, peers, method: str) -> None:  # type: ignore[no-untyped-def]
+    # The call's task is made and reset before it ever ran: its coroutines must still be run
+    # (and so cancelled, and logged), not dropped unawaited.
+    native.fake.set_latency("run_sandbox", 30.0)
+    peer = await peers()
+    request = pod_request("never") if method == "RunPodSandbox" else pb.VersionRequest()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(5):
+            sid = peer.conn.get_next_available_stream_id()
+            peer.conn.send_headers(sid, request_headers(RUNTIME + method))
+            peer.conn.send_data(sid, grpc_frame(request), end_stream=True)
+            peer.conn.reset_stream(sid, h2.errors.ErrorCodes.CANCEL)
+            peer.replies[sid] = Reply()
+            peer.flush()  # one write: the server reads the three frames at once
+            await peer.ping()
+        await native_tasks(native, 0)
+        gc.collect()
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
+    native.fake.set_latency("run_sandbox", 0.0)
+    assert listed(await peer.call(LIST, pb.ListPodSandboxRequest())) == set()
 
 
 async def native_tasks(native: Native, count: int) -> None:
