@@ -389,6 +389,8 @@ class _Connection(asyncio.Protocol):
                 self.peer_initial_window = value
                 for st in self.streams.values():
                     st.window += delta
+                    if st.window > MAX_WINDOW:
+                        raise ProtocolViolation(FLOW_CONTROL_ERROR, f"stream {st.sid}'s window over 2^31-1")
             elif key == SETTINGS_HEADER_TABLE_SIZE and value < self.table_size:
                 # RFC 7541 section 4.2: our next header block must first shrink the table to fit.
                 self.table_size = value
@@ -415,7 +417,13 @@ class _Connection(asyncio.Protocol):
             st = self.streams.get(sid)
             if st is None:
                 return
+            if inc == 0:
+                self._reset(st, PROTOCOL_ERROR, out)
+                return
             st.window += inc
+            if st.window > MAX_WINDOW:
+                self._reset(st, FLOW_CONTROL_ERROR, out)
+                return
         if self.blocked:
             # Into this read's frames, after what they already hold for the same streams.
             self._flush_blocked(out)
@@ -572,6 +580,12 @@ class _Connection(asyncio.Protocol):
             _cancel(st.task)
         if st.drained is not None:
             st.drained.set()
+
+    def _reset(self, st: _Stream, code: int, out: list[bytes]) -> None:
+        """A stream error (RFC 9113 section 5.4.2): RST_STREAM with ``code``, and the call stops."""
+        self.streams.pop(st.sid, None)
+        self._drop(st)
+        out.append(encode_frame(RST_STREAM, 0, st.sid, code.to_bytes(4, "big")))
 
     def _trailers_only(self, st: _Stream, code: grpc.StatusCode, detail: str, out: list[bytes]) -> None:
         block = RESPONSE_HEADERS + _status_block(code, detail)
