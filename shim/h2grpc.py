@@ -62,6 +62,7 @@ NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x
 STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
 
 SETTINGS_HEADER_TABLE_SIZE = 0x1
+SETTINGS_ENABLE_PUSH = 0x2
 SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
 SETTINGS_INITIAL_WINDOW_SIZE = 0x4
 SETTINGS_MAX_FRAME_SIZE = 0x5
@@ -330,23 +331,31 @@ class _Connection(asyncio.Protocol):
                 elif kind == SETTINGS:
                     self._on_settings(sid, flags, payload, out)
                 elif kind == PING:
-                    if sid or length != 8:
-                        raise ProtocolViolation(PROTOCOL_ERROR, "malformed PING")
+                    if sid:
+                        raise ProtocolViolation(PROTOCOL_ERROR, "PING on a stream")
+                    if length != 8:
+                        raise ProtocolViolation(FRAME_SIZE_ERROR, "PING not 8 bytes")
                     if not flags & ACK:
                         out.append(encode_frame(PING, ACK, 0, payload))
                 elif kind == WINDOW_UPDATE:
                     self._on_window_update(sid, payload, out)
                 elif kind == RST_STREAM:
-                    if not sid or length != 4:
-                        raise ProtocolViolation(PROTOCOL_ERROR, "malformed RST_STREAM")
+                    if self._idle(sid):
+                        raise ProtocolViolation(PROTOCOL_ERROR, f"RST_STREAM on idle stream {sid}")
+                    if length != 4:
+                        raise ProtocolViolation(FRAME_SIZE_ERROR, "RST_STREAM not 4 bytes")
                     st = self.streams.pop(sid, None)
                     if st is not None:
                         self._drop(st)
                 elif kind == GOAWAY:
+                    if sid:
+                        raise ProtocolViolation(PROTOCOL_ERROR, "GOAWAY on a stream")
                     self.going_away = True
                 elif kind == PUSH_PROMISE:
                     raise ProtocolViolation(PROTOCOL_ERROR, "a client cannot push")
                 elif kind == PRIORITY:
+                    if not sid:
+                        raise ProtocolViolation(PROTOCOL_ERROR, "PRIORITY on stream 0")
                     if length != 5:
                         raise ProtocolViolation(FRAME_SIZE_ERROR, "PRIORITY frame not 5 bytes")
                 # other frame types are ignored (RFC 9113 section 5.5)
@@ -362,6 +371,10 @@ class _Connection(asyncio.Protocol):
             self.transport.write(b"".join(out))
         if self.going_away and self.server.stopping and not self.streams:
             self.close()
+
+    def _idle(self, sid: int) -> bool:
+        """Never opened (RFC 9113 section 5.1): past the client's last stream, or even (we push none)."""
+        return sid > self.last_sid or not sid & 1
 
     @staticmethod
     def _unpad(flags: int, payload: bytes) -> bytes:
@@ -391,6 +404,8 @@ class _Connection(asyncio.Protocol):
                     st.window += delta
                     if st.window > MAX_WINDOW:
                         raise ProtocolViolation(FLOW_CONTROL_ERROR, f"stream {st.sid}'s window over 2^31-1")
+            elif key == SETTINGS_ENABLE_PUSH and value > 1:
+                raise ProtocolViolation(PROTOCOL_ERROR, f"enable push {value} not 0 or 1")
             elif key == SETTINGS_HEADER_TABLE_SIZE and value < self.table_size:
                 # RFC 7541 section 4.2: our next header block must first shrink the table to fit.
                 self.table_size = value
@@ -416,6 +431,8 @@ class _Connection(asyncio.Protocol):
         else:
             st = self.streams.get(sid)
             if st is None:
+                if self._idle(sid):
+                    raise ProtocolViolation(PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {sid}")
                 return
             if inc == 0:
                 self._reset(st, PROTOCOL_ERROR, out)
@@ -518,7 +535,7 @@ class _Connection(asyncio.Protocol):
             out.append(encode_frame(WINDOW_UPDATE, 0, 0, size.to_bytes(4, "big")))
         st = self.streams.get(sid)
         if st is None or st.ended:
-            if sid > self.last_sid:
+            if self._idle(sid):
                 raise ProtocolViolation(PROTOCOL_ERROR, f"DATA on idle stream {sid}")
             return  # a stream we reset or answered: its data is dropped
         data = self._unpad(flags, payload)

@@ -78,12 +78,20 @@ RULES = [
         ("goaway", 0, FLOW_CONTROL),
     ),
     ("initial window over 2^31-1", setting(0x4, MAX_WINDOW + 1), ("goaway", 0, FLOW_CONTROL)),
-    # 6.5.2: MAX_FRAME_SIZE is 2^14..2^24-1; unknown settings are ignored.
+    # 6.5.2: ENABLE_PUSH is 0 or 1; MAX_FRAME_SIZE is 2^14..2^24-1.
+    ("enable push of 2", setting(0x2, 2), ("goaway", 0, PROTOCOL)),
     ("max frame size under 2^14", setting(0x5, 16383), ("goaway", 0, PROTOCOL)),
     ("unknown setting", setting(0x99, 7), ("alive", 0, 0)),
-    # 6.3: PRIORITY may come on any stream.
+    # 6.4, 6.7: RST_STREAM is 4 bytes, PING 8: other lengths are FRAME_SIZE_ERROR.
+    ("RST_STREAM of 3 bytes", opened() + frame(RST, 0, 1, b"\x00\x00\x08"), ("goaway", 0, FRAME_SIZE)),
+    ("PING of 7 bytes", frame(PING, 0, 0, b"1234567"), ("goaway", 0, FRAME_SIZE)),
+    # 6.3, 6.8: PRIORITY names a stream; GOAWAY is the connection's.
+    ("PRIORITY on stream 0", frame(PRIORITY, 0, 0, bytes(5)), ("goaway", 0, PROTOCOL)),
     ("PRIORITY on an idle stream", frame(PRIORITY, 0, 9, u32(0) + b"\x10"), ("alive", 0, 0)),
+    ("GOAWAY on a stream", frame(GOAWAY, 0, 1, bytes(8)), ("goaway", 0, PROTOCOL)),
     # 5.1: on an idle stream only HEADERS and PRIORITY may come.
+    ("RST_STREAM on an idle stream", frame(RST, 0, 5, u32(8)), ("goaway", 0, PROTOCOL)),
+    ("WINDOW_UPDATE on an idle stream", frame(WINDOW, 0, 5, u32(100)), ("goaway", 0, PROTOCOL)),
     ("DATA on an idle stream", frame(DATA, 0, 5, b"x"), ("goaway", 0, PROTOCOL)),
     # 6.10: a header block is HEADERS and CONTINUATIONs of its stream, nothing between.
     ("CONTINUATION alone", frame(CONTINUATION, 0x4, 1, b"\x82"), ("goaway", 0, PROTOCOL)),
