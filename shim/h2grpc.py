@@ -75,6 +75,7 @@ FRAME_MAX = 16384  # what we accept; we never raise it
 RECV_WINDOW = 1 << 24  # per stream, advertised in our SETTINGS
 CONN_RECV_WINDOW = 1 << 30  # the connection's, raised by a WINDOW_UPDATE at start
 MAX_STREAMS = 1000
+RESET_MEMORY = 1024  # streams we reset while the peer's half was open, remembered to ignore their frames
 MAX_HEADER_LIST = 64 * 1024
 CONN_BUFFER_MAX = 64 << 20  # unfinished request bytes one connection may hold
 MAX_DETAIL = 4096  # bytes of grpc-message before it is cut
@@ -237,6 +238,7 @@ class _Connection(asyncio.Protocol):
         self.decoder = Decoder(max_header_list_size=MAX_HEADER_LIST)
         self.streams: dict[int, _Stream] = {}
         self.last_sid = 0
+        self.reset_sids: dict[int, None] = {}  # insertion-ordered: the oldest is forgotten first
         self.send_window = DEFAULT_WINDOW
         self.peer_initial_window = DEFAULT_WINDOW
         self.peer_max_frame = FRAME_MAX
@@ -478,15 +480,14 @@ class _Connection(asyncio.Protocol):
                 self._end_request(self.streams[sid], out)
             return
         if sid <= self.last_sid:
+            if sid in self.reset_sids:
+                return  # sent before our RST_STREAM reached the peer: ignored (RFC 9113 section 5.1)
             raise ProtocolViolation(
                 STREAM_CLOSED if sid in self.streams else PROTOCOL_ERROR, f"stream {sid} reused"
             )
         self.last_sid = sid
-        if self.going_away or self.server.stopping:
-            out.append(encode_frame(RST_STREAM, 0, sid, REFUSED_STREAM.to_bytes(4, "big")))
-            return
-        if len(self.streams) >= MAX_STREAMS:
-            out.append(encode_frame(RST_STREAM, 0, sid, REFUSED_STREAM.to_bytes(4, "big")))
+        if self.going_away or self.server.stopping or len(self.streams) >= MAX_STREAMS:
+            self._send_reset(sid, REFUSED_STREAM, out)
             return
         path = b""
         method = b""
@@ -602,7 +603,13 @@ class _Connection(asyncio.Protocol):
         """A stream error (RFC 9113 section 5.4.2): RST_STREAM with ``code``, and the call stops."""
         self.streams.pop(st.sid, None)
         self._drop(st)
-        out.append(encode_frame(RST_STREAM, 0, st.sid, code.to_bytes(4, "big")))
+        self._send_reset(st.sid, code, out)
+
+    def _send_reset(self, sid: int, code: int, out: list[bytes]) -> None:
+        out.append(encode_frame(RST_STREAM, 0, sid, code.to_bytes(4, "big")))
+        self.reset_sids[sid] = None
+        if len(self.reset_sids) > RESET_MEMORY:
+            del self.reset_sids[next(iter(self.reset_sids))]
 
     def _trailers_only(self, st: _Stream, code: grpc.StatusCode, detail: str, out: list[bytes]) -> None:
         block = RESPONSE_HEADERS + _status_block(code, detail)
@@ -621,7 +628,7 @@ class _Connection(asyncio.Protocol):
         if not st.ended:
             # We answered before the request ended: tell the peer to stop sending.
             st.ended = True
-            out.append(encode_frame(RST_STREAM, 0, st.sid, NO_ERROR.to_bytes(4, "big")))
+            self._send_reset(st.sid, NO_ERROR, out)
 
     # ------------------------------------------------------------ frames out
     def send_message(self, st: _Stream, message: bytes, out: list[bytes] | None = None) -> None:

@@ -151,6 +151,30 @@ async def test_a_request_larger_than_the_servers_window(short_tmp: str) -> None:
         await native.server.stop(0)
 
 
+async def test_what_was_on_its_way_on_a_stream_the_server_cut_short_is_ignored(short_tmp: str) -> None:
+    # The server answers a request over the size limit before it ends and resets the stream; the
+    # DATA and trailers the client had sent by then are ignored (RFC 9113 section 5.1), not taken
+    # for a reused stream that costs the whole connection.
+    native = await start_native(short_tmp, max_message_bytes=20_000)
+    peer = await Peer.open(native.sock)
+    try:
+        sid = peer.conn.get_next_available_stream_id()
+        peer.conn.send_headers(sid, request_headers(RUNTIME + "RunPodSandbox"))
+        body = grpc_frame(pod_request("big", blob="z" * 50_000))
+        for i in range(0, len(body), 16384):
+            peer.conn.send_data(sid, body[i : i + 16384])
+        peer.conn.send_headers(sid, [(b"x-checksum", b"none")], end_stream=True)
+        peer.replies[sid] = Reply()
+        peer.flush()  # all in one write, before the server's answer can be read
+        reply = await peer.reply(sid)
+        assert reply.status == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+        assert listed(await peer.call(LIST, pb.ListPodSandboxRequest())) == set()
+    finally:
+        await peer.close()
+        await native.channel.close()
+        await native.server.stop(0)
+
+
 # ---------------------------------------------------------------------- header blocks
 @pytest.mark.parametrize(
     ("size", "pad", "priority"),
