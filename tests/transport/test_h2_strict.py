@@ -18,6 +18,7 @@ import asyncio
 import gc
 import random
 import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 import h2.errors
@@ -25,10 +26,12 @@ import pytest
 from h2.settings import SettingCodes
 
 from cri_api import api_pb2 as pb
+from tests.criutil import until
 from tests.transport.conftest import Native, pod_request, start_native
 from tests.transport.h2peer import (
     IMAGE,
     RUNTIME,
+    WAIT,
     Peer,
     Reply,
     frame,
@@ -68,8 +71,11 @@ def streamed(reply: Reply) -> list[str]:
     return [p.id for m in reply.messages() for p in pb.StreamPodSandboxesResponse.FromString(m).pod_sandboxes]
 
 
+OpenPeer = Callable[..., Awaitable[Peer]]
+
+
 @pytest.fixture
-async def peers(native: Native):  # type: ignore[no-untyped-def]
+async def peers(native: Native) -> AsyncIterator[OpenPeer]:
     """Opens h2 peers on the native server and closes them after the test."""
     opened: list[Peer] = []
 
@@ -84,7 +90,7 @@ async def peers(native: Native):  # type: ignore[no-untyped-def]
 
 
 # ---------------------------------------------------------------------- flow control
-async def test_a_tiny_client_window_is_filled_exactly_never_overrun(native: Native, peers) -> None:  # type: ignore[no-untyped-def]
+async def test_a_tiny_client_window_is_filled_exactly_never_overrun(native: Native, peers: OpenPeer) -> None:
     pods = await make_pods(native, 500)
     peer = await peers({SettingCodes.INITIAL_WINDOW_SIZE: 300}, auto_ack=False)
     sid = await peer.start(LIST, pb.ListPodSandboxRequest())
@@ -112,7 +118,7 @@ async def test_a_tiny_client_window_is_filled_exactly_never_overrun(native: Nati
     assert rounds > 50  # it did wait, many times
 
 
-async def test_the_connection_window_bounds_all_streams_together(native: Native, peers) -> None:  # type: ignore[no-untyped-def]
+async def test_the_connection_window_bounds_all_streams_together(native: Native, peers: OpenPeer) -> None:
     pods = await make_pods(native, 300)
     peer = await peers({SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20}, auto_ack=False)
     sids = [await peer.start(LIST, pb.ListPodSandboxRequest()) for _ in range(4)]
@@ -183,7 +189,7 @@ async def test_what_was_on_its_way_on_a_stream_the_server_cut_short_is_ignored(s
 )
 async def test_request_headers_over_headers_and_continuations(
     native: Native,
-    peers,  # type: ignore[no-untyped-def]
+    peers: OpenPeer,
     size: int,
     pad: int,
     priority: bool,
@@ -200,7 +206,7 @@ async def test_request_headers_over_headers_and_continuations(
     assert (await peer.call(LIST, pb.ListPodSandboxRequest())).status == OK  # the tables stayed in step
 
 
-async def test_a_header_block_larger_than_a_frame(native: Native, peers) -> None:  # type: ignore[no-untyped-def]
+async def test_a_header_block_larger_than_a_frame(native: Native, peers: OpenPeer) -> None:
     peer = await peers()
     # 40 KB of metadata: h2 itself sends HEADERS and CONTINUATIONs of 16 KiB.
     sid = peer.open_stream(
@@ -215,7 +221,9 @@ async def test_a_header_block_larger_than_a_frame(native: Native, peers) -> None
 
 
 # ---------------------------------------------------------------------- reset, goaway, ping
-async def test_a_stream_reset_mid_reply_stops_and_its_neighbours_finish(native: Native, peers) -> None:  # type: ignore[no-untyped-def]
+async def test_a_stream_reset_mid_reply_stops_and_its_neighbours_finish(
+    native: Native, peers: OpenPeer
+) -> None:
     pods = await make_pods(native, 300)
     peer = await peers({SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20}, auto_ack=False)
     events = await peer.start(RUNTIME + "GetContainerEvents", pb.GetEventsRequest())
@@ -237,14 +245,16 @@ async def test_a_stream_reset_mid_reply_stops_and_its_neighbours_finish(native: 
     await peer.ping()
     assert [f for f in peer.frames[mark:] if f[2] in cut] == []  # nothing more on the reset streams
     assert not peer.replies[events].done  # the events stream is still open
-    await native_tasks(native, 1)  # only the events stream's task is left
+    await until(lambda: native.tasks == 1, WAIT)  # only the events stream's task is left
     peer.conn.reset_stream(events)
     peer.flush()
-    await native_tasks(native, 0)
+    await until(lambda: native.tasks == 0, WAIT)
 
 
 @pytest.mark.parametrize("method", ["Version", "RunPodSandbox"])
-async def test_a_stream_reset_in_the_read_that_starts_its_call(native: Native, peers, method: str) -> None:  # type: ignore[no-untyped-def]
+async def test_a_stream_reset_in_the_read_that_starts_its_call(
+    native: Native, peers: OpenPeer, method: str
+) -> None:
     # The call's task is made and reset before it ever ran: its coroutines must still be run
     # (and so cancelled, and logged), not dropped unawaited.
     native.fake.set_latency("run_sandbox", 30.0)
@@ -260,22 +270,14 @@ async def test_a_stream_reset_in_the_read_that_starts_its_call(native: Native, p
             peer.replies[sid] = Reply()
             peer.flush()  # one write: the server reads the three frames at once
             await peer.ping()
-        await native_tasks(native, 0)
+        await until(lambda: native.tasks == 0, WAIT)
         gc.collect()
     assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
     native.fake.set_latency("run_sandbox", 0.0)
     assert listed(await peer.call(LIST, pb.ListPodSandboxRequest())) == set()
 
 
-async def native_tasks(native: Native, count: int) -> None:
-    for _ in range(int(15 / 0.01)):
-        if native.tasks == count:
-            return
-        await asyncio.sleep(0.01)
-    assert native.tasks == count
-
-
-async def test_ping_is_answered_while_replies_wait_for_window(native: Native, peers) -> None:  # type: ignore[no-untyped-def]
+async def test_ping_is_answered_while_replies_wait_for_window(native: Native, peers: OpenPeer) -> None:
     await make_pods(native, 200)
     peer = await peers({SettingCodes.INITIAL_WINDOW_SIZE: 100}, auto_ack=False)
     sid = await peer.start(LIST, pb.ListPodSandboxRequest())
@@ -289,7 +291,7 @@ async def test_ping_is_answered_while_replies_wait_for_window(native: Native, pe
     assert b"ackackac" not in peer.pings
 
 
-async def test_goaway_from_the_client_lets_calls_under_way_finish(native: Native, peers) -> None:  # type: ignore[no-untyped-def]
+async def test_goaway_from_the_client_lets_calls_under_way_finish(native: Native, peers: OpenPeer) -> None:
     pods = await make_pods(native, 200)
     peer = await peers({SettingCodes.INITIAL_WINDOW_SIZE: 1000}, auto_ack=False)
     blocked = await peer.start(LIST, pb.ListPodSandboxRequest())
@@ -305,7 +307,7 @@ async def test_goaway_from_the_client_lets_calls_under_way_finish(native: Native
     assert reply.status == OK
     before = native.connections
     await peer.close()
-    await until_connections(native, before - 1)
+    await until(lambda: native.connections == before - 1, WAIT)
     assert native.tasks == 0
 
 
@@ -326,16 +328,10 @@ async def test_the_servers_goaway_on_stop_names_the_last_stream_and_lets_it_fini
         await native.channel.close()
 
 
-async def until_connections(native: Native, count: int) -> None:
-    for _ in range(int(15 / 0.01)):
-        if native.connections == count:
-            return
-        await asyncio.sleep(0.01)
-    assert native.connections == count
-
-
 # ---------------------------------------------------------------------- settings mid-stream
-async def test_initial_window_size_shrinks_below_zero_and_grows_mid_reply(native: Native, peers) -> None:  # type: ignore[no-untyped-def]
+async def test_initial_window_size_shrinks_below_zero_and_grows_mid_reply(
+    native: Native, peers: OpenPeer
+) -> None:
     pods = await make_pods(native, 500)
     peer = await peers({SettingCodes.INITIAL_WINDOW_SIZE: 40_000}, auto_ack=False)
     peer.grant(1 << 24)  # the connection's window is not the subject here
@@ -364,7 +360,7 @@ async def test_initial_window_size_shrinks_below_zero_and_grows_mid_reply(native
     assert listed(await peer.reply(other)) == pods
 
 
-async def test_max_frame_size_grows_and_shrinks_mid_reply(native: Native, peers) -> None:  # type: ignore[no-untyped-def]
+async def test_max_frame_size_grows_and_shrinks_mid_reply(native: Native, peers: OpenPeer) -> None:
     pods = await make_pods(native, 1500)
     peer = await peers({SettingCodes.INITIAL_WINDOW_SIZE: 1 << 22}, auto_ack=False)
     big = 1 << 20
@@ -389,7 +385,7 @@ async def test_max_frame_size_grows_and_shrinks_mid_reply(native: Native, peers)
     assert listed(reply) == pods
 
 
-async def test_header_table_sizes_change_mid_connection(native: Native, peers) -> None:  # type: ignore[no-untyped-def]
+async def test_header_table_sizes_change_mid_connection(native: Native, peers: OpenPeer) -> None:
     pods = await make_pods(native, 5)
     peer = await peers()
     events = await peer.start(RUNTIME + "GetContainerEvents", pb.GetEventsRequest())
@@ -411,7 +407,9 @@ async def test_header_table_sizes_change_mid_connection(native: Native, peers) -
 
 
 # ---------------------------------------------------------------------- calls interleaved
-async def test_unary_and_streaming_calls_interleave_on_one_connection(native: Native, peers) -> None:  # type: ignore[no-untyped-def]
+async def test_unary_and_streaming_calls_interleave_on_one_connection(
+    native: Native, peers: OpenPeer
+) -> None:
     pods = await make_pods(native, 600, note=60)
     peer = await peers({SettingCodes.INITIAL_WINDOW_SIZE: 20_000})
     events = await peer.start(RUNTIME + "GetContainerEvents", pb.GetEventsRequest())
@@ -479,7 +477,9 @@ async def test_unary_and_streaming_calls_interleave_on_one_connection(native: Na
 
 
 # ---------------------------------------------------------------------- deadlines
-async def test_a_deadline_ends_a_unary_call_with_a_trailers_only_answer(native: Native, peers) -> None:  # type: ignore[no-untyped-def]
+async def test_a_deadline_ends_a_unary_call_with_a_trailers_only_answer(
+    native: Native, peers: OpenPeer
+) -> None:
     peer = await peers()
     native.fake.set_latency("run_sandbox", 5.0)
     reply = await peer.call(RUNTIME + "RunPodSandbox", pod_request("slow"), timeout="100m")
@@ -490,15 +490,15 @@ async def test_a_deadline_ends_a_unary_call_with_a_trailers_only_answer(native: 
     assert ok.status == OK
     bad = await peer.call(RUNTIME + "Version", pb.VersionRequest(), timeout="soon")
     assert bad.status == grpc.StatusCode.INTERNAL.value[0] and "grpc-timeout" in bad.detail
-    await native_tasks(native, 0)
+    await until(lambda: native.tasks == 0, WAIT)
 
 
-async def test_a_deadline_ends_a_stream_that_waits_for_window(native: Native, peers) -> None:  # type: ignore[no-untyped-def]
+async def test_a_deadline_ends_a_stream_that_waits_for_window(native: Native, peers: OpenPeer) -> None:
     await make_pods(native, 300, note=5000)  # two messages of up to 1 MiB: the first one waits
     peer = await peers({SettingCodes.INITIAL_WINDOW_SIZE: 1000}, auto_ack=False)
     sid = await peer.start(STREAM_LIST, pb.ListPodSandboxRequest(), timeout="300m")
     await peer.until(lambda: peer.received(sid) == 1000)
-    await native_tasks(native, 0)  # the deadline cancelled the call while it waited
+    await until(lambda: native.tasks == 0, WAIT)  # the deadline cancelled the call while it waited
     peer.grant(1 << 24, sid)
     peer.grant(1 << 24)
     reply = await peer.reply(sid)
