@@ -20,7 +20,7 @@ What it implements, from RFC 9113 (HTTP/2), RFC 7541 (HPACK, decoded by the
 - gRPC unary and server-streaming calls: length-prefixed messages,
   ``grpc-timeout`` deadlines, ``grpc-status`` / percent-encoded
   ``grpc-message`` trailers, Trailers-Only answers for errors;
-- the CRI services (through :class:`shim.servicer.CriServicer`, the same
+- the CRI services (through :class:`shim.cri.servicer.CriServicer`, the same
   code as the grpcio transport) and ``grpc.health.v1.Health/Check``.
 
 Compressed messages are refused (UNIMPLEMENTED); nothing in the CRI sends
@@ -46,7 +46,7 @@ from hpack import Decoder, HPACKError
 
 from shim.cri.servicer import IMAGE_SERVICE, RUNTIME_SERVICE, CriServicer, Rpc
 
-log = structlog.get_logger("h2grpc")
+log = structlog.get_logger("transport.native")
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -61,17 +61,21 @@ PRIORITY_FLAG = 0x20
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
 STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
 
+SETTINGS_HEADER_TABLE_SIZE = 0x1
+SETTINGS_ENABLE_PUSH = 0x2
 SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
 SETTINGS_INITIAL_WINDOW_SIZE = 0x4
 SETTINGS_MAX_FRAME_SIZE = 0x5
 SETTINGS_MAX_HEADER_LIST_SIZE = 0x6
 
+DEFAULT_TABLE = 4096  # HPACK dynamic table size until the peer's SETTINGS say otherwise
 DEFAULT_WINDOW = 65535
 MAX_WINDOW = (1 << 31) - 1
 FRAME_MAX = 16384  # what we accept; we never raise it
 RECV_WINDOW = 1 << 24  # per stream, advertised in our SETTINGS
 CONN_RECV_WINDOW = 1 << 30  # the connection's, raised by a WINDOW_UPDATE at start
 MAX_STREAMS = 1000
+RESET_MEMORY = 1024  # streams we reset while the peer's half was open, remembered to ignore their frames
 MAX_HEADER_LIST = 64 * 1024
 CONN_BUFFER_MAX = 64 << 20  # unfinished request bytes one connection may hold
 MAX_DETAIL = 4096  # bytes of grpc-message before it is cut
@@ -162,6 +166,12 @@ def _timeout(value: bytes) -> float | None:
     return None if unit is None else int(value[:-1]) * unit
 
 
+def _cancel(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` after its first step: one cancelled before it ever ran would drop the
+    servicer's coroutine it was given unawaited (never run, never settled, a RuntimeWarning)."""
+    asyncio.get_running_loop().call_soon(task.cancel)
+
+
 class _Abort(Exception):
     def __init__(self, code: grpc.StatusCode, detail: str) -> None:
         super().__init__(detail)
@@ -228,9 +238,12 @@ class _Connection(asyncio.Protocol):
         self.decoder = Decoder(max_header_list_size=MAX_HEADER_LIST)
         self.streams: dict[int, _Stream] = {}
         self.last_sid = 0
+        self.reset_sids: dict[int, None] = {}  # insertion-ordered: the oldest is forgotten first
         self.send_window = DEFAULT_WINDOW
         self.peer_initial_window = DEFAULT_WINDOW
         self.peer_max_frame = FRAME_MAX
+        self.table_size = DEFAULT_TABLE  # the most of the peer's HPACK table we may use (we use none)
+        self.table_update = b""  # a size update owed at the start of our next header block
         self.blocked: dict[int, _Stream] = {}  # streams with data waiting for window
         self.headers_in: tuple[int, int, bytearray] | None = None  # (sid, flags, block) until END_HEADERS
         self.going_away = False
@@ -320,23 +333,31 @@ class _Connection(asyncio.Protocol):
                 elif kind == SETTINGS:
                     self._on_settings(sid, flags, payload, out)
                 elif kind == PING:
-                    if sid or length != 8:
-                        raise ProtocolViolation(PROTOCOL_ERROR, "malformed PING")
+                    if sid:
+                        raise ProtocolViolation(PROTOCOL_ERROR, "PING on a stream")
+                    if length != 8:
+                        raise ProtocolViolation(FRAME_SIZE_ERROR, "PING not 8 bytes")
                     if not flags & ACK:
                         out.append(encode_frame(PING, ACK, 0, payload))
                 elif kind == WINDOW_UPDATE:
                     self._on_window_update(sid, payload, out)
                 elif kind == RST_STREAM:
-                    if not sid or length != 4:
-                        raise ProtocolViolation(PROTOCOL_ERROR, "malformed RST_STREAM")
+                    if self._idle(sid):
+                        raise ProtocolViolation(PROTOCOL_ERROR, f"RST_STREAM on idle stream {sid}")
+                    if length != 4:
+                        raise ProtocolViolation(FRAME_SIZE_ERROR, "RST_STREAM not 4 bytes")
                     st = self.streams.pop(sid, None)
                     if st is not None:
                         self._drop(st)
                 elif kind == GOAWAY:
+                    if sid:
+                        raise ProtocolViolation(PROTOCOL_ERROR, "GOAWAY on a stream")
                     self.going_away = True
                 elif kind == PUSH_PROMISE:
                     raise ProtocolViolation(PROTOCOL_ERROR, "a client cannot push")
                 elif kind == PRIORITY:
+                    if not sid:
+                        raise ProtocolViolation(PROTOCOL_ERROR, "PRIORITY on stream 0")
                     if length != 5:
                         raise ProtocolViolation(FRAME_SIZE_ERROR, "PRIORITY frame not 5 bytes")
                 # other frame types are ignored (RFC 9113 section 5.5)
@@ -352,6 +373,10 @@ class _Connection(asyncio.Protocol):
             self.transport.write(b"".join(out))
         if self.going_away and self.server.stopping and not self.streams:
             self.close()
+
+    def _idle(self, sid: int) -> bool:
+        """Never opened (RFC 9113 section 5.1): past the client's last stream, or even (we push none)."""
+        return sid > self.last_sid or not sid & 1
 
     @staticmethod
     def _unpad(flags: int, payload: bytes) -> bytes:
@@ -379,6 +404,14 @@ class _Connection(asyncio.Protocol):
                 self.peer_initial_window = value
                 for st in self.streams.values():
                     st.window += delta
+                    if st.window > MAX_WINDOW:
+                        raise ProtocolViolation(FLOW_CONTROL_ERROR, f"stream {st.sid}'s window over 2^31-1")
+            elif key == SETTINGS_ENABLE_PUSH and value > 1:
+                raise ProtocolViolation(PROTOCOL_ERROR, f"enable push {value} not 0 or 1")
+            elif key == SETTINGS_HEADER_TABLE_SIZE and value < self.table_size:
+                # RFC 7541 section 4.2: our next header block must first shrink the table to fit.
+                self.table_size = value
+                self.table_update = _hpack_int(value, 5, 0x20)
             elif key == SETTINGS_MAX_FRAME_SIZE:
                 if not FRAME_MAX <= value <= (1 << 24) - 1:
                     raise ProtocolViolation(PROTOCOL_ERROR, f"max frame size {value} out of range")
@@ -400,8 +433,16 @@ class _Connection(asyncio.Protocol):
         else:
             st = self.streams.get(sid)
             if st is None:
+                if self._idle(sid):
+                    raise ProtocolViolation(PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {sid}")
+                return
+            if inc == 0:
+                self._reset(st, PROTOCOL_ERROR, out)
                 return
             st.window += inc
+            if st.window > MAX_WINDOW:
+                self._reset(st, FLOW_CONTROL_ERROR, out)
+                return
         if self.blocked:
             # Into this read's frames, after what they already hold for the same streams.
             self._flush_blocked(out)
@@ -439,15 +480,14 @@ class _Connection(asyncio.Protocol):
                 self._end_request(self.streams[sid], out)
             return
         if sid <= self.last_sid:
+            if sid in self.reset_sids:
+                return  # sent before our RST_STREAM reached the peer: ignored (RFC 9113 section 5.1)
             raise ProtocolViolation(
                 STREAM_CLOSED if sid in self.streams else PROTOCOL_ERROR, f"stream {sid} reused"
             )
         self.last_sid = sid
-        if self.going_away or self.server.stopping:
-            out.append(encode_frame(RST_STREAM, 0, sid, REFUSED_STREAM.to_bytes(4, "big")))
-            return
-        if len(self.streams) >= MAX_STREAMS:
-            out.append(encode_frame(RST_STREAM, 0, sid, REFUSED_STREAM.to_bytes(4, "big")))
+        if self.going_away or self.server.stopping or len(self.streams) >= MAX_STREAMS:
+            self._send_reset(sid, REFUSED_STREAM, out)
             return
         path = b""
         method = b""
@@ -496,7 +536,7 @@ class _Connection(asyncio.Protocol):
             out.append(encode_frame(WINDOW_UPDATE, 0, 0, size.to_bytes(4, "big")))
         st = self.streams.get(sid)
         if st is None or st.ended:
-            if sid > self.last_sid:
+            if self._idle(sid):
                 raise ProtocolViolation(PROTOCOL_ERROR, f"DATA on idle stream {sid}")
             return  # a stream we reset or answered: its data is dropped
         data = self._unpad(flags, payload)
@@ -555,13 +595,25 @@ class _Connection(asyncio.Protocol):
             st.timer.cancel()
             st.timer = None
         if st.task is not None and not st.task.done():
-            st.task.cancel()
+            _cancel(st.task)
         if st.drained is not None:
             st.drained.set()
 
+    def _reset(self, st: _Stream, code: int, out: list[bytes]) -> None:
+        """A stream error (RFC 9113 section 5.4.2): RST_STREAM with ``code``, and the call stops."""
+        self.streams.pop(st.sid, None)
+        self._drop(st)
+        self._send_reset(st.sid, code, out)
+
+    def _send_reset(self, sid: int, code: int, out: list[bytes]) -> None:
+        out.append(encode_frame(RST_STREAM, 0, sid, code.to_bytes(4, "big")))
+        self.reset_sids[sid] = None
+        if len(self.reset_sids) > RESET_MEMORY:
+            del self.reset_sids[next(iter(self.reset_sids))]
+
     def _trailers_only(self, st: _Stream, code: grpc.StatusCode, detail: str, out: list[bytes]) -> None:
         block = RESPONSE_HEADERS + _status_block(code, detail)
-        out.append(encode_frame(HEADERS, END_HEADERS | END_STREAM, st.sid, block))
+        out.append(self._headers(END_HEADERS | END_STREAM, st.sid, block))
         st.trailers = b""
         self._close_stream(st, out)
 
@@ -576,7 +628,7 @@ class _Connection(asyncio.Protocol):
         if not st.ended:
             # We answered before the request ended: tell the peer to stop sending.
             st.ended = True
-            out.append(encode_frame(RST_STREAM, 0, st.sid, NO_ERROR.to_bytes(4, "big")))
+            self._send_reset(st.sid, NO_ERROR, out)
 
     # ------------------------------------------------------------ frames out
     def send_message(self, st: _Stream, message: bytes, out: list[bytes] | None = None) -> None:
@@ -590,7 +642,7 @@ class _Connection(asyncio.Protocol):
         frames: list[bytes] = [] if out is None else out
         if not st.headers_sent:
             st.headers_sent = True
-            frames.append(encode_frame(HEADERS, END_HEADERS, st.sid, RESPONSE_HEADERS))
+            frames.append(self._headers(END_HEADERS, st.sid, RESPONSE_HEADERS))
         st.outq.append(bytes(chunk))
         self._flush(st, frames)
         if own:
@@ -629,8 +681,15 @@ class _Connection(asyncio.Protocol):
         if st.drained is not None:
             st.drained.set()
         if st.trailers is not None:
-            out.append(encode_frame(HEADERS, END_HEADERS | END_STREAM, st.sid, st.trailers))
+            out.append(self._headers(END_HEADERS | END_STREAM, st.sid, st.trailers))
             self._close_stream(st, out)
+
+    def _headers(self, flags: int, sid: int, block: bytes) -> bytes:
+        """A HEADERS frame; frames are written in the order they are made, so this one is next."""
+        if self.table_update:
+            block = self.table_update + block
+            self.table_update = b""
+        return encode_frame(HEADERS, flags, sid, block)
 
     def _flush_blocked(self, out: list[bytes]) -> None:
         for st in list(self.blocked.values()):
@@ -701,7 +760,7 @@ class NativeServer:
         if self.tasks and grace:
             await asyncio.wait(list(self.tasks), timeout=grace)
         for task in list(self.tasks):
-            task.cancel()
+            _cancel(task)
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=1.0)
         for conn in list(self.connections):
@@ -761,7 +820,7 @@ class NativeServer:
         st.timer = None
         st.timed_out = True
         if st.task is not None and not st.task.done():
-            st.task.cancel()
+            _cancel(st.task)
 
     async def _run_unary(self, conn: _Connection, st: _Stream, pending: Awaitable[Any]) -> None:
         try:
