@@ -1,4 +1,4 @@
-"""The native transport (shim/transport/native.py) on a real unix socket, over the fake backend."""
+"""The native transport (shim/transport/native/) on a real unix socket, over the fake backend."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class Native:
     def tasks(self) -> int:
         """The calls the server is still running."""
         assert self.server.native is not None
-        return len(self.server.native.tasks)
+        return len(self.server.native.calls.tasks)
 
     @property
     def connections(self) -> int:

@@ -1,4 +1,4 @@
-"""The native transport (shim/transport/native.py): what grpcio's server does, checked through grpcio's client.
+"""The native transport (shim/transport/native/): what grpcio's server does, checked through grpcio's client.
 
 The CRI behaviour itself is covered by every test on the ``running`` fixture
 and the fake's contract tests, which run on both transports. Here: flow
@@ -18,20 +18,20 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cri_api import api_pb2 as pb
-from shim.transport.native import PREFACE, _percent, _timeout
+from shim.transport.native import PREFACE, percent, timeout
 from tests.criutil import until
 from tests.transport.conftest import Native, pod_request, start_native
 
 
 def test_grpc_timeout_and_message_encodings() -> None:
-    assert _timeout(b"100m") == pytest.approx(0.1)
-    assert _timeout(b"5S") == 5.0
-    assert _timeout(b"2H") == 7200.0
-    assert _timeout(b"m") is None  # no digits
-    assert _timeout(b"1x") is None  # no such unit
-    assert _timeout(b"1234567890S") is None  # more than 8 digits
-    assert _percent("plain text: ok") == b"plain text: ok"
-    assert _percent("50% ü\n") == b"50%25 %C3%BC%0A"
+    assert timeout(b"100m") == pytest.approx(0.1)
+    assert timeout(b"5S") == 5.0
+    assert timeout(b"2H") == 7200.0
+    assert timeout(b"m") is None  # no digits
+    assert timeout(b"1x") is None  # no such unit
+    assert timeout(b"1234567890S") is None  # more than 8 digits
+    assert percent("plain text: ok") == b"plain text: ok"
+    assert percent("50% ü\n") == b"50%25 %C3%BC%0A"
 
 
 async def test_a_reply_larger_than_the_clients_window_arrives_whole(native: Native) -> None:
@@ -121,7 +121,7 @@ async def test_deadline_and_cancel_end_the_call_not_the_server(native: Native) -
     with pytest.raises(asyncio.CancelledError):
         await call
     native.fake.set_latency("run_sandbox", 0.0)
-    await until(lambda: not native.server.native.tasks)  # type: ignore[union-attr]
+    await until(lambda: not native.server.native.calls.tasks)  # type: ignore[union-attr]
     pod = (await native.rt.RunPodSandbox(pod_request("after"))).pod_sandbox_id
     pods = (await native.rt.ListPodSandbox(pb.ListPodSandboxRequest())).items
     assert [p.id for p in pods] == [pod]  # the cut calls left nothing behind

@@ -1,76 +1,78 @@
-"""A gRPC server on the event loop itself: HTTP/2 over a unix socket, no threads.
+"""One HTTP/2 connection (RFC 9113): frames in, streams, SETTINGS, flow control both ways, frames out.
 
-``[server] transport = "native"`` (the default of ``cri-shim hollow``) serves
-the CRI with this module instead of grpcio. Each grpcio call crosses threads
-several times (grpc's event engine, its completion-queue poller, the event
-loop); on a small VM that is about a millisecond of CPU per call, mostly
-context switches. Here a call is parsed, answered and written from the
-socket's read callback: a fake node's List call costs tens of microseconds,
-and a hundred hollow nodes polled once a second stay within a few percent of
-one core (bench/hollow_bench.py prints both transports side by side).
-
-What it implements, from RFC 9113 (HTTP/2), RFC 7541 (HPACK, decoded by the
-``hpack`` package) and gRPC's "PROTOCOL-HTTP2" document:
-
-- the connection preface, SETTINGS (and their ACK), PING, GOAWAY,
-  RST_STREAM, WINDOW_UPDATE, PRIORITY (ignored), CONTINUATION;
-- flow control both ways: the peer's windows bound what is sent (a reply
-  larger than the window waits for WINDOW_UPDATE), and what is received is
-  given back as it is read;
-- gRPC unary and server-streaming calls: length-prefixed messages,
-  ``grpc-timeout`` deadlines, ``grpc-status`` / percent-encoded
-  ``grpc-message`` trailers, Trailers-Only answers for errors;
-- the CRI services (through :class:`shim.cri.servicer.CriServicer`, the same
-  code as the grpcio transport) and ``grpc.health.v1.Health/Check``.
-
-Compressed messages are refused (UNIMPLEMENTED); nothing in the CRI sends
-them. A peer that breaks the protocol gets GOAWAY with the error code and the
-connection is closed; the process and other connections carry on.
+A :class:`Connection` is the asyncio protocol of one client socket. Frames are
+read from its data callback; what they answer is gathered in a list and
+written once per read. A peer that breaks the protocol gets GOAWAY and the
+connection is closed. The gRPC side of a stream is :mod:`.calls`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import socket
 import struct
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 import grpc
 import structlog
-from grpc_health.v1 import health_pb2
 from hpack import Decoder, HPACKError
 
-from shim.cri.servicer import IMAGE_SERVICE, RUNTIME_SERVICE, CriServicer, Rpc
+from shim.transport.native.calls import (
+    OK_TRAILERS,
+    RESPONSE_HEADERS,
+    Abort,
+    cancel,
+    frame_message,
+    request_message,
+    status_block,
+    timeout,
+)
+from shim.transport.native.frames import (
+    ACK,
+    COMPRESSION_ERROR,
+    CONTINUATION,
+    DATA,
+    DEFAULT_TABLE,
+    DEFAULT_WINDOW,
+    END_HEADERS,
+    END_STREAM,
+    FLOW_CONTROL_ERROR,
+    FRAME_SIZE_ERROR,
+    GOAWAY,
+    HEADERS,
+    INTERNAL_ERROR,
+    MAX_WINDOW,
+    NO_ERROR,
+    PING,
+    PREFACE,
+    PRIORITY,
+    PRIORITY_FLAG,
+    PROTOCOL_ERROR,
+    PUSH_PROMISE,
+    REFUSED_STREAM,
+    RST_STREAM,
+    SETTINGS,
+    SETTINGS_ENABLE_PUSH,
+    SETTINGS_HEADER_TABLE_SIZE,
+    SETTINGS_INITIAL_WINDOW_SIZE,
+    SETTINGS_MAX_CONCURRENT_STREAMS,
+    SETTINGS_MAX_FRAME_SIZE,
+    SETTINGS_MAX_HEADER_LIST_SIZE,
+    STREAM_CLOSED,
+    WINDOW_UPDATE,
+    ProtocolViolation,
+    encode_frame,
+    hpack_int,
+    next_frame,
+    unpad,
+)
+
+if TYPE_CHECKING:
+    from shim.transport.native.server import NativeServer
 
 log = structlog.get_logger("transport.native")
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
-    range(10)
-)
-END_STREAM = ACK = 0x1
-END_HEADERS = 0x4
-PADDED = 0x8
-PRIORITY_FLAG = 0x20
-
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
-STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
-
-SETTINGS_HEADER_TABLE_SIZE = 0x1
-SETTINGS_ENABLE_PUSH = 0x2
-SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
-SETTINGS_INITIAL_WINDOW_SIZE = 0x4
-SETTINGS_MAX_FRAME_SIZE = 0x5
-SETTINGS_MAX_HEADER_LIST_SIZE = 0x6
-
-DEFAULT_TABLE = 4096  # HPACK dynamic table size until the peer's SETTINGS say otherwise
-DEFAULT_WINDOW = 65535
-MAX_WINDOW = (1 << 31) - 1
 FRAME_MAX = 16384  # what we accept; we never raise it
 RECV_WINDOW = 1 << 24  # per stream, advertised in our SETTINGS
 CONN_RECV_WINDOW = 1 << 30  # the connection's, raised by a WINDOW_UPDATE at start
@@ -78,121 +80,11 @@ MAX_STREAMS = 1000
 RESET_MEMORY = 1024  # streams we reset while the peer's half was open, remembered to ignore their frames
 MAX_HEADER_LIST = 64 * 1024
 CONN_BUFFER_MAX = 64 << 20  # unfinished request bytes one connection may hold
-MAX_DETAIL = 4096  # bytes of grpc-message before it is cut
-
-HEALTH_CHECK = "/grpc.health.v1.Health/Check"
-_HEALTHY = frozenset({"", RUNTIME_SERVICE, IMAGE_SERVICE})
-_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 
 
-class ProtocolViolation(Exception):
-    """The peer broke the protocol: GOAWAY with ``code``, then close."""
+class Stream:
+    """One request stream: what the peer sent, what the answer still waits to send, the call on it."""
 
-    def __init__(self, code: int, why: str) -> None:
-        super().__init__(why)
-        self.code = code
-
-
-# ---------------------------------------------------------------------- encoding
-def encode_frame(kind: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
-    n = len(payload)
-    return bytes((n >> 16, (n >> 8) & 0xFF, n & 0xFF, kind, flags)) + sid.to_bytes(4, "big") + payload
-
-
-def next_frame(buf: bytearray, pos: int, limit: int) -> tuple[int, int, int, bytes, int] | None:
-    """The frame at ``pos``: (type, flags, stream ID, payload, where the next one starts), None if cut short.
-
-    A frame longer than ``limit`` is the peer's error (FRAME_SIZE_ERROR).
-    """
-    if len(buf) - pos < 9:
-        return None
-    length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
-    if length > limit:
-        raise ProtocolViolation(FRAME_SIZE_ERROR, f"frame of {length} bytes (max {limit})")
-    end = pos + 9 + length
-    if len(buf) < end:
-        return None
-    sid = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-    return buf[pos + 3], buf[pos + 4], sid, bytes(buf[pos + 9 : end]), end
-
-
-def _hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def literal_header(name: bytes, value: bytes) -> bytes:
-    """A header as "literal without indexing, new name": the peer's table is never touched."""
-    return b"\x00" + _hpack_int(len(name), 7) + name + _hpack_int(len(value), 7) + value
-
-
-# ":status: 200" is entry 8 of the static table; "content-type" is entry 31.
-RESPONSE_HEADERS = b"\x88" + _hpack_int(31, 4) + _hpack_int(16, 7) + b"application/grpc"
-OK_TRAILERS = literal_header(b"grpc-status", b"0")
-
-
-def _percent(detail: str) -> bytes:
-    """grpc-message: printable ASCII but "%" as is, every other byte as %XX (of its UTF-8)."""
-    data = detail.encode("utf-8", "replace")[:MAX_DETAIL]
-    out = bytearray()
-    for b in data:
-        if 0x20 <= b <= 0x7E and b != 0x25:
-            out.append(b)
-        else:
-            out += b"%%%02X" % b
-    return bytes(out)
-
-
-def _status_block(code: grpc.StatusCode, detail: str) -> bytes:
-    block = literal_header(b"grpc-status", str(code.value[0]).encode())
-    if detail:
-        block += literal_header(b"grpc-message", _percent(detail))
-    return block
-
-
-def _timeout(value: bytes) -> float | None:
-    """``grpc-timeout`` (digits and a unit) in seconds, None if it is not one."""
-    if not 2 <= len(value) <= 9 or not value[:-1].isdigit():
-        return None
-    unit = _TIMEOUT_UNITS.get(value[-1:])
-    return None if unit is None else int(value[:-1]) * unit
-
-
-def _cancel(task: asyncio.Task[None]) -> None:
-    """Cancel ``task`` after its first step: one cancelled before it ever ran would drop the
-    servicer's coroutine it was given unawaited (never run, never settled, a RuntimeWarning)."""
-    asyncio.get_running_loop().call_soon(task.cancel)
-
-
-class _Abort(Exception):
-    def __init__(self, code: grpc.StatusCode, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
-
-
-class _Context:
-    """What the servicer's stream handlers use of grpc.aio.ServicerContext."""
-
-    __slots__ = ()
-
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
-        raise _Abort(code, details)
-
-
-_CONTEXT = _Context()
-
-
-# ---------------------------------------------------------------------- streams
-class _Stream:
     __slots__ = (
         "body",
         "deadline",
@@ -229,14 +121,16 @@ class _Stream:
         self.timed_out = False
 
 
-class _Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol):
+    """One client's HTTP/2 connection: the asyncio protocol of its socket."""
+
     def __init__(self, server: NativeServer) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.preface = False
         self.decoder = Decoder(max_header_list_size=MAX_HEADER_LIST)
-        self.streams: dict[int, _Stream] = {}
+        self.streams: dict[int, Stream] = {}
         self.last_sid = 0
         self.reset_sids: dict[int, None] = {}  # insertion-ordered: the oldest is forgotten first
         self.send_window = DEFAULT_WINDOW
@@ -244,7 +138,7 @@ class _Connection(asyncio.Protocol):
         self.peer_max_frame = FRAME_MAX
         self.table_size = DEFAULT_TABLE  # the most of the peer's HPACK table we may use (we use none)
         self.table_update = b""  # a size update owed at the start of our next header block
-        self.blocked: dict[int, _Stream] = {}  # streams with data waiting for window
+        self.blocked: dict[int, Stream] = {}  # streams with data waiting for window
         self.headers_in: tuple[int, int, bytearray] | None = None  # (sid, flags, block) until END_HEADERS
         self.going_away = False
         self.closed = False
@@ -371,20 +265,12 @@ class _Connection(asyncio.Protocol):
             return
         if out:
             self.transport.write(b"".join(out))
-        if self.going_away and self.server.stopping and not self.streams:
+        if self.going_away and self.server.calls.stopping and not self.streams:
             self.close()
 
     def _idle(self, sid: int) -> bool:
         """Never opened (RFC 9113 section 5.1): past the client's last stream, or even (we push none)."""
         return sid > self.last_sid or not sid & 1
-
-    @staticmethod
-    def _unpad(flags: int, payload: bytes) -> bytes:
-        if flags & PADDED:
-            if not payload or payload[0] >= len(payload):
-                raise ProtocolViolation(PROTOCOL_ERROR, "padding longer than the frame")
-            return payload[1 : len(payload) - payload[0]]
-        return payload
 
     def _on_settings(self, sid: int, flags: int, payload: bytes, out: list[bytes]) -> None:
         if sid:
@@ -411,7 +297,7 @@ class _Connection(asyncio.Protocol):
             elif key == SETTINGS_HEADER_TABLE_SIZE and value < self.table_size:
                 # RFC 7541 section 4.2: our next header block must first shrink the table to fit.
                 self.table_size = value
-                self.table_update = _hpack_int(value, 5, 0x20)
+                self.table_update = hpack_int(value, 5, 0x20)
             elif key == SETTINGS_MAX_FRAME_SIZE:
                 if not FRAME_MAX <= value <= (1 << 24) - 1:
                     raise ProtocolViolation(PROTOCOL_ERROR, f"max frame size {value} out of range")
@@ -450,7 +336,7 @@ class _Connection(asyncio.Protocol):
     def _on_headers(self, sid: int, flags: int, payload: bytes, out: list[bytes]) -> None:
         if sid == 0 or not sid & 1:
             raise ProtocolViolation(PROTOCOL_ERROR, f"HEADERS on stream {sid}")
-        payload = self._unpad(flags, payload)
+        payload = unpad(flags, payload)
         if flags & PRIORITY_FLAG:
             if len(payload) < 5:
                 raise ProtocolViolation(PROTOCOL_ERROR, "HEADERS priority fields cut short")
@@ -486,13 +372,13 @@ class _Connection(asyncio.Protocol):
                 STREAM_CLOSED if sid in self.streams else PROTOCOL_ERROR, f"stream {sid} reused"
             )
         self.last_sid = sid
-        if self.going_away or self.server.stopping or len(self.streams) >= MAX_STREAMS:
+        if self.going_away or self.server.calls.stopping or len(self.streams) >= MAX_STREAMS:
             self._send_reset(sid, REFUSED_STREAM, out)
             return
         path = b""
         method = b""
         ctype = b""
-        timeout = b""
+        grpc_timeout = b""
         for name, value in headers:
             if name == b":path":
                 path = value
@@ -501,11 +387,11 @@ class _Connection(asyncio.Protocol):
             elif name == b"content-type":
                 ctype = value
             elif name == b"grpc-timeout":
-                timeout = value
-        st = _Stream(sid, path.decode("latin-1"), self.peer_initial_window)
+                grpc_timeout = value
+        st = Stream(sid, path.decode("latin-1"), self.peer_initial_window)
         self.streams[sid] = st
         if method != b"POST":
-            self._trailers_only(
+            self.trailers_only(
                 st,
                 grpc.StatusCode.UNIMPLEMENTED,
                 f"method {method.decode('latin-1')!r}: gRPC needs POST",
@@ -513,16 +399,15 @@ class _Connection(asyncio.Protocol):
             )
             return
         if not ctype.startswith(b"application/grpc"):
-            self._trailers_only(
+            self.trailers_only(
                 st, grpc.StatusCode.UNKNOWN, f"content-type {ctype.decode('latin-1')!r} is not gRPC", out
             )
             return
-        if timeout:
-            seconds = _timeout(timeout)
+        if grpc_timeout:
+            seconds = timeout(grpc_timeout)
             if seconds is None:
-                self._trailers_only(
-                    st, grpc.StatusCode.INTERNAL, f"malformed grpc-timeout {timeout.decode('latin-1')!r}", out
-                )
+                why = f"malformed grpc-timeout {grpc_timeout.decode('latin-1')!r}"
+                self.trailers_only(st, grpc.StatusCode.INTERNAL, why, out)
                 return
             st.deadline = time.monotonic() + seconds
         if flags & END_STREAM:
@@ -539,15 +424,15 @@ class _Connection(asyncio.Protocol):
             if self._idle(sid):
                 raise ProtocolViolation(PROTOCOL_ERROR, f"DATA on idle stream {sid}")
             return  # a stream we reset or answered: its data is dropped
-        data = self._unpad(flags, payload)
+        data = unpad(flags, payload)
         st.received += len(data)
-        if st.received > self.server.max_message_bytes + 5:
-            why = f"received a message larger than the maximum ({self.server.max_message_bytes} bytes)"
-            self._trailers_only(st, grpc.StatusCode.RESOURCE_EXHAUSTED, why, out)
+        if st.received > self.server.calls.max_message_bytes + 5:
+            why = f"received a message larger than the maximum ({self.server.calls.max_message_bytes} bytes)"
+            self.trailers_only(st, grpc.StatusCode.RESOURCE_EXHAUSTED, why, out)
             return
         if self.buffered + len(data) > CONN_BUFFER_MAX:
             why = f"more than {CONN_BUFFER_MAX >> 20} MiB of unfinished requests on this connection"
-            self._trailers_only(st, grpc.StatusCode.RESOURCE_EXHAUSTED, why, out)
+            self.trailers_only(st, grpc.StatusCode.RESOURCE_EXHAUSTED, why, out)
             return
         st.body += data
         self.buffered += len(data)
@@ -559,7 +444,7 @@ class _Connection(asyncio.Protocol):
             st.unacked = 0
 
     # ------------------------------------------------------------ calls
-    def _end_request(self, st: _Stream, out: list[bytes]) -> None:
+    def _end_request(self, st: Stream, out: list[bytes]) -> None:
         if st.ended:
             return
         st.ended = True
@@ -568,25 +453,14 @@ class _Connection(asyncio.Protocol):
         body = st.body
         st.body = bytearray()
         self.buffered -= len(body)
-        if len(body) < 5:
-            self._trailers_only(st, grpc.StatusCode.INTERNAL, "request without a complete gRPC message", out)
+        try:
+            message = request_message(body)
+        except Abort as exc:
+            self.trailers_only(st, exc.code, exc.detail, out)
             return
-        compressed = body[0]
-        length = int.from_bytes(body[1:5], "big")
-        if compressed:
-            self._trailers_only(
-                st, grpc.StatusCode.UNIMPLEMENTED, "compressed messages are not supported", out
-            )
-            return
-        if len(body) != 5 + length:
-            self._trailers_only(
-                st, grpc.StatusCode.INTERNAL, "a unary request must carry exactly one whole message", out
-            )
-            return
-        message = bytes(body[5:])
-        self.server.dispatch(self, st, message, out)
+        self.server.calls.dispatch(self, st, message, out)
 
-    def _drop(self, st: _Stream) -> None:
+    def _drop(self, st: Stream) -> None:
         """The stream is gone (reset, or the connection): stop its work."""
         self.buffered -= len(st.body)
         st.body = bytearray()
@@ -595,11 +469,11 @@ class _Connection(asyncio.Protocol):
             st.timer.cancel()
             st.timer = None
         if st.task is not None and not st.task.done():
-            _cancel(st.task)
+            cancel(st.task)
         if st.drained is not None:
             st.drained.set()
 
-    def _reset(self, st: _Stream, code: int, out: list[bytes]) -> None:
+    def _reset(self, st: Stream, code: int, out: list[bytes]) -> None:
         """A stream error (RFC 9113 section 5.4.2): RST_STREAM with ``code``, and the call stops."""
         self.streams.pop(st.sid, None)
         self._drop(st)
@@ -611,13 +485,13 @@ class _Connection(asyncio.Protocol):
         if len(self.reset_sids) > RESET_MEMORY:
             del self.reset_sids[next(iter(self.reset_sids))]
 
-    def _trailers_only(self, st: _Stream, code: grpc.StatusCode, detail: str, out: list[bytes]) -> None:
-        block = RESPONSE_HEADERS + _status_block(code, detail)
+    def trailers_only(self, st: Stream, code: grpc.StatusCode, detail: str, out: list[bytes]) -> None:
+        block = RESPONSE_HEADERS + status_block(code, detail)
         out.append(self._headers(END_HEADERS | END_STREAM, st.sid, block))
         st.trailers = b""
         self._close_stream(st, out)
 
-    def _close_stream(self, st: _Stream, out: list[bytes]) -> None:
+    def _close_stream(self, st: Stream, out: list[bytes]) -> None:
         self.buffered -= len(st.body)
         st.body = bytearray()
         self.streams.pop(st.sid, None)
@@ -631,37 +505,34 @@ class _Connection(asyncio.Protocol):
             self._send_reset(st.sid, NO_ERROR, out)
 
     # ------------------------------------------------------------ frames out
-    def send_message(self, st: _Stream, message: bytes, out: list[bytes] | None = None) -> None:
+    def send_message(self, st: Stream, message: bytes, out: list[bytes] | None = None) -> None:
         """Queue one gRPC message on ``st`` (headers first if not sent) and send what the windows allow."""
         if st.sid not in self.streams:
             return
-        chunk = bytearray(b"\x00")
-        chunk += len(message).to_bytes(4, "big")
-        chunk += message
         own = out is None
         frames: list[bytes] = [] if out is None else out
         if not st.headers_sent:
             st.headers_sent = True
             frames.append(self._headers(END_HEADERS, st.sid, RESPONSE_HEADERS))
-        st.outq.append(bytes(chunk))
+        st.outq.append(frame_message(message))
         self._flush(st, frames)
         if own:
             self.write(frames)
 
-    def finish(self, st: _Stream, code: grpc.StatusCode, detail: str, out: list[bytes] | None = None) -> None:
+    def finish(self, st: Stream, code: grpc.StatusCode, detail: str, out: list[bytes] | None = None) -> None:
         """End ``st`` with its status, after any data still waiting for window."""
         if st.sid not in self.streams or st.trailers is not None:
             return
         frames: list[bytes] = [] if out is None else out
         if not st.headers_sent:
-            self._trailers_only(st, code, detail, frames)
+            self.trailers_only(st, code, detail, frames)
         else:
-            st.trailers = OK_TRAILERS if code == grpc.StatusCode.OK else _status_block(code, detail)
+            st.trailers = OK_TRAILERS if code == grpc.StatusCode.OK else status_block(code, detail)
             self._flush(st, frames)
         if out is None:
             self.write(frames)
 
-    def _flush(self, st: _Stream, out: list[bytes]) -> None:
+    def _flush(self, st: Stream, out: list[bytes]) -> None:
         q = st.outq
         while q:
             room = min(self.send_window, st.window, self.peer_max_frame)
@@ -697,7 +568,7 @@ class _Connection(asyncio.Protocol):
                 break
             self._flush(st, out)
 
-    async def wait_sent(self, st: _Stream) -> None:
+    async def wait_sent(self, st: Stream) -> None:
         """Until ``st``'s queued data is out (or the stream is gone) and the socket takes more."""
         while st.outq and st.sid in self.streams and not self.closed:
             if st.drained is None:
@@ -724,167 +595,3 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.closed = True
             self.transport.close()
-
-
-class NativeServer:
-    """The CRI (and grpc.health.v1 Check) over HTTP/2 on one unix socket, on the running loop."""
-
-    def __init__(self, servicer: CriServicer, max_message_bytes: int) -> None:
-        self.servicer = servicer
-        self.max_message_bytes = max_message_bytes
-        self.methods: dict[str, Rpc] = {}
-        for service, rpcs in ((RUNTIME_SERVICE, servicer.runtime_rpcs), (IMAGE_SERVICE, servicer.image_rpcs)):
-            for rpc in rpcs:
-                self.methods[f"/{service}/{rpc.name}"] = rpc
-        self.connections: set[_Connection] = set()
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.stopping = False
-        self._server: asyncio.AbstractServer | None = None
-        self._context: contextvars.Context = contextvars.copy_context()
-
-    async def start(self, sock: socket.socket) -> None:
-        """Serve on ``sock``, a listening unix socket (``listen_socket``, or systemd's)."""
-        loop = asyncio.get_running_loop()
-        self._context = contextvars.copy_context()  # the caller's: its tasks log as it does
-        self._server = await loop.create_unix_server(lambda: _Connection(self), sock=sock)
-
-    async def stop(self, grace: float | None) -> None:
-        """No new calls; calls under way get ``grace`` seconds, then are cancelled."""
-        self.stopping = True
-        if self._server is not None:
-            self._server.close()
-        for conn in list(self.connections):
-            conn.goaway()
-            if not conn.streams:
-                conn.close()
-        if self.tasks and grace:
-            await asyncio.wait(list(self.tasks), timeout=grace)
-        for task in list(self.tasks):
-            _cancel(task)
-        if self.tasks:
-            await asyncio.wait(list(self.tasks), timeout=1.0)
-        for conn in list(self.connections):
-            conn.close()
-        if self._server is not None:
-            self._server.close()
-            try:
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)
-            except TimeoutError:
-                pass
-
-    # ------------------------------------------------------------ one call
-    def dispatch(self, conn: _Connection, st: _Stream, message: bytes, out: list[bytes]) -> None:
-        rpc = self.methods.get(st.method)
-        if rpc is None:
-            if st.method == HEALTH_CHECK:
-                self._health(conn, st, message, out)
-                return
-            conn._trailers_only(st, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {st.method}", out)
-            return
-        req = rpc.decode(message)
-        if rpc.stream:
-            self._spawn(conn, st, self._run_stream(conn, st, rpc, req))
-            return
-        outcome = self._context.run(self.servicer.begin, rpc, req)
-        if isinstance(outcome, tuple):
-            self._reply(conn, st, outcome, out)
-        else:
-            self._spawn(conn, st, self._run_unary(conn, st, outcome))
-
-    def _reply(self, conn: _Connection, st: _Stream, outcome: Any, out: list[bytes] | None) -> None:
-        code, detail, resp = outcome
-        if code == grpc.StatusCode.OK:
-            data = resp if isinstance(resp, bytes) else resp.SerializeToString()
-            if len(data) > self.max_message_bytes:
-                conn.finish(
-                    st,
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"response of {len(data)} bytes is larger than the maximum ({self.max_message_bytes})",
-                    out,
-                )
-                return
-            conn.send_message(st, data, out)
-        conn.finish(st, code, detail, out)
-
-    def _spawn(self, conn: _Connection, st: _Stream, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro, context=self._context)
-        st.task = task
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        if st.deadline:
-            delay = max(0.0, st.deadline - time.monotonic())
-            st.timer = asyncio.get_running_loop().call_later(delay, self._expire, conn, st)
-
-    @staticmethod
-    def _expire(conn: _Connection, st: _Stream) -> None:
-        st.timer = None
-        st.timed_out = True
-        if st.task is not None and not st.task.done():
-            _cancel(st.task)
-
-    async def _run_unary(self, conn: _Connection, st: _Stream, pending: Awaitable[Any]) -> None:
-        try:
-            outcome = await pending
-        except asyncio.CancelledError:
-            if st.timed_out:
-                conn.finish(st, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-            return
-        self._reply(conn, st, outcome, None)
-
-    async def _run_stream(self, conn: _Connection, st: _Stream, rpc: Rpc, req: Any) -> None:
-        gen: AsyncIterator[Any] = self.servicer.stream_handler(rpc)(req, _CONTEXT)
-        try:
-            async for item in gen:
-                data = item if isinstance(item, bytes) else item.SerializeToString()
-                conn.send_message(st, data)
-                await conn.wait_sent(st)
-                if st.sid not in conn.streams:
-                    return
-        except _Abort as exc:
-            conn.finish(st, exc.code, exc.detail)
-            return
-        except asyncio.CancelledError:
-            if st.timed_out:
-                conn.finish(st, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-            return
-        finally:
-            aclose = getattr(gen, "aclose", None)
-            if aclose is not None:
-                try:
-                    await aclose()
-                except (Exception, asyncio.CancelledError):
-                    pass
-        conn.finish(st, grpc.StatusCode.OK, "")
-
-    def _health(self, conn: _Connection, st: _Stream, message: bytes, out: list[bytes]) -> None:
-        try:
-            service = health_pb2.HealthCheckRequest.FromString(message).service
-        except Exception:
-            conn._trailers_only(st, grpc.StatusCode.INVALID_ARGUMENT, "malformed HealthCheckRequest", out)
-            return
-        if service not in _HEALTHY:
-            conn._trailers_only(st, grpc.StatusCode.NOT_FOUND, f"unknown service {service!r}", out)
-            return
-        status = (
-            health_pb2.HealthCheckResponse.NOT_SERVING
-            if self.stopping
-            else health_pb2.HealthCheckResponse.SERVING
-        )
-        conn.send_message(st, health_pb2.HealthCheckResponse(status=status).SerializeToString(), out)
-        conn.finish(st, grpc.StatusCode.OK, "", out)
-
-
-def listen_socket(path: str) -> socket.socket:
-    """A listening unix socket at ``path`` (what the caller chmods and hands to NativeServer)."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(path)
-        sock.listen(1024)
-    except OSError:
-        sock.close()
-        raise
-    sock.setblocking(False)
-    return sock
-
-
-__all__ = ["PREFACE", "NativeServer", "encode_frame", "listen_socket", "literal_header", "next_frame"]
