@@ -79,6 +79,10 @@ def request_message(body: bytearray) -> bytes:
     return bytes(body[5:])
 
 
+def _serialized(message: Any) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
 def cancel(task: asyncio.Task[None]) -> None:
     """Cancel ``task`` after its first step: one cancelled before it ever ran would drop the
     servicer's coroutine it was given unawaited (never run, never settled, a RuntimeWarning)."""
@@ -141,7 +145,7 @@ class Calls:
     def _reply(self, conn: Connection, st: Stream, outcome: Any, out: list[bytes] | None) -> None:
         code, detail, resp = outcome
         if code == grpc.StatusCode.OK:
-            data = resp if isinstance(resp, bytes) else resp.SerializeToString()
+            data = _serialized(resp)
             if len(data) > self.max_message_bytes:
                 conn.finish(
                     st,
@@ -169,12 +173,17 @@ class Calls:
         if st.task is not None and not st.task.done():
             cancel(st.task)
 
+    @staticmethod
+    def _settle_cancelled(conn: Connection, st: Stream) -> None:
+        """The call's task was cancelled: by its deadline (say so), or with its stream (nothing to say)."""
+        if st.timed_out:
+            conn.finish(st, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
     async def _run_unary(self, conn: Connection, st: Stream, pending: Awaitable[Any]) -> None:
         try:
             outcome = await pending
         except asyncio.CancelledError:
-            if st.timed_out:
-                conn.finish(st, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            self._settle_cancelled(conn, st)
             return
         self._reply(conn, st, outcome, None)
 
@@ -182,8 +191,7 @@ class Calls:
         gen: AsyncIterator[Any] = self.servicer.stream_handler(rpc)(req, _CONTEXT)
         try:
             async for item in gen:
-                data = item if isinstance(item, bytes) else item.SerializeToString()
-                conn.send_message(st, data)
+                conn.send_message(st, _serialized(item))
                 await conn.wait_sent(st)
                 if st.sid not in conn.streams:
                     return
@@ -191,8 +199,7 @@ class Calls:
             conn.finish(st, exc.code, exc.detail)
             return
         except asyncio.CancelledError:
-            if st.timed_out:
-                conn.finish(st, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            self._settle_cancelled(conn, st)
             return
         finally:
             aclose = getattr(gen, "aclose", None)

@@ -460,14 +460,18 @@ class Connection(asyncio.Protocol):
             return
         self.server.calls.dispatch(self, st, message, out)
 
-    def _drop(self, st: Stream) -> None:
-        """The stream is gone (reset, or the connection): stop its work."""
+    def _release(self, st: Stream) -> None:
+        """What the stream holds of the connection: its unread request, its wait for window, its deadline."""
         self.buffered -= len(st.body)
         st.body = bytearray()
         self.blocked.pop(st.sid, None)
         if st.timer is not None:
             st.timer.cancel()
             st.timer = None
+
+    def _drop(self, st: Stream) -> None:
+        """The stream is gone (reset, or the connection): stop its work."""
+        self._release(st)
         if st.task is not None and not st.task.done():
             cancel(st.task)
         if st.drained is not None:
@@ -492,13 +496,8 @@ class Connection(asyncio.Protocol):
         self._close_stream(st, out)
 
     def _close_stream(self, st: Stream, out: list[bytes]) -> None:
-        self.buffered -= len(st.body)
-        st.body = bytearray()
         self.streams.pop(st.sid, None)
-        self.blocked.pop(st.sid, None)
-        if st.timer is not None:
-            st.timer.cancel()
-            st.timer = None
+        self._release(st)
         if not st.ended:
             # We answered before the request ended: tell the peer to stop sending.
             st.ended = True
