@@ -490,6 +490,7 @@ class Connection(asyncio.Protocol):
             del self.reset_sids[next(iter(self.reset_sids))]
 
     def trailers_only(self, st: Stream, code: grpc.StatusCode, detail: str, out: list[bytes]) -> None:
+        """Answer ``st`` with its status alone (gRPC's Trailers-Only: one HEADERS, END_STREAM)."""
         block = RESPONSE_HEADERS + status_block(code, detail)
         out.append(self._headers(END_HEADERS | END_STREAM, st.sid, block))
         st.trailers = b""
