@@ -293,10 +293,10 @@ class CniClient:
         for plugin in net.plugins:
             await self._run(plugin, Invocation("STATUS"), request_config(net, plugin))
 
-    async def gc(self, valid: Iterable[tuple[str, str]]) -> None:
+    async def gc(self, valid: Iterable[tuple[str, str]], *, plugins: bool = True) -> None:
         """Given the (container ID, ifname) attachments that still exist: DEL every other cached
-        one, then (1.1.0 and later, unless ``disableGC``) GC every plugin with the valid list.
-        Failures do not stop it; they are raised together at the end (GcError)."""
+        one, then (1.1.0 and later, unless ``disableGC``, and ``plugins``) GC every plugin with
+        the valid list. Failures do not stop it; they are raised together at the end (GcError)."""
         keep = set(valid)
         failures: list[CriError] = []
         async with self._gate.alone():
@@ -307,7 +307,7 @@ class CniClient:
                     except CriError as exc:
                         failures.append(exc)
             try:
-                net: NetworkConfig | None = self.network()
+                net: NetworkConfig | None = self.network() if plugins else None
             except ConfigError:
                 net = None
             if net is not None and net.at_least("1.1.0") and not net.disable_gc:
