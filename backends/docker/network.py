@@ -98,6 +98,7 @@ class CniPods:
             log.error("cni: releasing the attachments of pods with no record failed", error=exc.message)
         for name in await asyncio.to_thread(netns.pins, self.pin_dir):
             if name not in keep:
+                log.info("released the network of a pod with no record", sandbox_id=name)
                 try:
                     await asyncio.to_thread(netns.unpin, os.path.join(self.pin_dir, name))
                 except OSError as exc:
