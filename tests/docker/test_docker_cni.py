@@ -25,7 +25,7 @@ from backends.contract.errors import DeadlineExceededError
 from backends.docker import DockerBackend, create
 from cri_api import api_pb2 as pb
 from tests.cni import fakeplugin
-from tests.cni.realnet import PLUGIN_DIR, Net, own_network, why_not
+from tests.cni.realnet import PLUGIN_DIR, Net, own_network, run, why_not
 from tests.docker.dockerkit import (
     ENDPOINT,
     INSTANCE,
@@ -184,6 +184,31 @@ async def test_a_host_port_answers_on_the_host_and_port_forward_reaches_the_pod(
     await pods.backend.stop_container(ct, 0)
     await pods.backend.stop_sandbox(sb)
     assert net.iptables() == set()
+
+
+async def test_bandwidth_annotations_reach_the_bandwidth_plugin(
+    engine: docker.APIClient, net: CniNet
+) -> None:
+    net.write_conflist({"type": "bandwidth", "capabilities": {"bandwidth": True}})
+    events = Events()
+    backend = net.backend()
+    await backend.start(events)
+    h = Harness(backend, events, engine)
+    try:
+        sb = pod("shaped")
+        sb.config.annotations["kubernetes.io/ingress-bandwidth"] = "10M"
+        sb.config.annotations["kubernetes.io/egress-bandwidth"] = "20M"
+        await h.run_sandbox(sb)
+        [veth] = net.ports()
+        qdiscs = run("tc", "qdisc", "show", "dev", veth)
+        # Traffic to the pod leaves the host through its veth, shaped there; traffic from it is
+        # redirected from the veth's ingress to a device shaped at 20 Mbit.
+        assert "tbf" in qdiscs and "rate 10Mbit" in qdiscs and "qdisc ingress" in qdiscs, qdiscs
+        assert "rate 20Mbit" in run("tc", "qdisc", "show")
+    finally:
+        await h.cleanup()
+        await backend.close()
+    assert "rate 20Mbit" not in run("tc", "qdisc", "show")
 
 
 async def test_host_network_pods_are_not_on_cni(pods: Harness, net: CniNet) -> None:
