@@ -32,7 +32,9 @@ from tests.docker.dockerkit import (
     PAUSE,
     Events,
     Harness,
+    HttpGet,
     container_record,
+    harnessed,
     sandbox_record,
 )
 
@@ -77,17 +79,8 @@ async def net(engine: docker.APIClient, tmp_path: Path) -> AsyncIterator[CniNet]
 @pytest.fixture
 async def pods(engine: docker.APIClient, net: CniNet) -> AsyncIterator[Harness]:
     net.write_conflist()
-    events = Events()
-    backend = net.backend()
-    await backend.start(events)
-    h = Harness(backend, events, engine)
-    try:
+    async with harnessed(net.backend(), engine) as h:
         yield h
-    finally:
-        await h.cleanup()
-        await h.events.close()
-        for b in {id(backend): backend, id(h.backend): h.backend}.values():
-            await b.close()
     assert net.pins() == []
 
 
@@ -166,18 +159,7 @@ async def test_a_host_port_answers_on_the_host_and_port_forward_reaches_the_pod(
     assert await asyncio.to_thread(fetch) == b"pong\n"
     assert any(f"--dports {port}" in line for _, _, line in net.iptables())
 
-    class Conn:
-        def __init__(self) -> None:
-            self.sent = [b"GET /index.html HTTP/1.0\r\n\r\n"]
-            self.got = bytearray()
-
-        async def read(self) -> bytes:
-            return self.sent.pop(0) if self.sent else b""
-
-        async def write(self, data: bytes) -> None:
-            self.got += data
-
-    conn = Conn()
+    conn = HttpGet("/index.html")
     await asyncio.wait_for(pods.backend.port_forward(sb, 8080, conn), 10)
     assert conn.got.endswith(b"pong\n"), bytes(conn.got)
 
@@ -190,11 +172,7 @@ async def test_bandwidth_annotations_reach_the_bandwidth_plugin(
     engine: docker.APIClient, net: CniNet
 ) -> None:
     net.write_conflist({"type": "bandwidth", "capabilities": {"bandwidth": True}})
-    events = Events()
-    backend = net.backend()
-    await backend.start(events)
-    h = Harness(backend, events, engine)
-    try:
+    async with harnessed(net.backend(), engine) as h:
         sb = pod("shaped")
         sb.config.annotations["kubernetes.io/ingress-bandwidth"] = "10M"
         sb.config.annotations["kubernetes.io/egress-bandwidth"] = "20M"
@@ -205,9 +183,6 @@ async def test_bandwidth_annotations_reach_the_bandwidth_plugin(
         # redirected from the veth's ingress to a device shaped at 20 Mbit.
         assert "tbf" in qdiscs and "rate 10Mbit" in qdiscs and "qdisc ingress" in qdiscs, qdiscs
         assert "rate 20Mbit" in run("tc", "qdisc", "show")
-    finally:
-        await h.cleanup()
-        await backend.close()
     assert "rate 20Mbit" not in run("tc", "qdisc", "show")
 
 
@@ -242,17 +217,10 @@ async def test_the_pod_cidr_reaches_host_local_as_ip_ranges(engine: docker.APICl
     conf = net.conflist(ipam={})  # no ranges of its own: host-local takes the runtime's
     conf["plugins"][1]["capabilities"] = {"ipRanges": True}
     fakeplugin.write_json(net.conf_dir / "10-test.conflist", conf)
-    events = Events()
-    backend = net.backend()
-    await backend.start(events)
-    h = Harness(backend, events, engine)
-    try:
-        backend.set_pod_cidr(str(net.subnet))
+    async with harnessed(net.backend(), engine) as h:
+        h.backend.set_pod_cidr(str(net.subnet))
         sb = await h.run_sandbox(pod("ranged"))
         assert net.reserved() == {sb.status.ip: sb.id}
-    finally:
-        await h.cleanup()
-        await backend.close()
     assert net.reserved() == {}
 
 
@@ -324,30 +292,22 @@ async def test_a_restart_releases_what_pods_with_no_record_hold(
     engine: docker.APIClient, net: CniNet
 ) -> None:
     net.write_conflist()
-    events = Events()
-    first = net.backend()
-    await first.start(events)
-    h = Harness(first, events, engine)
-    kept = await h.run_sandbox(pod("kept"))
-    lost = pod("lost")  # the shim dies after its ADD, before its record is committed
-    lost_ip = (await first.run_sandbox(lost)).ip
-    assert net.reserved() == {kept.status.ip: kept.id, lost_ip: lost.id}
-    assert len(net.pins()) == 2
-    await first.close()
+    async with harnessed(net.backend(), engine) as h:
+        kept = await h.run_sandbox(pod("kept"))
+        lost = pod("lost")  # the shim dies after its ADD, before its record is committed
+        lost_ip = (await h.backend.run_sandbox(lost)).ip
+        assert net.reserved() == {kept.status.ip: kept.id, lost_ip: lost.id}
+        assert len(net.pins()) == 2
 
-    again = net.backend()
-    h.backend = again
-    await again.start(events)
-    try:
-        seen, _ = await again.recover([kept], [])
+        await h.backend.close()  # the shim dies
+        h.backend = net.backend()  # and starts again: nothing in memory
+        await h.backend.start(h.events)
+        seen, _ = await h.backend.recover([kept], [])
         assert seen[kept.id].exists and seen[kept.id].running
         assert seen[kept.id].status == SandboxStatus(ready=True, ip=kept.status.ip)
         assert net.reserved() == {kept.status.ip: kept.id}
         assert net.pins() == [kept.id] and len(net.ports()) == 1
         assert engine.containers(all=True, filters={"label": f"io.cri-shim.id={lost.id}"}) == []
-        await again.stop_sandbox(kept)  # DEL from the cache a previous process wrote
+        await h.backend.stop_sandbox(kept)  # DEL from the cache a previous process wrote
         assert net.reserved() == {} and net.ports() == []
-    finally:
-        await h.cleanup()
-        await again.close()
     assert net.pins() == [] and net.cached() == []
