@@ -157,7 +157,9 @@ async def remove_pod(rt: api_pb2_grpc.RuntimeServiceStub, pod: str) -> None:
     await rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod))
 
 
-async def test_pods_on_the_nodes_network_through_grpc(template_shim: ShimNet) -> None:
+async def test_pods_on_the_nodes_network_through_grpc(
+    engine: docker.APIClient, template_shim: ShimNet
+) -> None:
     net = template_shim
     async with net.channel() as ch:
         rt, im = api_pb2_grpc.RuntimeServiceStub(ch), api_pb2_grpc.ImageServiceStub(ch)
@@ -180,7 +182,18 @@ async def test_pods_on_the_nodes_network_through_grpc(template_shim: ShimNet) ->
         assert net.pins() == sorted([pod1, pod2])
         for pod in (pod1, pod2):
             await remove_pod(rt, pod)
+
+        # A config that sorts first, with a plugin that refuses after bridge and host-local ran.
+        fakeplugin.install(net.bin_dir, "breaker")
+        broken = net.conflist({"type": "breaker", "fake": {"ADD": {"error": {"code": 7, "msg": "refused"}}}})
+        fakeplugin.write_json(net.conf_dir / "00-broken.conflist", broken)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sandbox_config(name="refused")))
+        assert info.value.code() == grpc.StatusCode.INTERNAL
+        assert "CNI plugin breaker ADD failed (code 7): refused" in (info.value.details() or "")
+        assert not (await rt.ListPodSandbox(pb.ListPodSandboxRequest())).items
     assert net.reserved() == {} and net.ports() == [] and net.pins() == []
+    assert net.engine_pods(engine) == []
     net.stop()
 
 
