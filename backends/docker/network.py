@@ -25,6 +25,7 @@ that namespace and no other.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Iterable
 
@@ -60,8 +61,14 @@ class CniPods:
         """Pin the namespace of the pause process ``pid`` and ADD it. On failure the caller
         calls :meth:`release` (a cancelled ADD has DELed what it made, too)."""
         path = os.path.join(self.pin_dir, sandbox.id)
+        pinning = asyncio.ensure_future(asyncio.to_thread(netns.pin, pid, path))
         try:
-            await asyncio.to_thread(netns.pin, pid, path)
+            await asyncio.shield(pinning)
+        except asyncio.CancelledError:
+            # The thread pins all the same: let it finish, so that the release undoes it.
+            with contextlib.suppress(Exception):
+                await pinning
+            raise
         except OSError as exc:
             raise FailedPreconditionError(f"sandbox {sandbox.id}: {exc.strerror}") from exc
         sandbox.backend_data[NETNS] = path

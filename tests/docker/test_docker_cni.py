@@ -26,6 +26,7 @@ from backends.docker import DockerBackend, create
 from cri_api import api_pb2 as pb
 from tests.cni import fakeplugin
 from tests.cni.realnet import PLUGIN_DIR, Net, own_network, run, why_not
+from tests.criutil import until
 from tests.docker.dockerkit import (
     ENDPOINT,
     INSTANCE,
@@ -224,13 +225,14 @@ async def test_the_pod_cidr_reaches_host_local_as_ip_ranges(engine: docker.APICl
     assert net.reserved() == {}
 
 
-@pytest.mark.parametrize("how", ["fails", "hangs"])
+@pytest.mark.parametrize("how", ["fails", "hangs", "given-up"])
 async def test_a_plugin_that_fails_or_hangs_leaves_nothing(
     engine: docker.APIClient, net: CniNet, how: str
 ) -> None:
+    """Also when the client gives up (the call is cancelled) while a plugin runs."""
     fakeplugin.install(net.bin_dir, "breaker")
     pids = net.root / "pids"
-    action = {"fails": {"error": {"code": 7, "msg": "refused"}}, "hangs": {"hang": str(pids)}}[how]
+    action = {"error": {"code": 7, "msg": "refused"}} if how == "fails" else {"hang": str(pids)}
     net.write_conflist({"type": "breaker", "fake": {"ADD": action}})
     backend = net.backend(plugin_timeout=3)
     await backend.start(Events())
@@ -241,10 +243,17 @@ async def test_a_plugin_that_fails_or_hangs_leaves_nothing(
         if how == "fails":
             with pytest.raises(PluginError, match=r"breaker ADD failed \(code 7\): refused"):
                 await backend.run_sandbox(sb)
-        else:
+        elif how == "hangs":
             with pytest.raises(PluginTimeoutError, match="breaker ADD did not finish in 3s") as info:
                 await backend.run_sandbox(sb)
             assert isinstance(info.value, DeadlineExceededError)
+        else:
+            run = asyncio.ensure_future(backend.run_sandbox(sb))
+            await until(lambda: pids.exists() and bool(pids.read_text()), 20)
+            run.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await run
+        if how != "fails":
             assert not any(fakeplugin.alive(int(pid)) for pid in pids.read_text().split())
     finally:
         await backend.close()
