@@ -29,9 +29,16 @@ PodSandboxStatus and ContainerStatus:
   shim was up and stable (also the checks and the final cleanup), is an error,
   listed with its code and message.
 
+With ``--cni`` (docker) pods are on a CNI network of the run's own instead of the
+engine's (``pod_network = "cni"``): Debian's loopback + bridge + host-local + portmap
+on a bridge ``crr0-<rand>`` and a free /24 of 10.252.0.0/16, host-local's store and
+the config under the run's directory; every other pod maps a host port (portmap).
+
 At the end every pod is removed through CRI, the shim is stopped with SIGTERM,
 and LEAKED counts what is left: records in the state dir (all handlers);
-docker: engine containers with this shim's instance label; runv: entries of
+docker: engine containers with this shim's instance label (--cni: also the
+addresses host-local holds, veths on the bridge, iptables rules and chains of
+the network, pinned namespaces, CNI cache entries); runv: entries of
 its run_dir and root/containers, cgroups under its cgroup parent (every v1
 hierarchy and v2), processes in them, veths on its bridge, IPAM files, mounts
 under its directories, rules in its chain. Then what it made is removed (its
@@ -41,7 +48,7 @@ It prints one table and exits 0 (a benchmark) unless the harness itself broke.
 
 Run as root from the repository root (docker: the engine's socket; runv:
 namespaces, cgroups, bridge), with the registry of scripts/testenv/up:
-    .venv/bin/python bench/crash_rounds.py --handler docker [--rounds 10] [--ops 40] [--workers 8] [--seed N]
+    .venv/bin/python bench/crash_rounds.py --handler docker [--cni] [--rounds 10] [--ops 40] [--workers 8] [--seed N]
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -73,6 +81,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from docker_bench import BUSYBOX, DOCKER_SOCK, PAUSE, Cri, Raw, Shim, _interrupt, pod_sandbox_config  # noqa: E402
 
 from cri_api import api_pb2 as pb  # noqa: E402
+from tests.cni.realnet import Line, Net, cni_iptables  # noqa: E402
 
 RPC_TIMEOUT = 30.0  # every RPC of the workers and the checks
 READY_TIMEOUT = 120.0  # a restarted shim must answer Version within this
@@ -197,6 +206,8 @@ class Run:
         self.logs = f"{tmp}/logs"
         os.makedirs(self.logs)
         self.runv: dict[str, Any] = {}
+        self.cni: Net | None = None
+        self.cni_before: set[Line] = set()
         if self.handler == "runv":
             # Imported here: fake and docker runs need nothing of runv.
             from runv_bench import network_config, runv_config
@@ -226,6 +237,14 @@ class Run:
                 f'pause_image = "{PAUSE}"\n'
                 f'instance = "crash-rounds-{run_id}"\n'
             )
+            if args.cni:
+                self.cni_before = cni_iptables()
+                self.cni = Net(Path(tmp), "crr", 252, gateway=True)
+                self.cni.write_conflist()
+                toml += (
+                    'pod_network = "cni"\n\n[cni]\n'
+                    f'conf_dir = "{self.cni.conf_dir}"\nbin_dirs = ["/usr/lib/cni"]\n'
+                )
             if args.warm:
                 toml += f"\n[handlers.docker.pool]\nsize = {args.warm}\nmax_cpu = 0\n"
         else:
@@ -343,6 +362,9 @@ class Run:
                     os.path.join(self.logs, name),
                     {"crash-rounds": self.run_id},
                 )
+                if self.cni is not None and self.seq % 2:
+                    # portmap's rules for it, to be removed with it.
+                    config.port_mappings.add(container_port=80, host_port=40000 + self.seq % 20000)
                 if self.handler == "docker" and self.args.warm and self.seq % 2:
                     # Every other pod shares the host's network, as a kubelet asks for it: the
                     # pods that warm pause containers serve.
@@ -711,10 +733,16 @@ class Run:
                 ]
         if self.handler == "runv":
             self.leaked += runv_leftovers(self.runv)
+        if self.cni is not None:
+            self.leaked += cni_leftovers(self.cni, self.shim.state_dir)
 
     def cleanup(self) -> None:
         if self.handler == "docker":
             self.shim.remove_engine_leftovers()
+        if self.cni is not None:
+            for mnt in mounts_under(self.shim.state_dir):
+                subprocess.run(["umount", "-l", mnt], capture_output=True, check=False)
+            self.cni.cleanup(self.cni_before)
         if self.handler == "runv":
             for mnt in reversed(our_mounts(self.runv)):
                 subprocess.run(["umount", "-l", mnt], capture_output=True, check=False)
@@ -729,17 +757,31 @@ class _BadResult(Exception):
     pass
 
 
-# ---------------------------------------------------------------- runv leftovers
+# ---------------------------------------------------------------- leftovers
 
 
-def our_mounts(cfg: dict[str, Any]) -> list[str]:
-    roots = (cfg["run_dir"].rstrip("/") + "/", cfg["root"].rstrip("/") + "/")
+def mounts_under(*dirs: str) -> list[str]:
+    roots = tuple(d.rstrip("/") + "/" for d in dirs)
     out = []
     with open("/proc/self/mountinfo") as fh:
         for line in fh:
             mnt = line.split()[4]
             if mnt.startswith(roots):
                 out.append(mnt)
+    return out
+
+
+def our_mounts(cfg: dict[str, Any]) -> list[str]:
+    return mounts_under(cfg["run_dir"], cfg["root"])
+
+
+def cni_leftovers(net: Net, state_dir: str) -> list[str]:
+    out = [f"address {ip} held by host-local for {cid[:12]}" for ip, cid in sorted(net.reserved().items())]
+    out += [f"veth {port} on {net.bridge}" for port in net.ports()]
+    out += [f"iptables {table} {line}" for _, table, line in sorted(net.iptables())]
+    out += [f"pinned network namespace {m}" for m in mounts_under(state_dir)]
+    cache = Path(state_dir, "cni")
+    out += [f"CNI cache entry {p.relative_to(cache)}" for p in sorted(cache.rglob("*.json"))]
     return out
 
 
@@ -886,7 +928,14 @@ def main() -> int:
         default=0,
         help="runv: warm VMs; docker: warm pause containers, and every other pod on the host network (0: off)",
     )
+    ap.add_argument(
+        "--cni",
+        action="store_true",
+        help="docker: pods on a CNI network of the run's own (bridge + host-local + portmap), not the engine's",
+    )
     args = ap.parse_args()
+    if args.cni and args.handler != "docker":
+        ap.error("--cni is for --handler docker")
     if args.seed is None:
         args.seed = random.randrange(1 << 30)
     if args.handler != "fake" and os.geteuid() != 0:

@@ -1,6 +1,6 @@
 """Configuration: TOML file → validated, frozen settings.
 
-Sections: ``server``, ``handlers``, ``images``, ``streaming``, ``nri``, ``logging``.
+Sections: ``server``, ``handlers``, ``images``, ``streaming``, ``nri``, ``cni``, ``logging``.
 Loading is two steps, as in uvicorn: parse, then validate every key; an
 error names the section and the key (``ConfigError``). Command-line flags
 override the file.
@@ -76,6 +76,17 @@ class NriConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class CniConfig:
+    """The node's CNI network (backends/cni), for the handlers with ``pod_network = "cni"``."""
+
+    conf_dir: str = "/etc/cni/net.d"
+    bin_dirs: tuple[str, ...] = ("/opt/cni/bin", "/usr/lib/cni")
+    cache_dir: str = ""  # "" = <server.state_dir>/cni
+    conf_template: str = ""
+    plugin_timeout: float = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
 class LoggingConfig:
     level: str = "info"
     format: str = "console"
@@ -91,6 +102,7 @@ class Config:
     streaming: StreamingSettings = StreamingSettings()
     logging: LoggingConfig = LoggingConfig()
     nri: NriConfig = NriConfig()
+    cni: CniConfig = CniConfig()
 
     def with_handler(self, name: str) -> Config:
         """Adds a handler named after a backend type (e.g. `docker`) with default options."""
@@ -152,6 +164,9 @@ type = "fake"
 # [handlers.docker]
 # type = "docker"
 # endpoint = "unix:///var/run/docker.sock"
+# Pod networks: "builtin" (the engine network `network`) or "cni" (the node's
+# CNI network, [cni] below: what a cluster's network add-on configures).
+# pod_network = "builtin"
 # network = "bridge"
 # Warm pause containers for host-network pods (other pods start cold: the
 # engine fixes a pod's hostname and ports at create); 0 = off.
@@ -202,6 +217,24 @@ socket_path = "/var/run/nri/nri.sock"
 registration_timeout = 5.0
 request_timeout = 2.0
 
+[cni]
+# The node's pod network, for the handlers with pod_network = "cni". The first
+# *.conflist, *.conf or *.json of conf_dir (lexical order) is the network;
+# it is read again when it changes, and Status says NetworkReady=false
+# (NetworkPluginNotReady) until it is there and usable.
+conf_dir = "/etc/cni/net.d"
+# Where the plugins are looked for, in order.
+bin_dirs = ["/opt/cni/bin", "/usr/lib/cni"]
+# Each attachment's config and result, for a DEL after a restart or a config
+# change; empty = STATE_DIR/cni.
+cache_dir = ""
+# A config template rendered with the pod CIDR of UpdateRuntimeConfig into
+# conf_dir/10-cri-shim-net.conflist ({{.PodCIDR}}, {{.HostLocalRanges}},
+# {{.DefaultRoutes}}); empty = none.
+conf_template = ""
+# Seconds each plugin run may take; it is killed after.
+plugin_timeout = 30.0
+
 [logging]
 # debug, info, warning, error
 level = "info"
@@ -235,12 +268,16 @@ def _check(section: str, data: Mapping[str, Any], cls: type[Any]) -> dict[str, A
                 raise ConfigError(f"[{section}] {key}: expected a non-negative integer, got {value!r}")
         elif isinstance(default, str) and not isinstance(value, str):
             raise ConfigError(f"[{section}] {key}: expected a string, got {value!r}")
+        elif isinstance(default, tuple):
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"[{section}] {key}: expected a list of strings, got {value!r}")
+            value = tuple(value)
         out[key] = value
     return out
 
 
 def parse(data: Mapping[str, Any]) -> Config:
-    known = {"server", "handlers", "images", "streaming", "logging", "nri"}
+    known = {"server", "handlers", "images", "streaming", "logging", "nri", "cni"}
     for section in data:
         if section not in known:
             raise ConfigError(f"unknown section [{section}] (known: {', '.join(sorted(known))})")
@@ -251,6 +288,13 @@ def parse(data: Mapping[str, Any]) -> Config:
     streaming = StreamingSettings(**_check("streaming", data.get("streaming", {}), StreamingSettings))
     logging_ = LoggingConfig(**_check("logging", data.get("logging", {}), LoggingConfig))
     nri = NriConfig(**_check("nri", data.get("nri", {}), NriConfig))
+    cni = CniConfig(**_check("cni", data.get("cni", {}), CniConfig))
+    if not cni.conf_dir:
+        raise ConfigError("[cni] conf_dir: must not be empty")
+    if not cni.bin_dirs:
+        raise ConfigError("[cni] bin_dirs: needs at least one directory")
+    if cni.plugin_timeout <= 0:
+        raise ConfigError("[cni] plugin_timeout: must be more than 0")
     if nri.enable and not nri.socket_path.startswith("/"):
         raise ConfigError(f"[nri] socket_path: {nri.socket_path!r} is not an absolute path")
     if nri.registration_timeout <= 0 or nri.request_timeout <= 0:
@@ -281,7 +325,13 @@ def parse(data: Mapping[str, Any]) -> Config:
                 )
             handlers[name] = HandlerConfig(name, kind, opts)
     cfg = Config(
-        server=server, handlers=handlers, images=images, streaming=streaming, logging=logging_, nri=nri
+        server=server,
+        handlers=handlers,
+        images=images,
+        streaming=streaming,
+        logging=logging_,
+        nri=nri,
+        cni=cni,
     )
     if server.default_handler not in handlers:
         cfg = cfg.with_handler(server.default_handler)

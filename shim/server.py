@@ -135,12 +135,21 @@ class Server:
         if self._given_backends is not None:
             return dict(self._given_backends)
         out = {}
+        cni = self.config.cni
+        cni_table = {
+            "conf_dir": cni.conf_dir,
+            "bin_dirs": list(cni.bin_dirs),
+            "cache_dir": cni.cache_dir or os.path.join(self.config.server.state_dir, "cni"),
+            "conf_template": cni.conf_template,
+            "plugin_timeout": cni.plugin_timeout,
+        }
         for name, h in self.config.handlers.items():
             opts = dict(h.options)
             opts.setdefault("state_dir", os.path.join(self.config.server.state_dir, "backends", name))
             opts.setdefault("pause_image", self.config.images.pause_image)
             opts.setdefault("pull_no_progress_timeout", self.config.images.pull_no_progress_timeout)
             opts.setdefault("cgroup_driver", self.config.server.cgroup_driver)
+            opts.setdefault("cni", cni_table)
             try:
                 out[name] = create_backend(h.type, name, opts)
             except (CriError, ValueError, TypeError) as exc:

@@ -110,6 +110,7 @@ class CniClient:
         self._cache = AttachmentCache(settings.cache_dir)
         self._gate = _Gate()
         self._pod_cidrs: tuple[str, ...] = ()
+        self._template_error = ""  # why the template could not be rendered with the pod CIDRs
 
     # ---- configuration
 
@@ -127,30 +128,48 @@ class CniClient:
             except ValueError:
                 raise InvalidArgumentError(f"pod CIDR {c!r} is not a network") from None
         self._pod_cidrs = cidrs
+        self._render_template()
+
+    def _render_template(self) -> None:
+        """ConfigError naming the template (remembered for readiness) when it cannot be."""
         template = self.settings.conf_template
-        if not template or not cidrs:
+        if not template or not self._pod_cidrs:
             return
         try:
-            with open(template, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as exc:
-            raise ConfigError(template, "", exc.strerror or str(exc)) from exc
-        rendered = render(text, cidrs, template)
-        out = os.path.join(self.settings.conf_dir, self.settings.template_output)
-        with contextlib.suppress(OSError), open(out, encoding="utf-8") as f:
-            if f.read() == rendered:
-                return  # unchanged: its mtime stays, so nothing reloads
-        os.makedirs(self.settings.conf_dir, exist_ok=True)
-        write_atomic(out, rendered.encode())
+            try:
+                with open(template, encoding="utf-8") as f:
+                    text = f.read()
+            except OSError as exc:
+                raise ConfigError(template, "", exc.strerror or str(exc)) from exc
+            rendered = render(text, self._pod_cidrs, template)
+            out = os.path.join(self.settings.conf_dir, self.settings.template_output)
+            with contextlib.suppress(OSError), open(out, encoding="utf-8") as f:
+                if f.read() == rendered:
+                    self._template_error = ""
+                    return  # unchanged: its mtime stays, so nothing reloads
+            try:
+                os.makedirs(self.settings.conf_dir, exist_ok=True)
+                write_atomic(out, rendered.encode())
+            except OSError as exc:
+                raise ConfigError(out, "", exc.strerror or str(exc)) from exc
+        except ConfigError as exc:
+            self._template_error = exc.message
+            raise
+        self._template_error = ""
 
     async def readiness(self) -> Readiness:
         """Ready when the config is valid, its plugins are installed and (1.1.0) STATUS passes."""
+        if self._template_error:
+            with contextlib.suppress(ConfigError):
+                self._render_template()  # it may have been mended since
         try:
             net = self.network()
         except ConfigError as exc:
             hint = ""
             if self.settings.conf_template and not self._pod_cidrs:
                 hint = f" (the template {self.settings.conf_template} waits for the pod CIDR)"
+            elif self._template_error:
+                hint = f" (the template could not be rendered: {self._template_error})"
             return Readiness(False, NOT_READY, f"CNI network config not ready: {exc.message}{hint}")
         missing = [t for t in net.plugin_types() if not _installed(t, self.settings.bin_dirs)]
         if missing:
@@ -293,10 +312,10 @@ class CniClient:
         for plugin in net.plugins:
             await self._run(plugin, Invocation("STATUS"), request_config(net, plugin))
 
-    async def gc(self, valid: Iterable[tuple[str, str]]) -> None:
+    async def gc(self, valid: Iterable[tuple[str, str]], *, plugins: bool = True) -> None:
         """Given the (container ID, ifname) attachments that still exist: DEL every other cached
-        one, then (1.1.0 and later, unless ``disableGC``) GC every plugin with the valid list.
-        Failures do not stop it; they are raised together at the end (GcError)."""
+        one, then (1.1.0 and later, unless ``disableGC``, and ``plugins``) GC every plugin with
+        the valid list. Failures do not stop it; they are raised together at the end (GcError)."""
         keep = set(valid)
         failures: list[CriError] = []
         async with self._gate.alone():
@@ -307,7 +326,7 @@ class CniClient:
                     except CriError as exc:
                         failures.append(exc)
             try:
-                net: NetworkConfig | None = self.network()
+                net: NetworkConfig | None = self.network() if plugins else None
             except ConfigError:
                 net = None
             if net is not None and net.at_least("1.1.0") and not net.disable_gc:

@@ -59,6 +59,7 @@ SHIM_KEYS: Schema = {
     "pause_image": Kind.STR,
     "pull_no_progress_timeout": Kind.NUMBER,
     "cgroup_driver": Kind.STR,
+    "cni": Kind.TABLE,  # the node's CNI settings (the [cni] section), read by backends.cni.pods
 }
 
 

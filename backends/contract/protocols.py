@@ -69,7 +69,8 @@ class EventSink(Protocol):
     """
 
     def sandbox_not_ready(self, sandbox_id: str, reason: str) -> None:
-        """A sandbox lost its network or VM without being asked to stop."""
+        """A sandbox lost its network or VM without being asked to stop, or a stop that fails
+        (its network not released) has stopped it all the same: a remove then needs no stop."""
 
 
 class StreamIO(Protocol):

@@ -6,10 +6,13 @@ import hashlib
 import os
 from typing import Any
 
+from backends.cni.pods import CNI, PodNetwork, pod_network, settings_from
 from backends.contract import options
+from backends.contract.errors import InvalidArgumentError
 from backends.contract.options import Kind, Schema
 
 from .backend import DockerBackend
+from .network import CniPods
 from .warm import POOL_SCHEMA, PoolSettings
 
 __all__ = ["DockerBackend", "create"]
@@ -23,6 +26,7 @@ SCHEMA: Schema = {
     "call_timeout": Kind.NUMBER,
     "instance": Kind.STR,
     "pool": POOL_SCHEMA,
+    "pod_network": Kind.STR,
 }
 
 
@@ -48,10 +52,12 @@ def create(name: str, config: dict[str, Any]) -> DockerBackend:
     ``cgroup_driver`` is what RuntimeConfig reports until the engine has said
     which driver it uses. ``pool`` (a table: ``size`` (0 = off), ``refill_interval``
     (s, 0.05), ``max_cpu`` (0.8)): warm pause containers for host-network pods
-    (see warm.py).
+    (see warm.py). ``pod_network``: ``builtin`` (the engine network ``network``) or
+    ``cni`` (the node's CNI network, from the shim's ``cni`` table: network.py).
     """
     options.check(name, config, SCHEMA)
     runtimes = config.get("runtime") or {}
+    state_dir = str(config.get("state_dir", ""))
     return DockerBackend(
         name,
         endpoint=str(config.get("endpoint", "unix:///var/run/docker.sock")),
@@ -63,6 +69,20 @@ def create(name: str, config: dict[str, Any]) -> DockerBackend:
         call_timeout=float(config.get("call_timeout", 60)),
         instance=str(config.get("instance") or _instance_of(name, config.get("state_dir"))),
         cgroup_driver=str(config.get("cgroup_driver", "")),
-        state_dir=str(config.get("state_dir", "")),
+        state_dir=state_dir,
         pool=PoolSettings.from_table(name, config.get("pool")),
+        cni=_cni_pods(name, config, state_dir),
     )
+
+
+def _cni_pods(name: str, config: dict[str, Any], state_dir: str) -> CniPods | None:
+    """None without CNI settings on the builtin network; else the pods on CNI, which, on the
+    builtin network, still release what pods made on CNI before a change hold."""
+    mode = pod_network(name, config)
+    table = config.get("cni")
+    if table is None and mode != CNI:
+        return None
+    if not state_dir:
+        raise InvalidArgumentError(f"[handlers.{name}] pods on CNI need a state_dir (for their namespaces)")
+    network = PodNetwork(settings_from(name, table or {}, state_dir))
+    return CniPods(network, os.path.join(state_dir, "netns"), adds=mode == CNI)

@@ -51,6 +51,7 @@ from .exec import Execs
 from .image_volumes import ImageVolumes
 from .images import Images
 from .logs import DockerProcess, LogResume
+from .network import CniPods
 from .sandbox import Sandboxes
 from .stats import Stats
 from .warm import PoolSettings, WarmPauses
@@ -89,6 +90,7 @@ class DockerBackend:
         engine: EngineAPI | None = None,
         state_dir: str = "",
         pool: PoolSettings | None = None,
+        cni: CniPods | None = None,
     ) -> None:
         self.name = name
         self.instance = instance or name
@@ -103,6 +105,7 @@ class DockerBackend:
             runtimes=dict(runtimes or {}),
             cgroup_parent=cgroup_parent,
             volumes=ImageVolumes(os.path.join(state_dir, "image-volumes") if state_dir else ""),
+            cni=cni,
         )
         self.states = self._shared.states
         self._events = EventWatcher(self._shared)
@@ -147,7 +150,20 @@ class DockerBackend:
             await self.engine.ping(deadline=5)
         except CriError as exc:
             return Health(False, False, reason="DockerDaemonNotReady", message=exc.message)
+        cni = self._shared.cni
+        if cni is not None and cni.adds:
+            # Read again each time: ready within a Status poll of the network add-on's config.
+            ready = await cni.readiness()
+            if not ready.ready:
+                return Health(True, False, reason=ready.reason, message=ready.message)
         return Health(True, True)
+
+    def set_pod_cidr(self, cidr: str) -> None:
+        """On CNI, the node's pod CIDR goes to the plugins (``ipRanges``, the config template);
+        the engine's own network keeps its own range."""
+        cni = self._shared.cni
+        if cni is not None and cni.adds:
+            cni.set_pod_cidr(cidr)
 
     def warm_figures(self) -> PoolFigures | None:
         return self.warm.pool.figures() if self.warm is not None else None

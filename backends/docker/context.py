@@ -20,6 +20,7 @@ from . import labels as lbl
 from .engine_api import EngineAPI
 from .image_volumes import ImageVolumes
 from .images import Images
+from .network import CniPods
 from .state import States
 
 ENGINE_ID = "engine_id"
@@ -92,12 +93,14 @@ class Shared:
         runtimes: dict[str, str],
         cgroup_parent: str,
         volumes: ImageVolumes | None = None,
+        cni: CniPods | None = None,
     ) -> None:
         self.engine = engine
         self.volumes = volumes or ImageVolumes("")
         self.images = images
         self.instance = instance
-        self.network = network
+        self.network = network  # the engine network of pods when CNI does not wire them
+        self.cni = cni
         self.runtimes = runtimes
         self.cgroup_parent = cgroup_parent
         self.facts = convert.probe_host()

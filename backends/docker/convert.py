@@ -142,7 +142,8 @@ def sandbox_config(
         host["Runtime"] = runtime
     exposed: dict[str, dict[str, Any]] = {}
     bindings: dict[str, list[dict[str, str]]] = {}
-    if not host_net:
+    # With no engine network (a pod on CNI) the engine publishes nothing: the portmap plugin does.
+    if not host_net and network != "none":
         for pm in config.port_mappings:
             if pm.container_port <= 0:
                 continue

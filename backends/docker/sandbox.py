@@ -1,4 +1,5 @@
-"""RunPodSandbox / StopPodSandbox / RemovePodSandbox: the pause container."""
+"""RunPodSandbox / StopPodSandbox / RemovePodSandbox: the pause container (and, for a pod on CNI,
+its network: network.py)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ import asyncio
 import os
 
 from backends.contract import SandboxNetwork, SandboxRecord
-from backends.contract.errors import NotFoundError
+from backends.contract.errors import CriError, NotFoundError
 
 from . import convert
 from . import labels as lbl
 from .context import ENGINE_ID, PID, RESOLV, Shared
+from .network import NETNS, CniPods
 from .warm import WARM_ID, WarmPauses
 
 _STOP_PAUSE_TIMEOUT = 10  # s; pause exits at once on SIGTERM
@@ -38,18 +40,19 @@ class Sandboxes:
         if not self._pause_present:
             await shared.images.ensure(image)
             self._pause_present = True
+        host_net = convert.sandbox_host_network(config)
+        cni = shared.cni if shared.cni is not None and shared.cni.adds and not host_net else None
         cfg = convert.sandbox_config(
             sandbox.id,
             sandbox.handler,
             sandbox.created_at,
             config,
             image=image,
-            network=shared.network,
+            network="none" if cni is not None else shared.network,
             runtime=shared.runtime(sandbox.handler),
             cgroup_parent=shared.cgroup_parent,
             instance=shared.instance,
         )
-        host_net = convert.sandbox_host_network(config)
         warm = await self.warm.claim(sandbox, cfg) if host_net and self.warm is not None else None
         if warm is not None:
             engine_id = sandbox.backend_data[ENGINE_ID] = str(warm["Id"])
@@ -71,26 +74,50 @@ class Sandboxes:
                     content = convert.resolv_conf(config.dns_config)
                     await shared.engine.run(lambda: _write_file(path, content))
                     sandbox.backend_data[RESOLV] = path
-            sandbox.backend_data[PID] = int(info["State"].get("Pid") or 0)
-            ip = "" if host_net else shared.ip_of(info)
+            pid = sandbox.backend_data[PID] = int(info["State"].get("Pid") or 0)
+            if cni is not None:
+                net = await cni.attach(sandbox, pid)
+            else:
+                net = SandboxNetwork(ip="" if host_net else shared.ip_of(info))
         except BaseException:
-            await asyncio.shield(shared.remove(engine_id))
-            sandbox.backend_data.pop(ENGINE_ID, None)
-            sandbox.backend_data.pop(WARM_ID, None)
+            await asyncio.shield(self._undo(sandbox, engine_id, cni))
             raise
         warm_id = str(sandbox.backend_data.get(WARM_ID) or "")
         shared.states.sandbox(sandbox.id, engine_id, warm_id).watched = True
-        return SandboxNetwork(ip=ip)
+        return net
+
+    async def _undo(self, sandbox: SandboxRecord, engine_id: str, cni: CniPods | None) -> None:
+        if cni is not None:
+            await cni.release(sandbox)  # before the pause container goes, as a stop does
+        await self._shared.remove(engine_id)
+        sandbox.backend_data.pop(ENGINE_ID, None)
+        sandbox.backend_data.pop(WARM_ID, None)
 
     async def stop(self, sandbox: SandboxRecord) -> None:
+        shared = self._shared
+        unreleased: CriError | None = None
+        if NETNS in sandbox.backend_data and shared.cni is not None:
+            try:
+                await shared.cni.detach(sandbox)
+            except CriError as exc:
+                unreleased = exc
         eid = sandbox.backend_data.get(ENGINE_ID)
-        if not eid:
-            return
-        st = self._shared.states.sandboxes.get(sandbox.id)
+        if eid:
+            await self._stop_pause(sandbox.id, str(eid))
+        if unreleased is not None:
+            # The pod is stopped and its network not released: the caller hears why (and stops
+            # again, which DELs again), and the record says NOTREADY, so that a remove needs
+            # no stop first; the remove releases what it can whatever the plugins say.
+            if shared.events is not None:
+                shared.events.sandbox_not_ready(sandbox.id, "CNI DEL failed")
+            raise unreleased
+
+    async def _stop_pause(self, sandbox_id: str, engine_id: str) -> None:
+        st = self._shared.states.sandboxes.get(sandbox_id)
         if st is not None:
             st.stopping, st.watched = True, False
         try:
-            await self._shared.engine.stop_container(str(eid), _STOP_PAUSE_TIMEOUT)
+            await self._shared.engine.stop_container(engine_id, _STOP_PAUSE_TIMEOUT)
         except NotFoundError:
             pass
         finally:
@@ -98,10 +125,13 @@ class Sandboxes:
                 st.stopping = False
 
     async def remove(self, sandbox: SandboxRecord) -> None:
-        eid = sandbox.backend_data.get(ENGINE_ID) or await self._shared.engine_id_of(sandbox.id)
-        self._shared.states.drop_sandbox(sandbox.id)
+        shared = self._shared
+        if NETNS in sandbox.backend_data and shared.cni is not None:
+            await shared.cni.release(sandbox)
+        eid = sandbox.backend_data.get(ENGINE_ID) or await shared.engine_id_of(sandbox.id)
+        shared.states.drop_sandbox(sandbox.id)
         if eid:
-            await self._shared.remove(str(eid))
+            await shared.remove(str(eid))
 
 
 def _write_file(path: str, content: str) -> None:

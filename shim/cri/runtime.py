@@ -89,10 +89,12 @@ class RuntimeService:
         cidr = req.runtime_config.network_config.pod_cidr
         if not cidr or cidr == self.shim.pod_cidr:
             return pb.UpdateRuntimeConfigResponse()
-        try:
-            ipaddress.ip_network(cidr, strict=False)
-        except ValueError:
-            raise InvalidArgumentError(f"pod_cidr {cidr!r} is not a CIDR") from None
+        # A dual-stack node's CIDRs come comma-separated, as the kubelet joins them.
+        for part in cidr.split(","):
+            try:
+                ipaddress.ip_network(part.strip(), strict=False)
+            except ValueError:
+                raise InvalidArgumentError(f"pod_cidr {cidr!r} is not a CIDR") from None
         self.shim.pod_cidr = cidr
         if self.shim.store.state is not None:
             self.shim.store.state.save_runtime({"pod_cidr": cidr})

@@ -30,7 +30,7 @@ from backends.registry import Registry
 from cri_api import api_pb2 as pb
 from shim.config import Config
 from shim.cri.container_io import ContainerIO, CriLogWriter, last_log_marks
-from shim.cri.errors import UnavailableError
+from shim.cri.errors import CriError, UnavailableError
 from shim.cri.events import EventHub
 from shim.cri.messages import container_status_pb, sandbox_status_pb
 from shim.cri.stats_messages import CpuRates
@@ -108,7 +108,9 @@ class Shim:
             if isinstance(backend, PodCidrTaker):
                 try:
                     backend.set_pod_cidr(self.pod_cidr)
-                except ValueError as exc:
+                except (ValueError, CriError) as exc:
+                    # A CNI config template that cannot be rendered, say: the network is then
+                    # not ready, and Status says so.
                     log.warning("pod_cidr.refused", handler=name, cidr=self.pod_cidr, error=str(exc))
 
     # ------------------------------------------------------------------ container IO

@@ -282,15 +282,17 @@ async def test_gc_deletes_stale_attachments_and_passes_the_valid_ones(env: Env) 
 
 
 @pytest.mark.parametrize(
-    ("version", "extra"), [("1.0.0", {}), ("1.1.0", {"disableGC": True})], ids=["1.0.0", "disabled"]
+    ("version", "extra", "plugins"),
+    [("1.0.0", {}, True), ("1.1.0", {"disableGC": True}, True), ("1.1.0", {}, False)],
+    ids=["1.0.0", "disabled", "cache-only"],
 )
 async def test_gc_asks_no_plugin_where_the_config_has_none(
-    env: Env, version: str, extra: dict[str, Any]
+    env: Env, version: str, extra: dict[str, Any], plugins: bool
 ) -> None:
     env.write(chain(env, version=version) | extra)
     client = env.client()
     await client.add(POD)
-    await client.gc([])
+    await client.gc([], plugins=plugins)
     assert [cmd for cmd, _ in seen(env)] == ["ADD"] * 3 + ["DEL"] * 3
     assert cache_files(env) == []
 

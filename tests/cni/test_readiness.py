@@ -112,6 +112,23 @@ def test_a_bad_template_is_named(env: Env, tmp_path: Path, text: str, problem: s
     assert not env.conf_dir.exists()
 
 
+async def test_a_template_mended_after_the_pod_cidr_came_is_rendered_without_a_new_cidr(
+    env: Env, tmp_path: Path
+) -> None:
+    env.plugins("bridge", "host-local", "portmap")
+    template = tmp_path / "template.json"
+    template.write_text('{"subnet": {{.PodCIDR}}}')
+    client = env.client(conf_template=str(template))
+    with pytest.raises(ConfigError):
+        client.set_pod_cidr("10.244.1.0/24")
+    ready = await client.readiness()
+    assert not ready.ready and f"the template could not be rendered: {template}" in ready.message
+    assert "not JSON" in ready.message
+    template.write_text(TEMPLATE)
+    assert (await client.readiness()).ready
+    assert client.network().plugins[0].raw["ipam"]["subnet"] == "10.244.1.0/24"
+
+
 def test_a_pod_cidr_that_is_no_network_is_refused(env: Env) -> None:
     with pytest.raises(InvalidArgumentError, match=r"'10\.244\.1\.0/33'"):
         env.client().set_pod_cidr("10.244.1.0/33")

@@ -1,21 +1,15 @@
 """The client with Debian's CNI plugins (loopback, bridge, host-local, portmap) in namespaces of our own.
 
-Everything is made here and removed after: network namespaces ``cnitest-<rand>-N``, a bridge
-``cnitest0-<rand>``, a subnet in 10.250.0.0/16 used only on that bridge (no gateway on the host,
-no routes out), host-local's store under tmp, and the iptables chains portmap adds (compared
-with ``iptables-save`` before and after). Traffic goes only between our namespaces.
+Everything is made here and removed after (tests/cni/realnet.py): network namespaces
+``cnitest-<rand>-N``, a bridge ``cnitest0-<rand>``, a subnet in 10.250.0.0/16 used only on that
+bridge (no gateway on the host, no routes out), host-local's store under tmp, and the iptables
+chains portmap adds. Traffic goes only between our namespaces.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ipaddress
-import json
 import os
-import re
 import secrets
-import shlex
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -34,72 +28,12 @@ from backends.cni import (
 )
 from tests.cni import fakeplugin
 from tests.cni.conftest import REAL_MARKER
+from tests.cni.realnet import PLUGIN_DIR, Net, own_network, run, why_not
 
-PLUGIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
-NEEDED = ("loopback", "bridge", "host-local", "portmap")
-
-
-def _why_not() -> str:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, a bridge, iptables)"
-    missing = [p for p in NEEDED if not os.access(os.path.join(PLUGIN_DIR, p), os.X_OK)]
-    if missing:
-        return f"CNI plugins {', '.join(missing)} not in {PLUGIN_DIR} (containernetworking-plugins)"
-    tools = [t for t in ("ip", "iptables", "iptables-save") if shutil.which(t) is None]
-    return f"{', '.join(tools)} not found" if tools else ""
+pytestmark = [getattr(pytest.mark, REAL_MARKER), pytest.mark.skipif(bool(why_not()), reason=why_not())]
 
 
-pytestmark = [getattr(pytest.mark, REAL_MARKER), pytest.mark.skipif(bool(_why_not()), reason=_why_not())]
-
-
-def run(*argv: str) -> str:
-    return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60).stdout
-
-
-def cni_iptables() -> set[tuple[str, str, str]]:
-    """(tool, table, line) of every chain and rule that names a CNI chain, counters left out."""
-    found = set()
-    for tool in ("iptables-save", "ip6tables-save"):
-        if shutil.which(tool) is None:
-            continue
-        table = ""
-        for line in run(tool).splitlines():
-            if line.startswith("*"):
-                table = line[1:]
-            elif "CNI-" in line and line.startswith((":", "-A ")):
-                found.add((tool, table, re.sub(r" \[\d+:\d+\]$", "", line)))
-    return found
-
-
-def remove_iptables_since(before: set[tuple[str, str, str]]) -> None:
-    extra = cni_iptables() - before
-    for tool, table, line in sorted(x for x in extra if x[2].startswith("-A ")):
-        subprocess.run([tool.removesuffix("-save"), "-t", table, "-D", *shlex.split(line)[1:]], check=False)
-    for tool, table, line in sorted(x for x in extra if x[2].startswith(":")):
-        chain = line[1:].split()[0]
-        for op in ("-F", "-X"):
-            subprocess.run([tool.removesuffix("-save"), "-t", table, op, chain], check=False)
-
-
-class Host:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.rand = secrets.token_hex(3)
-        self.bridge = f"cnitest0-{self.rand}"  # 15 characters, the most a name may have
-        self.subnet = ipaddress.ip_network(f"10.250.{secrets.randbelow(256)}.0/24")
-        self.network = f"cnitest-{self.rand}"
-        self.namespaces: list[str] = []
-        self.conf_dir = root / "net.d"
-        self.ipam_dir = root / "ipam"
-        self.bin_dir = root / "bin"
-        self.forward = ["FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"]
-
-    def netns(self) -> str:
-        name = f"cnitest-{self.rand}-{len(self.namespaces)}"
-        run("ip", "netns", "add", name)
-        self.namespaces.append(name)
-        return f"/run/netns/{name}"
-
+class Host(Net):
     def client(self, **settings: Any) -> CniClient:
         base: dict[str, Any] = {
             "conf_dir": str(self.conf_dir),
@@ -109,74 +43,11 @@ class Host:
         }
         return CniClient(CniSettings(**(base | settings)))
 
-    def write_conflist(self, *extra: dict[str, Any]) -> Path:
-        ipam = {
-            "type": "host-local",
-            "dataDir": str(self.ipam_dir),
-            "ranges": [[{"subnet": str(self.subnet)}]],
-        }
-        plugins = [
-            {"type": "loopback"},
-            {"type": "bridge", "bridge": self.bridge, "isGateway": False, "ipMasq": False, "ipam": ipam},
-            {"type": "portmap", "capabilities": {"portMappings": True}},
-            *extra,
-        ]
-        return fakeplugin.write_json(
-            self.conf_dir / "10-test.conflist",
-            {"cniVersion": "1.0.0", "name": self.network, "plugins": plugins},
-        )
-
-    def reserved(self) -> dict[str, str]:
-        """host-local's store: reserved address -> container ID."""
-        store = self.ipam_dir / self.network
-        if not store.exists():
-            return {}
-        out = {}
-        for path in store.iterdir():
-            with contextlib.suppress(ValueError):
-                ipaddress.ip_address(path.name)
-                out[path.name] = path.read_text().splitlines()[0].strip()
-        return out
-
-    def ports(self) -> list[str]:
-        """The veths enslaved to the bridge."""
-        if subprocess.run(["ip", "link", "show", self.bridge], capture_output=True).returncode != 0:
-            return []
-        return [
-            line.split(":")[1].strip().split("@")[0]
-            for line in run("ip", "-o", "link", "show", "master", self.bridge).splitlines()
-        ]
-
-    def addresses(self, netns: str) -> list[str]:
-        out = run("ip", "-n", os.path.basename(netns), "-j", "addr", "show", "dev", "eth0")
-        return [
-            f"{a['local']}/{a['prefixlen']}"
-            for link in json.loads(out)
-            for a in link["addr_info"]
-            if a["family"] == "inet"
-        ]
-
-    def cleanup(self) -> None:
-        for name in self.namespaces:
-            subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
-        subprocess.run(["ip", "link", "del", self.bridge], check=False, capture_output=True)
-
 
 @pytest.fixture
 def host(tmp_path: Path) -> Iterator[Host]:
-    before = cni_iptables()
-    h = Host(tmp_path)
-    # Bridged traffic passes FORWARD when br_netfilter is loaded; Docker may have set its policy to DROP.
-    run("iptables", "-I", *h.forward)
-    try:
-        yield h
-    finally:
-        h.cleanup()
-        subprocess.run(["iptables", "-D", *h.forward], check=False, capture_output=True)
-        remove_iptables_since(before)
-    assert cni_iptables() == before
-    assert not Path(f"/sys/class/net/{h.bridge}").exists()
-    assert not [n for n in run("ip", "netns", "list").split() if n.startswith(f"cnitest-{h.rand}")]
+    with own_network(tmp_path, "cnitest", 250, Host) as net:
+        yield net
 
 
 def exchange(server_ns: str, server_ip: str, client_ns: str) -> str:
@@ -232,7 +103,7 @@ async def test_pods_get_addresses_reach_each_other_and_del_frees_everything(host
     assert host.addresses(ns1) == [f"{ip1}/24"]
     assert host.reserved() == {str(ip1): pod1.container_id, str(ip2): pod2.container_id}
     assert len(host.ports()) == 2
-    assert any(f'id: \\"{pod1.container_id}\\"' in line for _, _, line in cni_iptables())
+    assert any(f'id: \\"{pod1.container_id}\\"' in line for _, _, line in host.iptables())
 
     assert exchange(ns2, str(ip2), ns1) == "gnip"
     assert exchange(ns1, str(ip1), ns2) == "gnip"
@@ -240,7 +111,7 @@ async def test_pods_get_addresses_reach_each_other_and_del_frees_everything(host
     await client.delete(pod1)
     assert host.reserved() == {str(ip2): pod2.container_id}
     assert len(host.ports()) == 1
-    assert not [line for _, _, line in cni_iptables() if pod1.container_id in line or "CNI-DN-" in line]
+    assert host.iptables() == set()  # pod2 maps no port
     await client.delete(pod1)  # again: nothing left to do
     assert client.cached_result(pod1.container_id) is None
 
@@ -261,7 +132,7 @@ async def test_del_after_the_config_was_removed_and_the_netns_is_gone(host: Host
     await restarted.delete(pod)
     assert host.reserved() == {}
     assert host.ports() == []
-    assert not [line for _, _, line in cni_iptables() if "CNI-DN-" in line]
+    assert host.iptables() == set()
 
 
 @pytest.mark.parametrize("how", ["fails", "hangs"])
@@ -282,6 +153,6 @@ async def test_a_chained_plugin_that_fails_or_hangs_leaves_nothing(host: Host, h
     assert host.reserved() == {}
     assert host.ports() == []
     assert run("ip", "-n", os.path.basename(ns), "-o", "link").count(": eth0") == 0
-    assert not [line for _, _, line in cni_iptables() if "CNI-DN-" in line]
+    assert host.iptables() == set()
     assert client.cached_result(pod.container_id) is None
     assert not list((host.root / "cache").rglob("*.json"))

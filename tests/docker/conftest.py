@@ -13,7 +13,7 @@ import docker
 import pytest
 
 from backends.docker import labels as lbl
-from tests.docker.dockerkit import BUSYBOX, ENDPOINT, PAUSE, Events, Harness, new_backend
+from tests.docker.dockerkit import BUSYBOX, ENDPOINT, PAUSE, Harness, harnessed, unstarted_backend
 
 
 def _engine_problem() -> str | None:
@@ -58,14 +58,5 @@ def engine() -> Iterator[docker.APIClient]:
 
 @pytest.fixture
 async def harness(engine: docker.APIClient) -> AsyncIterator[Harness]:
-    events = Events()
-    backend = await new_backend(events)
-    h = Harness(backend, events, engine)
-    try:
+    async with harnessed(unstarted_backend(), engine) as h:
         yield h
-    finally:
-        await h.cleanup()
-        await h.events.close()
-        # A test may have replaced the backend (a restart); close the one in use too.
-        for b in {id(backend): backend, id(h.backend): h.backend}.values():
-            await b.close()

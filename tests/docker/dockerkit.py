@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import docker
@@ -96,10 +98,44 @@ class Harness:
             await self.backend.remove_sandbox(sb)
 
 
-async def new_backend(events: Events) -> DockerBackend:
-    backend = create(
+@contextlib.asynccontextmanager
+async def harnessed(backend: DockerBackend, engine: docker.APIClient) -> AsyncIterator[Harness]:
+    """The backend started, and after the test what it made removed and the backend closed."""
+    events = Events()
+    await backend.start(events)
+    h = Harness(backend, events, engine)
+    try:
+        yield h
+    finally:
+        await h.cleanup()
+        await h.events.close()
+        # A test may have replaced the backend (a restart); close the one in use too.
+        for b in {id(backend): backend, id(h.backend): h.backend}.values():
+            await b.close()
+
+
+class HttpGet:
+    """A port-forward client (PortStream) that asks for ``path`` and keeps the answer."""
+
+    def __init__(self, path: str) -> None:
+        self.sent = [f"GET {path} HTTP/1.0\r\n\r\n".encode()]
+        self.got = bytearray()
+
+    async def read(self) -> bytes:
+        return self.sent.pop(0) if self.sent else b""
+
+    async def write(self, data: bytes) -> None:
+        self.got += data
+
+
+def unstarted_backend() -> DockerBackend:
+    return create(
         "docker",
         {"endpoint": ENDPOINT, "pause_image": PAUSE, "pull_no_progress_timeout": 60, "instance": INSTANCE},
     )
+
+
+async def new_backend(events: Events) -> DockerBackend:
+    backend = unstarted_backend()
     await backend.start(events)
     return backend

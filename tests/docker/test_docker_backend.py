@@ -32,6 +32,7 @@ from tests.docker.dockerkit import (
     PAUSE,
     Events,
     Harness,
+    HttpGet,
     container_record,
     new_backend,
     sandbox_record,
@@ -315,18 +316,7 @@ async def test_port_forward_into_pod(harness: Harness, tmp_path: Path) -> None:
         10,
     )
 
-    class Conn:
-        def __init__(self) -> None:
-            self.sent = [b"GET /index.html HTTP/1.0\r\n\r\n"]
-            self.got = bytearray()
-
-        async def read(self) -> bytes:
-            return self.sent.pop(0) if self.sent else b""
-
-        async def write(self, data: bytes) -> None:
-            self.got += data
-
-    conn = Conn()
+    conn = HttpGet("/index.html")
     # 127.0.0.1:8080 exists only inside the pod's network namespace.
     await asyncio.wait_for(harness.backend.port_forward(sb, 8080, conn), 10)
     assert conn.got.startswith(b"HTTP/1.") and conn.got.endswith(b"pong\n"), bytes(conn.got)

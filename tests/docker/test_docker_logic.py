@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import tomllib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +15,8 @@ from backends.docker import DockerBackend
 from backends.docker import labels as lbl
 from backends.docker.fake_engine import FakeEngine
 from cri_api import api_pb2 as pb
+from shim.config import parse
+from shim.server import Server
 from tests.docker.dockerkit import BUSYBOX, PAUSE, Events, container_record, sandbox_record
 
 
@@ -240,3 +244,22 @@ async def test_exec_sync_through_the_engine(kit: Kit) -> None:
     result = await kit.backend.exec_sync(ct, ["echo", "ok"])
     assert (result.exit_code, result.stdout) == (0, b"ok\n")
     assert ("exec_create", ["echo", "ok"]) in kit.engine.calls
+
+
+def test_the_shim_hands_the_cni_section_to_a_handler_on_cni(tmp_path: Path) -> None:
+    text = (
+        f'[server]\nstate_dir = "{tmp_path}"\n[handlers.docker]\npod_network = "cni"\n'
+        f'[cni]\nconf_dir = "{tmp_path}/net.d"\nbin_dirs = ["/x"]\nplugin_timeout = 4\n'
+    )
+    backend = Server(parse(tomllib.loads(text)))._build_backends()["docker"]
+    assert isinstance(backend, DockerBackend)
+    cni = backend._shared.cni
+    assert cni is not None and cni.adds
+    settings = cni.network.client.settings
+    assert (settings.conf_dir, settings.bin_dirs, settings.plugin_timeout) == (
+        f"{tmp_path}/net.d",
+        ("/x",),
+        4.0,
+    )
+    assert settings.cache_dir == f"{tmp_path}/cni/docker"  # under the state dir, one cache per handler
+    assert cni.pin_dir == f"{tmp_path}/backends/docker/netns"

@@ -70,12 +70,18 @@ async def test_update_runtime_config_keeps_pod_cidr(running: Running) -> None:
     status = await running.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod.pod_sandbox_id))
     assert status.status.network.ip.startswith("10.244.1.")
     assert ("set_pod_cidr", ("10.244.1.0/24",)) in [(c.method, c.args) for c in running.fake.calls]
-    req.runtime_config.network_config.pod_cidr = "10.244.1.0/99"
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await running.rt.UpdateRuntimeConfig(req)
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not a CIDR" in (
-        info.value.details() or ""
-    )
+    for bad in ("10.244.1.0/99", "10.244.1.0/24,fd00::/999"):
+        req.runtime_config.network_config.pod_cidr = bad
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await running.rt.UpdateRuntimeConfig(req)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not a CIDR" in (
+            info.value.details() or ""
+        )
+    # A dual-stack node's CIDRs, comma-separated as the kubelet sends them.
+    req.runtime_config.network_config.pod_cidr = "10.244.2.0/24,fd00:1::/64"
+    await running.rt.UpdateRuntimeConfig(req)
+    st = await running.rt.Status(pb.StatusRequest(verbose=True))
+    assert "10.244.2.0/24,fd00:1::/64" in st.info["config"]
 
 
 async def test_full_lifecycle_and_events(running: Running, short_tmp: str) -> None:

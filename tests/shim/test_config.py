@@ -24,8 +24,26 @@ def test_default_toml_is_the_default_config() -> None:
         ("[streaming]\nport = -1", "[streaming] port"),
         ("[server]\ndefault_handler = 'gvisor'", "[handlers] no handler named 'gvisor'"),
         ("[server]\nevent_loop = 'trio'", "[server] event_loop: 'trio' is not uvloop or asyncio"),
+        ("[cni]\nbin_dirs = '/usr/lib/cni'", "[cni] bin_dirs: expected a list of strings"),
+        ("[cni]\nbin_dirs = []", "[cni] bin_dirs: needs at least one directory"),
+        ("[cni]\nplugin_timeout = 0", "[cni] plugin_timeout: must be more than 0"),
+        ("[cni]\nconfdir = '/x'", "[cni] unknown key 'confdir'"),
     ],
-    ids=["type", "unknown-key", "section", "level", "backend-type", "mode", "negative", "handler", "loop"],
+    ids=[
+        "type",
+        "unknown-key",
+        "section",
+        "level",
+        "backend-type",
+        "mode",
+        "negative",
+        "handler",
+        "loop",
+        "cni-bin-dirs",
+        "cni-no-bin-dirs",
+        "cni-timeout",
+        "cni-key",
+    ],
 )
 def test_errors_name_section_and_key(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -52,3 +70,9 @@ def test_cli_bad_config_file(tmp_path: object, capsys: pytest.CaptureFixture[str
         f.write("[server]\nlisten = [1]\n")
     assert main(["serve", "--config", path]) == 2
     assert "[server] listen" in capsys.readouterr().err
+
+
+def test_cni_section() -> None:
+    cfg = parse(tomllib.loads("[cni]\nconf_dir = '/n'\nbin_dirs = ['/a', '/b']\nplugin_timeout = 5"))
+    assert (cfg.cni.conf_dir, cfg.cni.bin_dirs, cfg.cni.plugin_timeout) == ("/n", ("/a", "/b"), 5.0)
+    assert cfg.cni.cache_dir == "" and Config().cni.bin_dirs == ("/opt/cni/bin", "/usr/lib/cni")
