@@ -371,6 +371,16 @@ def _lines(base: str, name: str) -> list[str]:
     return (_read(base, name) or "").split()
 
 
+# Device's read bytes, write bytes, reads and writes, as each cgroup version names them.
+_V1_KEYS = ("read_bytes", "write_bytes", "read_ops", "write_ops")
+_V2_KEYS = ("rbytes", "wbytes", "rios", "wios")
+
+
+def _device(major: int, minor: int, figures: dict[str, int], keys: tuple[str, str, str, str]) -> Device:
+    read_bytes, write_bytes, reads, writes = (figures.get(k, 0) for k in keys)
+    return Device(major, minor, read_bytes, write_bytes, reads, writes, device_name(major, minor))
+
+
 def _blkio_v1(base: str) -> tuple[Device, ...]:
     """blkio.throttle.io_service{_bytes,d}_recursive: "MAJ:MIN Read N" lines."""
     found: dict[tuple[int, int], dict[str, int]] = {}
@@ -386,18 +396,7 @@ def _blkio_v1(base: str) -> tuple[Device, ...]:
             except ValueError:
                 continue
             found.setdefault((major, minor), {})[f"{parts[1].lower()}_{key}"] = value
-    return tuple(
-        Device(
-            major,
-            minor,
-            v.get("read_bytes", 0),
-            v.get("write_bytes", 0),
-            v.get("read_ops", 0),
-            v.get("write_ops", 0),
-            device_name(major, minor),
-        )
-        for (major, minor), v in sorted(found.items())
-    )
+    return tuple(_device(major, minor, v, _V1_KEYS) for (major, minor), v in sorted(found.items()))
 
 
 def _io_v2(base: str) -> tuple[Device, ...]:
@@ -410,17 +409,7 @@ def _io_v2(base: str) -> tuple[Device, ...]:
             kv = {k: int(v) for k, _, v in (f.partition("=") for f in fields)}
         except ValueError:
             continue
-        out.append(
-            Device(
-                major,
-                minor,
-                kv.get("rbytes", 0),
-                kv.get("wbytes", 0),
-                kv.get("rios", 0),
-                kv.get("wios", 0),
-                device_name(major, minor),
-            )
-        )
+        out.append(_device(major, minor, kv, _V2_KEYS))
     return tuple(out)
 
 
