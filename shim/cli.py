@@ -79,13 +79,19 @@ def build_config(args: argparse.Namespace) -> Config:
         server = dataclasses.replace(server, default_handler=args.default_handler)
     if getattr(args, "transport", None):
         server = dataclasses.replace(server, transport=args.transport)
+    cfg = dataclasses.replace(with_log_options(cfg, args), server=server)
+    return cfg.with_handler(server.default_handler)
+
+
+def with_log_options(cfg: Config, args: argparse.Namespace) -> Config:
+    """``cfg`` with --log-level and --log-format, where given, over its [logging] section
+    (``serve`` and ``hollow`` both take them)."""
     logging_ = cfg.logging
     if args.log_level:
         logging_ = dataclasses.replace(logging_, level=args.log_level)
     if args.log_format:
         logging_ = dataclasses.replace(logging_, format=args.log_format)
-    cfg = dataclasses.replace(cfg, server=server, logging=logging_)
-    return cfg.with_handler(server.default_handler)
+    return dataclasses.replace(cfg, logging=logging_)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,3 +52,21 @@ def test_cli_bad_config_file(tmp_path: object, capsys: pytest.CaptureFixture[str
         f.write("[server]\nlisten = [1]\n")
     assert main(["serve", "--config", path]) == 2
     assert "[server] listen" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "level", "fmt"),
+    [
+        (["serve"], "info", "console"),
+        (["serve", "--log-level", "debug", "--log-format", "json"], "debug", "json"),
+        (["hollow", "--nodes", "1", "--log-level", "warning"], "warning", "console"),
+        (["hollow", "--nodes", "1", "--log-format", "json"], "info", "json"),
+    ],
+    ids=["serve-defaults", "serve-both", "hollow-level", "hollow-format"],
+)
+def test_log_options_override_the_logging_section(argv: list[str], level: str, fmt: str) -> None:
+    from shim import cli, hollow
+
+    args = cli._parser().parse_args(argv)
+    cfg = cli.build_config(args) if args.command == "serve" else hollow.build(args).config
+    assert (cfg.logging.level, cfg.logging.format) == (level, fmt)
