@@ -215,11 +215,7 @@ async def serve_websocket(
 
     async def reader() -> None:
         try:
-            while (message := await ws.recv()) is not None:
-                decoded = codec.decode(message)
-                if decoded is None:
-                    continue
-                channel, data = decoded
+            async for channel, data in codec.received(ws):
                 if channel % 2 == 0 and channel // 2 < len(streams) and data:
                     await ws.put_probing(streams[channel // 2].queue, data)
         finally:

@@ -274,11 +274,7 @@ async def serve_websocket(
     async def reader() -> None:
         nonlocal stdin_done
         try:
-            while (message := await ws.recv()) is not None:
-                decoded = codec.decode(message)
-                if decoded is None:
-                    continue
-                channel, data = decoded
+            async for channel, data in codec.received(ws):
                 if channel == proto.CH_STDIN and req.stdin and not stdin_done:
                     if data:
                         await ws.put_probing(stdin_queue, data)

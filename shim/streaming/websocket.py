@@ -21,6 +21,7 @@ import asyncio
 import base64
 import contextlib
 import time
+from collections.abc import AsyncIterator
 
 from websockets.exceptions import InvalidState
 from websockets.frames import CloseCode, Frame, Opcode
@@ -296,6 +297,14 @@ class ChannelCodec:
         if self.base64:
             return chr(ord("0") + channel) + base64.b64encode(data).decode()
         return bytes((channel,)) + data
+
+    async def received(self, ws: WsConnection) -> AsyncIterator[tuple[int, bytes]]:
+        """(channel, payload) of each message ``ws`` receives until it closes; empty or
+        undecodable messages are passed over."""
+        while (message := await ws.recv()) is not None:
+            decoded = self.decode(message)
+            if decoded is not None:
+                yield decoded
 
     def decode(self, message: Message) -> tuple[int, bytes] | None:
         """(channel, payload), or None for an empty or undecodable message."""
