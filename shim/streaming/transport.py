@@ -130,30 +130,26 @@ class TcpTransport:
         return len(self._buf)
 
     async def fill(self) -> None:
-        if self._buf:
-            return
+        if not self._buf:
+            await self._read_more(READ_SIZE)
+
+    async def read_exactly(self, n: int) -> bytes:
+        while len(self._buf) < n:
+            await self._read_more(max(READ_SIZE, n - len(self._buf)))
+        data = bytes(self._buf[:n])
+        del self._buf[:n]
+        return data
+
+    async def _read_more(self, size: int) -> None:
+        """Up to ``size`` more bytes into the buffer; EOFError at the end or on a reset."""
         try:
-            data = await self.reader.read(READ_SIZE)
+            data = await self.reader.read(size)
         except OSError as exc:  # reset by peer
             raise EOFError from exc
         if not data:
             raise EOFError
         self._buf += data
         self.last_activity = time.monotonic()
-
-    async def read_exactly(self, n: int) -> bytes:
-        while len(self._buf) < n:
-            try:
-                data = await self.reader.read(max(READ_SIZE, n - len(self._buf)))
-            except OSError as exc:  # reset by peer
-                raise EOFError from exc
-            if not data:
-                raise EOFError
-            self._buf += data
-            self.last_activity = time.monotonic()
-        data = bytes(self._buf[:n])
-        del self._buf[:n]
-        return data
 
     def write(self, data: bytes) -> None:
         if self.writer.is_closing():
