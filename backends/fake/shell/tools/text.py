@@ -97,6 +97,15 @@ async def _t_head(sh: Shell, argv: list[str]) -> int:
 _Items = TypeVar("_Items", bytes, list[bytes])
 
 
+async def _read_operand(sh: Shell, tool: str, name: str) -> bytes | None:
+    """The whole content of a file operand ("-": stdin), or None once stderr says why not."""
+    try:
+        return await sh.read_all(sh.open_input(name))
+    except OSError as exc:
+        await sh.err(f"{tool}: {name}: {reason(exc)}")
+        return None
+
+
 def _tail_of(items: _Items, count: int, from_start: bool) -> _Items:
     """The last count items, or those from the count-th on (tail -n +N)."""
     if from_start:
@@ -110,13 +119,10 @@ async def _t_tail(sh: Shell, argv: list[str]) -> int:
     count, from_start = _count(opts)
     status = 0
     for name in names or ["-"]:
-        try:
-            data = await sh.read_all(sh.open_input(name))
-        except OSError as exc:
-            await sh.err(f"tail: {name}: {reason(exc)}")
+        data = await _read_operand(sh, "tail", name)
+        if data is None:
             status = 1
-            continue
-        if "c" in opts:
+        elif "c" in opts:
             await sh.out(_tail_of(data, count, from_start))
         else:
             await sh.out(b"".join(_tail_of(data.splitlines(True), count, from_start)))
@@ -139,10 +145,8 @@ async def _t_wc(sh: Shell, argv: list[str]) -> int:
     rows: list[tuple[list[int], str]] = []
     status = 0
     for name in names or ["-"]:
-        try:
-            data = await sh.read_all(sh.open_input(name))
-        except OSError as exc:
-            await sh.err(f"wc: {name}: {reason(exc)}")
+        data = await _read_operand(sh, "wc", name)
+        if data is None:
             status = 1
             continue
         rows.append(([_wc_count(data, k) for k in keys], name if names else ""))
