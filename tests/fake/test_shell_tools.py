@@ -19,6 +19,14 @@ TABLE: list[Row] = [
     ("cat - /etc/hostname", "piped\n", "piped\npod-1\n", None, 0),
     ("cat /nope; echo $?", "", "1\n", "No such file or directory", 0),
     (
+        "wc -l /data/in.txt /nope; echo $?",
+        "",
+        "3 /data/in.txt\n1\n",
+        "wc: /nope: No such file or directory",
+        0,
+    ),
+    ("tail /nope /data/in.txt; echo $?", "", "one\ntwo\nthree\n1\n", "tail: /nope: No such file", 0),
+    (
         "head -n 2 /data/in.txt; head -1 /data/in.txt; head -c 3 /data/in.txt; echo",
         "",
         "one\ntwo\none\none\n",
