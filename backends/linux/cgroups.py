@@ -116,6 +116,13 @@ class CgroupReader:
                     v1[c] = self._v1[c] + path
         return v1, v2
 
+    def _current_paths(self, pid: int, expect: str) -> tuple[dict[str, str], str | None] | None:
+        """:meth:`_paths`, None also when ``pid`` is gone or its cgroup file unreadable."""
+        try:
+            return self._paths(pid, expect)
+        except (OSError, ValueError):
+            return None
+
     def set_hugetlb(self, pid: int, expect: str, limits: Sequence[tuple[str, int]]) -> list[str]:
         """Write hugepage limits (page size as the kernel names it: "2MB", "1GB") into the
         cgroup of ``pid``; what could not be applied, and why (HugetlbError if a write fails).
@@ -159,13 +166,8 @@ class CgroupReader:
 
     def detail(self, pid: int, expect: str = "") -> Detail | None:
         """The rest of what ListPodSandboxMetrics reports of ``pid``'s container; None if it is gone."""
-        try:
-            paths = self._paths(pid, expect)
-        except (OSError, ValueError):
-            return None
-        if paths is None:
-            return None
-        return _detail(*paths)
+        paths = self._current_paths(pid, expect)
+        return None if paths is None else _detail(*paths)
 
     def sample(self, pid: int, expect: str = "", full: bool = False) -> Sample | None:
         """The cgroup counters of the container whose process is ``pid``; None if it is gone.
@@ -175,13 +177,8 @@ class CgroupReader:
         ``full`` adds what only metrics report (CPU split and throttling,
         CPU limits, memory limit hits and OOM kills): six more files.
         """
-        try:
-            paths = self._paths(pid, expect)
-        except (OSError, ValueError):
-            return None
-        if paths is None:
-            return None
-        return _sample(*paths, full=full)
+        paths = self._current_paths(pid, expect)
+        return None if paths is None else _sample(*paths, full=full)
 
 
 def _sample(v1: dict[str, str], v2: str | None, full: bool = False) -> Sample:
