@@ -115,11 +115,16 @@ def main(argv: list[str] | None = None) -> int:
     from shim.server import Server, ServerError
 
     configure(cfg.logging.level, cfg.logging.format)
-    server = Server(cfg)
+    return run_command(_serve(Server(cfg)), cfg.server.event_loop, ServerError, "cri-shim")
+
+
+def run_command(main: Coroutine[Any, Any, None], event_loop: str, failure: type[Exception], prog: str) -> int:
+    """Run ``main`` to its end; the exit status: 0, or 1 once stderr says which ``failure``
+    stopped it, or 130 on an interrupt (``serve`` and ``hollow`` alike)."""
     try:
-        _run(_serve(server), cfg.server.event_loop)
-    except ServerError as exc:
-        print(f"cri-shim: {exc}", file=sys.stderr)
+        _run(main, event_loop)
+    except failure as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -46,7 +46,7 @@ from typing import Any
 
 import structlog
 
-from shim.cli import _run, with_log_options
+from shim.cli import run_command, with_log_options
 from shim.config import Config, ConfigError, HandlerConfig, load
 from shim.server import Server, ServerError, parse_listen, sd_notify, stop_signals
 
@@ -264,14 +264,9 @@ def main(args: argparse.Namespace) -> int:
     configure(hollow.config.logging.level, hollow.config.logging.format)
     if hollow.config.server.metrics_listen:
         log.warning("hollow.metrics_ignored", metrics_listen=hollow.config.server.metrics_listen)
-    try:
-        _run(hollow.run_until_signalled(), hollow.config.server.event_loop)
-    except HollowError as exc:
-        print(f"cri-shim hollow: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_command(
+        hollow.run_until_signalled(), hollow.config.server.event_loop, HollowError, "cri-shim hollow"
+    )
 
 
 __all__ = ["Hollow", "HollowError", "NodeSpec", "build", "main", "node_config", "plan", "pod_cidrs"]
