@@ -306,8 +306,7 @@ async def serve_websocket(
     first = (
         proto.CH_STDOUT if req.stdout else proto.CH_STDERR if (req.stderr and not req.tty) else proto.CH_ERROR
     )
-    read_task = asyncio.ensure_future(reader())
-    try:
+    async with ws.reading(reader()):
         await ws.send(codec.encode(first, b""))
         outcome = await run_runtime(runtime, req, io, client_gone)
         if outcome is not None:
@@ -317,9 +316,3 @@ async def serve_websocket(
             with contextlib.suppress(ConnectionError):
                 if payload:
                     await ws.send(codec.encode(proto.CH_ERROR, payload))
-    except ConnectionError:
-        pass
-    finally:
-        read_task.cancel()
-        await asyncio.gather(read_task, return_exceptions=True)
-        await ws.aclose()
