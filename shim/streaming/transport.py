@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable
 from typing import Protocol
 
 # Longest a connection's reader works through already-received bytes before it lets
@@ -186,12 +187,7 @@ async def close_writer(
         return
     if timeout is None:
         timeout = FLUSH_TIMEOUT
-    try:
-        async with asyncio.timeout(timeout):
-            with contextlib.suppress(OSError):
-                await writer.drain()
-    except TimeoutError:
-        writer.transport.abort()
+    if not await _in_time_or_abort(writer, writer.drain(), timeout):
         return
     if reader is not None and writer.can_write_eof():
         with contextlib.suppress(OSError, TimeoutError):
@@ -200,9 +196,17 @@ async def close_writer(
                 while await reader.read(65536):
                     pass
     writer.close()
+    await _in_time_or_abort(writer, writer.wait_closed(), timeout)
+
+
+async def _in_time_or_abort(writer: asyncio.StreamWriter, step: Awaitable[None], timeout: float) -> bool:
+    """Await ``step`` (an OSError is as good as done); past ``timeout``, abort the
+    connection and return False."""
     try:
         async with asyncio.timeout(timeout):
             with contextlib.suppress(OSError):
-                await writer.wait_closed()
+                await step
     except TimeoutError:
         writer.transport.abort()
+        return False
+    return True
