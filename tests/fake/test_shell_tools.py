@@ -131,6 +131,8 @@ TABLE: list[Row] = [
     ("seq 3; seq 2 2 6 | tr '\\n' ' '; echo; seq -s , 1 3", "", "1\n2\n3\n2 4 6 \n1,2,3\n", None, 0),
     ("yes ok | head -n 2", "", "ok\nok\n", None, 0),
     ("basename /a/b.txt .txt; basename /a/b/; dirname /a/b; dirname file", "", "b\nb\n/a\n.\n", None, 0),
+    ("basename -- /a/-b; dirname -- -a/b; basename; echo $?", "", "-b\n-a\n1\n", "missing operand", 0),
+    ("dirname --; echo $?", "", "1\n", "missing operand", 0),
     (
         "echo hello | tr a-y b-z; echo hello | tr -d l; echo aaabbb | tr -s ab; echo Hi | tr '[:lower:]' '[:upper:]'",
         "",

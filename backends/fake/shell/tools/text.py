@@ -406,10 +406,16 @@ async def _t_sort(sh: Shell, argv: list[str]) -> int:
     return 0
 
 
-async def _t_basename(sh: Shell, argv: list[str]) -> int:
+def _path_operands(argv: list[str]) -> list[str]:
+    """basename's and dirname's operands, after an optional "--"; there must be one."""
     args = argv[1:] if argv[1:2] != ["--"] else argv[2:]
     if not args:
         raise ToolError("missing operand")
+    return args
+
+
+async def _t_basename(sh: Shell, argv: list[str]) -> int:
+    args = _path_operands(argv)
     stripped = args[0].rstrip("/")
     base = stripped.rsplit("/", 1)[-1] if stripped else "/" if args[0] else ""
     if len(args) > 1 and base != args[1] and base.endswith(args[1]):
@@ -419,9 +425,7 @@ async def _t_basename(sh: Shell, argv: list[str]) -> int:
 
 
 async def _t_dirname(sh: Shell, argv: list[str]) -> int:
-    args = argv[1:] if argv[1:2] != ["--"] else argv[2:]
-    if not args:
-        raise ToolError("missing operand")
+    args = _path_operands(argv)
     stripped = args[0].rstrip("/")
     if not stripped:
         result = "/" if args[0] else "."
