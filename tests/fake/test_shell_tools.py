@@ -42,6 +42,13 @@ TABLE: list[Row] = [
     ),
     ("head -n 1; cat", "first\nsecond\n", "first\nsecond\n", None, 0),
     (
+        "head -n 1 /nope /data/in.txt; echo $?",
+        "",
+        "==> /nope <==\n\n==> /data/in.txt <==\none\n1\n",
+        "head: /nope: No such",
+        0,
+    ),
+    (
         "wc -l < /data/in.txt; wc -c /etc/hostname; printf 'a b\\nc' | wc -w",
         "",
         "3\n6 /etc/hostname\n3\n",

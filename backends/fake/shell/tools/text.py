@@ -18,15 +18,22 @@ from backends.fake.shell.streams import Reader, Writer, dec, enc
 from backends.fake.shell.tools.printing import unescape
 
 
+async def _open_operand(sh: Shell, name: str, failure: str) -> Reader | None:
+    """The reader of a file operand ("-": stdin), or None once stderr says "FAILURE: reason"."""
+    try:
+        return sh.open_input(name)
+    except OSError as exc:
+        await sh.err(f"{failure}: {reason(exc)}")
+        return None
+
+
 async def _t_cat(sh: Shell, argv: list[str]) -> int:
     """cat [FILE|-]...: copies as it reads, so a `cat` container echoes its stdin live."""
     _, names = getopt(argv, "u")
     status = 0
     for name in names or ["-"]:
-        try:
-            reader = sh.open_input(name)
-        except OSError as exc:
-            await sh.err(f"cat: can't open '{name}': {reason(exc)}")
+        reader = await _open_operand(sh, name, f"cat: can't open '{name}'")
+        if reader is None:
             status = 1
             continue
         while chunk := await sh.read(reader):
@@ -84,10 +91,8 @@ async def _t_head(sh: Shell, argv: list[str]) -> int:
     for k, name in enumerate(names or ["-"]):
         if len(names) > 1:
             await sh.out(f"{chr(10) if k else ''}==> {name} <==\n")
-        try:
-            reader = sh.open_input(name)
-        except OSError as exc:
-            await sh.err(f"head: {name}: {reason(exc)}")
+        reader = await _open_operand(sh, name, f"head: {name}")
+        if reader is None:
             status = 1
             continue
         await sh.out(await take(sh, reader, count))
