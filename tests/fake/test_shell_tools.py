@@ -101,6 +101,13 @@ TABLE: list[Row] = [
         None,
         0,
     ),
+    (  # -a binds tighter than -o
+        "[ 1 = 1 -o 1 = 2 -a 1 = 2 ]; echo $?; [ 1 = 2 -o 1 = 1 -a 1 = 2 ]; echo $?; [ 1 = 2 -a x -o 1 = 1 ]; echo $?",
+        "",
+        "0\n1\n0\n",
+        None,
+        0,
+    ),
     ("[ x -lt 1 ]; echo $?", "", "2\n", "integer expression expected", 0),
     ("[ a = a; echo $?", "", "2\n", "missing ]", 0),
     (
