@@ -79,13 +79,19 @@ def build_config(args: argparse.Namespace) -> Config:
         server = dataclasses.replace(server, default_handler=args.default_handler)
     if getattr(args, "transport", None):
         server = dataclasses.replace(server, transport=args.transport)
+    cfg = dataclasses.replace(with_log_options(cfg, args), server=server)
+    return cfg.with_handler(server.default_handler)
+
+
+def with_log_options(cfg: Config, args: argparse.Namespace) -> Config:
+    """``cfg`` with --log-level and --log-format, where given, over its [logging] section
+    (``serve`` and ``hollow`` both take them)."""
     logging_ = cfg.logging
     if args.log_level:
         logging_ = dataclasses.replace(logging_, level=args.log_level)
     if args.log_format:
         logging_ = dataclasses.replace(logging_, format=args.log_format)
-    cfg = dataclasses.replace(cfg, server=server, logging=logging_)
-    return cfg.with_handler(server.default_handler)
+    return dataclasses.replace(cfg, logging=logging_)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,11 +115,16 @@ def main(argv: list[str] | None = None) -> int:
     from shim.server import Server, ServerError
 
     configure(cfg.logging.level, cfg.logging.format)
-    server = Server(cfg)
+    return run_command(_serve(Server(cfg)), cfg.server.event_loop, ServerError, "cri-shim")
+
+
+def run_command(main: Coroutine[Any, Any, None], event_loop: str, failure: type[Exception], prog: str) -> int:
+    """Run ``main`` to its end; the exit status: 0, or 1 once stderr says which ``failure``
+    stopped it, or 130 on an interrupt (``serve`` and ``hollow`` alike)."""
     try:
-        _run(_serve(server), cfg.server.event_loop)
-    except ServerError as exc:
-        print(f"cri-shim: {exc}", file=sys.stderr)
+        _run(main, event_loop)
+    except failure as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

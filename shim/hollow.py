@@ -46,6 +46,7 @@ from typing import Any
 
 import structlog
 
+from shim.cli import run_command, with_log_options
 from shim.config import Config, ConfigError, HandlerConfig, load
 from shim.server import Server, ServerError, parse_listen, sd_notify, stop_signals
 
@@ -242,14 +243,9 @@ class Hollow:
 
 def build(args: argparse.Namespace) -> Hollow:
     """The ``cri-shim hollow`` arguments → the nodes (ConfigError or HollowError if they are wrong)."""
-    cfg = load(args.config)
-    logging_ = cfg.logging
-    if args.log_level:
-        logging_ = dataclasses.replace(logging_, level=args.log_level)
-    if args.log_format:
-        logging_ = dataclasses.replace(logging_, format=args.log_format)
+    cfg = with_log_options(load(args.config), args)
     server = dataclasses.replace(cfg.server, transport=getattr(args, "transport", None) or "native")
-    cfg = dataclasses.replace(cfg, logging=logging_, server=server)
+    cfg = dataclasses.replace(cfg, server=server)
     nodes = plan(args.nodes, args.socket_template, args.state_root, args.pod_cidr_template)
     return Hollow(cfg, nodes)
 
@@ -263,20 +259,14 @@ def main(args: argparse.Namespace) -> int:
     except HollowError as exc:
         print(f"cri-shim hollow: {exc}", file=sys.stderr)
         return 2
-    from shim.cli import _run
     from shim.logging import configure
 
     configure(hollow.config.logging.level, hollow.config.logging.format)
     if hollow.config.server.metrics_listen:
         log.warning("hollow.metrics_ignored", metrics_listen=hollow.config.server.metrics_listen)
-    try:
-        _run(hollow.run_until_signalled(), hollow.config.server.event_loop)
-    except HollowError as exc:
-        print(f"cri-shim hollow: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_command(
+        hollow.run_until_signalled(), hollow.config.server.event_loop, HollowError, "cri-shim hollow"
+    )
 
 
 __all__ = ["Hollow", "HollowError", "NodeSpec", "build", "main", "node_config", "plan", "pod_cidrs"]

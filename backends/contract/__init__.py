@@ -14,7 +14,8 @@
 
 The names below are loaded on first use, so that a light importer (the
 runv guest agent reads only :mod:`~backends.contract.usage`) does not load
-the CRI protobufs the protocols need.
+the CRI protobufs the protocols need. The conditions are not among them:
+modules import them from :mod:`~backends.contract.errors`, or that module.
 
 Imports run one way: ``cri_api`` <- this package <- the backends; ``shim``
 uses this package and the registry; nothing here imports ``shim`` or gRPC
@@ -27,18 +28,6 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from backends.contract.errors import (
-        AlreadyExistsError,
-        CriError,
-        DeadlineExceededError,
-        FailedPreconditionError,
-        InternalError,
-        InvalidArgumentError,
-        NotFoundError,
-        ResourceExhaustedError,
-        UnavailableError,
-        UnimplementedError,
-    )
     from backends.contract.process import (
         ContainerProcess,
         ExitLatch,
@@ -85,7 +74,6 @@ if TYPE_CHECKING:
     )
 
 _WHERE = {
-    "AlreadyExistsError": "errors",
     "Backend": "protocols",
     "Capability": "protocols",
     "Checkpointer": "protocols",
@@ -93,30 +81,23 @@ _WHERE = {
     "ContainerRecord": "records",
     "ContainerStatus": "records",
     "ContainerUsage": "usage",
-    "CriError": "errors",
-    "DeadlineExceededError": "errors",
     "EventSink": "protocols",
     "Exec": "protocols",
     "ExecResult": "values",
     "ExitInfo": "values",
     "ExitLatch": "process",
-    "FailedPreconditionError": "errors",
     "Health": "values",
     "ImageInfo": "values",
     "Images": "protocols",
-    "InternalError": "errors",
-    "InvalidArgumentError": "errors",
     "Lifecycle": "protocols",
     "LogMarks": "process",
     "MetricsBackend": "protocols",
-    "NotFoundError": "errors",
     "Observed": "values",
     "Output": "process",
     "PodCidrTaker": "protocols",
     "PodMetrics": "usage",
     "PortStream": "protocols",
     "ProcessPipe": "process",
-    "ResourceExhaustedError": "errors",
     "Resources": "protocols",
     "SandboxNetwork": "values",
     "SandboxRecord": "records",
@@ -128,8 +109,6 @@ _WHERE = {
     "Stats": "protocols",
     "StreamIO": "protocols",
     "TerminalSize": "values",
-    "UnavailableError": "errors",
-    "UnimplementedError": "errors",
     "host_signal": "values",
     "image_user": "values",
     "seccomp_of": "values",
@@ -146,7 +125,6 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "AlreadyExistsError",
     "Backend",
     "Capability",
     "Checkpointer",
@@ -154,30 +132,23 @@ __all__ = [
     "ContainerRecord",
     "ContainerStatus",
     "ContainerUsage",
-    "CriError",
-    "DeadlineExceededError",
     "EventSink",
     "Exec",
     "ExecResult",
     "ExitInfo",
     "ExitLatch",
-    "FailedPreconditionError",
     "Health",
     "ImageInfo",
     "Images",
-    "InternalError",
-    "InvalidArgumentError",
     "Lifecycle",
     "LogMarks",
     "MetricsBackend",
-    "NotFoundError",
     "Observed",
     "Output",
     "PodCidrTaker",
     "PodMetrics",
     "PortStream",
     "ProcessPipe",
-    "ResourceExhaustedError",
     "Resources",
     "SandboxNetwork",
     "SandboxRecord",
@@ -189,8 +160,6 @@ __all__ = [
     "Stats",
     "StreamIO",
     "TerminalSize",
-    "UnavailableError",
-    "UnimplementedError",
     "host_signal",
     "image_user",
     "seccomp_of",

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from backends.fake.shell import MemoryFs
 
@@ -86,18 +86,18 @@ class ContainerFiles:
             f.write(data)
 
     def exists(self, path: str) -> bool:
-        try:
-            host = self._host(path)
-        except PermissionError:
-            return False
-        return self.memory.exists(path) if host is None else os.path.exists(host)
+        return self._test(path, self.memory.exists, os.path.exists)
 
     def is_dir(self, path: str) -> bool:
+        return self._test(path, self.memory.is_dir, os.path.isdir)
+
+    def _test(self, path: str, own: Callable[[str], bool], on_host: Callable[[str], bool]) -> bool:
+        """A test of ``path`` where it is; a path outside its volume fails every test."""
         try:
             host = self._host(path)
         except PermissionError:
             return False
-        return self.memory.is_dir(path) if host is None else os.path.isdir(host)
+        return own(path) if host is None else on_host(host)
 
     def listdir(self, path: str) -> list[str]:
         host = self._host(path)

@@ -116,6 +116,13 @@ class CgroupReader:
                     v1[c] = self._v1[c] + path
         return v1, v2
 
+    def _current_paths(self, pid: int, expect: str) -> tuple[dict[str, str], str | None] | None:
+        """:meth:`_paths`, None also when ``pid`` is gone or its cgroup file unreadable."""
+        try:
+            return self._paths(pid, expect)
+        except (OSError, ValueError):
+            return None
+
     def set_hugetlb(self, pid: int, expect: str, limits: Sequence[tuple[str, int]]) -> list[str]:
         """Write hugepage limits (page size as the kernel names it: "2MB", "1GB") into the
         cgroup of ``pid``; what could not be applied, and why (HugetlbError if a write fails).
@@ -159,13 +166,8 @@ class CgroupReader:
 
     def detail(self, pid: int, expect: str = "") -> Detail | None:
         """The rest of what ListPodSandboxMetrics reports of ``pid``'s container; None if it is gone."""
-        try:
-            paths = self._paths(pid, expect)
-        except (OSError, ValueError):
-            return None
-        if paths is None:
-            return None
-        return _detail(*paths)
+        paths = self._current_paths(pid, expect)
+        return None if paths is None else _detail(*paths)
 
     def sample(self, pid: int, expect: str = "", full: bool = False) -> Sample | None:
         """The cgroup counters of the container whose process is ``pid``; None if it is gone.
@@ -175,13 +177,8 @@ class CgroupReader:
         ``full`` adds what only metrics report (CPU split and throttling,
         CPU limits, memory limit hits and OOM kills): six more files.
         """
-        try:
-            paths = self._paths(pid, expect)
-        except (OSError, ValueError):
-            return None
-        if paths is None:
-            return None
-        return _sample(*paths, full=full)
+        paths = self._current_paths(pid, expect)
+        return None if paths is None else _sample(*paths, full=full)
 
 
 def _sample(v1: dict[str, str], v2: str | None, full: bool = False) -> Sample:
@@ -371,6 +368,16 @@ def _lines(base: str, name: str) -> list[str]:
     return (_read(base, name) or "").split()
 
 
+# Device's read bytes, write bytes, reads and writes, as each cgroup version names them.
+_V1_KEYS = ("read_bytes", "write_bytes", "read_ops", "write_ops")
+_V2_KEYS = ("rbytes", "wbytes", "rios", "wios")
+
+
+def _device(major: int, minor: int, figures: dict[str, int], keys: tuple[str, str, str, str]) -> Device:
+    read_bytes, write_bytes, reads, writes = (figures.get(k, 0) for k in keys)
+    return Device(major, minor, read_bytes, write_bytes, reads, writes, device_name(major, minor))
+
+
 def _blkio_v1(base: str) -> tuple[Device, ...]:
     """blkio.throttle.io_service{_bytes,d}_recursive: "MAJ:MIN Read N" lines."""
     found: dict[tuple[int, int], dict[str, int]] = {}
@@ -386,18 +393,7 @@ def _blkio_v1(base: str) -> tuple[Device, ...]:
             except ValueError:
                 continue
             found.setdefault((major, minor), {})[f"{parts[1].lower()}_{key}"] = value
-    return tuple(
-        Device(
-            major,
-            minor,
-            v.get("read_bytes", 0),
-            v.get("write_bytes", 0),
-            v.get("read_ops", 0),
-            v.get("write_ops", 0),
-            device_name(major, minor),
-        )
-        for (major, minor), v in sorted(found.items())
-    )
+    return tuple(_device(major, minor, v, _V1_KEYS) for (major, minor), v in sorted(found.items()))
 
 
 def _io_v2(base: str) -> tuple[Device, ...]:
@@ -410,17 +406,7 @@ def _io_v2(base: str) -> tuple[Device, ...]:
             kv = {k: int(v) for k, _, v in (f.partition("=") for f in fields)}
         except ValueError:
             continue
-        out.append(
-            Device(
-                major,
-                minor,
-                kv.get("rbytes", 0),
-                kv.get("wbytes", 0),
-                kv.get("rios", 0),
-                kv.get("wios", 0),
-                device_name(major, minor),
-            )
-        )
+        out.append(_device(major, minor, kv, _V2_KEYS))
     return tuple(out)
 
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
+from typing import BinaryIO
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """Replace ``path`` with ``data``: a temporary file beside it, synced, renamed over it, and
-    the directory synced so that the rename survives a crash.
+@contextlib.contextmanager
+def replacing(path: str) -> Iterator[BinaryIO]:
+    """A file to write ``path``'s new content to: a temporary file beside it, which, when the
+    block ends without an exception, is synced, renamed over ``path``, and the directory synced
+    so that the rename survives a crash. An exception removes it and leaves ``path`` alone.
 
     The temporary file's name starts with a dot and ends in ``.tmp``, so that a directory
     scanned for ``*.json`` or ``*.conflist`` never takes it for one of its files.
@@ -18,7 +22,7 @@ def write_atomic(path: str, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory or ".")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -31,3 +35,9 @@ def write_atomic(path: str, data: bytes) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` (see :func:`replacing`)."""
+    with replacing(path) as f:
+        f.write(data)

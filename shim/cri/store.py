@@ -445,6 +445,13 @@ class Store:
         else:
             self.state.save_container(r)
 
+    def _save_now(self, r: SandboxRecord | ContainerRecord) -> None:
+        """Only persist ``r`` (RESOURCE_EXHAUSTED on a full disk), after what the disk refused
+        earlier; the tables are left as they are."""
+        if self._unsaved:
+            self.retry_unsaved()
+        self._save(r)
+
     def _arm_retry(self) -> None:
         if self._retry is not None:
             return
@@ -491,11 +498,8 @@ class Store:
         self.by_sandbox.setdefault(r.id, set())
 
     def save_sandbox(self, r: SandboxRecord) -> None:
-        """Only persist ``r`` (RESOURCE_EXHAUSTED on a full disk); the tables are left as they are."""
-        if self.state is not None:
-            if self._unsaved:
-                self.retry_unsaved()
-            self.state.save_sandbox(r)
+        """Only persist ``r``, the tables left as they are (:meth:`_save_now`)."""
+        self._save_now(r)
 
     def drop_sandbox(self, r: SandboxRecord) -> None:
         self._unsaved.pop(r.id, None)
@@ -515,11 +519,8 @@ class Store:
         self.by_sandbox.setdefault(r.sandbox_id, set()).add(r.id)
 
     def save_container(self, r: ContainerRecord) -> None:
-        """Only persist ``r`` (RESOURCE_EXHAUSTED on a full disk); the tables are left as they are."""
-        if self.state is not None:
-            if self._unsaved:
-                self.retry_unsaved()
-            self.state.save_container(r)
+        """Only persist ``r``, the tables left as they are (:meth:`_save_now`)."""
+        self._save_now(r)
 
     def drop_container(self, r: ContainerRecord) -> None:
         self._unsaved.pop(r.id, None)

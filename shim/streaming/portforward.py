@@ -215,11 +215,7 @@ async def serve_websocket(
 
     async def reader() -> None:
         try:
-            while (message := await ws.recv()) is not None:
-                decoded = codec.decode(message)
-                if decoded is None:
-                    continue
-                channel, data = decoded
+            async for channel, data in codec.received(ws):
                 if channel % 2 == 0 and channel // 2 < len(streams) and data:
                     await ws.put_probing(streams[channel // 2].queue, data)
         finally:
@@ -233,19 +229,12 @@ async def serve_websocket(
             with contextlib.suppress(ConnectionError):
                 await ws.send(codec.encode(2 * index + 1, message.encode()))
 
-    read_task = asyncio.ensure_future(reader())
-    try:
+    async with ws.reading(reader()):
         # The first message on every channel is its port, 2 bytes little-endian.
         for index, port in enumerate(ports):
             await ws.send(codec.encode(2 * index, struct.pack("<H", port)))
             await ws.send(codec.encode(2 * index + 1, struct.pack("<H", port)))
         await asyncio.gather(*(run_port(i) for i in range(len(ports))))
-    except ConnectionError:
-        pass
-    finally:
-        read_task.cancel()
-        await asyncio.gather(read_task, return_exceptions=True)
-        await ws.aclose()
 
 
 # --------------------------------------------------------------------------- SPDY tunnelled in WebSocket

@@ -274,11 +274,7 @@ async def serve_websocket(
     async def reader() -> None:
         nonlocal stdin_done
         try:
-            while (message := await ws.recv()) is not None:
-                decoded = codec.decode(message)
-                if decoded is None:
-                    continue
-                channel, data = decoded
+            async for channel, data in codec.received(ws):
                 if channel == proto.CH_STDIN and req.stdin and not stdin_done:
                     if data:
                         await ws.put_probing(stdin_queue, data)
@@ -310,8 +306,7 @@ async def serve_websocket(
     first = (
         proto.CH_STDOUT if req.stdout else proto.CH_STDERR if (req.stderr and not req.tty) else proto.CH_ERROR
     )
-    read_task = asyncio.ensure_future(reader())
-    try:
+    async with ws.reading(reader()):
         await ws.send(codec.encode(first, b""))
         outcome = await run_runtime(runtime, req, io, client_gone)
         if outcome is not None:
@@ -321,9 +316,3 @@ async def serve_websocket(
             with contextlib.suppress(ConnectionError):
                 if payload:
                     await ws.send(codec.encode(proto.CH_ERROR, payload))
-    except ConnectionError:
-        pass
-    finally:
-        read_task.cancel()
-        await asyncio.gather(read_task, return_exceptions=True)
-        await ws.aclose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable
 from typing import Protocol
 
 # Longest a connection's reader works through already-received bytes before it lets
@@ -130,30 +131,26 @@ class TcpTransport:
         return len(self._buf)
 
     async def fill(self) -> None:
-        if self._buf:
-            return
+        if not self._buf:
+            await self._read_more(READ_SIZE)
+
+    async def read_exactly(self, n: int) -> bytes:
+        while len(self._buf) < n:
+            await self._read_more(max(READ_SIZE, n - len(self._buf)))
+        data = bytes(self._buf[:n])
+        del self._buf[:n]
+        return data
+
+    async def _read_more(self, size: int) -> None:
+        """Up to ``size`` more bytes into the buffer; EOFError at the end or on a reset."""
         try:
-            data = await self.reader.read(READ_SIZE)
+            data = await self.reader.read(size)
         except OSError as exc:  # reset by peer
             raise EOFError from exc
         if not data:
             raise EOFError
         self._buf += data
         self.last_activity = time.monotonic()
-
-    async def read_exactly(self, n: int) -> bytes:
-        while len(self._buf) < n:
-            try:
-                data = await self.reader.read(max(READ_SIZE, n - len(self._buf)))
-            except OSError as exc:  # reset by peer
-                raise EOFError from exc
-            if not data:
-                raise EOFError
-            self._buf += data
-            self.last_activity = time.monotonic()
-        data = bytes(self._buf[:n])
-        del self._buf[:n]
-        return data
 
     def write(self, data: bytes) -> None:
         if self.writer.is_closing():
@@ -190,12 +187,7 @@ async def close_writer(
         return
     if timeout is None:
         timeout = FLUSH_TIMEOUT
-    try:
-        async with asyncio.timeout(timeout):
-            with contextlib.suppress(OSError):
-                await writer.drain()
-    except TimeoutError:
-        writer.transport.abort()
+    if not await _in_time_or_abort(writer, writer.drain(), timeout):
         return
     if reader is not None and writer.can_write_eof():
         with contextlib.suppress(OSError, TimeoutError):
@@ -204,9 +196,17 @@ async def close_writer(
                 while await reader.read(65536):
                     pass
     writer.close()
+    await _in_time_or_abort(writer, writer.wait_closed(), timeout)
+
+
+async def _in_time_or_abort(writer: asyncio.StreamWriter, step: Awaitable[None], timeout: float) -> bool:
+    """Await ``step`` (an OSError is as good as done); past ``timeout``, abort the
+    connection and return False."""
     try:
         async with asyncio.timeout(timeout):
             with contextlib.suppress(OSError):
-                await writer.wait_closed()
+                await step
     except TimeoutError:
         writer.transport.abort()
+        return False
+    return True

@@ -21,6 +21,8 @@ import asyncio
 import base64
 import contextlib
 import time
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 from websockets.exceptions import InvalidState
 from websockets.frames import CloseCode, Frame, Opcode
@@ -244,6 +246,21 @@ class WsConnection:
     def abort(self) -> None:
         self.writer.transport.abort()
 
+    @contextlib.asynccontextmanager
+    async def reading(self, reader: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
+        """A channel session: ``reader`` takes the client's messages while the body answers;
+        then it is stopped and the connection closed. A client gone (ConnectionError) ends
+        the body quietly."""
+        read_task = asyncio.ensure_future(reader)
+        try:
+            yield
+        except ConnectionError:
+            pass
+        finally:
+            read_task.cancel()
+            await asyncio.gather(read_task, return_exceptions=True)
+            await self.aclose()
+
 
 async def accept(
     request: HttpRequest,
@@ -296,6 +313,14 @@ class ChannelCodec:
         if self.base64:
             return chr(ord("0") + channel) + base64.b64encode(data).decode()
         return bytes((channel,)) + data
+
+    async def received(self, ws: WsConnection) -> AsyncIterator[tuple[int, bytes]]:
+        """(channel, payload) of each message ``ws`` receives until it closes; empty or
+        undecodable messages are passed over."""
+        while (message := await ws.recv()) is not None:
+            decoded = self.decode(message)
+            if decoded is not None:
+                yield decoded
 
     def decode(self, message: Message) -> tuple[int, bytes] | None:
         """(channel, payload), or None for an empty or undecodable message."""

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.contract import InvalidArgumentError, host_signal, image_user, seccomp_of
+from backends.contract import host_signal, image_user, seccomp_of
+from backends.contract.errors import InvalidArgumentError
 from cri_api import api_pb2 as pb
 
 

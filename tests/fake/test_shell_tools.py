@@ -19,6 +19,14 @@ TABLE: list[Row] = [
     ("cat - /etc/hostname", "piped\n", "piped\npod-1\n", None, 0),
     ("cat /nope; echo $?", "", "1\n", "No such file or directory", 0),
     (
+        "wc -l /data/in.txt /nope; echo $?",
+        "",
+        "3 /data/in.txt\n1\n",
+        "wc: /nope: No such file or directory",
+        0,
+    ),
+    ("tail /nope /data/in.txt; echo $?", "", "one\ntwo\nthree\n1\n", "tail: /nope: No such file", 0),
+    (
         "head -n 2 /data/in.txt; head -1 /data/in.txt; head -c 3 /data/in.txt; echo",
         "",
         "one\ntwo\none\none\n",
@@ -33,6 +41,13 @@ TABLE: list[Row] = [
         0,
     ),
     ("head -n 1; cat", "first\nsecond\n", "first\nsecond\n", None, 0),
+    (
+        "head -n 1 /nope /data/in.txt; echo $?",
+        "",
+        "==> /nope <==\n\n==> /data/in.txt <==\none\n1\n",
+        "head: /nope: No such",
+        0,
+    ),
     (
         "wc -l < /data/in.txt; wc -c /etc/hostname; printf 'a b\\nc' | wc -w",
         "",
@@ -86,6 +101,13 @@ TABLE: list[Row] = [
         None,
         0,
     ),
+    (  # -a binds tighter than -o
+        "[ 1 = 1 -o 1 = 2 -a 1 = 2 ]; echo $?; [ 1 = 2 -o 1 = 1 -a 1 = 2 ]; echo $?; [ 1 = 2 -a x -o 1 = 1 ]; echo $?",
+        "",
+        "0\n1\n0\n",
+        None,
+        0,
+    ),
     ("[ x -lt 1 ]; echo $?", "", "2\n", "integer expression expected", 0),
     ("[ a = a; echo $?", "", "2\n", "missing ]", 0),
     (
@@ -123,6 +145,8 @@ TABLE: list[Row] = [
     ("seq 3; seq 2 2 6 | tr '\\n' ' '; echo; seq -s , 1 3", "", "1\n2\n3\n2 4 6 \n1,2,3\n", None, 0),
     ("yes ok | head -n 2", "", "ok\nok\n", None, 0),
     ("basename /a/b.txt .txt; basename /a/b/; dirname /a/b; dirname file", "", "b\nb\n/a\n.\n", None, 0),
+    ("basename -- /a/-b; dirname -- -a/b; basename; echo $?", "", "-b\n-a\n1\n", "missing operand", 0),
+    ("dirname --; echo $?", "", "1\n", "missing operand", 0),
     (
         "echo hello | tr a-y b-z; echo hello | tr -d l; echo aaabbb | tr -s ab; echo Hi | tr '[:lower:]' '[:upper:]'",
         "",

@@ -76,3 +76,21 @@ def test_cni_section() -> None:
     cfg = parse(tomllib.loads("[cni]\nconf_dir = '/n'\nbin_dirs = ['/a', '/b']\nplugin_timeout = 5"))
     assert (cfg.cni.conf_dir, cfg.cni.bin_dirs, cfg.cni.plugin_timeout) == ("/n", ("/a", "/b"), 5.0)
     assert cfg.cni.cache_dir == "" and Config().cni.bin_dirs == ("/opt/cni/bin", "/usr/lib/cni")
+
+
+@pytest.mark.parametrize(
+    ("argv", "level", "fmt"),
+    [
+        (["serve"], "info", "console"),
+        (["serve", "--log-level", "debug", "--log-format", "json"], "debug", "json"),
+        (["hollow", "--nodes", "1", "--log-level", "warning"], "warning", "console"),
+        (["hollow", "--nodes", "1", "--log-format", "json"], "info", "json"),
+    ],
+    ids=["serve-defaults", "serve-both", "hollow-level", "hollow-format"],
+)
+def test_log_options_override_the_logging_section(argv: list[str], level: str, fmt: str) -> None:
+    from shim import cli, hollow
+
+    args = cli._parser().parse_args(argv)
+    cfg = cli.build_config(args) if args.command == "serve" else hollow.build(args).config
+    assert (cfg.logging.level, cfg.logging.format) == (level, fmt)

@@ -4,10 +4,11 @@ looked up (special builtins, functions, extra commands, tools, scripts)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import posixpath
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeAlias
 
 from backends.fake.shell import expansion, redirection
@@ -150,10 +151,18 @@ class Shell(ShellProcess):
                 return await self.run(body)
         return await self.run(node.orelse) if node.orelse is not None else 0
 
-    async def _run_loop(self, node: Loop) -> int:
-        status = 0
+    @contextlib.contextmanager
+    def _looping(self) -> Iterator[None]:
+        """Inside a loop: what ``break N`` and ``continue N`` may count."""
         self.loop_depth += 1
         try:
+            yield
+        finally:
+            self.loop_depth -= 1
+
+    async def _run_loop(self, node: Loop) -> int:
+        status = 0
+        with self._looping():
             while True:
                 try:
                     if (await self._condition(node.cond) == 0) == node.until:
@@ -165,8 +174,6 @@ class Shell(ShellProcess):
                 status, broke = await self._iteration(node.body)
                 if broke:
                     break
-        finally:
-            self.loop_depth -= 1
         return status
 
     async def _iteration(self, body: Node) -> tuple[int, bool]:
@@ -183,15 +190,12 @@ class Shell(ShellProcess):
     async def _run_for(self, node: For) -> int:
         items = list(self.args) if node.items is None else await expansion.argv(self, node.items)
         status = 0
-        self.loop_depth += 1
-        try:
+        with self._looping():
             for item in items:
                 self.vars[node.var] = item
                 status, broke = await self._iteration(node.body)
                 if broke:
                     break
-        finally:
-            self.loop_depth -= 1
         return status
 
     async def _run_case(self, node: Case) -> int:

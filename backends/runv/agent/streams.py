@@ -11,6 +11,7 @@ import os
 import signal
 import struct
 import termios
+from collections.abc import AsyncIterator
 
 from backends.linux import procfs
 from backends.runv.agent import proc
@@ -54,18 +55,24 @@ async def attach(g: Guest, req: AttachRequest) -> Empty:
     return Empty()
 
 
-async def _pump_stdin(c: Container, st: Stream, fd: int) -> None:
+async def _stdin(st: Stream) -> AsyncIterator[bytes]:
+    """What the host sends on the stream's STDIN channel, until it closes that channel."""
     while True:
         ch, data = await st.read()
         if ch != Ch.STDIN:
             continue
         if not data:
-            if c.stdin_once and not c.tty and c.stdin_w is not None:
-                os.close(c.stdin_w)
-                c.stdin_w = None
             return
+        yield data
+
+
+async def _pump_stdin(c: Container, st: Stream, fd: int) -> None:
+    async for data in _stdin(st):
         with contextlib.suppress(OSError):
             await write_all(fd, data)
+    if c.stdin_once and not c.tty and c.stdin_w is not None:
+        os.close(c.stdin_w)
+        c.stdin_w = None
 
 
 async def exec_(g: Guest, req: ExecRequest) -> ExecResult:
@@ -156,12 +163,7 @@ async def exec_(g: Guest, req: ExecRequest) -> ExecResult:
 
 async def _exec_stdin(st: Stream, fd: int, tty: bool) -> None:
     try:
-        while True:
-            ch, data = await st.read()
-            if ch != Ch.STDIN:
-                continue
-            if not data:
-                break
+        async for data in _stdin(st):
             await write_all(fd, data)
     except OSError:
         pass
@@ -226,12 +228,7 @@ async def port_forward(g: Guest, req: PortForwardRequest) -> Empty:
 
     async def upstream() -> None:
         try:
-            while True:
-                ch, data = await st.read()
-                if ch != Ch.STDIN:
-                    continue
-                if not data:
-                    break
+            async for data in _stdin(st):
                 writer.write(data)
                 await writer.drain()
             if writer.can_write_eof():

@@ -38,6 +38,7 @@ from typing import IO, Any, cast
 
 from backends import reference
 from backends.contract.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from backends.linux.files import replacing, write_atomic
 
 MEDIA_OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 MEDIA_DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
@@ -80,20 +81,6 @@ def _hex(digest: str) -> str:
     if algo != "sha256" or not re.fullmatch(r"[0-9a-f]{64}", value):
         raise PullError(f"unsupported digest {digest!r}")
     return value
-
-
-def _atomic_write(path: str, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 # --------------------------------------------------------------------------- registry client
@@ -195,19 +182,12 @@ class Registry:
         """Download a blob to ``dest``, verifying its digest."""
         want = _hex(digest)
         h = hashlib.sha256()
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(dest), prefix=".dl-")
-        try:
-            with os.fdopen(fd, "wb") as out, self.get(self._url("blobs", digest)) as resp:
-                while chunk := resp.read(1024 * 1024):
-                    h.update(chunk)
-                    out.write(chunk)
+        with replacing(dest) as out, self.get(self._url("blobs", digest)) as resp:
+            while chunk := resp.read(1024 * 1024):
+                h.update(chunk)
+                out.write(chunk)
             if h.hexdigest() != want:
                 raise PullError(f"blob digest mismatch for {digest}")
-            os.replace(tmp, dest)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
 
 
 # --------------------------------------------------------------------------- layers
@@ -319,7 +299,7 @@ class ImageStore:
 
     def _save(self) -> None:
         data = {"images": {k: v.to_dict() for k, v in self.images.items()}}
-        _atomic_write(self._index_path, json.dumps(data, indent=1).encode())
+        write_atomic(self._index_path, json.dumps(data, indent=1).encode())
 
     def resolve(self, ref: str) -> Image | None:
         """By ID, unique ID prefix, tag or repo digest."""
@@ -407,7 +387,7 @@ class ImageStore:
                 os.unlink(blob)
                 os.rename(tmp, os.path.dirname(snap))
             buf.close()
-            _atomic_write(os.path.join(self._blobs, _hex(image_id)), raw)
+            write_atomic(os.path.join(self._blobs, _hex(image_id)), raw)
             self._register(Image(image_id, [ref.tagged], [], 0, [diff_id], image_config))
         return image_id
 
@@ -461,7 +441,7 @@ class ImageStore:
             for layer, diff_id in zip(layers, diff_ids, strict=True):
                 size += int(layer.get("size", 0))
                 self._fetch_layer(reg, str(layer["digest"]), diff_id)
-            _atomic_write(os.path.join(self._blobs, _hex(digest)), raw)
+            write_atomic(os.path.join(self._blobs, _hex(digest)), raw)
         except PullError as exc:
             raise InvalidArgumentError(f"pull {ref}: {exc}") from None
         except (KeyError, ValueError, TypeError) as exc:

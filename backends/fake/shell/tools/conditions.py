@@ -47,17 +47,17 @@ class _Test:
         return self.args[self.i] if self.i < len(self.args) else None
 
     def _or(self) -> bool:
-        result = self._and()
-        while self._peek() == "-o":
-            self.i += 1
-            result = self._and() or result
-        return result
+        return self._chain("-o", self._and, operator.or_)
 
     def _and(self) -> bool:
-        result = self._not()
-        while self._peek() == "-a":
+        return self._chain("-a", self._not, operator.and_)
+
+    def _chain(self, op: str, operand: Callable[[], bool], combine: Callable[[bool, bool], bool]) -> bool:
+        """Operands joined by ``op``, each parsed (so consumed) whatever the others gave."""
+        result = operand()
+        while self._peek() == op:
             self.i += 1
-            result = self._not() and result
+            result = combine(operand(), result)
         return result
 
     def _not(self) -> bool:

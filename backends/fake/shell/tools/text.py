@@ -18,15 +18,22 @@ from backends.fake.shell.streams import Reader, Writer, dec, enc
 from backends.fake.shell.tools.printing import unescape
 
 
+async def _open_operand(sh: Shell, name: str, failure: str) -> Reader | None:
+    """The reader of a file operand ("-": stdin), or None once stderr says "FAILURE: reason"."""
+    try:
+        return sh.open_input(name)
+    except OSError as exc:
+        await sh.err(f"{failure}: {reason(exc)}")
+        return None
+
+
 async def _t_cat(sh: Shell, argv: list[str]) -> int:
     """cat [FILE|-]...: copies as it reads, so a `cat` container echoes its stdin live."""
     _, names = getopt(argv, "u")
     status = 0
     for name in names or ["-"]:
-        try:
-            reader = sh.open_input(name)
-        except OSError as exc:
-            await sh.err(f"cat: can't open '{name}': {reason(exc)}")
+        reader = await _open_operand(sh, name, f"cat: can't open '{name}'")
+        if reader is None:
             status = 1
             continue
         while chunk := await sh.read(reader):
@@ -84,10 +91,8 @@ async def _t_head(sh: Shell, argv: list[str]) -> int:
     for k, name in enumerate(names or ["-"]):
         if len(names) > 1:
             await sh.out(f"{chr(10) if k else ''}==> {name} <==\n")
-        try:
-            reader = sh.open_input(name)
-        except OSError as exc:
-            await sh.err(f"head: {name}: {reason(exc)}")
+        reader = await _open_operand(sh, name, f"head: {name}")
+        if reader is None:
             status = 1
             continue
         await sh.out(await take(sh, reader, count))
@@ -95,6 +100,15 @@ async def _t_head(sh: Shell, argv: list[str]) -> int:
 
 
 _Items = TypeVar("_Items", bytes, list[bytes])
+
+
+async def _read_operand(sh: Shell, tool: str, name: str) -> bytes | None:
+    """The whole content of a file operand ("-": stdin), or None once stderr says why not."""
+    try:
+        return await sh.read_all(sh.open_input(name))
+    except OSError as exc:
+        await sh.err(f"{tool}: {name}: {reason(exc)}")
+        return None
 
 
 def _tail_of(items: _Items, count: int, from_start: bool) -> _Items:
@@ -110,13 +124,10 @@ async def _t_tail(sh: Shell, argv: list[str]) -> int:
     count, from_start = _count(opts)
     status = 0
     for name in names or ["-"]:
-        try:
-            data = await sh.read_all(sh.open_input(name))
-        except OSError as exc:
-            await sh.err(f"tail: {name}: {reason(exc)}")
+        data = await _read_operand(sh, "tail", name)
+        if data is None:
             status = 1
-            continue
-        if "c" in opts:
+        elif "c" in opts:
             await sh.out(_tail_of(data, count, from_start))
         else:
             await sh.out(b"".join(_tail_of(data.splitlines(True), count, from_start)))
@@ -139,10 +150,8 @@ async def _t_wc(sh: Shell, argv: list[str]) -> int:
     rows: list[tuple[list[int], str]] = []
     status = 0
     for name in names or ["-"]:
-        try:
-            data = await sh.read_all(sh.open_input(name))
-        except OSError as exc:
-            await sh.err(f"wc: {name}: {reason(exc)}")
+        data = await _read_operand(sh, "wc", name)
+        if data is None:
             status = 1
             continue
         rows.append(([_wc_count(data, k) for k in keys], name if names else ""))
@@ -402,10 +411,16 @@ async def _t_sort(sh: Shell, argv: list[str]) -> int:
     return 0
 
 
-async def _t_basename(sh: Shell, argv: list[str]) -> int:
+def _path_operands(argv: list[str]) -> list[str]:
+    """basename's and dirname's operands, after an optional "--"; there must be one."""
     args = argv[1:] if argv[1:2] != ["--"] else argv[2:]
     if not args:
         raise ToolError("missing operand")
+    return args
+
+
+async def _t_basename(sh: Shell, argv: list[str]) -> int:
+    args = _path_operands(argv)
     stripped = args[0].rstrip("/")
     base = stripped.rsplit("/", 1)[-1] if stripped else "/" if args[0] else ""
     if len(args) > 1 and base != args[1] and base.endswith(args[1]):
@@ -415,9 +430,7 @@ async def _t_basename(sh: Shell, argv: list[str]) -> int:
 
 
 async def _t_dirname(sh: Shell, argv: list[str]) -> int:
-    args = argv[1:] if argv[1:2] != ["--"] else argv[2:]
-    if not args:
-        raise ToolError("missing operand")
+    args = _path_operands(argv)
     stripped = args[0].rstrip("/")
     if not stripped:
         result = "/" if args[0] else "."
