@@ -734,7 +734,7 @@ class Run:
         if self.handler == "runv":
             self.leaked += runv_leftovers(self.runv)
         if self.cni is not None:
-            self.leaked += cni_leftovers(self.cni, self.shim.state_dir)
+            self.leaked += self.cni.leftovers(self.shim.state_dir)
 
     def cleanup(self) -> None:
         if self.handler == "docker":
@@ -773,16 +773,6 @@ def mounts_under(*dirs: str) -> list[str]:
 
 def our_mounts(cfg: dict[str, Any]) -> list[str]:
     return mounts_under(cfg["run_dir"], cfg["root"])
-
-
-def cni_leftovers(net: Net, state_dir: str) -> list[str]:
-    out = [f"address {ip} held by host-local for {cid[:12]}" for ip, cid in sorted(net.reserved().items())]
-    out += [f"veth {port} on {net.bridge}" for port in net.ports()]
-    out += [f"iptables {table} {line}" for _, table, line in sorted(net.iptables())]
-    out += [f"pinned network namespace {m}" for m in mounts_under(state_dir)]
-    cache = Path(state_dir, "cni")
-    out += [f"CNI cache entry {p.relative_to(cache)}" for p in sorted(cache.rglob("*.json"))]
-    return out
 
 
 def runv_leftovers(cfg: dict[str, Any]) -> list[str]:

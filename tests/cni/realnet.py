@@ -89,6 +89,13 @@ class Net:
         self.conf_dir = root / "net.d"
         self.ipam_dir = root / "ipam"
         self.bin_dir = root / "bin"
+        self._forward: list[str] = []  # the FORWARD rule of open_forward, removed by cleanup
+
+    def open_forward(self) -> None:
+        """Accept traffic between the bridge's ports: with br_netfilter loaded it passes FORWARD,
+        whose policy Docker may have set to DROP."""
+        self._forward = ["FORWARD", "-i", self.bridge, "-o", self.bridge, "-j", "ACCEPT"]
+        run("iptables", "-I", *self._forward)
 
     def netns(self) -> str:
         name = f"{self.tag}-{self.rand}-{len(self.namespaces)}"
@@ -150,6 +157,20 @@ class Net:
         chains = {c for x in ours for c in re.findall(r"-j (CNI-DN-\S+)", x[2])}
         return ours | {x for x in lines if any(x[2].startswith((f":{c} ", f"-A {c} ")) for c in chains)}
 
+    def leftovers(self, state_dir: str) -> list[str]:
+        """What the pods of a shim with ``state_dir`` still hold of the network, each named: the
+        addresses host-local reserves, veths on the bridge, portmap's rules, the namespaces pinned
+        and the CNI cache entries under ``state_dir``. Empty once the shim released every pod."""
+        out = [
+            f"address {ip} held by host-local for {cid[:12]}" for ip, cid in sorted(self.reserved().items())
+        ]
+        out += [f"veth {port} on {self.bridge}" for port in self.ports()]
+        out += [f"iptables {table} {line}" for _, table, line in sorted(self.iptables())]
+        out += [f"pinned network namespace {m}" for m in pinned_under(state_dir)]
+        cache = Path(state_dir, "cni")
+        out += [f"CNI cache entry {p.relative_to(cache)}" for p in sorted(cache.rglob("*.json"))]
+        return out
+
     def cleanup(self, before: set[Line]) -> None:
         for name in self.namespaces:
             subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
@@ -159,6 +180,18 @@ class Net:
         shared_new = not any(x[2].startswith(f":{c} ") for x in before for c in SHARED_CHAINS)
         if shared_new and not any(x[2].startswith("-A CNI-HOSTPORT-DNAT ") for x in now):
             _remove({x for x in now if any(c in x[2] for c in SHARED_CHAINS)})
+        if self._forward:
+            subprocess.run(["iptables", "-D", *self._forward], check=False, capture_output=True)
+            self._forward = []
+
+
+def pinned_under(directory: str) -> list[str]:
+    """The network namespaces bind-mounted (pinned) under ``directory``."""
+    prefix = directory.rstrip("/") + "/"
+    with open("/proc/self/mountinfo") as fh:
+        # the fields after " - " are the filesystem type, the source and the options
+        mounts = [(line.split()[4], line.split(" - ")[1].split()[0]) for line in fh]
+    return sorted(point for point, fstype in mounts if point.startswith(prefix) and fstype == "nsfs")
 
 
 def _remove(lines: set[Line]) -> None:
@@ -178,14 +211,11 @@ def own_network(root: Path, tag: str, octet: int, kind: type[N], gateway: bool =
     """A :class:`Net` (of class ``kind``), removed after; then nothing of it may be left."""
     before = cni_iptables()
     net = kind(root, tag, octet, gateway)
-    # Bridged traffic passes FORWARD when br_netfilter is loaded; Docker may have set its policy to DROP.
-    forward = ["FORWARD", "-i", net.bridge, "-o", net.bridge, "-j", "ACCEPT"]
-    run("iptables", "-I", *forward)
+    net.open_forward()
     try:
         yield net
     finally:
         net.cleanup(before)
-        subprocess.run(["iptables", "-D", *forward], check=False, capture_output=True)
     assert net.iptables() == set()
     assert not Path(f"/sys/class/net/{net.bridge}").exists()
     assert not [n for n in run("ip", "netns", "list").split() if n.startswith(f"{tag}-{net.rand}")]

@@ -1,4 +1,4 @@
-"""The command line: ``python -m tests.e2e.kubelet --handler runv [--keep]``, as root.
+"""The command line: ``python -m tests.e2e.kubelet --handler runv [--keep] [--cni]``, as root.
 
 Prints a table check -> pass/fail with a reason, the kubelet's error lines
 (klog level E, grouped and counted) and the shim's error events; exits 1 when
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator
 
 from tests.e2e import kubelet
-from tests.e2e.kubelet.host import environment_problem
+from tests.e2e.kubelet.host import cni_unsupported, environment_problem
 from tests.e2e.kubelet.runner import HANDLERS
 from tests.e2e.kubelet.session import run
 
@@ -60,12 +60,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--guest-dir", default="", help="runv qemu: the guest image (default: the driver's)")
     p.add_argument(
+        "--cni",
+        action="store_true",
+        help="pods on a CNI network of the run's own (Debian's bridge + host-local + portmap in "
+        '/usr/lib/cni, its config rendered with the kubelet\'s podCIDR; pod_network = "cni"), '
+        "and the checks of that network",
+    )
+    p.add_argument(
         "--max-seconds", type=float, default=420, help="a last resort: give up (and clean up) after this long"
     )
     args = p.parse_args(argv)
     if args.hollow and args.handler != "fake":
         p.error("--hollow needs --handler fake: only fake nodes can be hollow")
-    problem = environment_problem(args.handler)
+    unsupported = cni_unsupported(args.handler) if args.cni else None
+    if unsupported:
+        p.error(f"--cni: {unsupported}")
+    problem = environment_problem(args.handler, cni=args.cni)
     if problem:
         print(f"cannot run: {problem}", file=sys.stderr)
         return 2
@@ -80,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             guest_dir=args.guest_dir,
             transport=args.transport,
             hollow=args.hollow,
+            cni=args.cni,
         )
     return 0 if results and all(r.ok for _, r, _ in results) else 1
 

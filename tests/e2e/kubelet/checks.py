@@ -1,8 +1,10 @@
 """Checks: their results, their registry and how a harness runs them.
 
 A check is a function of the harness returning a `Result` (or raising
-`CheckFailed`), registered by the `check` decorator; pod_checks.py and
-api_checks.py hold them.
+`CheckFailed`), registered by the `check` decorator; pod_checks.py,
+api_checks.py and cni_checks.py hold them. A check may apply to some runs
+only (`when`), and may be judged after the harness stopped everything
+(`after_stop`: for what a run leaves behind).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ if TYPE_CHECKING:
     from tests.e2e.kubelet.runner import Harness
 
 # The groups, in the order they run and are reported, with their titles.
-GROUPS = {"pod": "static pods", "api": "kubelet API"}
+GROUPS = {"pod": "static pods", "api": "kubelet API", "cni": "CNI network (--cni)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,30 +51,54 @@ class Check:
     doc: str
     # Started before every other check and judged after them: for what takes long to show.
     begin: Callable[[Harness], object] | None = None
+    # The runs this check applies to (None: all of them).
+    when: Callable[[Harness], bool] | None = None
+    # Judged once the harness has stopped the kubelet and the shim and removed what it made.
+    after_stop: bool = False
+
+    def applies(self, h: Harness) -> bool:
+        return self.when is None or self.when(h)
 
 
 CHECKS: list[Check] = []  # in GROUPS order, then by number
 
 
 def check(
-    group: str, number: int, timeout: float = 30.0, begin: Callable[[Harness], object] | None = None
+    group: str,
+    number: int,
+    timeout: float = 30.0,
+    begin: Callable[[Harness], object] | None = None,
+    *,
+    when: Callable[[Harness], bool] | None = None,
+    after_stop: bool = False,
 ) -> Callable[[Callable[[Harness], Result]], Any]:
     def register(fn: Callable[[Harness], Result]) -> Callable[[Harness], Result]:
         name = fn.__name__.removeprefix("check_").replace("_", "-")
         doc = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else name
-        CHECKS.append(Check(f"{group}-{name}", group, number, fn, timeout, doc, begin))
+        CHECKS.append(Check(f"{group}-{name}", group, number, fn, timeout, doc, begin, when, after_stop))
         CHECKS.sort(key=lambda c: (list(GROUPS).index(c.group), c.number))
         return fn
 
     return register
 
 
+def applicable(h: Harness, names: set[str] | None = None) -> list[Check]:
+    """The checks of this run (those of `names` only, when given)."""
+    return [c for c in CHECKS if (names is None or c.name in names) and c.applies(h)]
+
+
+def in_order(results: list[tuple[Check, Result, float]]) -> list[tuple[Check, Result, float]]:
+    order = {c.name: i for i, c in enumerate(CHECKS)}
+    return sorted(results, key=lambda r: order[r[0].name])
+
+
 def run_checks(
-    h: Harness, names: set[str] | None = None, budget: float = 180.0
+    h: Harness, names: set[str] | None = None, budget: float = 180.0, *, after_stop: bool = False
 ) -> list[tuple[Check, Result, float]]:
-    """Run the checks, one at a time; those that would start after `budget` seconds do not run."""
+    """Run the checks of one stage (while everything runs, or `after_stop`), one at a time;
+    those that would start after `budget` seconds do not run."""
     end = time.monotonic() + budget
-    selected = [c for c in CHECKS if names is None or c.name in names]
+    selected = [c for c in applicable(h, names) if c.after_stop == after_stop]
     for c in selected:
         if c.begin is not None:
             c.begin(h)
@@ -87,8 +113,7 @@ def run_checks(
         elapsed = time.monotonic() - t0
         h.log(f"{c.name}: {'pass' if result.ok else 'FAIL'} ({elapsed:.1f} s) {result.reason}")
         results.append((c, result, elapsed))
-    order = {c.name: i for i, c in enumerate(CHECKS)}
-    return sorted(results, key=lambda r: order[r[0].name])
+    return in_order(results)
 
 
 def run_one(h: Harness, c: Check, timeout: float) -> Result:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tests.cni import realnet
 from tests.e2e.kubelet.pods import PAUSE
 
 if TYPE_CHECKING:
@@ -54,6 +55,9 @@ def kubelet_config(h: Harness) -> str:
         "imageGCLowThresholdPercent": 99,
         "resolvConf": "/etc/resolv.conf",
     }
+    if h.cni is not None:
+        # A standalone kubelet hands it to the runtime (UpdateRuntimeConfig) as it starts.
+        cfg["podCIDR"] = str(h.cni.net.subnet)
     path = h.dir / "kubelet.yaml"
     path.write_text(json.dumps(cfg, indent=2))
     return str(path)
@@ -70,11 +74,13 @@ def shim_config(h: Harness) -> str:
         "[logging]",
         'level = "info"',
     ]
+    pod_network = ['pod_network = "cni"'] if h.cni is not None else []
     if h.handler == "runv":
         tag = h.tag
         lines += [
             "[handlers.runv]",
             'type = "runv"',
+            *pod_network,
             f'root = "{h.dir}/runv"',
             f'run_dir = "{h.dir}/rv"',  # short: agent socket paths must fit in sun_path
             "[handlers.runv.network]",
@@ -92,9 +98,20 @@ def shim_config(h: Harness) -> str:
                 lines.append(f'guest_dir = "{h.guest_dir}"')
         if h.warm:
             lines += ["[handlers.runv.pool]", f"size = {h.warm}"]
-    elif h.handler == "docker" and h.warm:
-        # Warm pause containers serve the host-network pods (backends/docker/warm.py).
-        lines += ["[handlers.docker]", 'type = "docker"', "[handlers.docker.pool]", f"size = {h.warm}"]
+    elif h.handler == "docker" and (h.warm or pod_network):
+        lines += ["[handlers.docker]", 'type = "docker"', *pod_network]
+        if h.warm:
+            # Warm pause containers serve the host-network pods (backends/docker/warm.py).
+            lines += ["[handlers.docker.pool]", f"size = {h.warm}"]
+    if h.cni is not None:
+        template = h.dir / "cni.tmpl"
+        template.write_text(h.cni.template())
+        lines += [
+            "[cni]",
+            f'conf_dir = "{h.cni.net.conf_dir}"',
+            f'bin_dirs = ["{realnet.PLUGIN_DIR}"]',
+            f'conf_template = "{template}"',
+        ]
     path = h.dir / "cri-shim.toml"
     path.write_text("\n".join(lines) + "\n")
     return str(path)

@@ -1,5 +1,8 @@
 """What the harness needs of the host, and what it puts back there.
 
+With --cni the run has a CNI network of its own (`CniNetwork`): made before
+the shim starts, and removed, with what its pods held, after it stopped.
+
 The kubelet sets vm.overcommit_memory=1, vm.panic_on_oom=0, kernel.panic=10
 and kernel.panic_on_oops=1 when it starts (protectKernelDefaults=false; with
 true it refuses to start on a host where they differ). The harness records the
@@ -10,12 +13,17 @@ stops while no other kubelet runs puts them back.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import importlib
 import json
 import os
 import shutil
 import subprocess
 import urllib.request
 from pathlib import Path
+
+from tests.cni import realnet
+from tests.cni.realnet import Line, Net
 
 DEFAULT_KUBELET = "kubelet"  # looked up on PATH
 SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops")
@@ -29,8 +37,27 @@ def kubelet_binary() -> str:
     return shutil.which(name) or name
 
 
-def environment_problem(handler: str) -> str | None:
+# Where each handler type's table is checked: a handler whose schema has no
+# `pod_network` key cannot put its pods on CNI in this tree.
+_HANDLER_SCHEMAS = {"docker": "backends.docker", "runv": "backends.runv.config"}
+
+
+def cni_unsupported(handler: str) -> str | None:
+    """Why `handler` cannot have its pods on a CNI network in this tree, or None."""
+    module = _HANDLER_SCHEMAS.get(handler)
+    if module is None:
+        return f"the {handler} handler runs no CNI plugins (its pod IPs are simulated)"
+    if "pod_network" not in importlib.import_module(module).SCHEMA:
+        return f"the {handler} handler has no CNI support in this tree ({module} has no pod_network option)"
+    return None
+
+
+def environment_problem(handler: str, cni: bool = False) -> str | None:
     """Why the harness cannot run here (a reason to skip), or None."""
+    if cni:
+        problem = cni_unsupported(handler) or realnet.why_not()
+        if problem:
+            return f"--cni: {problem}"
     if os.geteuid() != 0:
         return "the kubelet harness needs root"
     kubelet = kubelet_binary()
@@ -130,3 +157,57 @@ def remove_pod_logs(namespace: str, pod_uids: set[str]) -> None:
                 link.unlink()
     for d in ours:
         shutil.rmtree(d, ignore_errors=True)
+
+
+@dataclasses.dataclass
+class CniNetwork:
+    """The run's own CNI network: Debian's loopback + bridge + host-local + portmap
+    (tests/cni/realnet.py) on a bridge ``crk0-<rand>`` and a free /24 of 10.253.0.0/16, its
+    config and host-local's store under the work directory. The shim renders the config from
+    a template with the pod CIDR the kubelet sends (its ``podCIDR``)."""
+
+    net: Net
+    host_port: int  # the `web` pod's hostPort
+    opened: bool = False
+    before: set[Line] = dataclasses.field(default_factory=set)  # the host's CNI rules before the run
+    # Recorded by `release` and `remove` (None before): for the checks judged after the stop.
+    store_used: bool = False  # host-local made a store for the network
+    held: list[str] | None = None  # what pods still held once the shim had stopped
+    remains: list[str] | None = None  # what was left of the network after its removal
+
+    @classmethod
+    def new(cls, root: Path, host_port: int) -> CniNetwork:
+        return cls(Net(root, "crk", 253, gateway=True), host_port)
+
+    def template(self) -> str:
+        """The network config with host-local's subnet left to the pod CIDR."""
+        return json.dumps(self.net.conflist(ipam={"ranges": [[{"subnet": "{{.PodCIDR}}"}]]}), indent=2)
+
+    def open(self) -> None:
+        self.before = realnet.cni_iptables()
+        self.net.open_forward()
+        self.opened = True
+
+    def release(self, state_dir: str) -> None:
+        """Record what the pods of the (stopped) shim at `state_dir` still hold."""
+        self.store_used = (self.net.ipam_dir / self.net.network).is_dir()
+        self.held = self.net.leftovers(state_dir)
+
+    def remove(self) -> None:
+        """Remove the bridge, portmap's rules and chains, the FORWARD rule; record what stays."""
+        if not self.opened:
+            return
+        self.opened = False
+        self.net.cleanup(self.before)
+        remains = [f"iptables {table} {line}" for _, table, line in sorted(self.net.iptables())]
+        now = realnet.cni_iptables()
+        if not any(x[2].startswith("-A CNI-HOSTPORT-DNAT ") for x in now):
+            # portmap's chains for every network, made with this run and used by none now
+            remains += [
+                f"iptables {table} {line}"
+                for _, table, line in sorted(now - self.before)
+                if any(c in line for c in realnet.SHARED_CHAINS)
+            ]
+        if Path("/sys/class/net", self.net.bridge).exists():
+            remains.append(f"bridge {self.net.bridge}")
+        self.remains = remains

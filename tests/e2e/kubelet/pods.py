@@ -8,6 +8,8 @@ BUSYBOX = "127.0.0.1:5000/busybox:1.36"
 PAUSE = "127.0.0.1:5000/pause:3.10"
 NAMESPACE = "default"
 PORT_FORWARD_PORT = 8080
+WEB_PORT = 8080  # the `web` pod's server (--cni), published on the host by its hostPort
+WEB_BODY = "hello-from-web"
 # Waiting reasons of a container on its way up; any other one is an error.
 STARTING = {"", "ContainerCreating", "PodInitializing"}
 
@@ -20,11 +22,12 @@ def _sh(script: str) -> list[str]:
     return ["sh", "-c", script]
 
 
-def manifests(hostdir: str) -> dict[str, dict[str, Any]]:
+def manifests(hostdir: str, host_port: int = 0) -> dict[str, dict[str, Any]]:
     """The static pods, by short name (the kubelet names them NAME-NODE).
 
     Commands stick to what the fake backend's built-in shell runs (echo,
     sleep, exit, cat, `sh -c "a; b"`) where a check on fake relies on them.
+    With `host_port` (--cni) also `web`: an HTTP server with that hostPort.
     """
     pods: dict[str, dict[str, Any]] = {
         "net": {"containers": [_container("main", _sh("echo line-one; echo line-two; sleep 3600"))]},
@@ -74,6 +77,17 @@ def manifests(hostdir: str) -> dict[str, dict[str, Any]]:
         },
         "gone": {"containers": [_container("main", ["sleep", "3600"])]},
     }
+    if host_port:
+        serve = f"echo {WEB_BODY} > /tmp/index.html; exec httpd -f -p {WEB_PORT} -h /tmp"
+        pods["web"] = {
+            "containers": [
+                _container(
+                    "main",
+                    _sh(serve),
+                    ports=[{"containerPort": WEB_PORT, "hostPort": host_port, "protocol": "TCP"}],
+                )
+            ]
+        }
     out = {}
     for name, spec in pods.items():
         spec.setdefault("restartPolicy", "Always")

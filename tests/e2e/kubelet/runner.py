@@ -1,7 +1,8 @@
 """The harness itself: a private cri-shim and a standalone kubelet on it, started and cleaned up.
 
 The harness starts a cri-shim of its own (own socket, state directory and, for
-runv, its own bridge, iptables chain and cgroup parent) and a standalone
+runv, its own bridge, iptables chain and cgroup parent; with `cni`, a CNI
+network of its own, host.CniNetwork) and a standalone
 kubelet pointed at it: no kubeconfig, so the kubelet runs the static pods of
 a directory the harness fills. A standalone kubelet kills every pod of its
 runtime that it did not create, hence the private shim. The checks reach both
@@ -89,7 +90,11 @@ class Harness:
         guest_dir: str = "",
         transport: str = "grpcio",
         hollow: int = 0,
+        cni: bool = False,
     ) -> None:
+        unsupported = host.cni_unsupported(handler) if cni else None
+        if unsupported:
+            raise ValueError(unsupported)
         self.handler = handler
         self.transport = transport  # the shim's [server] transport
         self.hollow = hollow  # fake: serve this many hollow nodes; the kubelet runs on the last
@@ -109,6 +114,7 @@ class Harness:
         self.host_token = f"from-host-{self.tag}"
         self.port = free_port()
         self.healthz_port = free_port()
+        self.state_dir = self.dir / "state"
         self.shim_log = self.dir / "shim.log"
         self.kubelet_log = self.dir / "kubelet.log"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -117,7 +123,10 @@ class Harness:
         self._ssl = ssl.create_default_context()
         self._ssl.check_hostname = False
         self._ssl.verify_mode = ssl.CERT_NONE
-        self.pods = manifests(str(self.hostdir))
+        # The pods on a CNI network of the run's own, rendered with the kubelet's podCIDR (None: the
+        # handler's own network).
+        self.cni = host.CniNetwork.new(self.dir / "cni", free_port()) if cni else None
+        self.pods = manifests(str(self.hostdir), self.cni.host_port if self.cni else 0)
         self.teardown: Teardown | None = None
         # Scales the waits of the checks: a VM under emulation takes seconds where the stub takes ms.
         self.patience = 6.0 if driver == "qemu" else 1.0
@@ -146,6 +155,8 @@ class Harness:
         self.manifest_dir.mkdir()
         self.hostdir.mkdir()
         (self.hostdir / "hello.txt").write_text(self.host_token + "\n")
+        if self.cni is not None:
+            self.cni.open()
         self._start_shim()
         for name, pod in self.pods.items():
             (self.manifest_dir / f"{name}.yaml").write_text(json.dumps(pod, indent=2))
@@ -171,7 +182,7 @@ class Harness:
             "--listen",
             f"unix://{self.socket}",
             "--state-dir",
-            str(self.dir / "state"),
+            str(self.state_dir),
             "--default-handler",
             self.handler,
         ]
@@ -260,12 +271,16 @@ class Harness:
                 self._channel.close()
                 self._channel = None
             self._stop("cri-shim", 20)
+            if self.cni is not None and self.cni.opened:
+                self.cni.release(str(self.state_dir))  # before the pins are unmounted below
             for f in self._files:
                 f.close()
             self._files.clear()
             if self.handler == "runv":
                 host.remove_runv_network(self.tag)
             host.unmount_under(str(self.dir))
+            if self.cni is not None:
+                self.cni.remove()
             # The kubelet's /var/log/{pods,containers} entries of our node (its
             # containers' logs stay in the shim's and kubelet's logs here).
             host.remove_pod_logs(NAMESPACE, self.pod_uids)

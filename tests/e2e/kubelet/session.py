@@ -6,8 +6,8 @@ import sys
 from typing import Any
 
 # Imported for their @check registrations.
-from tests.e2e.kubelet import api_checks, pod_checks  # noqa: F401
-from tests.e2e.kubelet.checks import GROUPS, Check, Result, run_checks
+from tests.e2e.kubelet import api_checks, cni_checks, pod_checks  # noqa: F401
+from tests.e2e.kubelet.checks import GROUPS, Check, Result, in_order, run_checks
 from tests.e2e.kubelet.runner import Harness
 
 
@@ -15,7 +15,8 @@ def report(
     handler: str, results: list[tuple[Check, Result, float]], h: Harness, out: Any = sys.stdout
 ) -> None:
     width = max(len(c.name) for c, _, _ in results) if results else 10
-    print(f"\n== kubelet e2e, handler {handler} (node {h.node}) ==", file=out)
+    network = f", CNI network {h.cni.net.subnet} on {h.cni.net.bridge}" if h.cni is not None else ""
+    print(f"\n== kubelet e2e, handler {handler} (node {h.node}{network}) ==", file=out)
     for group, title in GROUPS.items():
         rows = [r for r in results if r[0].group == group]
         if not rows:
@@ -45,18 +46,30 @@ def run(
     guest_dir: str = "",
     transport: str = "grpcio",
     hollow: int = 0,
+    cni: bool = False,
 ) -> tuple[list[tuple[Check, Result, float]], Harness]:
-    """Start everything, run the checks, print the report, stop everything."""
+    """Start everything, run the checks, stop everything, judge what the stop left, print the report."""
     h = Harness(
-        handler, keep=keep, warm=warm, driver=driver, guest_dir=guest_dir, transport=transport, hollow=hollow
+        handler,
+        keep=keep,
+        warm=warm,
+        driver=driver,
+        guest_dir=guest_dir,
+        transport=transport,
+        hollow=hollow,
+        cni=cni,
     )
     results: list[tuple[Check, Result, float]] = []
+    checked = False
     try:
         h.start(settle_timeout=900.0 if driver == "qemu" else 90.0)
         results = run_checks(h, names)
+        checked = True
     finally:
         try:
             h.stop()
+            if checked:
+                results = in_order(results + run_checks(h, names, after_stop=True))
         finally:
             report(handler, results, h, out)
             if keep:
