@@ -793,7 +793,7 @@ def runv_leftovers(cfg: dict[str, Any]) -> list[str]:
     cdir = os.path.join(root, "containers")
     with contextlib.suppress(FileNotFoundError):
         out += [f"container dir {cdir}/{e}" for e in sorted(os.listdir(cdir))]
-    from backends.runv.stub import Cgroup
+    from backends.linux.cgroups import Cgroup
 
     cg = Cgroup(cfg["stub"]["cgroup_parent"])
     dirs = cg.all_dirs()

@@ -1,6 +1,6 @@
 """A kubelet starting many pods at once: how long until all of them run, side by side in one run.
 
-For each target it starts a standalone kubelet v1.26 (tests/e2e/kubelet_harness.py's
+For each target it starts a standalone kubelet v1.26 (the tests/e2e/kubelet harness's
 set-up: own root, ports, config) on a runtime of its own, waits until the node
 is idle (and, for warm runv, until the pool holds its VMs), then drops N static
 pod manifests (busybox `sleep 3600`, one container each) into its staticPodPath
@@ -40,7 +40,7 @@ sys.path.insert(0, ROOT)
 import grpc  # noqa: E402
 
 from cri_api import api_pb2 as pb  # noqa: E402
-from tests.e2e import kubelet_harness as kh  # noqa: E402
+from tests.e2e import kubelet as kh  # noqa: E402
 
 CONTAINERD_SOCK = "/run/containerd-cri/containerd.sock"
 TARGETS = ("runv-warm", "runv", "docker-warm", "docker", "containerd")
@@ -114,7 +114,7 @@ class Burst(kh.Harness):
                 raise
             # The ports were free when picked, not when the kubelet bound them: new ones.
             self.procs.pop("kubelet", None)
-            self.port, self.healthz_port = kh._free_port(), kh._free_port()
+            self.port, self.healthz_port = kh.free_port(), kh.free_port()
             self._start_kubelet()
         time.sleep(settle)
 
@@ -132,7 +132,7 @@ class Burst(kh.Harness):
                 )
             finally:
                 api.close()
-        from backends.runv.stub import Cgroup
+        from backends.linux.cgroups import Cgroup
 
         parent = Cgroup(f"cri-shim-runv-e2e-{self.tag}").dirs()[0]
         try:

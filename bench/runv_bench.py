@@ -49,10 +49,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from backends import contract  # noqa: E402
+from backends.linux.cgroups import Cgroup  # noqa: E402
 from backends.runv.backend import RunvBackend  # noqa: E402
 from backends.runv.hypervisor import MIB, VM, VMSpec  # noqa: E402
 from backends.runv.network import PodNetwork  # noqa: E402
-from backends.runv.stub import Cgroup  # noqa: E402
 from cri_api import api_pb2 as pb  # noqa: E402
 from shim.cri.container_io import ContainerIO  # noqa: E402
 from shim.cri.errors import ResourceExhaustedError  # noqa: E402
@@ -197,7 +197,7 @@ async def in_process(cfg: dict[str, Any], vms: int, density_max: int) -> dict[st
             run_sb.append(t1 - t0)
             starts.append(t2 - t0)
         await asyncio.sleep(2.0)  # let the agents and containers settle to idle
-        mems = [backend.hv.usage(backend._pods[sb.id].vm)[1] for sb in pods]
+        mems = [backend.hv.usage(backend._shared.pods[sb.id].vm)[1] for sb in pods]
         driver = backend.hv.name
         if driver == "qemu":  # what the boots used, known once they are done
             driver += f" ({backend.hv.accel})"  # type: ignore[attr-defined]
@@ -241,7 +241,7 @@ async def in_process(cfg: dict[str, Any], vms: int, density_max: int) -> dict[st
             pods.append(sb)
         took = time.perf_counter() - t0
         await asyncio.sleep(2.0)
-        bare = [backend.hv.usage(backend._pods[sb.id].vm)[1] for sb in pods[vms:]]
+        bare = [backend.hv.usage(backend._shared.pods[sb.id].vm)[1] for sb in pods[vms:]]
         used_c, _, used_m, _ = backend.hv.capacity()
         print(
             f"  node capacity {total_c} vCPU / {total_m // MIB} MiB; a pod without limits: 1 vCPU / 128 MiB"

@@ -12,7 +12,7 @@ Its parts, from the process down:
   that the CRI logic and the server use.
 
 Of the process, ``transport`` and ``cri`` use only ``config`` and ``logging``
-(tests/unit/test_import_contract.py).
+(tests/rules/test_import_contract.py).
 """
 
 import os

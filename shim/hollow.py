@@ -14,7 +14,7 @@ configuration:
 - NRI is off, unless ``[nri] socket_path`` has ``{i}``: then node i serves NRI
   plugins on that path with ``{i}`` replaced.
 
-Each node's socket is served by the native transport (shim/transport/native.py:
+Each node's socket is served by the native transport (shim/transport/native/:
 HTTP/2 on the event loop, no threads) unless ``--transport grpcio`` says otherwise:
 with a hundred nodes polled by their kubelets, grpcio's per-call thread
 hand-offs cost a core's fifth where the native server costs a twentieth.

@@ -58,7 +58,7 @@ class Running:
 async def running(request: pytest.FixtureRequest, short_tmp: str) -> AsyncIterator[Running]:
     """A real server on a real unix socket, fake backend, clients through the generated stubs.
 
-    Once per transport: grpcio's server and the native one (shim/transport/native.py).
+    Once per transport: grpcio's server and the native one (shim/transport/native/).
     """
     fake = FakeBackend("fake", {"state_dir": os.path.join(short_tmp, "fake")})
     cfg = server_config(short_tmp, transport=request.param)

@@ -18,7 +18,7 @@ the CRI protobufs the protocols need.
 
 Imports run one way: ``cri_api`` <- this package <- the backends; ``shim``
 uses this package and the registry; nothing here imports ``shim`` or gRPC
-(tests/unit/test_import_contract.py).
+(tests/rules/test_import_contract.py).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import signal
 from collections.abc import Awaitable, Callable
 
 from backends.contract import StreamIO, TerminalSize
+from backends.linux import procfs
 
 from .engine_api import EngineStream
 
@@ -19,16 +20,9 @@ def kill_tree(pid: int) -> None:
         return
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # The ppid is the 2nd field after the parenthesised command name.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        children.setdefault(int(fields[1]), []).append(int(entry))
+        st = procfs.stat(int(entry)) if entry.isdigit() else None
+        if st is not None:
+            children.setdefault(st.ppid, []).append(int(entry))
     todo, seen = [pid], set()
     while todo:
         p = todo.pop()

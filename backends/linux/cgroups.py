@@ -1,22 +1,32 @@
-"""Container statistics read straight from cgroup files (v1 and v2) and /proc.
+"""cgroups (v1 and v2), read and made straight in cgroupfs: the one cgroup mechanism.
 
-One engine stats call per container is what makes dockerd burn CPU under
-cri-dockerd with a few hundred containers; reading a handful of small files
-per container costs microseconds and no engine round trip. A process's
-cgroups are found from /proc/PID/cgroup, so the cgroup driver and parent do
-not matter.
+- :class:`CgroupReader`: a container's statistics from the cgroups of its process. One
+  engine stats call per container is what makes dockerd burn CPU under cri-dockerd with a
+  few hundred containers; reading a handful of small files per container costs
+  microseconds and no engine round trip. A process's cgroups are found from
+  /proc/PID/cgroup, so the cgroup driver and parent do not matter.
+- :class:`Cgroup`: one cgroup by its path, made, sized, read and removed (a runv VM's,
+  and the OOM count of a container's in the runv guest).
+
+Both find the hierarchies in /proc/self/mountinfo and read the files with the same
+helpers. Standard library and ``backends.contract.usage`` only: the runv agent ships this
+package into its VM.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from backends.contract.usage import UNLIMITED, Detail, Device, Interface, Sample, available
+from backends.linux import procfs
 
 __all__ = [
+    "Cgroup",
     "CgroupReader",
     "Detail",
     "Device",
@@ -52,28 +62,41 @@ def _enable_along(root: str, leaf: str, controller: str) -> None:
             raise HugetlbError(f"cannot enable {controller} in {path}: {exc}") from exc
 
 
-def _mounts() -> tuple[dict[str, str], str | None]:
-    """v1 controller -> mount point, and the cgroup2 mount point."""
+class Hierarchies(NamedTuple):
+    """Where the cgroup hierarchies are mounted."""
+
+    v1: dict[str, str]  # v1 controller -> mount point
+    v2: str | None  # the cgroup2 mount point
+    every: tuple[str, ...]  # each hierarchy's mount point once, named v1 ones too
+
+
+def _mounts() -> Hierarchies:
     v1: dict[str, str] = {}
     v2: str | None = None
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields = left.split()
-            fstype, _src, *opts = right.split()
-            mount_point = fields[4]
-            if fstype == "cgroup2":
-                v2 = v2 or mount_point
-            elif fstype == "cgroup":
-                for opt in (opts[0] if opts else "").split(","):
-                    if opt not in ("rw", "ro") and not opt.startswith("name=") and "=" not in opt:
-                        v1.setdefault(opt, mount_point)
-    return v1, v2
+    every: list[str] = []
+    for mount in procfs.mounts():
+        if mount.fstype not in ("cgroup", "cgroup2"):
+            continue
+        if mount.point not in every:
+            every.append(mount.point)
+        if mount.fstype == "cgroup2":
+            v2 = v2 or mount.point
+            continue
+        for opt in mount.super_options.split(","):
+            if opt not in ("rw", "ro") and not opt.startswith("name=") and "=" not in opt:
+                v1.setdefault(opt, mount.point)
+    return Hierarchies(v1, v2, tuple(sorted(every)))
+
+
+@functools.cache
+def hierarchies() -> Hierarchies:
+    """This process's cgroup mounts, read once: they do not move under a running process."""
+    return _mounts()
 
 
 class CgroupReader:
     def __init__(self) -> None:
-        self._v1, self._v2 = _mounts()
+        self._v1, self._v2, _ = hierarchies()
 
     def _paths(self, pid: int, expect: str) -> tuple[dict[str, str], str | None] | None:
         v1: dict[str, str] = {}
@@ -152,91 +175,183 @@ class CgroupReader:
         ``full`` adds what only metrics report (CPU split and throttling,
         CPU limits, memory limit hits and OOM kills): six more files.
         """
-        now = time.time_ns()
         try:
             paths = self._paths(pid, expect)
         except (OSError, ValueError):
             return None
         if paths is None:
             return None
-        v1, v2 = paths
-        out: dict[str, int | None] = {}
-        if "cpuacct" in v1:
-            out["cpu_ns"] = _int(v1["cpuacct"], "cpuacct.usage")
-            ticks = _kv(v1["cpuacct"], "cpuacct.stat") if full else {}  # in USER_HZ
-            if "user" in ticks:
-                out["cpu_user_ns"] = ticks["user"] * _NS_PER_TICK
-            if "system" in ticks:
-                out["cpu_system_ns"] = ticks["system"] * _NS_PER_TICK
-        elif v2:
-            stat = _kv(v2, "cpu.stat")
-            if "usage_usec" in stat:
-                out["cpu_ns"] = stat["usage_usec"] * 1000
-            if "user_usec" in stat:
-                out["cpu_user_ns"] = stat["user_usec"] * 1000
-            if "system_usec" in stat:
-                out["cpu_system_ns"] = stat["system_usec"] * 1000
-        if full and "cpu" in v1:
-            base = v1["cpu"]
-            stat = _kv(base, "cpu.stat")
-            out.update(
-                cpu_periods=stat.get("nr_periods"),
-                cpu_throttled_periods=stat.get("nr_throttled"),
-                cpu_throttled_ns=stat.get("throttled_time"),
-                cpu_shares=_int(base, "cpu.shares"),
-                cpu_quota_us=_int(base, "cpu.cfs_quota_us"),
-                cpu_period_us=_int(base, "cpu.cfs_period_us"),
-            )
-        elif full and v2:
-            stat = _kv(v2, "cpu.stat")
-            weight = _int(v2, "cpu.weight")
-            quota, period = _cpu_max(_read(v2, "cpu.max"))
-            out.update(
-                cpu_periods=stat.get("nr_periods"),
-                cpu_throttled_periods=stat.get("nr_throttled"),
-                cpu_throttled_ns=None if "throttled_usec" not in stat else stat["throttled_usec"] * 1000,
-                # The inverse of the runc/kubelet mapping shares -> weight.
-                cpu_shares=None if weight is None else 2 + ((weight - 1) * 262142) // 9999,
-                cpu_quota_us=quota,
-                cpu_period_us=period,
-            )
-        if "memory" in v1:
-            base = v1["memory"]
-            usage = _int(base, "memory.usage_in_bytes")
-            stat = _kv(base, "memory.stat")
-            inactive = stat.get("total_inactive_file", 0)
-            out.update(
-                memory_usage=usage,
-                working_set=None if usage is None else max(0, usage - inactive),
-                rss=stat.get("total_rss"),
-                page_faults=stat.get("total_pgfault"),
-                major_page_faults=stat.get("total_pgmajfault"),
-                memory_limit=_int(base, "memory.limit_in_bytes"),
-                memory_cache=stat.get("total_cache"),
-                memory_swap=stat.get("total_swap"),
-                memory_failcnt=_int(base, "memory.failcnt") if full else None,
-                oom_kills=_kv(base, "memory.oom_control").get("oom_kill") if full else None,
-            )
-        elif v2:
-            usage = _int(v2, "memory.current")
-            stat = _kv(v2, "memory.stat")
-            out.update(
-                memory_usage=usage,
-                working_set=None if usage is None else max(0, usage - stat.get("inactive_file", 0)),
-                rss=stat.get("anon"),
-                page_faults=stat.get("pgfault"),
-                major_page_faults=stat.get("pgmajfault"),
-                memory_limit=_int(v2, "memory.max"),
-                memory_cache=stat.get("file"),
-                memory_swap=_int(v2, "memory.swap.current"),
-                memory_failcnt=_kv(v2, "memory.events").get("max"),
-                oom_kills=_kv(v2, "memory.events").get("oom_kill"),
-            )
-        if "pids" in v1:
-            out["pids"] = _int(v1["pids"], "pids.current")
-        elif v2:
-            out["pids"] = _int(v2, "pids.current")
-        return Sample(timestamp=now, **out)
+        return _sample(*paths, full=full)
+
+
+def _sample(v1: dict[str, str], v2: str | None, full: bool = False) -> Sample:
+    """The counters of the cgroup at ``v1`` (controller -> directory) and ``v2`` (directory)."""
+    now = time.time_ns()
+    out: dict[str, int | None] = {}
+    if "cpuacct" in v1:
+        out["cpu_ns"] = _int(v1["cpuacct"], "cpuacct.usage")
+        ticks = _kv(v1["cpuacct"], "cpuacct.stat") if full else {}  # in USER_HZ
+        if "user" in ticks:
+            out["cpu_user_ns"] = ticks["user"] * _NS_PER_TICK
+        if "system" in ticks:
+            out["cpu_system_ns"] = ticks["system"] * _NS_PER_TICK
+    elif v2:
+        stat = _kv(v2, "cpu.stat")
+        if "usage_usec" in stat:
+            out["cpu_ns"] = stat["usage_usec"] * 1000
+        if "user_usec" in stat:
+            out["cpu_user_ns"] = stat["user_usec"] * 1000
+        if "system_usec" in stat:
+            out["cpu_system_ns"] = stat["system_usec"] * 1000
+    if full and "cpu" in v1:
+        base = v1["cpu"]
+        stat = _kv(base, "cpu.stat")
+        out.update(
+            cpu_periods=stat.get("nr_periods"),
+            cpu_throttled_periods=stat.get("nr_throttled"),
+            cpu_throttled_ns=stat.get("throttled_time"),
+            cpu_shares=_int(base, "cpu.shares"),
+            cpu_quota_us=_int(base, "cpu.cfs_quota_us"),
+            cpu_period_us=_int(base, "cpu.cfs_period_us"),
+        )
+    elif full and v2:
+        stat = _kv(v2, "cpu.stat")
+        weight = _int(v2, "cpu.weight")
+        quota, period = _cpu_max(_read(v2, "cpu.max"))
+        out.update(
+            cpu_periods=stat.get("nr_periods"),
+            cpu_throttled_periods=stat.get("nr_throttled"),
+            cpu_throttled_ns=None if "throttled_usec" not in stat else stat["throttled_usec"] * 1000,
+            # The inverse of the runc/kubelet mapping shares -> weight.
+            cpu_shares=None if weight is None else 2 + ((weight - 1) * 262142) // 9999,
+            cpu_quota_us=quota,
+            cpu_period_us=period,
+        )
+    if "memory" in v1:
+        base = v1["memory"]
+        usage = _int(base, "memory.usage_in_bytes")
+        stat = _kv(base, "memory.stat")
+        inactive = stat.get("total_inactive_file", 0)
+        out.update(
+            memory_usage=usage,
+            working_set=None if usage is None else max(0, usage - inactive),
+            rss=stat.get("total_rss"),
+            page_faults=stat.get("total_pgfault"),
+            major_page_faults=stat.get("total_pgmajfault"),
+            memory_limit=_int(base, "memory.limit_in_bytes"),
+            memory_cache=stat.get("total_cache"),
+            memory_swap=stat.get("total_swap"),
+            memory_failcnt=_int(base, "memory.failcnt") if full else None,
+            oom_kills=_oom_kills(v1, v2) if full else None,
+        )
+    elif v2:
+        usage = _int(v2, "memory.current")
+        stat = _kv(v2, "memory.stat")
+        out.update(
+            memory_usage=usage,
+            working_set=None if usage is None else max(0, usage - stat.get("inactive_file", 0)),
+            rss=stat.get("anon"),
+            page_faults=stat.get("pgfault"),
+            major_page_faults=stat.get("pgmajfault"),
+            memory_limit=_int(v2, "memory.max"),
+            memory_cache=stat.get("file"),
+            memory_swap=_int(v2, "memory.swap.current"),
+            memory_failcnt=_kv(v2, "memory.events").get("max"),
+            oom_kills=_oom_kills(v1, v2),
+        )
+    if "pids" in v1:
+        out["pids"] = _int(v1["pids"], "pids.current")
+    elif v2:
+        out["pids"] = _int(v2, "pids.current")
+    return Sample(timestamp=now, **out)
+
+
+def _oom_kills(v1: dict[str, str], v2: str | None) -> int | None:
+    """The OOM kills the kernel counted in a cgroup (None: no memory controller, or gone)."""
+    if "memory" in v1:
+        return _kv(v1["memory"], "memory.oom_control").get("oom_kill")
+    return _kv(v2, "memory.events").get("oom_kill") if v2 else None
+
+
+class Cgroup:
+    """One cgroup by its path below the hierarchies' roots: the same path in each.
+
+    On a host with v1 controllers mounted (a hybrid host too) it lives in the v1 hierarchies
+    of :attr:`CONTROLLERS`; on a cgroup2-only host, in the unified one.
+    """
+
+    CONTROLLERS = ("memory", "cpu", "cpuacct", "pids")  # what sizing and usage need on v1
+    CPU_PERIOD = 100_000
+
+    def __init__(self, rel: str) -> None:
+        self.rel = rel.strip("/")
+        self._mounts = hierarchies()
+        self.v2 = bool(self._mounts.v2) and not self._mounts.v1
+
+    def _paths(self) -> tuple[dict[str, str], str | None]:
+        """Its directories as :func:`_sample` takes them: v1 controller -> directory, v2 directory."""
+        if self.v2:
+            return {}, os.path.join(str(self._mounts.v2), self.rel)
+        return {c: os.path.join(mp, self.rel) for c, mp in self._mounts.v1.items()}, None
+
+    def dirs(self) -> list[str]:
+        """The directories it is made in."""
+        v1, v2 = self._paths()
+        if v2:
+            return [v2]
+        return list(dict.fromkeys(v1[c] for c in self.CONTROLLERS if c in v1))  # co-mounted: once
+
+    def all_dirs(self) -> list[str]:
+        """Its directory in every hierarchy, including ones runc makes container cgroups in."""
+        return self.dirs() if self.v2 else [os.path.join(mp, self.rel) for mp in self._mounts.every]
+
+    def create(self) -> None:
+        for d in self.dirs():
+            os.makedirs(d, exist_ok=True)
+
+    def procs_files(self) -> list[str]:
+        """The files a process writes its PID to, to join it."""
+        return [os.path.join(d, "cgroup.procs") for d in self.dirs()]
+
+    def set_limits(self, vcpus: int, memory: int) -> None:
+        """A CFS quota of ``vcpus`` CPUs and a memory limit of ``memory`` bytes."""
+        v1, v2 = self._paths()
+        if v2:
+            _write(v2, "cpu.max", f"{vcpus * self.CPU_PERIOD} {self.CPU_PERIOD}")
+            _write(v2, "memory.max", str(memory))
+            return
+        _write(v1["cpu"], "cpu.cfs_period_us", str(self.CPU_PERIOD))
+        _write(v1["cpu"], "cpu.cfs_quota_us", str(vcpus * self.CPU_PERIOD))
+        _write(v1["memory"], "memory.limit_in_bytes", str(memory))
+
+    def usage(self) -> tuple[int, int]:
+        """CPU time (ns) and memory (bytes) used in it; 0 for what cannot be read."""
+        sample = _sample(*self._paths())
+        return sample.cpu_ns or 0, sample.memory_usage or 0
+
+    def oom_kills(self) -> int:
+        return _oom_kills(*self._paths()) or 0
+
+    def pids(self) -> list[int]:
+        """The processes in it and in the cgroups under it, in every hierarchy."""
+        out: list[int] = []
+        for d in self.all_dirs():
+            for root, _dirs, files in os.walk(d):
+                if "cgroup.procs" in files:
+                    out += [int(x) for x in _lines(root, "cgroup.procs")]
+        return out
+
+    def remove(self) -> None:
+        """rmdir bottom-up; a cgroup with live processes stays (and is reported by pids())."""
+        for d in self.all_dirs():
+            if not os.path.isdir(d):
+                continue
+            for root, dirs, _files in os.walk(d, topdown=False):
+                for sub in dirs:
+                    with contextlib.suppress(OSError):
+                        os.rmdir(os.path.join(root, sub))
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
 
 
 @functools.cache
@@ -394,6 +509,11 @@ def _detail(v1: dict[str, str], v2: str | None) -> Detail:
     elif v2:
         out["devices"] = _io_v2(v2)
     return Detail(**out)  # type: ignore[arg-type]
+
+
+def _write(base: str, name: str, value: str) -> None:
+    with open(os.path.join(base, name), "w") as f:
+        f.write(value)
 
 
 def _read(base: str, name: str) -> str | None:

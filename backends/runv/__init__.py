@@ -4,7 +4,7 @@
 Config keys: ``driver`` (``stub``, the default, or ``qemu``), ``root``, ``run_dir``
 (default ``/var/lib/cri-shim/NAME`` and ``/run/cri-shim/NAME``), ``agent_timeout``,
 ``overhead_vcpus``, ``overhead_memory_mib``, ``insecure_registries``, a ``qemu`` table (see
-``qemu.py`` and README.md) and a ``stub`` table
+``drivers/qemu.py`` and README.md) and a ``stub`` table
 (``boot_latency``, ``shutdown_latency``, ``boot_timeout``, ``capacity_vcpus``,
 ``capacity_memory``, ``cpu_overcommit``, ``runc``, ``unshare``, ``python``, ``cgroup_parent``,
 ``run_dir``, ``ip``) and a ``network``

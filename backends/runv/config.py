@@ -40,7 +40,7 @@ STUB: dict[str, Kind] = {
     "cpu_overcommit": INT,
 }
 
-# The qemu driver (backends/runv/qemu.py).
+# The qemu driver (backends/runv/drivers/qemu.py).
 QEMU: dict[str, Kind] = {
     "run_dir": STR,
     "guest_dir": STR,

@@ -81,7 +81,7 @@ async def runtime_objects(cri: Cri) -> list[str]:
         return list(b.runtime.lifecycle.sandboxes) + sorted(b.runtime.lifecycle.containers)
     if cri.kind == "docker":
         return [row["Names"][0] for row in await b._shared.ours()]
-    return [f"VM of {sid}" for sid in b._pods] + [f"container {cid}" for cid in b._owner]
+    return [f"VM of {sid}" for sid in b._shared.pods] + [f"container {cid}" for cid in b._shared.owner]
 
 
 async def create_and_start(client: Client, req: pb.CreateContainerRequest) -> str:

@@ -1,6 +1,6 @@
 """A real kubelet (v1.26, standalone, static pods) on a private cri-shim, per handler.
 
-Each test runs every check of tests/e2e/kubelet_harness.py (about a minute:
+Each test runs every check of the tests/e2e/kubelet package (about a minute:
 the kubelet's garbage collector, which the teardown check waits for, runs once
 a minute). Opt-in: run only when CRI_SHIM_KUBELET names a kubelet binary, since
 the kubelet changes host kernel settings while it runs (the harness puts them
@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from tests.e2e import kubelet_harness as kh
+from tests.e2e import kubelet as kh
 
 # The fake backend runs no processes and touches no files: a container's
 # "program" comes from its command's built-ins (echo, sleep, exit, cat of

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from backends.linux.cgroups import Cgroup
 from backends.runv.backend import RunvBackend
-from backends.runv.stub import Cgroup
 from tests.runv.helpers import BUSYBOX, Events
 
 REPO = Path(__file__).resolve().parents[2]
@@ -121,6 +121,6 @@ async def runv(
         yield backend, events
     finally:
         await events.close()
-        for pod in list(backend._pods.values()):
+        for pod in list(backend._shared.pods.values()):
             await backend.hv.destroy(pod.vm)
         await backend.close()

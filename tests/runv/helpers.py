@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from backends import contract
-from backends.runv.stub import CGROUP_ROOT
+from backends.linux.cgroups import Cgroup
 from cri_api import api_pb2 as pb
 from tests.follow import Follower, MemoryLog
 
@@ -27,13 +27,10 @@ def vm_support() -> str:
             return f"{tool} is not installed (apt-get install {'runc' if tool == 'runc' else 'util-linux'})"
     if BUSYBOX is None:
         return "no static busybox for the test rootfs (apt-get install busybox-static)"
-    if not os.access(os.path.join(CGROUP_ROOT, "memory") if not _v2() else CGROUP_ROOT, os.W_OK):
+    roots = Cgroup("").dirs()  # where a VM's cgroup is made
+    if not roots or not all(os.access(d, os.W_OK) for d in roots):
         return "cgroupfs is not writable"
     return ""
-
-
-def _v2() -> bool:
-    return os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers"))
 
 
 needs_vm = pytest.mark.skipif(bool(vm_support()), reason=vm_support() or "ok")

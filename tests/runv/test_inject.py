@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.runv.stub import Injector
+from backends.runv.drivers.base import Injector
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare"

@@ -180,7 +180,7 @@ async def test_host_network_pod(runv: tuple[RunvBackend, Events]) -> None:
     net = await backend.run_sandbox(sb)
     assert net.ip == ""
     assert "net" not in sb.backend_data
-    vm_pid = backend._pods[sb.id].vm.pid
+    vm_pid = backend._shared.pods[sb.id].vm.pid
     assert os.readlink(f"/proc/{vm_pid}/ns/net") == os.readlink("/proc/self/ns/net")
     assert backend.net.bridge_ports() == [] and await backend.net.rules() == []
     await backend.remove_sandbox(sb)
@@ -232,6 +232,6 @@ async def test_network_survives_restart(runv_config: dict[str, Any], busybox_roo
         await second.stop_sandbox(sb)
         assert await _leftovers(second, sb.backend_data.get("net", {}).get("host_if", "x")) == CLEAN
     finally:
-        for pod in list(second._pods.values()):
+        for pod in list(second._shared.pods.values()):
             await second.hv.destroy(pod.vm)
         await second.close()

@@ -156,7 +156,7 @@ async def warm(
         yield backend, events
     finally:
         await events.close()
-        for pod in list(backend._pods.values()):
+        for pod in list(backend._shared.pods.values()):
             await backend.hv.destroy(pod.vm)
         await backend.close()
 
@@ -180,7 +180,7 @@ async def test_a_warm_vm_is_handed_out_and_becomes_the_pod(warm: tuple[RunvBacke
     backend, events = warm
     await until(lambda: len(backend.pool.ready) == 2, 30)
     pooled = {pod.vm.id for pod in backend.pool.ready}
-    assert backend._pods == {}  # no pod owns a warm VM
+    assert backend._shared.pods == {}  # no pod owns a warm VM
     used_vcpus = backend.hv.capacity()[0]
     assert used_vcpus == 2  # they count against the node's capacity
 
@@ -210,7 +210,7 @@ async def test_a_warm_vm_is_handed_out_and_becomes_the_pod(warm: tuple[RunvBacke
     big = sandbox_record("big-pod", cpu_quota=200_000, cpu_period=100_000, memory_limit_in_bytes=256 * MIB)
     await backend.run_sandbox(big)
     assert big.backend_data.get("warm") is True
-    vm = backend._pods[big.id].vm
+    vm = backend._shared.pods[big.id].vm
     assert vm.vcpus == 2 and vm.memory_bytes == 256 * MIB + backend.overhead_memory
     assert big.backend_data["vm"]["vcpus"] == 2
 

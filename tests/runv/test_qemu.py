@@ -19,12 +19,13 @@ from typing import Any
 import pytest
 
 from backends.contract import Capability
+from backends.linux import procfs
+from backends.linux.cgroups import Cgroup
 from backends.runv import config as runv_config
 from backends.runv import guest_image
 from backends.runv.backend import VM_CRASH_REASON, RunvBackend
+from backends.runv.drivers.qemu import QemuHypervisor, agent_files, console_summary
 from backends.runv.hypervisor import MIB, VM, Fault, VMSpec
-from backends.runv.qemu import QemuHypervisor, agent_files, console_summary
-from backends.runv.stub import Cgroup
 from cri_api import api_pb2 as pb
 from shim.cri import errors
 from tests.runv.helpers import (
@@ -324,11 +325,8 @@ def _taps() -> set[str]:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    st = procfs.stat(pid)
+    return st is not None and st.state != "Z"
 
 
 @pytest.mark.slow
@@ -356,7 +354,7 @@ async def test_a_pod_is_a_virtual_machine(
     try:
         net = await first.run_sandbox(sb)
         sb.committed = True
-        vm = first._pods[sb.id].vm
+        vm = first._shared.pods[sb.id].vm
         assert vm.driver == "qemu" and _alive(vm.pid) and net.ip
         console = first.hv.console(vm)
         assert "runv-agent: ready" in console, console[-2000:]
@@ -431,7 +429,7 @@ async def test_a_pod_is_a_virtual_machine(
     finally:
         for b in (first, second):
             if b is not None:
-                if sb.id in b._pods:  # a failure half-way: the VM, its tap and its veth go
+                if sb.id in b._shared.pods:  # a failure half-way: the VM, its tap and its veth go
                     with contextlib.suppress(Exception):
                         await b.stop_sandbox(sb)
                 await b.close()
@@ -476,7 +474,7 @@ async def test_a_crashed_vm_exits_its_containers(runv_config: dict[str, Any], bu
         ct = container_record(sb, IMAGE, ["sleep", "600"])
         await backend.create_container(ct, sb)
         await events.start(backend, ct, sb, MemorySink())
-        vm = backend._pods[sb.id].vm
+        vm = backend._shared.pods[sb.id].vm
         backend.inject(Fault.CRASH, sb.id)  # SIGKILL of QEMU
         await events.wait_for(lambda: ct.id in events.exits and sb.id in events.not_ready, timeout=60)
         assert events.exits[ct.id].reason == VM_CRASH_REASON
@@ -485,7 +483,7 @@ async def test_a_crashed_vm_exits_its_containers(runv_config: dict[str, Any], bu
         await backend.remove_container(ct)
         assert not os.path.exists(vm.state_dir) and QemuHypervisor.tap_name(vm.id) not in _taps()
     finally:
-        if sb.id in backend._pods:
+        if sb.id in backend._shared.pods:
             with contextlib.suppress(Exception):
                 await backend.stop_sandbox(sb)
         await events.close()

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from backends.contract import TerminalSize
+from backends.linux import procfs
+from backends.runv import plumbing
 from backends.runv.agent.messages import StateRequest
 from backends.runv.backend import VM_CRASH_REASON, RunvBackend
 from backends.runv.hypervisor import MIB, Fault
@@ -25,11 +27,8 @@ IMAGE = "test/busybox:1"
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    st = procfs.stat(pid)
+    return st is not None and st.state != "Z"
 
 
 async def test_pod_lifecycle(runv: tuple[RunvBackend, Events]) -> None:
@@ -37,7 +36,7 @@ async def test_pod_lifecycle(runv: tuple[RunvBackend, Events]) -> None:
     sb = sandbox_record("life")
     net = await backend.run_sandbox(sb)
     assert net.ip == sb.backend_data["net"]["ip"] != ""
-    vm = backend._pods[sb.id].vm
+    vm = backend._shared.pods[sb.id].vm
     assert (vm.vcpus, vm.memory_bytes) == (1, 128 * MIB)
     assert sb.backend_data["vm"]["pid"] == vm.pid
 
@@ -90,8 +89,8 @@ async def test_vm_crash_exits_containers(runv: tuple[RunvBackend, Events]) -> No
     ct = container_record(sb, IMAGE, ["sleep", "60"])
     await backend.create_container(ct, sb)
     await events.start(backend, ct, sb, MemorySink())
-    ct_pid = (await backend._pods[sb.id].agent.call(StateRequest(id=ct.id))).pid  # type: ignore[union-attr]
-    vm_pid = backend._pods[sb.id].vm.pid
+    ct_pid = (await backend._shared.pods[sb.id].agent.call(StateRequest(id=ct.id))).pid  # type: ignore[union-attr]
+    vm_pid = backend._shared.pods[sb.id].vm.pid
 
     backend.inject(Fault.CRASH, sb.id)
     await events.wait_for(lambda: ct.id in events.exits and sb.id in events.not_ready)
@@ -140,11 +139,11 @@ async def test_agent_hang(runv: tuple[RunvBackend, Events]) -> None:
     sb = sandbox_record("hang")
     await backend.run_sandbox(sb)
     ct = container_record(sb, IMAGE, ["sleep", "60"])
-    backend._pods[sb.id].agent.timeout = 0.5  # type: ignore[union-attr]
+    backend._shared.pods[sb.id].agent.timeout = 0.5  # type: ignore[union-attr]
     backend.inject(Fault.AGENT_HANG, sb.id)
     with pytest.raises(errors.UnavailableError, match="did not answer"):
         await backend.create_container(ct, sb)
-    vm_pid = backend._pods[sb.id].vm.pid
+    vm_pid = backend._shared.pods[sb.id].vm.pid
     await backend.stop_sandbox(sb)  # a hung agent is killed with its VM
     assert not _alive(vm_pid)
 
@@ -161,7 +160,7 @@ async def test_recover_after_restart(runv_config: dict[str, object], busybox_roo
     await first.create_container(ct, sb)
     await ev1.start(first, ct, sb, MemorySink())
     ct.committed = True
-    vm_pid = first._pods[sb.id].vm.pid
+    vm_pid = first._shared.pods[sb.id].vm.pid
     await ev1.close()
     await first.close()  # the shim goes away; the VM stays
     assert _alive(vm_pid)
@@ -185,7 +184,7 @@ async def test_recover_after_restart(runv_config: dict[str, object], busybox_roo
         await second.stop_sandbox(sb)
         assert not _alive(vm_pid)
     finally:
-        for pod in list(second._pods.values()):
+        for pod in list(second._shared.pods.values()):
             await second.hv.destroy(pod.vm)
         await second.close()
 
@@ -201,9 +200,9 @@ async def test_recovery_sweeps_what_a_killed_run_sandbox_left(
     first.images.import_dir(IMAGE, str(busybox_rootfs))
     half = sandbox_record("half")
     await first.run_sandbox(half)
-    host_if = first.net.veth_names(first._pods[half.id].vm.id)[0]
+    host_if = first.net.veth_names(first._shared.pods[half.id].vm.id)[0]
     assert os.path.exists(f"/sys/class/net/{host_if}")
-    half_pid = first._pods[half.id].vm.pid
+    half_pid = first._shared.pods[half.id].vm.pid
     good = sandbox_record("good")
     await first.run_sandbox(good)
     good.committed = True
@@ -227,10 +226,10 @@ async def test_recovery_sweeps_what_a_killed_run_sandbox_left(
         assert sb_obs[mute.id].exists and not sb_obs[mute.id].running
         assert sb_obs[mute.id].status is not None and not sb_obs[mute.id].status.ready
     finally:
-        for pod in list(second._pods.values()):
+        for pod in list(second._shared.pods.values()):
             await second.hv.destroy(pod.vm)
         for sb in (good, mute):
-            await second._unplumb(sb)
+            await plumbing.unplumb(second._shared, sb)
         await second.close()
 
 
@@ -319,7 +318,7 @@ async def test_streaming_exec_port_forward_and_hotplug(runv: tuple[RunvBackend, 
 
     res = pb.LinuxContainerResources(cpu_quota=300_000, cpu_period=100_000, memory_limit_in_bytes=256 * MIB)
     await backend.update_container_resources(ct, res)
-    vm = backend._pods[sb.id].vm
+    vm = backend._shared.pods[sb.id].vm
     assert vm.vcpus == 3 and vm.memory_bytes >= 256 * MIB  # hot-plugged
     with open(f"/sys/fs/cgroup/memory/{backend.hv.cgroup_parent}/{vm.id}/memory.limit_in_bytes") as fh:  # type: ignore[attr-defined]
         assert int(fh.read()) == vm.memory_bytes

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from backends.linux import procfs
+from backends.linux import cgroups, procfs
 from backends.runv.agent import oci, proc
 from backends.runv.agent.guest import Container, Guest, as_exit_code, runc_log, spawn
 from backends.runv.agent.messages import (
@@ -86,21 +86,6 @@ def _umount(target: str) -> None:
 
 def _exit_reason(code: int) -> str:
     return "Completed" if code == 0 else "Error"
-
-
-def _oom_killed(cgroup: str) -> bool:
-    """Whether the kernel OOM-killed a process of the container's memory cgroup (v1 or v2)."""
-    rel = cgroup.strip("/")
-    for path in (f"/sys/fs/cgroup/memory/{rel}/memory.oom_control", f"/sys/fs/cgroup/{rel}/memory.events"):
-        try:
-            with open(path) as fh:
-                for line in fh:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill" and int(value) > 0:
-                        return True
-        except (OSError, ValueError):
-            continue
-    return False
 
 
 async def _pod_pid_ns(g: Guest, spec: ContainerSpec) -> str:
@@ -316,7 +301,7 @@ def _exited(g: Guest, c: Container, code: int) -> None:
     c.status = "exited"
     c.exit_code = as_exit_code(code)
     c.finished_at = time.time_ns()
-    if not c.reason and c.exit_code != 0 and _oom_killed(f"{g.cgroup_parent}/{c.id}"):
+    if not c.reason and c.exit_code != 0 and cgroups.Cgroup(f"{g.cgroup_parent}/{c.id}").oom_kills():
         c.reason = "OOMKilled"
     c.reason = c.reason or _exit_reason(c.exit_code)
     c.exited.set()

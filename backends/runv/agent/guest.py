@@ -9,7 +9,7 @@ import os
 from collections.abc import Coroutine
 from typing import Any
 
-from backends.linux import cgroups
+from backends.linux import cgroups, procfs
 from backends.runv.agent import proc
 from backends.runv.agent.messages import ContainerState, Message
 from backends.runv.agent.protocol import AgentError, Ch, Channel, ConnectionLost, Stream
@@ -87,14 +87,9 @@ def spawn(coro: Coroutine[Any, Any, Any]) -> None:
 
 def _root_is_initramfs() -> bool:
     try:
-        with open("/proc/self/mountinfo") as fh:
-            for line in fh:
-                fields = line.split()
-                if fields[4] == "/" and fields[fields.index("-") + 1] == "rootfs":
-                    return True
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
+        return any(m.point == "/" and m.fstype == "rootfs" for m in procfs.mounts())
+    except (OSError, ValueError):
+        return False
 
 
 class Guest:

@@ -12,6 +12,7 @@ import signal
 import struct
 import termios
 
+from backends.linux import procfs
 from backends.runv.agent import proc
 from backends.runv.agent.guest import Container, Guest, as_exit_code, runc_log, spawn, write_all
 from backends.runv.agent.messages import (
@@ -199,11 +200,8 @@ async def exec_kill(g: Guest, req: ExecKillRequest) -> Empty:
 
 def _running(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie (dead, not yet reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    st = procfs.stat(pid)
+    return st is not None and st.state != "Z"
 
 
 async def resize(g: Guest, req: ResizeRequest) -> Empty:

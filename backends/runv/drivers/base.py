@@ -1,15 +1,11 @@
 # ruff: noqa: ASYNC240, ASYNC110
 # Spawning the VM process and touching cgroupfs/procfs files is quick and bounded;
 # polling is how a VM that is not our child is watched without pidfd.
-"""The stub hypervisor: a "VM" is a host process in its own namespaces running the real agent.
+"""What the stub and qemu drivers share: a VM is one host process in a cgroup of its own.
 
-Each VM is ``unshare --pid --fork --mount --uts --ipc --net --mount-proc
---kill-child python -m backends.runv.agent``: the agent is PID 1 of its PID
-namespace, so killing the VM process takes every process of the VM with
-it, and the VM's mounts (container rootfs overlays) vanish with its mount
-namespace. Its size is enforced with a cgroup on the VM process, which the
-containers' cgroups nest under. The agent channel is a unix socket in the
-VM's state directory (the stub's virtio-serial port).
+:class:`ProcessVMs` is the driver-neutral part of both (the VM process, the node's
+capacity, shares attached by the share helper :class:`Injector`); a driver says how its VM
+process boots, stops and hot-plugs, and where its guest sees a share.
 """
 
 from __future__ import annotations
@@ -18,41 +14,19 @@ import abc
 import asyncio
 import contextlib
 import json
-import math
 import os
 import shutil
 import signal
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from backends.contract.errors import (
-    DeadlineExceededError,
-    InternalError,
-    InvalidArgumentError,
-    ResourceExhaustedError,
-)
+from backends.contract.errors import InternalError, InvalidArgumentError, ResourceExhaustedError
 from backends.linux import procfs
-from backends.runv import host
+from backends.linux.cgroups import Cgroup
 from backends.runv.hypervisor import MIB, VM, BootError, Fault, VMSpec
 
-CGROUP_ROOT = "/sys/fs/cgroup"
 CONSOLE_KEPT = 1 << 20  # the end of a console a driver reads back
-CPU_PERIOD = 100_000
-
-
-def _write(path: str, value: str) -> None:
-    with open(path, "w") as fh:
-        fh.write(value)
-
-
-def _read_int(path: str) -> int:
-    try:
-        with open(path) as fh:
-            return int(fh.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def _mem_total() -> int:
@@ -63,99 +37,17 @@ def _mem_total() -> int:
     return 0
 
 
-class Cgroup:
-    """The VM's cgroup on v1 (one directory per controller) or v2."""
-
-    V1_CONTROLLERS = ("memory", "cpu", "cpuacct", "pids")
-
-    def __init__(self, rel: str) -> None:
-        self.rel = rel.strip("/")
-        self.v2 = os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers"))
-
-    def dirs(self) -> list[str]:
-        if self.v2:
-            return [os.path.join(CGROUP_ROOT, self.rel)]
-        return [os.path.join(CGROUP_ROOT, c, self.rel) for c in self.V1_CONTROLLERS]
-
-    def all_dirs(self) -> list[str]:
-        """Every hierarchy, including ones runc creates container cgroups in."""
-        if self.v2:
-            return self.dirs()
-        out = []
-        for entry in sorted(os.listdir(CGROUP_ROOT)):
-            base = os.path.join(CGROUP_ROOT, entry)
-            if os.path.isdir(base) and not os.path.islink(base):
-                out.append(os.path.join(base, self.rel))
-        return out
-
-    def create(self) -> None:
-        for d in self.dirs():
-            os.makedirs(d, exist_ok=True)
-
-    def procs_files(self) -> list[str]:
-        return [os.path.join(d, "cgroup.procs") for d in self.dirs()]
-
-    def set_limits(self, vcpus: int, memory: int) -> None:
-        if self.v2:
-            d = self.dirs()[0]
-            _write(os.path.join(d, "cpu.max"), f"{vcpus * CPU_PERIOD} {CPU_PERIOD}")
-            _write(os.path.join(d, "memory.max"), str(memory))
-            return
-        cpu = os.path.join(CGROUP_ROOT, "cpu", self.rel)
-        _write(os.path.join(cpu, "cpu.cfs_period_us"), str(CPU_PERIOD))
-        _write(os.path.join(cpu, "cpu.cfs_quota_us"), str(vcpus * CPU_PERIOD))
-        _write(os.path.join(CGROUP_ROOT, "memory", self.rel, "memory.limit_in_bytes"), str(memory))
-
-    def usage(self) -> tuple[int, int]:
-        if self.v2:
-            d = self.dirs()[0]
-            cpu = 0
-            with contextlib.suppress(OSError):
-                with open(os.path.join(d, "cpu.stat")) as fh:
-                    for line in fh:
-                        if line.startswith("usage_usec"):
-                            cpu = int(line.split()[1]) * 1000
-            return cpu, _read_int(os.path.join(d, "memory.current"))
-        return (
-            _read_int(os.path.join(CGROUP_ROOT, "cpuacct", self.rel, "cpuacct.usage")),
-            _read_int(os.path.join(CGROUP_ROOT, "memory", self.rel, "memory.usage_in_bytes")),
-        )
-
-    def pids(self) -> list[int]:
-        out: list[int] = []
-        for d in self.all_dirs():
-            for root, _dirs, files in os.walk(d):
-                if "cgroup.procs" in files:
-                    with contextlib.suppress(OSError), open(os.path.join(root, "cgroup.procs")) as fh:
-                        out += [int(x) for x in fh.read().split()]
-        return out
-
-    def remove(self) -> None:
-        """rmdir bottom-up; a cgroup with live processes stays (and is reported by pids())."""
-        for d in self.all_dirs():
-            if not os.path.isdir(d):
-                continue
-            for root, dirs, _files in os.walk(d, topdown=False):
-                for sub in dirs:
-                    with contextlib.suppress(OSError):
-                        os.rmdir(os.path.join(root, sub))
-            with contextlib.suppress(OSError):
-                os.rmdir(d)
-
-
-def _proc_start(pid: int) -> int:
+def process_start(pid: int) -> int:
     """Start time of a live process in clock ticks since boot (0 if gone), to detect PID reuse."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except OSError:
+    st = procfs.stat(pid)
+    if st is None:
         return 0
-    if fields[0] in ("Z", "X"):
+    if st.state in ("Z", "X"):
         # A zombie: dead. Reap it if it is ours (a VM booted by this process before a "restart").
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
         return 0
-    return int(fields[19])
+    return st.start_time
 
 
 class Injector:
@@ -281,6 +173,12 @@ class ProcessVMs(abc.ABC):
     def _cgroup(self, vm_id: str) -> Cgroup:
         return Cgroup(f"{self.cgroup_parent}/{vm_id}")
 
+    def _tidy_cgroups(self) -> None:
+        """The cgroup parent, if no VM is left in it (rmdir fails on a cgroup in use anyway)."""
+        parent = Cgroup(self.cgroup_parent)
+        if not parent.pids():
+            parent.remove()
+
     def _footprint(self, vm: VM) -> tuple[int, int]:
         """What ``vm`` holds of the node: vCPUs and memory."""
         return vm.vcpus, vm.memory_bytes
@@ -342,7 +240,7 @@ class ProcessVMs(abc.ABC):
         vm.pid = os.posix_spawnp(
             "sh", ["sh", "-c", script, "sh", *argv], env, file_actions=actions, setsid=True
         )
-        vm.started_at = _proc_start(vm.pid)
+        vm.started_at = process_start(vm.pid)
 
     async def _release(self, vm: VM) -> None:
         """After the VM process is gone: its cgroup, its state directory, its reservation."""
@@ -362,7 +260,7 @@ class ProcessVMs(abc.ABC):
             self._reserved.pop(vm.id, None)
 
     def alive(self, vm: VM) -> bool:
-        return vm.pid > 0 and _proc_start(vm.pid) == vm.started_at and vm.started_at != 0
+        return vm.pid > 0 and process_start(vm.pid) == vm.started_at and vm.started_at != 0
 
     async def wait(self, vm: VM) -> None:
         await wait_for_exit(vm, self.alive)
@@ -396,7 +294,7 @@ class ProcessVMs(abc.ABC):
     # ---- shares
     def _guest_path(self, vm: VM, tag: str) -> str:
         """Where the guest sees share ``tag``."""
-        return os.path.join(_shares_dir(vm), tag)
+        return os.path.join(shares_dir(vm), tag)
 
     @abc.abstractmethod
     def _share_mode(self, readonly: bool, bidirectional: bool) -> list[str]:
@@ -415,7 +313,7 @@ class ProcessVMs(abc.ABC):
             await self.detach_share(vm, tag)
         if not self.alive(vm):
             raise BootError(f"VM {vm.id} is not running")
-        target = os.path.join(_shares_dir(vm), tag)  # the mount point, as the VM process sees it
+        target = os.path.join(shares_dir(vm), tag)  # the mount point, as the VM process sees it
         try:
             is_dir = os.path.isdir(host_path)
             if not is_dir and not os.path.exists(host_path):
@@ -437,7 +335,7 @@ class ProcessVMs(abc.ABC):
         return guest
 
     async def detach_share(self, vm: VM, tag: str) -> None:
-        target = os.path.join(_shares_dir(vm), tag)
+        target = os.path.join(shares_dir(vm), tag)
         if tag in vm.shares and self.alive(vm):
             await self._inject("detach", str(vm.pid), target)
         _remove_target(target)
@@ -468,183 +366,6 @@ class ProcessVMs(abc.ABC):
                 os.kill(vm.pid, signal.SIGKILL)
         elif fault is Fault.AGENT_HANG:
             self._hang(vm)
-
-
-class StubHypervisor(ProcessVMs):
-    name = "stub"
-
-    def __init__(self, config: dict[str, Any]) -> None:
-        # A stub VM's vCPU is a CFS quota, not a reserved core. 64 per host CPU lets a 2-core
-        # node hold the kubelet's default 110 pods at 1 vCPU each (16 refused the 33rd pod
-        # the kubelet had admitted).
-        super().__init__(*self.common_settings(config, "/run/cri-shim/runv", "cri-shim-runv", 64))
-        self.boot_latency = float(config.get("boot_latency", 0.0))
-        self.shutdown_latency = float(config.get("shutdown_latency", 0.0))
-        self.boot_timeout = float(config.get("boot_timeout", 20.0))
-        self.runc = str(config.get("runc", "runc"))
-        self.unshare = str(config.get("unshare", "unshare"))
-        self.ip = str(config.get("ip", "ip"))
-
-    # ---- helpers
-    def _agent_pid(self, vm: VM) -> int:
-        kids = procfs.children(vm.pid)
-        return kids[0] if kids else 0
-
-    # ---- lifecycle
-    async def create(self, spec: VMSpec) -> VM:
-        return await self._create(spec, self._boot)
-
-    async def _boot(self, vm: VM) -> None:
-        if len(vm.channel.encode()) > 107:
-            raise InvalidArgumentError(f"agent socket path too long: {vm.channel}")
-        os.makedirs(vm.state_dir, exist_ok=True)
-        os.makedirs(_shares_dir(vm), exist_ok=True)
-        cg = self._cgroup(vm.id)
-        cg.create()
-        cg.set_limits(vm.vcpus, vm.memory_bytes)
-        if self.boot_latency:
-            await asyncio.sleep(self.boot_latency)  # firmware + kernel boot
-        fail = Fault.BOOT_FAILURE in self._faults
-        self._faults.discard(Fault.BOOT_FAILURE)
-        agent = [self.python, "-m", "backends.runv.agent", "--socket", vm.channel, "--state", vm.state_dir]
-        agent += ["--cgroup-parent", f"/{cg.rel}", "--runc", self.runc]
-        if fail:
-            agent.append("--fail-boot")
-        argv = [
-            self.unshare,
-            "--pid",
-            "--fork",
-            "--mount",
-            "--uts",
-            "--ipc",
-        ]
-        if not vm.host_network:
-            argv.append("--net")
-        # A slave of the host's mounts: what the host mounts under a shared directory later
-        # shows in the VM (as virtio-fs would), and nothing the VM mounts leaks out.
-        argv += ["--propagation", "slave", "--mount-proc", "--kill-child", *agent]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
-        self._spawn_in_cgroup(vm, argv, cg, os.path.join(vm.state_dir, "console.log"), env)
-        deadline = time.monotonic() + self.boot_timeout
-        while True:
-            if not self.alive(vm):
-                raise BootError(f"VM {vm.id} exited during boot: {self.console(vm)[-500:].strip()}")
-            if os.path.exists(vm.channel):
-                try:
-                    _r, w = await asyncio.open_unix_connection(vm.channel)
-                except OSError:
-                    pass
-                else:
-                    w.close()
-                    with contextlib.suppress(OSError):
-                        await w.wait_closed()
-                    return
-            if time.monotonic() > deadline:
-                raise DeadlineExceededError(
-                    f"VM {vm.id} did not boot within {self.boot_timeout}s: {self.console(vm)[-500:].strip()}"
-                )
-            await asyncio.sleep(0.02)
-
-    async def stop(self, vm: VM, timeout: float) -> None:
-        if self.shutdown_latency:
-            await asyncio.sleep(self.shutdown_latency)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.wait(vm), timeout)
-        await self.destroy(vm)
-
-    async def destroy(self, vm: VM) -> None:
-        if self.alive(vm):
-            agent = self._agent_pid(vm)
-            if agent:
-                # A stopped (hung) agent must be able to die.
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(agent, signal.SIGCONT)
-            # unshare ignores TERM while it waits; KILL makes --kill-child take the VM down.
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(vm.pid, signal.SIGKILL)
-            await self.wait(vm)
-        await self._release(vm)
-
-    def leftovers(self, known: set[str]) -> list[VM]:
-        out: list[VM] = []
-        if not os.path.isdir(self.run_dir):
-            return out
-        for entry in os.listdir(self.run_dir):
-            if entry in known or not os.path.isdir(os.path.join(self.run_dir, entry)):
-                continue
-            pid = 0
-            for cand in Cgroup(f"{self.cgroup_parent}/{entry}").pids():
-                pid = cand
-                break
-            vm = VM(entry, self.name, 0, 0, 0, os.path.join(self.run_dir, entry), "")
-            if pid:
-                # Find the VM process: the topmost process of the cgroup.
-                while True:
-                    try:
-                        with open(f"/proc/{pid}/stat") as fh:
-                            ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-                    except (OSError, ValueError):
-                        break
-                    if ppid not in Cgroup(f"{self.cgroup_parent}/{entry}").pids():
-                        break
-                    pid = ppid
-                vm.pid = pid
-                vm.started_at = _proc_start(pid)
-            out.append(vm)
-        return out
-
-    def tidy(self) -> None:
-        # Only empty ones go: rmdir fails on a cgroup with processes or a non-empty directory.
-        parent = Cgroup(self.cgroup_parent)
-        if not parent.pids():
-            parent.remove()
-        with contextlib.suppress(OSError):
-            os.rmdir(self.run_dir)
-
-    # ---- hot-plug
-    async def set_vcpus(self, vm: VM, vcpus: int) -> None:
-        async with self._lock:
-            self._reserve(vm.id, vcpus, vm.memory_bytes)
-        self._cgroup(vm.id).set_limits(vcpus, vm.memory_bytes)
-        vm.vcpus = vcpus
-
-    async def set_memory(self, vm: VM, memory_bytes: int) -> None:
-        async with self._lock:
-            self._reserve(vm.id, vm.vcpus, memory_bytes)
-        self._cgroup(vm.id).set_limits(vm.vcpus, memory_bytes)
-        vm.memory_bytes = memory_bytes
-
-    # ---- shares: the guest sees them where the VM process mounts them (it is the guest).
-    # Read-only is enforced by the agent's bind mounts.
-    def _share_mode(self, readonly: bool, bidirectional: bool) -> list[str]:
-        # The stub's VM is a mount namespace: a bidirectional share stays a peer of the host's
-        # mount (when that is shared), so what the guest mounts there shows on the host.
-        return ["shared"] if bidirectional else []
-
-    async def attach_device(self, vm: VM, host_path: str) -> str:
-        vm.devices[host_path] = host_path
-        return host_path
-
-    async def detach_device(self, vm: VM, host_path: str) -> None:
-        vm.devices.pop(host_path, None)
-
-    async def attach_interface(self, vm: VM, host_ifname: str) -> str:
-        if vm.host_network:
-            raise InvalidArgumentError(f"VM {vm.id} shares the host network: no interface to attach")
-        if not self.alive(vm):
-            raise BootError(f"VM {vm.id} is not running")
-        # The unshare process (vm.pid) made the VM's network namespace and lives in it.
-        await host.must(
-            f"cannot move {host_ifname} into VM {vm.id}",
-            *(self.ip, "link", "set", "dev", host_ifname, "netns", str(vm.pid)),
-        )
-        return host_ifname
-
-    def _hang(self, vm: VM) -> None:
-        agent = self._agent_pid(vm)
-        if agent:
-            os.kill(agent, signal.SIGSTOP)
 
 
 def check_size(spec: VMSpec) -> None:
@@ -686,34 +407,16 @@ def _remove_target(path: str) -> None:
             os.unlink(path)
 
 
-def _shares_dir(vm: VM) -> str:
+def shares_dir(vm: VM) -> str:
     return os.path.join(vm.state_dir, "shares")
-
-
-def _mount_points() -> list[str]:
-    with open("/proc/self/mountinfo") as fh:
-        # Field 5 is the mount point, octal-escaped.
-        return [line.split()[4].encode().decode("unicode_escape") for line in fh]
 
 
 def _mounts_under(path: str) -> list[str]:
     root = os.path.abspath(path)
-    return [m for m in _mount_points() if m == root or m.startswith(root + "/")]
+    return [m.point for m in procfs.mounts() if m.point == root or m.point.startswith(root + "/")]
 
 
-def _package_root() -> str:
-    # backends/runv/stub.py -> the directory holding the ``backends`` package
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def vm_size(
-    cpu_quota: int, cpu_period: int, memory_limit: int, overhead_vcpus: float, overhead_memory: int
-) -> tuple[int, int]:
-    """vCPUs and memory of a pod's VM: its limits plus overhead, 1 vCPU/128 MiB without limits."""
-    vcpus = 1
-    if cpu_quota > 0 and cpu_period > 0:
-        vcpus = max(1, math.ceil(cpu_quota / cpu_period + overhead_vcpus))
-    memory = 128 * MIB
-    if memory_limit > 0:
-        memory = memory_limit + overhead_memory
-    return vcpus, memory
+def package_root() -> str:
+    """The directory holding the ``backends`` package (the agent's code, for the guest)."""
+    here = os.path.abspath(__file__)  # backends/runv/drivers/base.py
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(here))))

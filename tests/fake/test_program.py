@@ -1,4 +1,4 @@
-"""The fake runtime's scripted programs (its shell: test_fake_shell.py)."""
+"""The fake runtime's scripted programs (its shell: test_shell_*.py)."""
 
 import pytest
 

@@ -55,9 +55,10 @@ from backends.contract.errors import (
     InvalidArgumentError,
     UnimplementedError,
 )
+from backends.linux.cgroups import Cgroup
 from backends.runv import guest_image, host
+from backends.runv.drivers.base import ProcessVMs, check_size, package_root, process_start, shares_dir
 from backends.runv.hypervisor import MIB, VM, BootError, Fault, VMSpec
-from backends.runv.stub import Cgroup, ProcessVMs, _proc_start, check_size
 
 log = structlog.get_logger("cri-shim.runv.qemu")
 
@@ -96,13 +97,9 @@ AGENT_FILES = [
 ]
 
 
-def _package_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
 def agent_files() -> dict[str, bytes]:
     """The agent's sources (and, on a 3.11 host, their bytecode) as archive name -> content."""
-    root = _package_root()
+    root = package_root()
     files: dict[str, bytes] = {"opt/runv/backends/runv/__init__.py": b""}
     names: list[str] = []
     for pattern in AGENT_FILES:
@@ -287,7 +284,7 @@ class QemuHypervisor(ProcessVMs):
             "-device",
             "virtserialport,bus=vser.0,chardev=agent,name=runv.agent",
             "-fsdev",
-            f"local,id=shares,path={_shares_dir(vm)},security_model=passthrough,multidevs=remap",
+            f"local,id=shares,path={shares_dir(vm)},security_model=passthrough,multidevs=remap",
             "-device",
             "virtio-9p-pci,fsdev=shares,mount_tag=shares",
             "-device",
@@ -324,7 +321,7 @@ class QemuHypervisor(ProcessVMs):
     async def _boot(self, vm: VM, kernel: str, initrd: str) -> None:
         if len(vm.channel.encode()) > 107:
             raise InvalidArgumentError(f"VM socket path too long under {vm.state_dir}")
-        os.makedirs(_shares_dir(vm), exist_ok=True)
+        os.makedirs(shares_dir(vm), exist_ok=True)
         tap = self.tap_name(vm.id)
         await host.must(f"cannot create tap {tap}", self.ip, "tuntap", "add", "dev", tap, "mode", "tap")
         await host.must(f"cannot bring up tap {tap}", self.ip, "link", "set", "dev", tap, "up")
@@ -416,14 +413,12 @@ class QemuHypervisor(ProcessVMs):
             except (OSError, ValueError):
                 pid = 0
             if pid and _is_qemu_of(pid, sd):
-                vm.pid, vm.started_at = pid, _proc_start(pid)
+                vm.pid, vm.started_at = pid, process_start(pid)
             out.append(vm)
         return out
 
     def tidy(self) -> None:
-        parent = Cgroup(self.cgroup_parent)
-        if not parent.pids():
-            parent.remove()
+        self._tidy_cgroups()
         if os.path.isdir(self.run_dir) and not any(
             os.path.isdir(os.path.join(self.run_dir, e)) for e in os.listdir(self.run_dir)
         ):
@@ -496,10 +491,6 @@ def console_summary(text: str) -> str:
             break
     out = " | ".join(picked) if picked else " | ".join(lines[-8:])
     return out[-CONSOLE_TAIL:]
-
-
-def _shares_dir(vm: VM) -> str:
-    return os.path.join(vm.state_dir, "shares")
 
 
 def _read_tail(path: str, size: int) -> bytes:

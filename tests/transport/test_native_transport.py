@@ -1,4 +1,4 @@
-"""The native transport (shim/transport/native.py): what grpcio's server does, checked through grpcio's client.
+"""The native transport (shim/transport/native/): what grpcio's server does, checked through grpcio's client.
 
 The CRI behaviour itself is covered by every test on the ``running`` fixture
 and the fake's contract tests, which run on both transports. Here: flow
@@ -12,77 +12,32 @@ import asyncio
 import os
 import socket
 import struct
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from backends.fake import FakeBackend
 from cri_api import api_pb2 as pb
-from cri_api import api_pb2_grpc
-from shim.server import Server
-from shim.transport.native import PREFACE, _percent, _timeout, encode_frame
-from tests.conftest import make_ids, server_config
+from shim.transport.native import PREFACE, percent, timeout
 from tests.criutil import until
-
-
-class Native:
-    def __init__(self, root: str, server: Server, fake: FakeBackend) -> None:
-        self.root = root
-        self.server = server
-        self.fake = fake
-        self.sock = f"{root}/cri.sock"
-        self.channel = grpc.aio.insecure_channel(
-            f"unix://{self.sock}", options=[("grpc.max_receive_message_length", 64 << 20)]
-        )
-        self.rt = api_pb2_grpc.RuntimeServiceStub(self.channel)
-        self.im = api_pb2_grpc.ImageServiceStub(self.channel)
-
-
-async def _start(root: str, **server: object) -> Native:
-    fake = FakeBackend("fake", {"state_dir": os.path.join(root, "fake")})
-    srv = Server(
-        server_config(root, transport="native", **server), backends={"fake": fake}, id_factory=make_ids()
-    )
-    await srv.start()
-    return Native(root, srv, fake)
-
-
-@pytest.fixture
-async def native(short_tmp: str) -> AsyncIterator[Native]:
-    n = await _start(short_tmp)
-    try:
-        yield n
-    finally:
-        await n.channel.close()
-        await n.server.stop(0)
-
-
-def _pod(name: str, **annotations: str) -> pb.RunPodSandboxRequest:
-    return pb.RunPodSandboxRequest(
-        config=pb.PodSandboxConfig(
-            metadata=pb.PodSandboxMetadata(name=name, namespace="ns", uid=f"uid-{name}"),
-            annotations=annotations,
-        )
-    )
+from tests.transport.conftest import Native, pod_request, start_native
 
 
 def test_grpc_timeout_and_message_encodings() -> None:
-    assert _timeout(b"100m") == pytest.approx(0.1)
-    assert _timeout(b"5S") == 5.0
-    assert _timeout(b"2H") == 7200.0
-    assert _timeout(b"m") is None  # no digits
-    assert _timeout(b"1x") is None  # no such unit
-    assert _timeout(b"1234567890S") is None  # more than 8 digits
-    assert _percent("plain text: ok") == b"plain text: ok"
-    assert _percent("50% ü\n") == b"50%25 %C3%BC%0A"
+    assert timeout(b"100m") == pytest.approx(0.1)
+    assert timeout(b"5S") == 5.0
+    assert timeout(b"2H") == 7200.0
+    assert timeout(b"m") is None  # no digits
+    assert timeout(b"1x") is None  # no such unit
+    assert timeout(b"1234567890S") is None  # more than 8 digits
+    assert percent("plain text: ok") == b"plain text: ok"
+    assert percent("50% ü\n") == b"50%25 %C3%BC%0A"
 
 
 async def test_a_reply_larger_than_the_clients_window_arrives_whole(native: Native) -> None:
     # ~700 pods encode to well over the 64 KiB an HTTP/2 stream starts with.
     for i in range(700):
-        await native.rt.RunPodSandbox(_pod(f"pod-{i:04d}", note="x" * 40))
+        await native.rt.RunPodSandbox(pod_request(f"pod-{i:04d}", note="x" * 40))
     resp = await native.rt.ListPodSandbox(pb.ListPodSandboxRequest())
     assert len(resp.items) == 700
     assert resp.ByteSize() > 100_000
@@ -97,7 +52,7 @@ async def test_many_large_replies_at_once_each_arrive_whole(native: Native) -> N
     # Replies that wait for window on one connection, released by WINDOW_UPDATEs that
     # arrive among new requests: each must keep its frames in order (headers, data, trailers).
     for i in range(300):
-        await native.rt.RunPodSandbox(_pod(f"pod-{i:04d}", note="x" * 100))
+        await native.rt.RunPodSandbox(pod_request(f"pod-{i:04d}", note="x" * 100))
     replies = await asyncio.gather(
         *(native.rt.ListPodSandbox(pb.ListPodSandboxRequest()) for _ in range(200))
     )
@@ -106,20 +61,20 @@ async def test_many_large_replies_at_once_each_arrive_whole(native: Native) -> N
 
 async def test_a_request_in_many_frames_is_read_whole(native: Native) -> None:
     blobs = {f"blob{i}": str(i) * 200_000 for i in range(3)}  # ~37 DATA frames of 16 KiB
-    pod = (await native.rt.RunPodSandbox(_pod("big", **blobs))).pod_sandbox_id
+    pod = (await native.rt.RunPodSandbox(pod_request("big", **blobs))).pod_sandbox_id
     status = await native.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod))
     assert dict(status.status.annotations) == blobs
 
 
 async def test_messages_over_the_limit_are_resource_exhausted(short_tmp: str) -> None:
-    n = await _start(short_tmp, max_message_bytes=20_000)
+    n = await start_native(short_tmp, max_message_bytes=20_000)
     try:
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            await n.rt.RunPodSandbox(_pod("big", blob="z" * 50_000))
+            await n.rt.RunPodSandbox(pod_request("big", blob="z" * 50_000))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "larger than the maximum" in (err.value.details() or "")
         for i in range(200):
-            await n.rt.RunPodSandbox(_pod(f"p{i:03d}", note="n" * 100))
+            await n.rt.RunPodSandbox(pod_request(f"p{i:03d}", note="n" * 100))
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await n.rt.ListPodSandbox(pb.ListPodSandboxRequest())
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -158,16 +113,16 @@ async def test_health_check(native: Native) -> None:
 async def test_deadline_and_cancel_end_the_call_not_the_server(native: Native) -> None:
     native.fake.set_latency("run_sandbox", 2.0)
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await native.rt.RunPodSandbox(_pod("slow"), timeout=0.2)
+        await native.rt.RunPodSandbox(pod_request("slow"), timeout=0.2)
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    call = native.rt.RunPodSandbox(_pod("slow-2"))
+    call = native.rt.RunPodSandbox(pod_request("slow-2"))
     await asyncio.sleep(0.1)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
     native.fake.set_latency("run_sandbox", 0.0)
-    await until(lambda: not native.server.native.tasks)  # type: ignore[union-attr]
-    pod = (await native.rt.RunPodSandbox(_pod("after"))).pod_sandbox_id
+    await until(lambda: not native.server.native.calls.tasks)  # type: ignore[union-attr]
+    pod = (await native.rt.RunPodSandbox(pod_request("after"))).pod_sandbox_id
     pods = (await native.rt.ListPodSandbox(pb.ListPodSandboxRequest())).items
     assert [p.id for p in pods] == [pod]  # the cut calls left nothing behind
 
@@ -175,7 +130,7 @@ async def test_deadline_and_cancel_end_the_call_not_the_server(native: Native) -
 async def test_container_events_stream(native: Native) -> None:
     events = native.rt.GetContainerEvents(pb.GetEventsRequest())
     await asyncio.sleep(0.1)
-    req = _pod("ev")
+    req = pod_request("ev")
     pod = (await native.rt.RunPodSandbox(req)).pod_sandbox_id
     cc = pb.ContainerConfig(metadata=pb.ContainerMetadata(name="c"), image=pb.ImageSpec(image="busybox"))
     await native.im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image="busybox")))
@@ -191,10 +146,10 @@ async def test_container_events_stream(native: Native) -> None:
 
 
 async def test_stop_lets_a_call_under_way_finish(short_tmp: str) -> None:
-    n = await _start(short_tmp)
+    n = await start_native(short_tmp)
     try:
         n.fake.set_latency("run_sandbox", 0.5)
-        call = asyncio.ensure_future(n.rt.RunPodSandbox(_pod("late")))
+        call = asyncio.ensure_future(n.rt.RunPodSandbox(pod_request("late")))
         await asyncio.sleep(0.1)
         await n.server.stop(5)
         assert (await call).pod_sandbox_id
@@ -265,40 +220,3 @@ async def test_peers_that_break_the_protocol_lose_their_connection_only(native: 
     seen = await loop.run_in_executor(None, _until_ping_ack, native.sock, PREFACE + settings + ping)
     assert [p for k, f, _, p in _frames(seen) if k == 6] == [b"12345678"]
     assert (await native.rt.Version(pb.VersionRequest())).runtime_api_version == "v1"
-
-
-def _send_and_close(path: str, payload: bytes) -> None:
-    with socket.socket(socket.AF_UNIX) as s:
-        s.settimeout(5)
-        s.connect(path)
-        try:
-            s.sendall(payload)
-            s.shutdown(socket.SHUT_WR)
-            while s.recv(65536):
-                pass
-        except OSError:
-            pass  # the server may close first
-
-
-async def test_random_frames_never_reach_past_the_connection(
-    native: Native, capfd: pytest.CaptureFixture[str]
-) -> None:
-    """Frames of every type with random flags, stream IDs and payloads: the server never fails a bug."""
-    import random
-
-    rng = random.Random(1234)
-    loop = asyncio.get_running_loop()
-    for _ in range(150):
-        frames = []
-        for _ in range(rng.randint(1, 6)):
-            kind = rng.randint(0, 10)
-            payload = rng.randbytes(rng.choice((0, 1, 4, 5, 6, 8, 9, 30, 200)))
-            sid = rng.choice((0, 1, 2, 3, 5, 0x7FFFFFFF))
-            frames.append(encode_frame(kind, rng.randint(0, 255), sid, payload))
-        settings = encode_frame(4, 0, 0)
-        await loop.run_in_executor(None, _send_and_close, native.sock, PREFACE + settings + b"".join(frames))
-    assert (await native.rt.Version(pb.VersionRequest())).runtime_api_version == "v1"
-    await until(lambda: not native.server.native.tasks)  # type: ignore[union-attr]
-    logged = capfd.readouterr()
-    assert "h2.protocol_error" in logged.out + logged.err  # the bad ones were seen as such
-    assert "h2.bug" not in logged.out + logged.err

@@ -1,0 +1,51 @@
+"""An asyncio interpreter for the POSIX sh subset that Kubernetes docs and e2e test pods use.
+
+Why: a fake container has to *run* its command (``sh -c 'echo hi; sleep 3600'``, ``trap 'exit 0'
+TERM; sleep infinity & wait``, a probe's ``cat /tmp/healthy``) without a process, a host file or a
+real clock. :func:`run` takes the container's argv and :func:`run_script` a script; both parse once
+into a small syntax tree and evaluate it with coroutines, so output reaches the caller as it is
+produced and an idle ``while true; do sleep 1; done`` is one sleeping coroutine.
+
+The caller provides, in :class:`ShellIO`: the container's files (an ``Fs``; :class:`MemoryFs`
+is a ready one), its environment, stdin/stdout/stderr callables, an :class:`asyncio.Event` that
+delivers SIGTERM, an injectable ``sleep`` and ``clock``, and extra commands. An extra command is
+a ``Command``: ``async def cmd(argv: list[str], io: ShellIO) -> int``, where ``argv[0]`` is the
+name as invoked and ``io`` is a copy of the caller's ShellIO bound to the command's (redirected)
+stdin, stdout and stderr, its environment (exported variables and ``X=1 cmd`` assignments) and the
+shell's working directory; its result is the exit status. Names are looked up as: the shell's own
+builtins (``cd``, ``export``, ``trap``, ``read``, ``wait``...), functions, extra commands, built-in
+tools (``echo``, ``cat``, ``grep``...), then shell scripts in ``io.fs`` (by path or on ``PATH``);
+``/usr/bin/NAME`` finds the extra command or tool ``NAME``.
+
+Signals: the container's main shell (the outermost one, or the one ``exec``-ed into) takes SIGTERM.
+Setting ``io.term`` interrupts its current ``sleep``, ``wait`` or blocking read; the shell clears the
+event as it takes the signal (setting it again delivers another), runs its TERM trap and continues
+after the interrupted command, or with no trap ends with 143. An ``exit`` in the trap ends the run
+with that code. Background jobs are not signalled; they are stopped when the run ends.
+
+Known gaps, on purpose: no file-name globbing, ``[[``, arrays, aliases, ``getopts``, job control,
+``sed``/``awk``/``cut``/``uniq``, networking tools (add them as extra commands), ``tail -f``
+following (it prints, then waits), ``$LINENO``, ``${x/a/b}``. ``set -u``, ``-f``, ``-v`` and ``-n``
+are accepted and ignored; ERR/DEBUG traps are accepted and never run; ``kill`` from a background
+job only delivers SIGTERM to the shell.
+
+The package, one module a part, each importing only modules listed before it:
+
+- :mod:`.fs` the container's files (``Fs``, ``MemoryFs``); :mod:`.caller` what a run is given
+  (``ShellIO``, ``Command``);
+- :mod:`.syntax` the syntax tree, :mod:`.lexer` text to tokens, :mod:`.parser` tokens to the tree;
+- :mod:`.control` early exits and errors, :mod:`.streams` descriptors and pipes;
+- :mod:`.words` field splitting, :mod:`.patterns` shell patterns and regular expressions,
+  :mod:`.arithmetic` ``$((...))``;
+- :mod:`.process` one shell's state, lifecycle, signals and descriptors; :mod:`.expansion` words
+  expanded; :mod:`.redirection` redirections opened; :mod:`.evaluation` commands run and looked up;
+- :mod:`.options` option parsing, :mod:`.builtins` the special builtins, :mod:`.tools` the programs;
+- :mod:`.entry` ``run``, ``run_script`` and ``knows``; it fills the evaluator's tables of builtins
+  and tools, which the evaluator cannot import.
+"""
+
+from backends.fake.shell.caller import ShellIO
+from backends.fake.shell.entry import knows, run, run_script
+from backends.fake.shell.fs import MemoryFs
+
+__all__ = ["MemoryFs", "ShellIO", "knows", "run", "run_script"]

@@ -1,0 +1,37 @@
+"""The caller's side of a run: what it gives the shell (:class:`ShellIO`) and what an extra command is
+(:data:`Command`)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeAlias
+
+from backends.fake.shell.fs import Fs
+
+Command: TypeAlias = Callable[[list[str], "ShellIO"], Awaitable[int]]
+"""An extra command: ``await cmd(argv, io)`` gives its exit status (see :mod:`backends.fake.shell`)."""
+
+
+@dataclasses.dataclass
+class ShellIO:
+    """Everything a shell run touches of its container; the shell itself has no other way out."""
+
+    fs: Fs
+    env: dict[str, str]  # the container's environment (PATH, HOSTNAME, user variables)
+    hostname: str = "localhost"
+    cwd: str = "/"
+    stdin: Callable[[], Awaitable[bytes]] | None = None  # b"" at end of input; None: no stdin
+    stdout: Callable[[bytes], Awaitable[None]] = dataclasses.field(kw_only=True)
+    stderr: Callable[[bytes], Awaitable[None]] = dataclasses.field(kw_only=True)
+    term: asyncio.Event | None = None  # set by the caller to deliver SIGTERM; the shell clears it
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep  # injectable, for tests
+    commands: Mapping[str, Command] = dataclasses.field(default_factory=dict)
+    pid: int = 1  # $$; `kill $$` (or `kill 1` when this is PID 1) signals the shell itself
+    processes: Callable[[], list[str]] | None = None  # command names, for pgrep and ps
+    clock: Callable[[], float] = time.time  # seconds since the epoch, for date
+    # A command not found runs, silently, until stopped (a container's own program the fake cannot
+    # run: `sh -c "prepare; nginx"`), instead of failing with 127 as an exec's does.
+    unknown_runs: bool = False

@@ -1,0 +1,130 @@
+"""The container's files as the shell sees them (:class:`Fs`), and :class:`MemoryFs`, one in memory."""
+
+from __future__ import annotations
+
+import errno
+import posixpath
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+
+class Fs(Protocol):
+    """The container's filesystem as the shell sees it: absolute, normalised paths."""
+
+    def read(self, path: str) -> bytes: ...
+
+    def write(self, path: str, data: bytes, append: bool = False) -> None: ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def is_dir(self, path: str) -> bool: ...
+
+    def listdir(self, path: str) -> list[str]: ...
+
+    def mkdir(self, path: str, parents: bool = False) -> None: ...
+
+    def remove(self, path: str) -> None: ...
+
+
+def norm(path: str) -> str:
+    """An absolute, normalised path; POSIX keeps a leading '//', a container does not.
+
+    Interned: every container of a fake node holds the same few paths (/etc/hosts,
+    /proc/sys/..., their parents), once each for all of them rather than once each."""
+    return sys.intern("/" + posixpath.normpath(path if path.startswith("/") else "/" + path).lstrip("/"))
+
+
+class MemoryFs:
+    """An :class:`Fs` held in a dict of file contents by path and a set of directories.
+
+    Why: tests and simple callers need a container filesystem that never touches the host. The
+    parent directories of the ``files`` given are created; paths under ``read_only`` refuse changes
+    with PermissionError, as a read-only mount (a ConfigMap volume) would.
+    """
+
+    def __init__(self, files: Mapping[str, bytes | str] | None = None, read_only: Iterable[str] = ()) -> None:
+        self.files: dict[str, bytes] = {}
+        self.dirs: set[str] = {"/"}
+        self._read_only: tuple[str, ...] = ()
+        for path, data in (files or {}).items():
+            full = norm(path)
+            self.mkdir(posixpath.dirname(full), parents=True)
+            self.files[full] = data.encode() if isinstance(data, str) else bytes(data)
+        self._read_only = tuple(norm(p) for p in read_only)
+
+    def _check_writable(self, path: str) -> None:
+        for top in self._read_only:
+            if path == top or path.startswith(top.rstrip("/") + "/"):
+                raise PermissionError(errno.EROFS, "Read-only file system", path)
+
+    def _check_parent(self, path: str) -> None:
+        """Raises unless the directory of path exists, as open(O_CREAT) and mkdir do."""
+        parent = posixpath.dirname(path)
+        if parent in self.dirs:
+            return
+        if parent in self.files:
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory", path)
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+
+    def read(self, path: str) -> bytes:
+        p = norm(path)
+        if p in self.dirs:
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
+        try:
+            return self.files[p]
+        except KeyError:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path) from None
+
+    def write(self, path: str, data: bytes, append: bool = False) -> None:
+        p = norm(path)
+        self._check_writable(p)
+        if p in self.dirs:
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", path)
+        self._check_parent(p)
+        self.files[p] = self.files.get(p, b"") + data if append else bytes(data)
+
+    def exists(self, path: str) -> bool:
+        p = norm(path)
+        return p in self.files or p in self.dirs
+
+    def is_dir(self, path: str) -> bool:
+        return norm(path) in self.dirs
+
+    def listdir(self, path: str) -> list[str]:
+        p = norm(path)
+        if p in self.files:
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory", path)
+        if p not in self.dirs:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        prefix = p.rstrip("/") + "/"
+        names = {q[len(prefix) :].split("/", 1)[0] for q in (*self.files, *self.dirs) if q.startswith(prefix)}
+        names.discard("")
+        return sorted(names)
+
+    def mkdir(self, path: str, parents: bool = False) -> None:
+        p = norm(path)
+        if p in self.dirs and parents:
+            return
+        self._check_writable(p)
+        if p in self.dirs or p in self.files:
+            raise FileExistsError(errno.EEXIST, "File exists", path)
+        parent = posixpath.dirname(p)
+        if parents and parent not in self.dirs and parent not in self.files:
+            self.mkdir(parent, parents=True)
+        self._check_parent(p)
+        self.dirs.add(p)
+
+    def remove(self, path: str) -> None:
+        p = norm(path)
+        self._check_writable(p)
+        if p in self.files:
+            del self.files[p]
+            return
+        if p not in self.dirs:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        if p == "/":
+            raise PermissionError(errno.EBUSY, "Device or resource busy", path)
+        if self.listdir(p):
+            raise OSError(errno.ENOTEMPTY, "Directory not empty", path)
+        self.dirs.remove(p)

@@ -1,0 +1,219 @@
+"""CreateContainer, StartContainer, StopContainer, RemoveContainer,
+UpdateContainerResources, and the reattach to a running container after a restart: a
+container is a process in its pod's VM, made by the agent on the image's layers and the
+mounts, shared into the VM."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import time
+
+import structlog
+
+from backends import contract
+from backends.contract import errors
+from backends.runv.agent import messages as m
+from backends.runv.images.service import Images
+from cri_api import api_pb2 as pb
+
+from . import spec as specs
+from .context import VM_CRASH_EXIT, VM_CRASH_REASON, Shared
+from .state import Pod, VmProcess
+
+log = structlog.get_logger(__name__)
+
+
+class Containers:
+    def __init__(self, shared: Shared, images: Images) -> None:
+        self._shared = shared
+        self._images = images
+        self._selinux_said = False
+
+    async def _image_volume(self, pod: Pod, container: contract.ContainerRecord, mnt: pb.Mount) -> m.Mount:
+        """An image's layers shared into the VM, for the agent to stack read-only at the mount."""
+        shared = self._shared
+        img = await self._images.find(mnt.image.image, [mnt.image.user_specified_image])
+        lowers = []
+        for layer in shared.images.lowers(img):
+            tag = "layer-" + os.path.basename(os.path.dirname(layer))[:12]
+            lowers.append(await shared.hv.attach_share(pod.vm, tag, layer, readonly=True))
+        if not lowers:
+            raise errors.InvalidArgumentError(
+                f"image {mnt.image.image!r} of {mnt.container_path} has no layers"
+            )
+        # ContainerStatus reports which image each image volume is (Mount.image.image_ref).
+        container.backend_data.setdefault("image_volumes", {})[mnt.container_path] = img.id
+        return m.Mount(
+            source="",
+            destination=mnt.container_path,
+            readonly=True,
+            image_lowers=lowers,
+            image_sub_path=mnt.image_sub_path,
+        )
+
+    async def create(self, container: contract.ContainerRecord, sandbox: contract.SandboxRecord) -> None:
+        shared = self._shared
+        hv = shared.hv
+        pod = shared.pod(sandbox.id)
+        agent = shared.agent(pod)
+        cfg = container.config
+        img = await self._images.find(cfg.image.image, [container.image_name, cfg.image.user_specified_image])
+        container.image_ref = img.id
+        host_dir = os.path.join(shared.containers_dir, container.id)
+        upper, work = os.path.join(host_dir, "upper"), os.path.join(host_dir, "work")
+        os.makedirs(upper, exist_ok=True)
+        os.makedirs(work, exist_ok=True)
+        try:
+            rw = await hv.attach_share(pod.vm, f"ct-{container.id[:12]}", host_dir, readonly=False)
+            lowers = []
+            for layer in shared.images.lowers(img):
+                tag = "layer-" + os.path.basename(os.path.dirname(layer))[:12]
+                lowers.append(await hv.attach_share(pod.vm, tag, layer, readonly=True))
+            mounts: list[m.Mount] = []
+            host_ro = bool(getattr(hv, "readonly_on_host", False))
+            for mnt in cfg.mounts:
+                if mnt.HasField("image") and mnt.image.image:
+                    mounts.append(await self._image_volume(pod, container, mnt))
+                    continue
+                if mnt.selinux_relabel and not self._selinux_said:
+                    # No SELinux in the VM (nor, mostly, on the host): nothing to relabel.
+                    self._selinux_said = True
+                    log.info("selinux_relabel ignored: runv VMs have no SELinux", container_id=container.id)
+                if not os.path.exists(mnt.host_path):  # noqa: ASYNC240 - one stat
+                    raise errors.InvalidArgumentError(f"mount source {mnt.host_path} does not exist")
+                bidirectional = mnt.propagation == pb.PROPAGATION_BIDIRECTIONAL
+                guest = await hv.attach_share(
+                    pod.vm,
+                    f"mnt-{container.id[:12]}-{len(mounts)}",
+                    mnt.host_path,
+                    mnt.readonly,
+                    bidirectional=bidirectional,
+                )
+                mounts.append(
+                    m.Mount(
+                        source=guest,
+                        destination=mnt.container_path,
+                        # Where the driver makes the share read-only on the host (qemu, over 9p),
+                        # the guest's bind stays writable: host mounts under it (a tmpfs in the
+                        # directory) then keep their own mode, as a non-recursive read-only mount
+                        # wants, which one read-only bind over the 9p tree could not give.
+                        readonly=mnt.readonly and (not host_ro or mnt.recursive_read_only),
+                        recursive_readonly=mnt.recursive_read_only,
+                        # Host mounts reach the VM (a slave of the host), and from there a
+                        # HOST_TO_CONTAINER mount; a BIDIRECTIONAL one is shared all the way
+                        # (the stub's VM is a mount namespace; a real VM's driver refuses it).
+                        propagation=(
+                            "rprivate"
+                            if mnt.propagation == pb.PROPAGATION_PRIVATE
+                            else "rshared"
+                            if bidirectional
+                            else "rslave"
+                        ),
+                    )
+                )
+            rootfs = m.Rootfs(lowers=lowers, upper=os.path.join(rw, "upper"), work=os.path.join(rw, "work"))
+            spec = specs.process_spec(cfg, img, rootfs, mounts)
+            ns = sandbox.config.linux.security_context.namespace_options
+            userns = ns.userns_options
+            if ns.HasField("userns_options") and userns.mode == pb.POD and userns.uids:
+                # The pod's user namespace, the same for all its containers.
+                spec = dataclasses.replace(
+                    spec,
+                    uid_mappings=[m.IdMap(u.container_id, u.host_id, u.length) for u in userns.uids],
+                    gid_mappings=[m.IdMap(g.container_id, g.host_id, g.length) for g in userns.gids],
+                )
+            created = await agent.call(m.CreateRequest(id=container.id, spec=spec))
+            user = {"uid": created.uid, "gid": created.gid, "groups": created.groups}
+            container.backend_data["user"] = user  # ContainerStatus.user: the effective identity
+        except BaseException:
+            shutil.rmtree(host_dir, ignore_errors=True)
+            raise
+        shared.owner[container.id] = sandbox.id
+        pod.containers.add(container.id)
+        container.backend_data["vm"] = pod.vm.id
+
+    async def _subscribe(self, pod: Pod, cid: str) -> VmProcess:
+        """The container's output stream, subscribed before anything of it can be missed."""
+        agent = self._shared.agent(pod)
+        stream = agent.stream()
+        try:
+            await agent.call(m.OutputRequest(id=cid, stream=stream.id))
+        except BaseException:
+            stream.forget()
+            raise
+        proc = pod.procs[cid] = VmProcess(stream)
+        return proc
+
+    async def start(
+        self, container: contract.ContainerRecord, sandbox: contract.SandboxRecord
+    ) -> contract.Started:
+        pod = self._shared.pod(sandbox.id)
+        agent = self._shared.agent(pod)
+        proc = await self._subscribe(pod, container.id)
+        state = await agent.call(m.StartRequest(id=container.id))
+        return contract.Started(state.started_at or time.time_ns(), proc)
+
+    async def reattach(self, container: contract.ContainerRecord) -> VmProcess | None:
+        # The agent sends what it holds of the output (its backlog since the
+        # last reader), so nothing written while the shim was away is lost.
+        pod = self._shared.pods.get(container.sandbox_id)
+        if pod is None or pod.dead or container.id not in pod.containers:
+            return None
+        proc = await self._subscribe(pod, container.id)
+        # An exit event that came before the subscription found no process to report to.
+        state = await self._shared.agent(pod).call(m.StateRequest(id=container.id))
+        if state.status == "exited":
+            proc.exit.set(contract.ExitInfo(state.exit_code, state.finished_at, state.reason))
+        return proc
+
+    async def stop(self, container: contract.ContainerRecord, timeout: int) -> contract.ExitInfo:
+        pod = self._shared.pods.get(container.sandbox_id)
+        if pod is None or pod.dead:
+            return contract.ExitInfo(VM_CRASH_EXIT, time.time_ns(), VM_CRASH_REASON, "the pod's VM is gone")
+        agent = self._shared.agent(pod)
+        state = await agent.call(m.StateRequest(id=container.id))
+        if state.status == "running":
+            sig = int(contract.host_signal(container.config.stop_signal) or signal.SIGTERM)
+            await agent.call(m.SignalRequest(id=container.id, signal=sig))
+            try:
+                state = await agent.call(m.WaitRequest(id=container.id), timeout=max(timeout, 0) or 0.01)
+            except errors.UnavailableError:
+                await agent.call(m.SignalRequest(id=container.id, signal=int(signal.SIGKILL)))
+                state = await agent.call(m.WaitRequest(id=container.id))
+        elif state.status == "created":
+            return contract.ExitInfo(0, time.time_ns(), "Completed")
+        info = contract.ExitInfo(state.exit_code, state.finished_at, state.reason)
+        self._shared.report_exit(pod, container.id, info)
+        return info
+
+    async def remove(self, container: contract.ContainerRecord) -> None:
+        shared = self._shared
+        pod = shared.pods.get(container.sandbox_id)
+        if pod is not None and not pod.dead and pod.agent is not None and not pod.agent.closed:
+            await pod.agent.call(m.RemoveRequest(id=container.id))
+        if pod is not None:
+            for tag in [t for t in pod.vm.shares if t.startswith(f"mnt-{container.id[:12]}-")]:
+                await shared.hv.detach_share(pod.vm, tag)
+            await shared.hv.detach_share(pod.vm, f"ct-{container.id[:12]}")
+        if pod is not None:
+            pod.containers.discard(container.id)
+            pod.procs.pop(container.id, None)
+        shared.forget(container.id)
+
+    async def update_resources(
+        self, container: contract.ContainerRecord, resources: pb.LinuxContainerResources
+    ) -> None:
+        shared = self._shared
+        pod = shared.pod(container.sandbox_id)
+        agent = shared.agent(pod)
+        # Hot-plug: the VM grows to fit the container's new limits (it never shrinks under them).
+        if resources.cpu_quota > 0 and resources.cpu_period > 0:
+            need = -(-resources.cpu_quota // resources.cpu_period)
+            if need > pod.vm.vcpus:
+                await shared.hv.set_vcpus(pod.vm, need)
+        if resources.memory_limit_in_bytes > pod.vm.memory_bytes:
+            await shared.hv.set_memory(pod.vm, resources.memory_limit_in_bytes + shared.overhead_memory)
+        await agent.call(m.UpdateRequest(id=container.id, resources=specs.resources(resources)))

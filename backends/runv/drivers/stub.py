@@ -1,0 +1,198 @@
+# ruff: noqa: ASYNC240
+# Spawning the VM process and touching cgroupfs/procfs files is quick and bounded.
+"""The stub hypervisor: a "VM" is a host process in its own namespaces running the real agent.
+
+Each VM is ``unshare --pid --fork --mount --uts --ipc --net --mount-proc
+--kill-child python -m backends.runv.agent``: the agent is PID 1 of its PID
+namespace, so killing the VM process takes every process of the VM with
+it, and the VM's mounts (container rootfs overlays) vanish with its mount
+namespace. Its size is enforced with a cgroup on the VM process, which the
+containers' cgroups nest under. The agent channel is a unix socket in the
+VM's state directory (the stub's virtio-serial port).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from typing import Any
+
+from backends.contract.errors import DeadlineExceededError, InvalidArgumentError
+from backends.linux import procfs
+from backends.linux.cgroups import Cgroup
+from backends.runv import host
+from backends.runv.drivers.base import ProcessVMs, package_root, process_start, shares_dir
+from backends.runv.hypervisor import VM, BootError, Fault, VMSpec
+
+
+class StubHypervisor(ProcessVMs):
+    name = "stub"
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        # A stub VM's vCPU is a CFS quota, not a reserved core. 64 per host CPU lets a 2-core
+        # node hold the kubelet's default 110 pods at 1 vCPU each (16 refused the 33rd pod
+        # the kubelet had admitted).
+        super().__init__(*self.common_settings(config, "/run/cri-shim/runv", "cri-shim-runv", 64))
+        self.boot_latency = float(config.get("boot_latency", 0.0))
+        self.shutdown_latency = float(config.get("shutdown_latency", 0.0))
+        self.boot_timeout = float(config.get("boot_timeout", 20.0))
+        self.runc = str(config.get("runc", "runc"))
+        self.unshare = str(config.get("unshare", "unshare"))
+        self.ip = str(config.get("ip", "ip"))
+
+    # ---- helpers
+    def _agent_pid(self, vm: VM) -> int:
+        kids = procfs.children(vm.pid)
+        return kids[0] if kids else 0
+
+    # ---- lifecycle
+    async def create(self, spec: VMSpec) -> VM:
+        return await self._create(spec, self._boot)
+
+    async def _boot(self, vm: VM) -> None:
+        if len(vm.channel.encode()) > 107:
+            raise InvalidArgumentError(f"agent socket path too long: {vm.channel}")
+        os.makedirs(vm.state_dir, exist_ok=True)
+        os.makedirs(shares_dir(vm), exist_ok=True)
+        cg = self._cgroup(vm.id)
+        cg.create()
+        cg.set_limits(vm.vcpus, vm.memory_bytes)
+        if self.boot_latency:
+            await asyncio.sleep(self.boot_latency)  # firmware + kernel boot
+        fail = Fault.BOOT_FAILURE in self._faults
+        self._faults.discard(Fault.BOOT_FAILURE)
+        agent = [self.python, "-m", "backends.runv.agent", "--socket", vm.channel, "--state", vm.state_dir]
+        agent += ["--cgroup-parent", f"/{cg.rel}", "--runc", self.runc]
+        if fail:
+            agent.append("--fail-boot")
+        argv = [
+            self.unshare,
+            "--pid",
+            "--fork",
+            "--mount",
+            "--uts",
+            "--ipc",
+        ]
+        if not vm.host_network:
+            argv.append("--net")
+        # A slave of the host's mounts: what the host mounts under a shared directory later
+        # shows in the VM (as virtio-fs would), and nothing the VM mounts leaks out.
+        argv += ["--propagation", "slave", "--mount-proc", "--kill-child", *agent]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root(), env.get("PYTHONPATH", "")) if p)
+        self._spawn_in_cgroup(vm, argv, cg, os.path.join(vm.state_dir, "console.log"), env)
+        deadline = time.monotonic() + self.boot_timeout
+        while True:
+            if not self.alive(vm):
+                raise BootError(f"VM {vm.id} exited during boot: {self.console(vm)[-500:].strip()}")
+            if os.path.exists(vm.channel):
+                try:
+                    _r, w = await asyncio.open_unix_connection(vm.channel)
+                except OSError:
+                    pass
+                else:
+                    w.close()
+                    with contextlib.suppress(OSError):
+                        await w.wait_closed()
+                    return
+            if time.monotonic() > deadline:
+                raise DeadlineExceededError(
+                    f"VM {vm.id} did not boot within {self.boot_timeout}s: {self.console(vm)[-500:].strip()}"
+                )
+            await asyncio.sleep(0.02)
+
+    async def stop(self, vm: VM, timeout: float) -> None:
+        if self.shutdown_latency:
+            await asyncio.sleep(self.shutdown_latency)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wait(vm), timeout)
+        await self.destroy(vm)
+
+    async def destroy(self, vm: VM) -> None:
+        if self.alive(vm):
+            agent = self._agent_pid(vm)
+            if agent:
+                # A stopped (hung) agent must be able to die.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(agent, signal.SIGCONT)
+            # unshare ignores TERM while it waits; KILL makes --kill-child take the VM down.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(vm.pid, signal.SIGKILL)
+            await self.wait(vm)
+        await self._release(vm)
+
+    def leftovers(self, known: set[str]) -> list[VM]:
+        out: list[VM] = []
+        if not os.path.isdir(self.run_dir):
+            return out
+        for entry in os.listdir(self.run_dir):
+            if entry in known or not os.path.isdir(os.path.join(self.run_dir, entry)):
+                continue
+            pid = 0
+            for cand in Cgroup(f"{self.cgroup_parent}/{entry}").pids():
+                pid = cand
+                break
+            vm = VM(entry, self.name, 0, 0, 0, os.path.join(self.run_dir, entry), "")
+            if pid:
+                # Find the VM process: the topmost process of the cgroup.
+                while True:
+                    st = procfs.stat(pid)
+                    if st is None or st.ppid not in Cgroup(f"{self.cgroup_parent}/{entry}").pids():
+                        break
+                    pid = st.ppid
+                vm.pid = pid
+                vm.started_at = process_start(pid)
+            out.append(vm)
+        return out
+
+    def tidy(self) -> None:
+        self._tidy_cgroups()
+        with contextlib.suppress(OSError):
+            os.rmdir(self.run_dir)
+
+    # ---- hot-plug
+    async def set_vcpus(self, vm: VM, vcpus: int) -> None:
+        async with self._lock:
+            self._reserve(vm.id, vcpus, vm.memory_bytes)
+        self._cgroup(vm.id).set_limits(vcpus, vm.memory_bytes)
+        vm.vcpus = vcpus
+
+    async def set_memory(self, vm: VM, memory_bytes: int) -> None:
+        async with self._lock:
+            self._reserve(vm.id, vm.vcpus, memory_bytes)
+        self._cgroup(vm.id).set_limits(vm.vcpus, memory_bytes)
+        vm.memory_bytes = memory_bytes
+
+    # ---- shares: the guest sees them where the VM process mounts them (it is the guest).
+    # Read-only is enforced by the agent's bind mounts.
+    def _share_mode(self, readonly: bool, bidirectional: bool) -> list[str]:
+        # The stub's VM is a mount namespace: a bidirectional share stays a peer of the host's
+        # mount (when that is shared), so what the guest mounts there shows on the host.
+        return ["shared"] if bidirectional else []
+
+    async def attach_device(self, vm: VM, host_path: str) -> str:
+        vm.devices[host_path] = host_path
+        return host_path
+
+    async def detach_device(self, vm: VM, host_path: str) -> None:
+        vm.devices.pop(host_path, None)
+
+    async def attach_interface(self, vm: VM, host_ifname: str) -> str:
+        if vm.host_network:
+            raise InvalidArgumentError(f"VM {vm.id} shares the host network: no interface to attach")
+        if not self.alive(vm):
+            raise BootError(f"VM {vm.id} is not running")
+        # The unshare process (vm.pid) made the VM's network namespace and lives in it.
+        await host.must(
+            f"cannot move {host_ifname} into VM {vm.id}",
+            *(self.ip, "link", "set", "dev", host_ifname, "netns", str(vm.pid)),
+        )
+        return host_ifname
+
+    def _hang(self, vm: VM) -> None:
+        agent = self._agent_pid(vm)
+        if agent:
+            os.kill(agent, signal.SIGSTOP)

@@ -1,0 +1,228 @@
+"""gRPC over the HTTP/2 streams (gRPC's "PROTOCOL-HTTP2"): messages, status, deadlines, the servicer.
+
+A request's stream carries one length-prefixed message; :meth:`Calls.dispatch`
+hands it to the CRI servicer (or answers grpc.health.v1 Check itself) and the
+outcome goes back as a message and ``grpc-status`` / ``grpc-message``
+trailers, or as Trailers-Only for an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from shim.cri.servicer import IMAGE_SERVICE, RUNTIME_SERVICE, CriServicer, Rpc
+from shim.transport.native.frames import hpack_int, literal_header
+
+if TYPE_CHECKING:
+    from shim.transport.native.connection import Connection, Stream
+
+MAX_DETAIL = 4096  # bytes of grpc-message before it is cut
+
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+_HEALTHY = frozenset({"", RUNTIME_SERVICE, IMAGE_SERVICE})
+_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+
+# ":status: 200" is entry 8 of the static table; "content-type" is entry 31.
+RESPONSE_HEADERS = b"\x88" + hpack_int(31, 4) + hpack_int(16, 7) + b"application/grpc"
+OK_TRAILERS = literal_header(b"grpc-status", b"0")
+
+
+def percent(detail: str) -> bytes:
+    """grpc-message: printable ASCII but "%" as is, every other byte as %XX (of its UTF-8)."""
+    data = detail.encode("utf-8", "replace")[:MAX_DETAIL]
+    out = bytearray()
+    for b in data:
+        if 0x20 <= b <= 0x7E and b != 0x25:
+            out.append(b)
+        else:
+            out += b"%%%02X" % b
+    return bytes(out)
+
+
+def status_block(code: grpc.StatusCode, detail: str) -> bytes:
+    block = literal_header(b"grpc-status", str(code.value[0]).encode())
+    if detail:
+        block += literal_header(b"grpc-message", percent(detail))
+    return block
+
+
+def timeout(value: bytes) -> float | None:
+    """``grpc-timeout`` (digits and a unit) in seconds, None if it is not one."""
+    if not 2 <= len(value) <= 9 or not value[:-1].isdigit():
+        return None
+    unit = _TIMEOUT_UNITS.get(value[-1:])
+    return None if unit is None else int(value[:-1]) * unit
+
+
+def frame_message(message: bytes) -> bytes:
+    """One gRPC message as it goes in DATA: not compressed, its length, itself."""
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+def request_message(body: bytearray) -> bytes:
+    """The one message of a unary or server-streaming request's whole body; Abort if it is not one."""
+    if len(body) < 5:
+        raise Abort(grpc.StatusCode.INTERNAL, "request without a complete gRPC message")
+    compressed = body[0]
+    length = int.from_bytes(body[1:5], "big")
+    if compressed:
+        raise Abort(grpc.StatusCode.UNIMPLEMENTED, "compressed messages are not supported")
+    if len(body) != 5 + length:
+        raise Abort(grpc.StatusCode.INTERNAL, "a unary request must carry exactly one whole message")
+    return bytes(body[5:])
+
+
+def _serialized(message: Any) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def cancel(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` after its first step: one cancelled before it ever ran would drop the
+    servicer's coroutine it was given unawaited (never run, never settled, a RuntimeWarning)."""
+    asyncio.get_running_loop().call_soon(task.cancel)
+
+
+class Abort(Exception):
+    """The call ends with ``code`` and ``detail``."""
+
+    def __init__(self, code: grpc.StatusCode, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+class _Context:
+    """What the servicer's stream handlers use of grpc.aio.ServicerContext."""
+
+    __slots__ = ()
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise Abort(code, details)
+
+
+_CONTEXT = _Context()
+
+
+class Calls:
+    """One server's calls: its methods, the servicer behind them, the tasks of those under way."""
+
+    def __init__(self, servicer: CriServicer, max_message_bytes: int) -> None:
+        self.servicer = servicer
+        self.max_message_bytes = max_message_bytes
+        self.methods: dict[str, Rpc] = {}
+        for service, rpcs in ((RUNTIME_SERVICE, servicer.runtime_rpcs), (IMAGE_SERVICE, servicer.image_rpcs)):
+            for rpc in rpcs:
+                self.methods[f"/{service}/{rpc.name}"] = rpc
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.stopping = False  # no new calls; health checks answer NOT_SERVING
+        self.context: contextvars.Context = contextvars.copy_context()
+
+    def dispatch(self, conn: Connection, st: Stream, message: bytes, out: list[bytes]) -> None:
+        rpc = self.methods.get(st.method)
+        if rpc is None:
+            if st.method == HEALTH_CHECK:
+                self._health(conn, st, message, out)
+                return
+            conn.trailers_only(st, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {st.method}", out)
+            return
+        req = rpc.decode(message)
+        if rpc.stream:
+            self._spawn(conn, st, self._run_stream(conn, st, rpc, req))
+            return
+        outcome = self.context.run(self.servicer.begin, rpc, req)
+        if isinstance(outcome, tuple):
+            self._reply(conn, st, outcome, out)
+        else:
+            self._spawn(conn, st, self._run_unary(conn, st, outcome))
+
+    def _reply(self, conn: Connection, st: Stream, outcome: Any, out: list[bytes] | None) -> None:
+        code, detail, resp = outcome
+        if code == grpc.StatusCode.OK:
+            data = _serialized(resp)
+            if len(data) > self.max_message_bytes:
+                conn.finish(
+                    st,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"response of {len(data)} bytes is larger than the maximum ({self.max_message_bytes})",
+                    out,
+                )
+                return
+            conn.send_message(st, data, out)
+        conn.finish(st, code, detail, out)
+
+    def _spawn(self, conn: Connection, st: Stream, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro, context=self.context)
+        st.task = task
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        if st.deadline:
+            delay = max(0.0, st.deadline - time.monotonic())
+            st.timer = asyncio.get_running_loop().call_later(delay, self._expire, conn, st)
+
+    @staticmethod
+    def _expire(conn: Connection, st: Stream) -> None:
+        st.timer = None
+        st.timed_out = True
+        if st.task is not None and not st.task.done():
+            cancel(st.task)
+
+    @staticmethod
+    def _settle_cancelled(conn: Connection, st: Stream) -> None:
+        """The call's task was cancelled: by its deadline (say so), or with its stream (nothing to say)."""
+        if st.timed_out:
+            conn.finish(st, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    async def _run_unary(self, conn: Connection, st: Stream, pending: Awaitable[Any]) -> None:
+        try:
+            outcome = await pending
+        except asyncio.CancelledError:
+            self._settle_cancelled(conn, st)
+            return
+        self._reply(conn, st, outcome, None)
+
+    async def _run_stream(self, conn: Connection, st: Stream, rpc: Rpc, req: Any) -> None:
+        gen: AsyncIterator[Any] = self.servicer.stream_handler(rpc)(req, _CONTEXT)
+        try:
+            async for item in gen:
+                conn.send_message(st, _serialized(item))
+                await conn.wait_sent(st)
+                if st.sid not in conn.streams:
+                    return
+        except Abort as exc:
+            conn.finish(st, exc.code, exc.detail)
+            return
+        except asyncio.CancelledError:
+            self._settle_cancelled(conn, st)
+            return
+        finally:
+            aclose = getattr(gen, "aclose", None)
+            if aclose is not None:
+                try:
+                    await aclose()
+                except (Exception, asyncio.CancelledError):
+                    pass
+        conn.finish(st, grpc.StatusCode.OK, "")
+
+    def _health(self, conn: Connection, st: Stream, message: bytes, out: list[bytes]) -> None:
+        try:
+            service = health_pb2.HealthCheckRequest.FromString(message).service
+        except Exception:
+            conn.trailers_only(st, grpc.StatusCode.INVALID_ARGUMENT, "malformed HealthCheckRequest", out)
+            return
+        if service not in _HEALTHY:
+            conn.trailers_only(st, grpc.StatusCode.NOT_FOUND, f"unknown service {service!r}", out)
+            return
+        status = (
+            health_pb2.HealthCheckResponse.NOT_SERVING
+            if self.stopping
+            else health_pb2.HealthCheckResponse.SERVING
+        )
+        conn.send_message(st, health_pb2.HealthCheckResponse(status=status).SerializeToString(), out)
+        conn.finish(st, grpc.StatusCode.OK, "", out)

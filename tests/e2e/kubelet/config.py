@@ -1,0 +1,107 @@
+"""The files and command lines the harness starts the kubelet and the shim with."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tests.e2e.kubelet.pods import PAUSE
+
+if TYPE_CHECKING:
+    from tests.e2e.kubelet.runner import Harness
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def kubelet_config(h: Harness) -> str:
+    # JSON is YAML: the kubelet reads either.
+    cfg = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": "127.0.0.1",
+        "port": h.port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": h.healthz_port,
+        "staticPodPath": str(h.manifest_dir),
+        "fileCheckFrequency": "2s",
+        "syncFrequency": "10s",
+        "cgroupDriver": "cgroupfs",
+        "failSwapOn": False,
+        "authentication": {
+            "anonymous": {"enabled": True},
+            "webhook": {"enabled": False},
+            "x509": {},
+        },
+        "authorization": {"mode": "AlwaysAllow"},
+        # No kubepods cgroup hierarchy: the runtime places pods itself.
+        "cgroupsPerQOS": False,
+        "enforceNodeAllocatable": [],
+        "protectKernelDefaults": False,
+        # Stays true (the default): false also drops cAdvisor's disk metrics,
+        # and /stats/summary then fails ("failed to get rootFs info").
+        "localStorageCapacityIsolation": True,
+        # root lacks CAP_SYS_RESOURCE here: a negative oom_score_adj fails.
+        "oomScoreAdj": 0,
+        # Leave the host's iptables alone.
+        "makeIPTablesUtilChains": False,
+        "serializeImagePulls": False,
+        # A busy shared disk must not evict or garbage-collect the test images.
+        "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "resolvConf": "/etc/resolv.conf",
+    }
+    path = h.dir / "kubelet.yaml"
+    path.write_text(json.dumps(cfg, indent=2))
+    return str(path)
+
+
+def shim_config(h: Harness) -> str:
+    lines = [
+        "[server]",
+        f'transport = "{h.transport}"',
+        "[images]",
+        f'pause_image = "{PAUSE}"',
+        "[streaming]",
+        'address = "127.0.0.1"',
+        "[logging]",
+        'level = "info"',
+    ]
+    if h.handler == "runv":
+        tag = h.tag
+        lines += [
+            "[handlers.runv]",
+            'type = "runv"',
+            f'root = "{h.dir}/runv"',
+            f'run_dir = "{h.dir}/rv"',  # short: agent socket paths must fit in sun_path
+            "[handlers.runv.network]",
+            f'bridge = "rvk{tag}"',
+            f'subnet = "10.94.{h.subnet_octet}.0/24"',
+            f'ipam_dir = "{h.dir}/ipam"',
+            f'hostport_chain = "CRISHIM-K-{tag}"',
+            "[handlers.runv.stub]",
+            f'cgroup_parent = "cri-shim-runv-e2e-{tag}"',
+        ]
+        if h.driver == "qemu":
+            lines.insert(lines.index('type = "runv"') + 1, 'driver = "qemu"')
+            lines += ["[handlers.runv.qemu]", f'cgroup_parent = "cri-shim-runv-e2e-{tag}"']
+            if h.guest_dir:
+                lines.append(f'guest_dir = "{h.guest_dir}"')
+        if h.warm:
+            lines += ["[handlers.runv.pool]", f"size = {h.warm}"]
+    elif h.handler == "docker" and h.warm:
+        # Warm pause containers serve the host-network pods (backends/docker/warm.py).
+        lines += ["[handlers.docker]", 'type = "docker"', "[handlers.docker.pool]", f"size = {h.warm}"]
+    path = h.dir / "cri-shim.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def shim_command() -> list[str]:
+    exe = REPO / ".venv" / "bin" / "cri-shim"
+    if exe.exists():
+        return [str(exe)]
+    return [sys.executable, "-c", "import sys; from shim.cli import main; sys.exit(main())"]

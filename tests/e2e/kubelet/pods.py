@@ -1,0 +1,145 @@
+"""The static pods the harness gives the kubelet, and how their statuses read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+BUSYBOX = "127.0.0.1:5000/busybox:1.36"
+PAUSE = "127.0.0.1:5000/pause:3.10"
+NAMESPACE = "default"
+PORT_FORWARD_PORT = 8080
+# Waiting reasons of a container on its way up; any other one is an error.
+STARTING = {"", "ContainerCreating", "PodInitializing"}
+
+
+def _container(name: str, command: list[str], **extra: Any) -> dict[str, Any]:
+    return {"name": name, "image": BUSYBOX, "imagePullPolicy": "IfNotPresent", "command": command, **extra}
+
+
+def _sh(script: str) -> list[str]:
+    return ["sh", "-c", script]
+
+
+def manifests(hostdir: str) -> dict[str, dict[str, Any]]:
+    """The static pods, by short name (the kubelet names them NAME-NODE).
+
+    Commands stick to what the fake backend's built-in shell runs (echo,
+    sleep, exit, cat, `sh -c "a; b"`) where a check on fake relies on them.
+    """
+    pods: dict[str, dict[str, Any]] = {
+        "net": {"containers": [_container("main", _sh("echo line-one; echo line-two; sleep 3600"))]},
+        "hostnet": {"hostNetwork": True, "containers": [_container("main", ["sleep", "3600"])]},
+        "init": {
+            "initContainers": [
+                _container(
+                    "init",
+                    _sh("echo init-done > /data/marker"),
+                    volumeMounts=[{"name": "data", "mountPath": "/data"}],
+                )
+            ],
+            "containers": [
+                _container(
+                    "app",
+                    _sh("cat /data/marker; sleep 3600"),
+                    volumeMounts=[{"name": "data", "mountPath": "/data"}],
+                )
+            ],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+        },
+        "crash": {"containers": [_container("main", _sh("echo crashing; exit 3"))]},
+        "etchosts": {"containers": [_container("main", _sh("cat /etc/hosts; sleep 3600"))]},
+        "termmsg": {
+            "restartPolicy": "Never",
+            "containers": [_container("main", _sh("printf bye-from-termlog > /dev/termination-log; exit 0"))],
+        },
+        "hostpath": {
+            "containers": [
+                _container(
+                    "main",
+                    _sh("cat /host/hello.txt; sleep 3600"),
+                    volumeMounts=[{"name": "host", "mountPath": "/host", "readOnly": True}],
+                )
+            ],
+            "volumes": [{"name": "host", "hostPath": {"path": hostdir, "type": "Directory"}}],
+        },
+        "two": {
+            "containers": [
+                _container("sleeper", ["sleep", "3600"]),
+                _container(
+                    "echo",
+                    ["nc", "-ll", "-p", str(PORT_FORWARD_PORT), "-e", "cat"],
+                    ports=[{"containerPort": PORT_FORWARD_PORT, "protocol": "TCP"}],
+                ),
+            ]
+        },
+        "gone": {"containers": [_container("main", ["sleep", "3600"])]},
+    }
+    out = {}
+    for name, spec in pods.items():
+        spec.setdefault("restartPolicy", "Always")
+        # sleep as PID 1 ignores SIGTERM: keep the kill (and teardown) short.
+        spec["terminationGracePeriodSeconds"] = 2
+        out[name] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"e2e": "kubelet-harness"}},
+            "spec": spec,
+        }
+    return out
+
+
+def container_status(pod: dict[str, Any], name: str, *, init: bool = False) -> dict[str, Any] | None:
+    key = "initContainerStatuses" if init else "containerStatuses"
+    for s in pod.get("status", {}).get(key) or []:
+        if s.get("name") == name:
+            return dict(s)
+    return None
+
+
+def describe(status: dict[str, Any] | None) -> str:
+    if status is None:
+        return "no container status"
+    state = status.get("state") or {}
+    parts = []
+    for kind, detail in state.items():
+        reason = detail.get("reason", "")
+        msg = detail.get("message", "")
+        extra = f" exit {detail['exitCode']}" if "exitCode" in detail else ""
+        parts.append(f"{kind} {reason}{extra} {msg}".strip())
+    parts.append(f"restarts {status.get('restartCount', 0)}")
+    return "; ".join(parts)[:400]
+
+
+def settled(pod: dict[str, Any] | None) -> bool:
+    if pod is None:
+        return False
+    spec, status = pod.get("spec", {}), pod.get("status", {})
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return True
+    groups = [("initContainers", "initContainerStatuses"), ("containers", "containerStatuses")]
+    for spec_key, status_key in groups:
+        by_name = {s.get("name"): s for s in status.get(status_key) or []}
+        for c in spec.get(spec_key) or []:
+            s = by_name.get(c["name"])
+            if s is None:
+                # App containers have no status while an init container fails.
+                if spec_key == "containers" and init_failing(status):
+                    continue
+                return False
+            waiting = (s.get("state") or {}).get("waiting")
+            if waiting is not None and waiting.get("reason", "") in STARTING:
+                if spec_key == "containers" and init_failing(status):
+                    continue
+                return False
+    return True
+
+
+def init_failing(status: dict[str, Any]) -> bool:
+    for s in status.get("initContainerStatuses") or []:
+        waiting = (s.get("state") or {}).get("waiting")
+        if waiting is not None and waiting.get("reason", "") not in STARTING:
+            return True
+        terminated = (s.get("state") or {}).get("terminated")
+        if terminated is not None and terminated.get("exitCode") != 0:
+            return True
+    return False
