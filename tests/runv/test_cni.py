@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import os
 import secrets
 import subprocess
@@ -23,13 +24,15 @@ import pytest
 from backends.cni import PluginError
 from backends.contract import ContainerRecord, SandboxRecord
 from backends.runv.backend import RunvBackend
+from backends.runv.drivers.qemu import QemuHypervisor
 from cri_api import api_pb2 as pb
 from tests.cni import fakeplugin
 from tests.cni.breaker import HOWS, TIMEOUT, break_add, run_broken
-from tests.cni.realnet import PLUGIN_DIR, Net, own_network, why_not
+from tests.cni.realnet import PLUGIN_DIR, Net, own_network, run, why_not
 from tests.criutil import until
 from tests.runv.helpers import Events, MemorySink, container_record, needs_vm, sandbox_record
 from tests.runv.test_network import SERVER, _fetch
+from tests.runv.test_qemu import _qemu_config, _taps, needs_qemu
 
 pytestmark = [needs_vm, pytest.mark.skipif(bool(why_not()), reason=why_not())]
 
@@ -292,3 +295,47 @@ async def test_a_warm_vm_is_added_when_a_pod_takes_it(net: CniNet) -> None:
         await backend.remove_sandbox(sb)
         await backend.remove_container(ct)
         assert net.reserved() == {} and net.pins() == []
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+@needs_qemu
+@pytest.mark.timeout(600)
+async def test_a_qemu_vm_gets_what_cni_gave_its_interface(net: CniNet) -> None:
+    """The tap redirected to CNI's eth0 in QEMU's namespace; the guest's NIC with its MAC, MTU,
+    address and routes; reached from the host at its IP and at a host port."""
+    conf = net.conflist()
+    conf["plugins"][1]["mtu"] = 1400
+    conf["plugins"][1]["ipam"]["routes"] = [{"dst": "198.51.100.0/24"}]  # via the gateway
+    fakeplugin.write_json(net.conf_dir / "10-test.conflist", conf)
+    net.config = _qemu_config(net.config)
+    backend = net.backend()
+    port = 30000 + secrets.randbelow(2000)
+    async with running(backend) as events:
+        sb = pod("vm", port_mappings=[pb.PortMapping(container_port=8080, host_port=port)])
+        ip = (await backend.run_sandbox(sb)).ip
+        assert net.reserved() == {ip: sb.id} and len(net.ports()) == 1 and net.pins() == [sb.id]
+        vm = backend._shared.pods[sb.id].vm
+        assert QemuHypervisor.tap_name(vm.id) not in _taps()  # it is in QEMU's namespace
+        pin = str(net.backend_root / "netns" / sb.id)
+        assert os.stat(f"/proc/{vm.pid}/ns/net").st_ino == os.stat(pin).st_ino
+        [eth0] = json.loads(run("nsenter", f"--net={pin}", "ip", "-j", "link", "show", "eth0"))
+        assert eth0["mtu"] == 1400
+
+        ct = await started(backend, events, sb, SERVER)
+        link = await inside(backend, ct, "busybox", "ip", "-o", "link", "show", "dev", "eth0")
+        assert "mtu 1400" in link and f"link/ether {eth0['address']}" in link
+        addr = await inside(backend, ct, "busybox", "ip", "-o", "-4", "addr", "show", "dev", "eth0")
+        assert f"inet {ip}/24" in addr
+        gateway = str(net.subnet.network_address + 1)
+        routes = await inside(backend, ct, "busybox", "ip", "-4", "route")
+        assert f"198.51.100.0/24 via {gateway} dev eth0" in routes, routes
+        assert await _fetch(ip, 8080, timeout=60) == b"pong\n"
+        assert await _fetch("127.0.0.1", port, timeout=60) == b"pong\n"
+
+        await backend.stop_sandbox(sb)
+        assert not backend.hv.alive(vm)
+        assert net.reserved() == {} and net.ports() == [] and net.pins() == [] and net.iptables() == set()
+        await backend.remove_sandbox(sb)
+        await backend.remove_container(ct)
+    assert net.vms() == [] and net.cached() == []
