@@ -5,6 +5,10 @@ gives up. What a backend must leave after each is the test's to check."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -49,3 +53,19 @@ async def run_broken(run: Coroutine[Any, Any, object], how: str, pids: Path) -> 
         with pytest.raises(asyncio.CancelledError):
             await task
     assert not any(fakeplugin.alive(int(pid)) for pid in pids.read_text().split())
+
+
+async def wait_hung(pids: Path, call: asyncio.Future[Any], seconds: float = 30) -> None:
+    """Until the hanging plugin has written its PIDs, ``call`` (that waits for it) not done."""
+    deadline = time.monotonic() + seconds
+    while not (pids.exists() and pids.read_text()):
+        assert time.monotonic() < deadline and not call.done()
+        await asyncio.sleep(0.05)
+
+
+def kill_hung(pids: Path) -> None:
+    """SIGKILL the hanging plugin and its child: in a session of their own, they outlive a runtime
+    that was killed."""
+    for pid in pids.read_text().split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
