@@ -85,6 +85,8 @@ class RunvBackend:
         own = name if re.fullmatch(r"[A-Za-z0-9_.-]+", name) and name not in (".", "..") else "runv"
         self.root = str(config.get("root", f"/var/lib/cri-shim/{own}"))
         run_dir = str(config.get("run_dir", f"/run/cri-shim/{own}"))
+        # Pins of pod namespaces under root, not run_dir: every directory there is a VM's.
+        self.cni = CniPods.of_handler(name, config, self.root)
         self.driver = str(config.get("driver", "stub"))
         self.hv: Hypervisor = hypervisor if hypervisor is not None else _driver(name, config, run_dir)
         caps = type(self).capabilities
@@ -100,8 +102,6 @@ class RunvBackend:
         net_config = dict(config.get("network") or {})
         net_config.setdefault("owner", hashlib.sha256(os.path.abspath(self.root).encode()).hexdigest()[:12])
         self.net = PodNetwork(net_config)
-        # Pins of pod namespaces under root, not run_dir: every directory there is a VM's.
-        self.cni = CniPods.of_handler(name, config, self.root)
         containers_dir = os.path.join(self.root, "containers")
         self._shared = Shared(
             self.hv,
