@@ -21,7 +21,9 @@ no timer interrupt under TCG):
   asked, so the guest sees it at ``/run/runv/shares/<tag>``. The host's mount table never
   shows the shares, they die with QEMU, and nothing the guest mounts reaches the host;
 - virtio-net on a tap device, joined to the veth the backend puts on the pod bridge by two
-  tc redirects (``attach_interface``);
+  tc redirects (``attach_interface``); on CNI (``VMSpec.own_netns``) QEMU runs in a network
+  namespace of its own, makes the tap there, and the tap is joined the same way to the
+  ``eth0`` the CNI plugins made in it (``join_interface``);
 - virtio-rng, so that the guest's entropy is ready at once.
 
 Acceleration: KVM when ``/dev/kvm`` opens and a VM runs on it, else TCG (full emulation:
