@@ -29,8 +29,7 @@ from typing import Any
 import structlog
 
 from backends.cni.client import Readiness
-from backends.cni.pods import CNI, IFNAME, PodNetwork, pod_network, settings_from
-from backends.cni.result import Result
+from backends.cni.pods import CNI, PodNetwork, pod_network, settings_from
 from backends.contract import SandboxNetwork, SandboxRecord
 from backends.contract.errors import CriError, FailedPreconditionError, InvalidArgumentError
 from backends.linux import netns
@@ -86,10 +85,6 @@ class CniPods:
             raise FailedPreconditionError(f"sandbox {sandbox.id}: {exc.strerror}") from exc
         sandbox.backend_data[NETNS] = path
         return await self.network.add(sandbox.id, path, sandbox.config)
-
-    async def result(self, sandbox_id: str) -> Result | None:
-        """The result of the pod's ADD, as cached: its interfaces, addresses, routes."""
-        return await asyncio.to_thread(self.network.client.cached_result, sandbox_id, IFNAME)
 
     async def detach(self, sandbox: SandboxRecord) -> None:
         """DEL the pod, then unpin; the plugin's error (and the pin) stay if the DEL fails."""
