@@ -61,9 +61,7 @@ async def guest_network(ip: str, netns: str, ifname: str, guest_if: str) -> m.Ne
     """The agent's ``network`` request that gives ``guest_if`` (named ``ifname`` in the guest)
     the configuration of ``ifname`` in ``netns``."""
     links = await _ip_json(ip, netns, "addr", "show", "dev", ifname)
-    if not links:
-        raise errors.InternalError(f"the CNI plugins made no {ifname} in {netns}")
-    link = links[0]
+    link = links[0] if links else {}
     infos = [a for a in link.get("addr_info", []) if a.get("scope") == "global"]
     infos.sort(key=lambda a: a.get("family") != "inet")  # IPv4 first, as the pod IP is
     addresses = [f"{a['local']}/{a['prefixlen']}" for a in infos]

@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 
 from backends.cni import PluginError
-from backends.contract import ContainerRecord, SandboxRecord
+from backends.contract import ContainerRecord, SandboxRecord, errors
+from backends.runv import cninet
+from backends.runv.agent import messages as m
 from backends.runv.backend import RunvBackend
 from backends.runv.drivers.qemu import QemuHypervisor
 from cri_api import api_pb2 as pb
@@ -148,6 +150,42 @@ async def test_pods_get_addresses_of_the_network_and_reach_each_other(net: CniNe
         assert net.reserved() == {} and net.ports() == [] and net.pins() == [] and net.cached() == []
         assert events.not_ready == {}
     assert net.vms() == []
+
+
+async def test_the_guest_nic_is_given_what_the_namespace_has(net: CniNet) -> None:
+    """What qemu's guest is told: eth0's MAC, MTU, global addresses (IPv4 first) and the routes
+    not the kernel's own, whichever family."""
+    ns = net.netns()
+    name = os.path.basename(ns)
+    for argv in (
+        "link add eth0 mtu 1410 address 0a:58:0a:fc:09:07 type veth peer name peer0",  # no dummy module
+        "link set peer0 up",
+        "addr add fd00:9::7/64 dev eth0 nodad",
+        "addr add 10.252.9.7/24 dev eth0",
+        "link set eth0 up",
+        "route add default via 10.252.9.1",
+        "route add 198.51.100.0/24 via 10.252.9.1",
+        "route add 203.0.113.0/24 dev eth0",
+        "-6 route add fd01::/64 via fd00:9::1",
+    ):
+        run("ip", "-n", name, *argv.split())
+    req = await cninet.guest_network("ip", ns, "eth0", "eth0")
+    assert (req.interface, req.name, req.mtu, req.mac) == ("eth0", "eth0", 1410, "0a:58:0a:fc:09:07")
+    assert (req.address, req.more_addresses, req.gateway) == ("10.252.9.7/24", ["fd00:9::7/64"], "")
+    assert sorted(req.routes, key=str) == sorted(
+        [
+            m.Route("default", "10.252.9.1"),
+            m.Route("198.51.100.0/24", "10.252.9.1"),
+            m.Route("203.0.113.0/24"),
+            m.Route("fd01::/64", "fd00:9::1"),
+        ],
+        key=str,
+    )
+    with pytest.raises(errors.InternalError, match='Device "eth1" does not exist'):
+        await cninet.guest_network("ip", ns, "eth1", "eth0")
+    run("ip", "-n", name, "addr", "flush", "dev", "eth0", "scope", "global")
+    with pytest.raises(errors.InternalError, match=r"gave eth0 in .* no address"):
+        await cninet.guest_network("ip", ns, "eth0", "eth0")
 
 
 async def test_a_host_port_answers_on_the_host_through_portmap(net: CniNet) -> None:
