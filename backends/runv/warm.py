@@ -4,8 +4,8 @@ out by RunPodSandbox (the pool itself and its settings: :mod:`backends.runv.pool
 On the node's CNI network a warm VM is booted with a network namespace of its own and nothing
 in it: the ADD needs the pod (its sandbox ID is the CNI container ID, its name, namespace, UID,
 host ports and bandwidth are the plugins' arguments, the IPAM records the address under it), so
-it runs when a pod takes the VM (cninet.py). The boot, seconds, is what the pool hides; the ADD
-takes tens of milliseconds.
+it runs when a pod takes the VM (cninet.py). The boot is what the pool hides (seconds with
+qemu); the ADD of Debian's bridge + host-local + portmap adds about 0.15 s.
 """
 
 from __future__ import annotations
