@@ -29,8 +29,8 @@ PodSandboxStatus and ContainerStatus:
   shim was up and stable (also the checks and the final cleanup), is an error,
   listed with its code and message.
 
-With ``--cni`` (docker) pods are on a CNI network of the run's own instead of the
-engine's (``pod_network = "cni"``): Debian's loopback + bridge + host-local + portmap
+With ``--cni`` (docker, runv) pods are on a CNI network of the run's own instead of the
+engine's or runv's bridge (``pod_network = "cni"``): Debian's loopback + bridge + host-local + portmap
 on a bridge ``crr0-<rand>`` and a free /24 of 10.252.0.0/16, host-local's store and
 the config under the run's directory; every other pod maps a host port (portmap).
 
@@ -38,7 +38,8 @@ At the end every pod is removed through CRI, the shim is stopped with SIGTERM,
 and LEAKED counts what is left: records in the state dir (all handlers);
 docker: engine containers with this shim's instance label (--cni: also the
 addresses host-local holds, veths on the bridge, iptables rules and chains of
-the network, pinned namespaces, CNI cache entries); runv: entries of
+the network, pinned namespaces, CNI cache entries; runv --cni the same, its pins
+counted as mounts under its root); runv: entries of
 its run_dir and root/containers, cgroups under its cgroup parent (every v1
 hierarchy and v2), processes in them, veths on its bridge, IPAM files, mounts
 under its directories, rules in its chain. Then what it made is removed (its
@@ -48,7 +49,7 @@ It prints one table and exits 0 (a benchmark) unless the harness itself broke.
 
 Run as root from the repository root (docker: the engine's socket; runv:
 namespaces, cgroups, bridge), with the registry of scripts/testenv/up:
-    .venv/bin/python bench/crash_rounds.py --handler docker [--cni] [--rounds 10] [--ops 40] [--workers 8] [--seed N]
+    .venv/bin/python bench/crash_rounds.py --handler docker|runv [--cni] [--rounds 10] [--ops 40] [--workers 8] [--seed N]
 """
 
 from __future__ import annotations
@@ -215,12 +216,14 @@ class Run:
             net = network_config(tmp, run_id, free_subnet())
             net["bridge"] = f"rvc{run_id}"
             net["hostport_chain"] = f"CRISHIM-CR-{run_id}"
+            net["ipam_dir"] = f"{tmp}/runv-ipam"  # {tmp}/ipam is host-local's, with --cni
             self.runv = runv_config(tmp, f"cr-{run_id}", net)
             stub = self.runv["stub"]
             toml = (
                 "[handlers.runv]\n"
                 'type = "runv"\n'
-                f'root = "{self.runv["root"]}"\n'
+                + ('pod_network = "cni"\n' if args.cni else "")
+                + f'root = "{self.runv["root"]}"\n'
                 f'run_dir = "{self.runv["run_dir"]}"\n'
                 f"agent_timeout = {self.runv['agent_timeout']}\n"
                 "\n[handlers.runv.stub]\n"
@@ -229,6 +232,8 @@ class Run:
             )
             if args.warm:
                 toml += f"\n[handlers.runv.pool]\nsize = {args.warm}\nmax_cpu = 0\n"
+            if args.cni:
+                toml += self.cni_network(tmp)
         elif self.handler == "docker":
             toml = (
                 "[handlers.docker]\n"
@@ -238,13 +243,7 @@ class Run:
                 f'instance = "crash-rounds-{run_id}"\n'
             )
             if args.cni:
-                self.cni_before = cni_iptables()
-                self.cni = Net(Path(tmp), "crr", 252, gateway=True)
-                self.cni.write_conflist()
-                toml += (
-                    'pod_network = "cni"\n\n[cni]\n'
-                    f'conf_dir = "{self.cni.conf_dir}"\nbin_dirs = ["/usr/lib/cni"]\n'
-                )
+                toml += 'pod_network = "cni"\n' + self.cni_network(tmp)
             if args.warm:
                 toml += f"\n[handlers.docker.pool]\nsize = {args.warm}\nmax_cpu = 0\n"
         else:
@@ -278,6 +277,13 @@ class Run:
         self.checked = [0, 0]  # acknowledged pods, containers checked in the last check
         self.ready_pods = 0  # READY pods listed at the last check
         self.phase = ""
+
+    def cni_network(self, tmp: str) -> str:
+        """The run's own CNI network, its config written; the ``[cni]`` table that names it."""
+        self.cni_before = cni_iptables()
+        self.cni = Net(Path(tmp), "crr", 252, gateway=True)
+        self.cni.write_conflist()
+        return f'\n[cni]\nconf_dir = "{self.cni.conf_dir}"\nbin_dirs = ["/usr/lib/cni"]\n'
 
     # ------------------------------------------------------------------ shim incarnations
     def boot(self) -> None:
@@ -921,11 +927,11 @@ def main() -> int:
     ap.add_argument(
         "--cni",
         action="store_true",
-        help="docker: pods on a CNI network of the run's own (bridge + host-local + portmap), not the engine's",
+        help="docker, runv: pods on a CNI network of the run's own (bridge + host-local + portmap)",
     )
     args = ap.parse_args()
-    if args.cni and args.handler != "docker":
-        ap.error("--cni is for --handler docker")
+    if args.cni and args.handler == "fake":
+        ap.error("--cni is for --handler docker or runv")
     if args.seed is None:
         args.seed = random.randrange(1 << 30)
     if args.handler != "fake" and os.geteuid() != 0:

@@ -6,13 +6,11 @@ import hashlib
 import os
 from typing import Any
 
-from backends.cni.pods import CNI, PodNetwork, pod_network, settings_from
+from backends.cni.pinned import CniPods
 from backends.contract import options
-from backends.contract.errors import InvalidArgumentError
 from backends.contract.options import Kind, Schema
 
 from .backend import DockerBackend
-from .network import CniPods
 from .warm import POOL_SCHEMA, PoolSettings
 
 __all__ = ["DockerBackend", "create"]
@@ -71,18 +69,5 @@ def create(name: str, config: dict[str, Any]) -> DockerBackend:
         cgroup_driver=str(config.get("cgroup_driver", "")),
         state_dir=state_dir,
         pool=PoolSettings.from_table(name, config.get("pool")),
-        cni=_cni_pods(name, config, state_dir),
+        cni=CniPods.of_handler(name, config, state_dir),
     )
-
-
-def _cni_pods(name: str, config: dict[str, Any], state_dir: str) -> CniPods | None:
-    """None without CNI settings on the builtin network; else the pods on CNI, which, on the
-    builtin network, still release what pods made on CNI before a change hold."""
-    mode = pod_network(name, config)
-    table = config.get("cni")
-    if table is None and mode != CNI:
-        return None
-    if not state_dir:
-        raise InvalidArgumentError(f"[handlers.{name}] pods on CNI need a state_dir (for their namespaces)")
-    network = PodNetwork(settings_from(name, table or {}, state_dir))
-    return CniPods(network, os.path.join(state_dir, "netns"), adds=mode == CNI)

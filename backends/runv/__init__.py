@@ -1,8 +1,9 @@
 """runv: a VM per pod (runV/Kata style), containers inside it driven by a guest agent.
 
 ``create`` is the factory the backend registry calls for handler type ``runv``.
-Config keys: ``driver`` (``stub``, the default, or ``qemu``), ``root``, ``run_dir``
-(default ``/var/lib/cri-shim/NAME`` and ``/run/cri-shim/NAME``), ``agent_timeout``,
+Config keys: ``driver`` (``stub``, the default, or ``qemu``), ``pod_network`` (``builtin``, the
+default: the ``network`` table's bridge; or ``cni``: the node's CNI network, ``cninet.py``),
+``root``, ``run_dir`` (default ``/var/lib/cri-shim/NAME`` and ``/run/cri-shim/NAME``), ``agent_timeout``,
 ``overhead_vcpus``, ``overhead_memory_mib``, ``insecure_registries``, a ``qemu`` table (see
 ``drivers/qemu.py`` and README.md) and a ``stub`` table
 (``boot_latency``, ``shutdown_latency``, ``boot_timeout``, ``capacity_vcpus``,

@@ -1,11 +1,12 @@
 """RunvBackend: one VM per pod, containers inside it through the guest agent.
 
 A sandbox is a VM booted by a hypervisor driver (:mod:`.drivers`); its record keeps the VM
-in ``backend_data["vm"]`` (and its network in ``["net"]``), so that a restarted shim adopts
-it. This class only composes the parts, one per RPC family: :mod:`.sandbox`,
-:mod:`.container`, :mod:`.exec`, :mod:`.stats`, :mod:`.images.service`, :mod:`.recovery`,
-:mod:`.warm`; they share the driver, the pod network, the image store and the live pods
-(:mod:`.context`, :mod:`.state`).
+in ``backend_data["vm"]`` (and its network in ``["net"]``, or its pinned namespace in
+``["netns"]`` on CNI), so that a restarted shim adopts it. This class only composes the
+parts, one per RPC family: :mod:`.sandbox` (its network: :mod:`.plumbing` on the own bridge,
+:mod:`.cninet` on CNI), :mod:`.container`, :mod:`.exec`, :mod:`.stats`,
+:mod:`.images.service`, :mod:`.recovery`, :mod:`.warm`; they share the driver, the pod
+networks, the image store and the live pods (:mod:`.context`, :mod:`.state`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from backends import contract
+from backends.cni.pinned import CniPods
 from backends.contract import errors
 from backends.contract.pool import PoolFigures
 from backends.runv import config as runv_config
@@ -83,6 +85,8 @@ class RunvBackend:
         own = name if re.fullmatch(r"[A-Za-z0-9_.-]+", name) and name not in (".", "..") else "runv"
         self.root = str(config.get("root", f"/var/lib/cri-shim/{own}"))
         run_dir = str(config.get("run_dir", f"/run/cri-shim/{own}"))
+        # Pins of pod namespaces under root, not run_dir: every directory there is a VM's.
+        self.cni = CniPods.of_handler(name, config, self.root)
         self.driver = str(config.get("driver", "stub"))
         self.hv: Hypervisor = hypervisor if hypervisor is not None else _driver(name, config, run_dir)
         caps = type(self).capabilities
@@ -107,6 +111,7 @@ class RunvBackend:
             agent_timeout=float(config["agent_timeout"]) if config.get("agent_timeout") is not None else None,
             overhead_vcpus=self.overhead_vcpus,
             overhead_memory=self.overhead_memory,
+            cni=self.cni,
         )
         # Warm VMs: the shape of a pod without limits unless the pool table says otherwise.
         self.pool_config = PoolConfig.from_table(config.get("pool"))
@@ -158,7 +163,18 @@ class RunvBackend:
     async def health(self) -> contract.Health:
         if shutil.which(str(self.config.get("stub", {}).get("runc", "runc"))) is None:
             return contract.Health(False, True, "RuncMissing", "runc is not installed")
+        if self.cni is not None and self.cni.adds:
+            # Read again each time: ready within a Status poll of the network add-on's config.
+            ready = await self.cni.readiness()
+            if not ready.ready:
+                return contract.Health(True, False, reason=ready.reason, message=ready.message)
         return contract.Health(True, True)
+
+    def set_pod_cidr(self, cidr: str) -> None:
+        """On CNI, the node's pod CIDR goes to the plugins (``ipRanges``, the config template);
+        the backend's own bridge keeps its own subnet."""
+        if self.cni is not None and self.cni.adds:
+            self.cni.set_pod_cidr(cidr)
 
     def warm_figures(self) -> PoolFigures | None:
         return self.pool.figures() if self.pool.size > 0 else None

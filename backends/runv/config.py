@@ -23,6 +23,7 @@ TOP: dict[str, Kind] = {
     "overhead_memory_mib": INT,
     "insecure_registries": STRINGS,
     "driver": STR,  # "stub" (default) or "qemu"
+    "pod_network": STR,  # "builtin" (the network table's bridge, the default) or "cni"
 }
 
 STUB: dict[str, Kind] = {

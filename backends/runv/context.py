@@ -1,6 +1,7 @@
-"""What the runv backend's parts share: the driver, the pod network, the image store, the
-settings, the table of live pods, and the agent plumbing every RPC family uses (a pod's VM
-and agent by sandbox ID, the agent's exit events, the watch on each VM for a crash).
+"""What the runv backend's parts share: the driver, the pod network (its own bridge, and the
+node's CNI network), the image store, the settings, the table of live pods, and the agent
+plumbing every RPC family uses (a pod's VM and agent by sandbox ID, the agent's exit events,
+the watch on each VM for a crash).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import structlog
 
 from backends import contract
+from backends.cni.pinned import CniPods
 from backends.contract import errors
 from backends.linux.usage import UsageCache
 from backends.runv.agent import messages as m
@@ -32,7 +34,7 @@ VM_CRASH_REASON = "VMCrashed"
 
 
 class Shared:
-    """The driver, network, image store, settings and live pods of one backend instance."""
+    """The driver, networks, image store, settings and live pods of one backend instance."""
 
     def __init__(
         self,
@@ -44,9 +46,11 @@ class Shared:
         agent_timeout: float | None,
         overhead_vcpus: float,
         overhead_memory: int,
+        cni: CniPods | None = None,
     ) -> None:
         self.hv = hv
-        self.net = net
+        self.net = net  # the backend's own bridge
+        self.cni = cni  # pods on CNI (cninet.py); None: the handler has no CNI settings
         self.images = images
         self.containers_dir = containers_dir  # the containers' writable layers, one directory each
         # Unset: the driver's (seconds of work for an agent on an emulated CPU), else 10 s.

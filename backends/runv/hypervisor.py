@@ -37,6 +37,9 @@ class VMSpec:
     memory_bytes: int
     hostname: str = ""
     host_network: bool = False  # share the host's network (stub only; a real VM cannot)
+    # The VM process in a network namespace of its own, where the CNI plugins make the pod's
+    # interface: the stub's always is (unless host_network); QEMU's then holds its tap too.
+    own_netns: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -52,6 +55,7 @@ class VM:
     channel: str  # address of the agent channel (a unix socket path for the stub)
     started_at: int = 0  # ns; with pid it identifies the process across PID reuse
     host_network: bool = False
+    own_netns: bool = False  # its process's network namespace is the pod's (VMSpec.own_netns)
     shares: dict[str, str] = dataclasses.field(default_factory=dict)  # tag -> host path
     devices: dict[str, str] = dataclasses.field(default_factory=dict)  # host path -> guest path
 
@@ -125,6 +129,12 @@ class Hypervisor(Protocol):
         The stub moves a veth peer into the VM's network namespace; a QEMU
         driver would add a tap-backed virtio-net NIC.
         """
+
+    async def join_interface(self, vm: VM, netns: str, ifname: str) -> str:
+        """Join the guest to ``ifname``, made by the CNI plugins in the network namespace of
+        a VM booted with ``own_netns`` (pinned at ``netns``). Return the guest's interface to
+        configure as the plugins configured ``ifname``, or "" when the guest is on ``ifname``
+        itself (the stub: that namespace is the guest's)."""
 
     # ---- console and agent channel
     def console(self, vm: VM) -> str:

@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import Sequence
 
 from backends import contract
+from backends.cni.pinned import NETNS
 from backends.contract import errors
 from backends.runv.agent import messages as m
 from backends.runv.hypervisor import VM
@@ -36,6 +37,8 @@ async def recover(
         vm = VM.from_dict(data)
         known.add(vm.id)
         if not sb.committed or not await shared.hv.adopt(vm):
+            if NETNS in sb.backend_data and shared.cni is not None:
+                await shared.cni.release(sb)
             await shared.hv.destroy(vm)
             await plumbing.unplumb(shared, sb)
             await shared.net.delete_veth(shared.net.veth_names(vm.id)[0])
@@ -85,4 +88,8 @@ async def recover(
     shared.net.release_unknown(with_net)
     with contextlib.suppress(errors.CriError):
         await shared.net.remove_unknown_host_ports(with_net)
+    if shared.cni is not None:
+        # CNI attachments and pins of pods with no VM left or no record (a SIGKILL between
+        # the ADD and the record).
+        await shared.cni.recover(sid for sid, seen in sb_obs.items() if seen.exists)
     return sb_obs, ct_obs

@@ -1,9 +1,10 @@
 """RunPodSandbox, StopPodSandbox, RemovePodSandbox: a pod is a VM, sized from its resources,
 booted cold or taken warm, set up by its agent (hostname, DNS, sysctls) and put on the pod
-network."""
+network: the backend's own bridge (plumbing.py), or the node's CNI network (cninet.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from typing import Any
@@ -11,13 +12,14 @@ from typing import Any
 import structlog
 
 from backends import contract
+from backends.cni.pinned import NETNS, CniPods
 from backends.contract import errors
 from backends.runv.agent import messages as m
 from backends.runv.hypervisor import MIB, VM, VMSpec
 from backends.runv.network import host_ports
 from cri_api import api_pb2 as pb
 
-from . import plumbing
+from . import cninet, plumbing
 from .context import Shared
 from .state import Pod
 from .warm import WarmVMs
@@ -66,28 +68,37 @@ class Sandboxes:
             bad = sorted(k for k in cfg.linux.sysctls if k.startswith("net."))
             if bad:
                 raise errors.InvalidArgumentError(f"sysctls {bad} are not allowed with host networking")
-        ports = [] if host_net else host_ports(cfg.port_mappings)
+        # On CNI the portmap plugin publishes the host ports; host-network pods skip CNI.
+        cni = shared.cni if shared.cni is not None and shared.cni.adds and not host_net else None
+        ports = [] if host_net or cni is not None else host_ports(cfg.port_mappings)
         self._warm.starting += 1  # the pool's refill waits while any pod starts
         try:
-            return await self._run(sandbox, vcpus, memory, host_net, ports)
+            return await self._run(sandbox, vcpus, memory, host_net, ports, cni)
         finally:
             self._warm.starting -= 1
 
     async def _run(
-        self, sandbox: contract.SandboxRecord, vcpus: int, memory: int, host_net: bool, ports: list[Any]
+        self,
+        sandbox: contract.SandboxRecord,
+        vcpus: int,
+        memory: int,
+        host_net: bool,
+        ports: list[Any],
+        cni: CniPods | None,
     ) -> contract.SandboxNetwork:
         shared = self._shared
         cfg = sandbox.config
         pod = self._warm.take(vcpus, memory) if not host_net else None
         if pod is None:
-            vm = await self._boot_cold(VMSpec(_vm_id(sandbox.id), vcpus, memory, cfg.hostname, host_net))
-            pod = Pod(sandbox.id, vm)
+            own_netns = cni is not None
+            spec = VMSpec(_vm_id(sandbox.id), vcpus, memory, cfg.hostname, host_net, own_netns)
+            pod = Pod(sandbox.id, await self._boot_cold(spec))
         else:
             pod.sandbox_id = sandbox.id
             sandbox.backend_data["warm"] = True
             log.info("sandbox.warm_vm", sandbox_id=sandbox.id, vm=pod.vm.id)
         vm = pod.vm
-        ip = ""
+        net = contract.SandboxNetwork()
         try:
             if pod.agent is None:
                 await shared.connect(pod)
@@ -97,8 +108,10 @@ class Sandboxes:
                 if memory > vm.memory_bytes:
                     await self._warm.with_room(shared.hv.set_memory, vm, memory)
             assert pod.agent is not None
-            if not host_net:
-                ip = await plumbing.plumb(shared, sandbox, pod, ports)
+            if cni is not None:
+                net = await cninet.attach(shared, sandbox, pod)
+            elif not host_net:
+                net = contract.SandboxNetwork(ip=await plumbing.plumb(shared, sandbox, pod, ports))
             dns = cfg.dns_config
             await pod.agent.call(
                 m.SetupRequest(
@@ -108,16 +121,23 @@ class Sandboxes:
                 )
             )
         except BaseException:
-            if pod.agent is not None:
-                await pod.agent.close()
-            await shared.hv.destroy(vm)
-            await plumbing.unplumb(shared, sandbox)
-            await plumbing.unwire_warm(shared, pod)
+            # Shielded: a RunPodSandbox given up (cancelled) again still leaves nothing.
+            await asyncio.shield(self._undo(sandbox, pod, cni))
             raise
         sandbox.backend_data["vm"] = vm.to_dict()
         shared.pods[sandbox.id] = pod
         shared.watch(pod)
-        return contract.SandboxNetwork(ip=ip)
+        return net
+
+    async def _undo(self, sandbox: contract.SandboxRecord, pod: Pod, cni: CniPods | None) -> None:
+        shared = self._shared
+        if pod.agent is not None:
+            await pod.agent.close()
+        if cni is not None:
+            await cni.release(sandbox)  # before the VM goes, as a stop does
+        await shared.hv.destroy(pod.vm)
+        await plumbing.unplumb(shared, sandbox)
+        await plumbing.unwire_warm(shared, pod)
 
     async def _boot_cold(self, spec: VMSpec) -> VM:
         """Boot a VM for one pod."""
@@ -129,6 +149,23 @@ class Sandboxes:
             raise errors.UnavailableError(f"VM boot failed: {exc or type(exc).__name__}") from exc
 
     async def stop(self, sandbox: contract.SandboxRecord) -> None:
+        shared = self._shared
+        unreleased: errors.CriError | None = None
+        if NETNS in sandbox.backend_data and shared.cni is not None:
+            try:
+                await shared.cni.detach(sandbox)  # DEL from the cache, while the VM still runs
+            except errors.CriError as exc:
+                unreleased = exc
+        await self._stop_vm(sandbox)
+        if unreleased is not None:
+            # The pod is stopped and its network not released: the caller hears why (and stops
+            # again, which DELs again), and the record says NOTREADY, so that a remove needs
+            # no stop first; the remove releases what it can whatever the plugins say.
+            if shared.events is not None:
+                shared.events.sandbox_not_ready(sandbox.id, "CNI DEL failed")
+            raise unreleased
+
+    async def _stop_vm(self, sandbox: contract.SandboxRecord) -> None:
         shared = self._shared
         pod = shared.pods.get(sandbox.id)
         if pod is None:
@@ -162,7 +199,9 @@ class Sandboxes:
         await plumbing.unplumb(shared, sandbox)
 
     async def remove(self, sandbox: contract.SandboxRecord) -> None:
-        await self.stop(sandbox)
+        if NETNS in sandbox.backend_data and self._shared.cni is not None:
+            await self._shared.cni.release(sandbox)  # a plugin's failure is logged, never raised
+        await self._stop_vm(sandbox)
         for cid, sid in list(self._shared.owner.items()):
             if sid == sandbox.id:
                 self._shared.forget(cid)

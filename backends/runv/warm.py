@@ -1,5 +1,12 @@
 """Warm VMs: booted for no pod yet, their agents answering and their network wired, handed
-out by RunPodSandbox (the pool itself and its settings: :mod:`backends.runv.pool`)."""
+out by RunPodSandbox (the pool itself and its settings: :mod:`backends.runv.pool`).
+
+On the node's CNI network a warm VM is booted with a network namespace of its own and nothing
+in it: the ADD needs the pod (its sandbox ID is the CNI container ID, its name, namespace, UID,
+host ports and bandwidth are the plugins' arguments, the IPAM records the address under it), so
+it runs when a pod takes the VM (cninet.py). The boot is what the pool hides (seconds with
+qemu); the ADD of Debian's bridge + host-local + portmap adds about 0.15 s.
+"""
 
 from __future__ import annotations
 
@@ -56,13 +63,15 @@ class WarmVMs:
         """A VM for no pod yet: booted, its agent answering, its network wired."""
         shared = self._shared
         vcpus, memory = self.shape
-        vm = await shared.hv.create(VMSpec("w" + secrets.token_hex(8)[:15], vcpus, memory))
+        cni = shared.cni is not None and shared.cni.adds
+        vm = await shared.hv.create(VMSpec("w" + secrets.token_hex(8)[:15], vcpus, memory, own_netns=cni))
         pod = Pod("", vm)
         try:
             await shared.connect(pod)
-            holder = "warm-" + vm.id  # in no record: released by recovery after a SIGKILL
-            pod.warm_net = {"ip": shared.net.allocate(holder), "holder": holder}
-            await plumbing.wire(shared, pod, pod.warm_net["ip"])
+            if not cni:
+                holder = "warm-" + vm.id  # in no record: released by recovery after a SIGKILL
+                pod.warm_net = {"ip": shared.net.allocate(holder), "holder": holder}
+                await plumbing.wire(shared, pod, pod.warm_net["ip"])
         except BaseException:
             await self._discard(pod)
             raise

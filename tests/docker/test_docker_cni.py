@@ -19,14 +19,13 @@ from typing import Any
 import docker
 import pytest
 
-from backends.cni import PluginError, PluginTimeoutError
+from backends.cni import PluginError
 from backends.contract import ContainerRecord, SandboxRecord, SandboxStatus
-from backends.contract.errors import DeadlineExceededError
 from backends.docker import DockerBackend, create
 from cri_api import api_pb2 as pb
 from tests.cni import fakeplugin
+from tests.cni.breaker import HOWS, TIMEOUT, break_add, run_broken
 from tests.cni.realnet import PLUGIN_DIR, Net, own_network, run, why_not
-from tests.criutil import until
 from tests.docker.dockerkit import (
     ENDPOINT,
     INSTANCE,
@@ -225,36 +224,19 @@ async def test_the_pod_cidr_reaches_host_local_as_ip_ranges(engine: docker.APICl
     assert net.reserved() == {}
 
 
-@pytest.mark.parametrize("how", ["fails", "hangs", "given-up"])
+@pytest.mark.parametrize("how", HOWS)
 async def test_a_plugin_that_fails_or_hangs_leaves_nothing(
     engine: docker.APIClient, net: CniNet, how: str
 ) -> None:
     """Also when the client gives up (the call is cancelled) while a plugin runs."""
-    fakeplugin.install(net.bin_dir, "breaker")
-    pids = net.root / "pids"
-    action = {"error": {"code": 7, "msg": "refused"}} if how == "fails" else {"hang": str(pids)}
-    net.write_conflist({"type": "breaker", "fake": {"ADD": action}})
-    backend = net.backend(plugin_timeout=3)
+    pids = break_add(net, how)
+    backend = net.backend(plugin_timeout=TIMEOUT)
     await backend.start(Events())
     sb = pod(
         "broken", port_mappings=[pb.PortMapping(container_port=80, host_port=30000 + secrets.randbelow(2000))]
     )
     try:
-        if how == "fails":
-            with pytest.raises(PluginError, match=r"breaker ADD failed \(code 7\): refused"):
-                await backend.run_sandbox(sb)
-        elif how == "hangs":
-            with pytest.raises(PluginTimeoutError, match="breaker ADD did not finish in 3s") as info:
-                await backend.run_sandbox(sb)
-            assert isinstance(info.value, DeadlineExceededError)
-        else:
-            run = asyncio.ensure_future(backend.run_sandbox(sb))
-            await until(lambda: pids.exists() and bool(pids.read_text()), 20)
-            run.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await run
-        if how != "fails":
-            assert not any(fakeplugin.alive(int(pid)) for pid in pids.read_text().split())
+        await run_broken(backend.run_sandbox(sb), how, pids)
     finally:
         await backend.close()
     assert net.reserved() == {}

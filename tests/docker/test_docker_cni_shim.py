@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -28,20 +27,18 @@ from tests.cni import fakeplugin
 from tests.cni.realnet import PLUGIN_DIR, Net, own_network, why_not
 from tests.criutil import container_config, sandbox_config
 from tests.docker.dockerkit import BUSYBOX, ENDPOINT, PAUSE
+from tests.shimproc import ShimProcess
 
 pytestmark = [pytest.mark.docker, pytest.mark.skipif(bool(why_not()), reason=why_not())]
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-class ShimNet(Net):
+class ShimNet(ShimProcess, Net):
     """The network, and a shim on it: its config, its process, its engine containers."""
 
     def __init__(self, root: Path, tag: str, octet: int, gateway: bool) -> None:
         super().__init__(root, tag, octet, gateway)
         self.sock = f"{root}/cri.sock"
         self.instance = f"cnishim-{self.rand}"
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def configure(self, template: bool = False) -> None:
         cni = f'conf_dir = "{self.conf_dir}"\nbin_dirs = ["{self.bin_dir}", "{PLUGIN_DIR}"]\nplugin_timeout = 20\n'
@@ -61,36 +58,6 @@ class ShimNet(Net):
             "[nri]\nenable = false\n"
             f"[cni]\n{cni}"
         )
-
-    def start(self) -> None:
-        with open(self.root / "server.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "shim.cli", "serve", "--config", f"{self.root}/cri-shim.toml"],
-                cwd=ROOT,
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-            )
-        deadline = time.monotonic() + 60
-        while True:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"the shim did not start: {(self.root / 'server.log').read_text()}")
-            if os.path.exists(self.sock):
-                with grpc.insecure_channel(f"unix://{self.sock}") as ch:
-                    try:
-                        api_pb2_grpc.RuntimeServiceStub(ch).Version(pb.VersionRequest(), timeout=1)
-                        return
-                    except grpc.RpcError:
-                        pass
-            time.sleep(0.05)
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(30)
-        self.proc = None
-
-    def channel(self) -> grpc.aio.Channel:
-        return grpc.aio.insecure_channel(f"unix://{self.sock}")
 
     def engine_pods(self, engine: docker.APIClient) -> list[str]:
         """The pod of each engine container of this shim."""

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from backends.runv.agent import messages as m
+from backends.runv.agent import vm
 from backends.runv.agent.client import AgentClient
+from backends.runv.agent.guest import Guest
 from backends.runv.agent.protocol import Channel
 from backends.runv.agent.server import Agent
 from shim.cri import errors
@@ -89,3 +91,36 @@ async def test_bad_arguments_are_invalid_naming_the_field(
     with pytest.raises(errors.InvalidArgumentError, match=f"agent {op}: {field}"):
         await client.raw(op, dict(args))
     assert await client.call(m.ListRequest()) == m.ContainerList()
+
+
+async def test_network_gives_the_nic_what_cni_gave_its_interface(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MAC before the link is up, every address, then the routes, IPv6 ones with -6."""
+    ran: list[list[str]] = []
+
+    async def run(argv: list[str]) -> None:
+        ran.append(argv)
+
+    g = Guest(str(tmp_path), "/test")
+    monkeypatch.setattr(g, "run", run)
+    req = m.NetworkRequest(
+        interface="eth0",
+        name="eth0",
+        address="10.252.0.5/24",
+        more_addresses=["fd00::5/64"],
+        mtu=1450,
+        mac="0a:58:0a:fc:00:05",
+        routes=[m.Route("default", "10.252.0.1"), m.Route("fd01::/64", "fd00::1"), m.Route("10.9.0.0/16")],
+    )
+    assert await vm.network(g, req) == m.NetworkResult(name="eth0")
+    assert ran == [
+        ["ip", "link", "set", "dev", "eth0", "address", "0a:58:0a:fc:00:05"],
+        ["ip", "link", "set", "dev", "eth0", "mtu", "1450"],
+        ["ip", "addr", "replace", "10.252.0.5/24", "dev", "eth0"],
+        ["ip", "addr", "replace", "fd00::5/64", "dev", "eth0"],
+        ["ip", "link", "set", "dev", "eth0", "up"],
+        ["ip", "route", "replace", "default", "via", "10.252.0.1", "dev", "eth0"],
+        ["ip", "-6", "route", "replace", "fd01::/64", "via", "fd00::1", "dev", "eth0"],
+        ["ip", "route", "replace", "10.9.0.0/16", "dev", "eth0"],
+    ]

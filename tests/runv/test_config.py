@@ -32,7 +32,11 @@ def _valid(tmp_path: Path) -> dict[str, Any]:
 def test_a_valid_config_creates_the_backend(tmp_path: Path) -> None:
     backend = create("vm", _valid(tmp_path))
     assert backend.name == "vm" and backend.net.mtu == 1400 and backend.agent_timeout == 5.0
+    assert backend.cni is None  # the builtin network, no [cni] table
     config.check("vm", {})  # everything is optional
+    cni = create("vm", {**_valid(tmp_path), "pod_network": "cni", "cni": {"conf_dir": str(tmp_path)}})
+    assert cni.cni is not None and cni.cni.adds and cni.cni.pin_dir == str(tmp_path / "root" / "netns")
+    assert cni.cni.network.client.settings.cache_dir == str(tmp_path / "root" / "cni" / "vm")
 
 
 @pytest.mark.parametrize(
@@ -61,6 +65,8 @@ def test_a_valid_config_creates_the_backend(tmp_path: Path) -> None:
             r"\[handlers.vm.network\] mtu: expected a non-negative integer, got '1500'",
         ),
         ({"network": "crishim-rv0"}, r"\[handlers.vm\] network: expected a table"),
+        ({"pod_network": "calico"}, r"\[handlers.vm\] pod_network: 'calico' is not 'builtin' or 'cni'"),
+        ({"cni": {"plugin_timeout": 0}}, r"\[cni\] plugin_timeout: must be more than 0"),
     ],
     ids=[
         "unknown-top",
@@ -74,6 +80,8 @@ def test_a_valid_config_creates_the_backend(tmp_path: Path) -> None:
         "list-for-string",
         "string-for-int",
         "not-a-table",
+        "pod-network",
+        "cni-table",
     ],
 )
 def test_bad_key_or_type_is_an_error_naming_handler_table_key(

@@ -36,6 +36,13 @@ MESSAGES: list[m.Message] = [
     m.Hello(version=1, pid=1, containers=2),
     m.SetupRequest(hostname="pod", dns=m.Dns(servers=["10.0.0.10"], searches=["svc"]), sysctls={"a.b": "1"}),
     m.NetworkRequest(interface="rp1", address="10.90.0.5/16", name="eth0", gateway="10.90.0.1", mtu=1500),
+    m.NetworkRequest(
+        interface="eth0",
+        address="10.252.0.5/24",
+        more_addresses=["fd00::5/64"],
+        routes=[m.Route("default", "10.252.0.1"), m.Route("10.9.0.0/16")],
+        mac="0a:58:0a:fc:00:05",
+    ),
     m.NetworkResult(name="eth0"),
     m.CreateRequest(id="c1", spec=SPEC),
     m.CreateRequest(id="c2", spec=m.ContainerSpec(args=["true"], rootfs=m.Rootfs(path="/x"))),

@@ -50,6 +50,7 @@ __all__ = [
     "ResizeRequest",
     "Resources",
     "Rootfs",
+    "Route",
     "Seccomp",
     "SetupRequest",
     "ShutdownRequest",
@@ -381,14 +382,24 @@ class SetupRequest(Request[Empty]):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Route(Message):
+    destination: str  # a CIDR, or "default"
+    via: str = ""  # the gateway; empty: on the link
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class NetworkRequest(Request[NetworkResult]):
     OP = "network"
     RESULT = NetworkResult
     interface: str
     address: str  # CIDR
     name: str = ""  # empty: keep the interface's name
-    gateway: str = ""
+    gateway: str = ""  # a default route via it
     mtu: int = 0
+    # A pod on CNI: the interface as the plugins made it on the host side.
+    more_addresses: list[str] = dataclasses.field(default_factory=list)  # CIDRs: IPv6, a second range
+    routes: list[Route] = dataclasses.field(default_factory=list)
+    mac: str = ""  # empty: keep the interface's own
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

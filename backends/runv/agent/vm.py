@@ -57,19 +57,23 @@ async def setup(g: Guest, req: SetupRequest) -> Empty:
 
 
 async def network(g: Guest, req: NetworkRequest) -> NetworkResult:
-    """Configure a NIC the host hot-plugged: rename, address, up, default route."""
+    """Configure a NIC the host hot-plugged: rename, MAC, MTU, addresses, up, routes."""
     name = req.name or req.interface
     steps = []
     if name != req.interface:
         steps.append(["ip", "link", "set", "dev", req.interface, "name", name])
+    if req.mac:
+        steps.append(["ip", "link", "set", "dev", name, "address", req.mac])
     if req.mtu:
         steps.append(["ip", "link", "set", "dev", name, "mtu", str(req.mtu)])
-    steps += [
-        ["ip", "addr", "replace", req.address, "dev", name],
-        ["ip", "link", "set", "dev", name, "up"],
-    ]
+    steps += [["ip", "addr", "replace", a, "dev", name] for a in (req.address, *req.more_addresses)]
+    steps.append(["ip", "link", "set", "dev", name, "up"])
     if req.gateway:
         steps.append(["ip", "route", "replace", "default", "via", req.gateway, "dev", name])
+    for r in req.routes:
+        via = ["via", r.via] if r.via else []
+        family = ["-6"] if ":" in r.destination + r.via else []  # "default" names no family
+        steps.append(["ip", *family, "route", "replace", r.destination, *via, "dev", name])
     for argv in steps:
         await g.run(argv)
     return NetworkResult(name=name)

@@ -200,6 +200,10 @@ class ProcessVMs(abc.ABC):
         self._reserved[vm_id] = (vcpus, memory)
 
     # ---- the VM process
+    def _own_netns(self, spec: VMSpec) -> bool:
+        """Whether the VM process of ``spec`` gets a network namespace of its own."""
+        return spec.own_netns
+
     async def _create(self, spec: VMSpec, boot: Callable[[VM], Awaitable[None]]) -> VM:
         """Reserve room for ``spec``, make its record and ``boot`` it; on any failure nothing is left."""
         check_size(spec)
@@ -213,6 +217,7 @@ class ProcessVMs(abc.ABC):
             state_dir=state_dir,
             channel=os.path.join(state_dir, "agent.sock"),
             host_network=spec.host_network,
+            own_netns=self._own_netns(spec),
         )
         async with self._lock:
             self._reserve(spec.id, *self._footprint(vm))

@@ -21,7 +21,9 @@ no timer interrupt under TCG):
   asked, so the guest sees it at ``/run/runv/shares/<tag>``. The host's mount table never
   shows the shares, they die with QEMU, and nothing the guest mounts reaches the host;
 - virtio-net on a tap device, joined to the veth the backend puts on the pod bridge by two
-  tc redirects (``attach_interface``);
+  tc redirects (``attach_interface``); on CNI (``VMSpec.own_netns``) QEMU runs in a network
+  namespace of its own, makes the tap there, and the tap is joined the same way to the
+  ``eth0`` the CNI plugins made in it (``join_interface``);
 - virtio-rng, so that the guest's entropy is ready at once.
 
 Acceleration: KVM when ``/dev/kvm`` opens and a VM runs on it, else TCG (full emulation:
@@ -39,6 +41,7 @@ import asyncio
 import contextlib
 import hashlib
 import importlib.util
+import json
 import marshal
 import os
 import shutil
@@ -52,6 +55,7 @@ import structlog
 from backends.contract.errors import (
     DeadlineExceededError,
     FailedPreconditionError,
+    InternalError,
     InvalidArgumentError,
     UnimplementedError,
 )
@@ -323,8 +327,9 @@ class QemuHypervisor(ProcessVMs):
             raise InvalidArgumentError(f"VM socket path too long under {vm.state_dir}")
         os.makedirs(shares_dir(vm), exist_ok=True)
         tap = self.tap_name(vm.id)
-        await host.must(f"cannot create tap {tap}", self.ip, "tuntap", "add", "dev", tap, "mode", "tap")
-        await host.must(f"cannot bring up tap {tap}", self.ip, "link", "set", "dev", tap, "up")
+        if not vm.own_netns:  # else QEMU makes it, in its own namespace (join_interface)
+            await host.must(f"cannot create tap {tap}", self.ip, "tuntap", "add", "dev", tap, "mode", "tap")
+            await host.must(f"cannot bring up tap {tap}", self.ip, "link", "set", "dev", tap, "up")
         cg = self._cgroup(vm.id)
         cg.create()
         fail = Fault.BOOT_FAILURE in self._faults
@@ -360,7 +365,9 @@ class QemuHypervisor(ProcessVMs):
         log_path = os.path.join(vm.state_dir, "qemu.log")
         # QEMU gets a mount namespace of its own (a slave of the host's) where the shares are
         # mounted, so they never show in the host's mount table and die with it.
-        argv = [self.unshare, "--mount", "--propagation", "slave", *argv]
+        # With own_netns, a network namespace too: its tap is then made there (-netdev tap).
+        net = ["--net"] if vm.own_netns else []
+        argv = [self.unshare, "--mount", *net, "--propagation", "slave", *argv]
         self._spawn_in_cgroup(vm, argv, cg, log_path, dict(os.environ))
         deadline = time.monotonic() + self.boot_timeout
         seen = 0
@@ -456,24 +463,45 @@ class QemuHypervisor(ProcessVMs):
     async def detach_device(self, vm: VM, host_path: str) -> None:
         vm.devices.pop(host_path, None)
 
-    # ---- network: the backend's veth peer and the VM's tap, joined by two redirects
+    # ---- network: an interface and the VM's tap, joined by two redirects (Kata's "tcfilter")
     async def attach_interface(self, vm: VM, host_ifname: str) -> str:
         if not self.alive(vm):
             raise BootError(f"VM {vm.id} is not running")
-        tap = self.tap_name(vm.id)
         mtu = _read_text(f"/sys/class/net/{host_ifname}/mtu")
+        await self._redirect([], host_ifname, self.tap_name(vm.id), mtu)
+        return "eth0"
+
+    async def join_interface(self, vm: VM, netns: str, ifname: str) -> str:
+        if not vm.own_netns:
+            raise InvalidArgumentError(f"VM {vm.id} runs in the host's network namespace: nothing to join")
+        if not self.alive(vm):
+            raise BootError(f"VM {vm.id} is not running")
+        inside = ["nsenter", f"--net={netns}"]
+        argv = (*inside, self.ip, "-j", "link", "show", ifname)
+        out = await host.must(f"cannot read {ifname} in {netns}", *argv)
+        try:
+            mtu = str(json.loads(out)[0]["mtu"])
+        except (ValueError, LookupError, TypeError):
+            raise InternalError(f"unreadable `ip -j link show {ifname}` in {netns}: {out[:200]}") from None
+        await self._redirect(inside, ifname, self.tap_name(vm.id), mtu)
+        return "eth0"
+
+    async def _redirect(self, inside: list[str], ifname: str, tap: str, mtu: str) -> None:
+        """Every frame from ``ifname`` to ``tap`` and back, both up and ``tap`` of ``ifname``'s
+        MTU; ``inside`` prefixes each command (the namespace they are in)."""
+        ip, tc = [*inside, self.ip], [*inside, self.tc]
         if mtu:
-            await host.must(f"cannot set the MTU of {tap}", self.ip, "link", "set", "dev", tap, "mtu", mtu)
-        await host.must(f"cannot bring up {host_ifname}", self.ip, "link", "set", "dev", host_ifname, "up")
-        for src, dst in ((host_ifname, tap), (tap, host_ifname)):
-            await host.run(self.tc, "qdisc", "del", "dev", src, "ingress")
-            await host.must(f"cannot redirect {src}", self.tc, "qdisc", "add", "dev", src, "ingress")
+            await host.must(f"cannot set the MTU of {tap}", *ip, "link", "set", "dev", tap, "mtu", mtu)
+        for dev in (tap, ifname):
+            await host.must(f"cannot bring up {dev}", *ip, "link", "set", "dev", dev, "up")
+        for src, dst in ((ifname, tap), (tap, ifname)):
+            await host.run(*tc, "qdisc", "del", "dev", src, "ingress")
+            await host.must(f"cannot redirect {src}", *tc, "qdisc", "add", "dev", src, "ingress")
             await host.must(
                 f"cannot redirect {src} to {dst}",
-                *(self.tc, "filter", "add", "dev", src, "parent", "ffff:", "protocol", "all"),
+                *(*tc, "filter", "add", "dev", src, "parent", "ffff:", "protocol", "all"),
                 *("u32", "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", dst),
             )
-        return "eth0"
 
     def _hang(self, vm: VM) -> None:
         # The whole VM paused (vCPUs stopped): its agent answers nothing, QEMU lives.

@@ -49,6 +49,9 @@ class StubHypervisor(ProcessVMs):
         return kids[0] if kids else 0
 
     # ---- lifecycle
+    def _own_netns(self, spec: VMSpec) -> bool:
+        return not spec.host_network  # unshare --net: the guest's namespace is the VM process's
+
     async def create(self, spec: VMSpec) -> VM:
         return await self._create(spec, self._boot)
 
@@ -191,6 +194,11 @@ class StubHypervisor(ProcessVMs):
             *(self.ip, "link", "set", "dev", host_ifname, "netns", str(vm.pid)),
         )
         return host_ifname
+
+    async def join_interface(self, vm: VM, netns: str, ifname: str) -> str:
+        if not vm.own_netns:
+            raise InvalidArgumentError(f"VM {vm.id} shares the host network: no interface to join")
+        return ""  # the plugins made it in the guest's own namespace, and configured it there
 
     def _hang(self, vm: VM) -> None:
         agent = self._agent_pid(vm)
