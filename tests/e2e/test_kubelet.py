@@ -2,7 +2,7 @@
 
 Each test runs every check of the tests/e2e/kubelet package that applies to
 it (about a minute: the kubelet's garbage collector, which the teardown check
-waits for, runs once a minute); docker-cni puts the pods on a CNI network of
+waits for, runs once a minute); docker-cni and runv-cni put the pods on a CNI network of
 the run's own (Debian's plugins) and adds the cni-* checks. Opt-in: run only
 when CRI_SHIM_KUBELET names a kubelet binary, since
 the kubelet changes host kernel settings while it runs (the harness puts them
@@ -37,7 +37,7 @@ FAKE_ASSERTED = {
 }
 
 
-RUNS = [(handler, False) for handler in kh.HANDLERS] + [("docker", True)]
+RUNS = [(handler, False) for handler in kh.HANDLERS] + [("docker", True), ("runv", True)]
 
 
 @pytest.mark.slow
