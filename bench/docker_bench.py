@@ -368,10 +368,13 @@ class Raw:
 class Shim:
     """`cri-shim serve` with the docker backend, on a temporary socket and state."""
 
-    def __init__(self, tmp: str, run_id: str, extra_config: str = "", own_session: bool = False) -> None:
+    def __init__(
+        self, tmp: str, run_id: str, extra_config: str = "", own_session: bool = False, transport: str = ""
+    ) -> None:
         """``extra_config``: more TOML after the docker handler's table (other handlers).
         ``own_session``: out of our process group, so that a Ctrl-C aimed at the benchmark
-        leaves the shim up until it has removed what it made.
+        leaves the shim up until it has removed what it made. ``transport``: `serve
+        --transport` ("": the default).
         """
         self.tmp = tmp
         # The backend labels every engine container with its instance: naming
@@ -405,6 +408,7 @@ class Shim:
                 "docker",
                 "--log-level",
                 "warning",
+                *(["--transport", transport] if transport else []),
             ],
             cwd=ROOT,
             stdout=self.log,
@@ -574,7 +578,7 @@ def images_part(cris: list[Cri], target: int, samples: int) -> None:
             f"{c.name}: pulled {len(pulled)} images in {time.perf_counter() - t0:.1f} s; {counts[c.name]} listed"
         )
     res: dict[str, Samples] = {c.name: {} for c in cris}
-    list_req, fs_req = pb.ListImagesRequest(), pb.ImageFsInfoRequest()
+    list_req, fs_req, version_req = pb.ListImagesRequest(), pb.ImageFsInfoRequest(), pb.VersionRequest()
     for c in cris:  # first calls, untimed
         c.im.ListImages(list_req, timeout=60)
         c.im.ImageFsInfo(fs_req, timeout=60)
@@ -585,6 +589,9 @@ def images_part(cris: list[Cri], target: int, samples: int) -> None:
         for c in cris:
             with clock(res[c.name], "ImageFsInfo"):
                 c.im.ImageFsInfo(fs_req, timeout=60)
+        for c in cris:  # the floor of one call on each endpoint, for comparison
+            with clock(res[c.name], "Version"):
+                c.rt.Version(version_req, timeout=60)
     print(
         f"\nImage calls, ms (n={samples} each, in turns; images listed: "
         + ", ".join(f"{k} {v}" for k, v in counts.items())
@@ -595,7 +602,7 @@ def images_part(cris: list[Cri], target: int, samples: int) -> None:
         head += f" | {'p50 ratio':>10}"
     print(head)
     print("-" * len(head))
-    for op in ("ListImages", "ImageFsInfo"):
+    for op in ("ListImages", "ImageFsInfo", "Version"):
         line = f"{op:<12}"
         for c in cris:
             v = res[c.name][op]
@@ -636,6 +643,9 @@ def main() -> int:
     )
     ap.add_argument("--image-samples", type=int, default=200, help="ListImages/ImageFsInfo calls timed (200)")
     ap.add_argument("--images-only", action="store_true", help="only the image calls")
+    ap.add_argument(
+        "--transport", choices=["grpcio", "native"], help="cri-shim serve --transport (its default)"
+    )
     args = ap.parse_args()
 
     run_id = uuid.uuid4().hex[:8]
@@ -651,7 +661,7 @@ def main() -> int:
     # SIGTERM cleans up like Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        shim = Shim(tmp, run_id)
+        shim = Shim(tmp, run_id, transport=args.transport or "")
         sh = Cri("cri-shim", shim.sock, run_id, logs)
         cris.append(sh)
         try:
