@@ -14,7 +14,9 @@ is shared) falls on all of them alike. Then ListContainerStats is measured with
 
 It prints p50/p90 per operation and the ratios cri-shim/raw engine and
 cri-shim/containerd. Figures only: nothing is asserted. Everything it creates
-is removed at the end, also on failure or Ctrl-C.
+is removed at the end, also on failure or Ctrl-C. Last, ListImages and ImageFsInfo
+are timed in turns on both CRI endpoints with about 100 images in each (distinct
+images made in the test registry and pulled through CRI, removed after).
 
 Run as root (the engine's and containerd's sockets), with the registry of
 scripts/testenv/up holding the images:
@@ -24,8 +26,11 @@ scripts/testenv/up holding the images:
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import functools
+import hashlib
+import json
 import math
 import os
 import shutil
@@ -34,6 +39,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -59,6 +66,11 @@ APP_STOP_TIMEOUT = 0
 PAUSE_STOP_TIMEOUT = 10
 # Label on every raw-engine container of this run, for the cleanup.
 RAW_LABEL = "cri-shim-bench.run"
+# The registry's repository of the images part: busybox's layer under configs of
+# their own, each a distinct image (ListImages counts images, not tags).
+REGISTRY = "127.0.0.1:5000"
+IMAGES_REPO = "cri-shim-bench-images"
+MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
 
 OPS = [
     "RunPodSandbox",
@@ -356,10 +368,13 @@ class Raw:
 class Shim:
     """`cri-shim serve` with the docker backend, on a temporary socket and state."""
 
-    def __init__(self, tmp: str, run_id: str, extra_config: str = "", own_session: bool = False) -> None:
+    def __init__(
+        self, tmp: str, run_id: str, extra_config: str = "", own_session: bool = False, transport: str = ""
+    ) -> None:
         """``extra_config``: more TOML after the docker handler's table (other handlers).
         ``own_session``: out of our process group, so that a Ctrl-C aimed at the benchmark
-        leaves the shim up until it has removed what it made.
+        leaves the shim up until it has removed what it made. ``transport``: `serve
+        --transport` ("": the default).
         """
         self.tmp = tmp
         # The backend labels every engine container with its instance: naming
@@ -393,6 +408,7 @@ class Shim:
                 "docker",
                 "--log-level",
                 "warning",
+                *(["--transport", transport] if transport else []),
             ],
             cwd=ROOT,
             stdout=self.log,
@@ -468,6 +484,137 @@ def timed_calls(call: Callable[[], Any], n: int) -> list[float]:
     return out
 
 
+# ---------------------------------------------------------------- the images part
+
+
+def _registry(
+    method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> Any:
+    req = urllib.request.Request(
+        f"http://{REGISTRY}/v2/{path}", data=body, method=method, headers=headers or {}
+    )
+    return urllib.request.urlopen(req, timeout=30)
+
+
+def registry_images(count: int) -> list[str]:
+    """``count`` distinct images in the test registry: busybox's manifest with a config of
+    each one's own (a label numbering it). The blobs are deterministic, so a rerun finds
+    them there and pushes nothing."""
+    refs = [f"{REGISTRY}/{IMAGES_REPO}:img-{i}" for i in range(count)]
+    missing = []
+    for i in range(count):
+        try:
+            _registry("HEAD", f"{IMAGES_REPO}/manifests/img-{i}", headers={"Accept": MANIFEST_V2}).close()
+        except urllib.error.HTTPError:
+            missing.append(i)
+    if not missing:
+        return refs
+    manifest = json.load(_registry("GET", "busybox/manifests/1.36", headers={"Accept": MANIFEST_V2}))
+    config = json.load(_registry("GET", f"busybox/blobs/{manifest['config']['digest']}"))
+    for layer in manifest["layers"]:  # mounted from busybox's repository, not uploaded
+        _registry("POST", f"{IMAGES_REPO}/blobs/uploads/?mount={layer['digest']}&from=busybox", b"").close()
+    for i in missing:
+        labels = dict(config["config"].get("Labels") or {})
+        labels["io.cri-shim.bench.image"] = str(i)
+        blob = json.dumps(
+            {**config, "config": {**config["config"], "Labels": labels}}, sort_keys=True
+        ).encode()
+        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+        upload = _registry("POST", f"{IMAGES_REPO}/blobs/uploads/", b"")
+        location = upload.headers["Location"]
+        upload.close()
+        sep = "&" if "?" in location else "?"
+        put = urllib.request.Request(
+            f"{location}{sep}digest={digest}",
+            data=blob,
+            method="PUT",
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        urllib.request.urlopen(put, timeout=30).close()
+        body = {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_V2,
+            "config": {"mediaType": manifest["config"]["mediaType"], "size": len(blob), "digest": digest},
+            "layers": manifest["layers"],
+        }
+        data = json.dumps(body, sort_keys=True).encode()
+        _registry("PUT", f"{IMAGES_REPO}/manifests/img-{i}", data, {"Content-Type": MANIFEST_V2}).close()
+    return refs
+
+
+def image_count(c: Cri) -> int:
+    return len(c.im.ListImages(pb.ListImagesRequest(), timeout=60).images)
+
+
+def fill_images(c: Cri, refs: list[str], target: int) -> list[str]:
+    """Pull as many of ``refs`` as ``c`` needs to hold ``target`` images (8 pulls at a time)."""
+    wanted = refs[: max(0, target - image_count(c))]
+
+    def pull(ref: str) -> None:
+        c.im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)), timeout=300)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(pull, wanted))
+    return wanted
+
+
+def remove_bench_images(c: Cri) -> None:
+    """Every image of the bench's repository, also those an interrupted run left."""
+    with contextlib.suppress(grpc.RpcError):
+        for img in c.im.ListImages(pb.ListImagesRequest(), timeout=60).images:
+            if any(t.startswith(f"{REGISTRY}/{IMAGES_REPO}:") for t in img.repo_tags):
+                c.im.RemoveImage(pb.RemoveImageRequest(image=pb.ImageSpec(image=img.id)), timeout=120)
+
+
+def images_part(cris: list[Cri], target: int, samples: int) -> None:
+    """ListImages and ImageFsInfo on every endpoint in turns, each holding about ``target`` images."""
+    refs = registry_images(target)
+    counts = {}
+    for c in cris:
+        t0 = time.perf_counter()
+        pulled = fill_images(c, refs, target)
+        counts[c.name] = image_count(c)
+        print(
+            f"{c.name}: pulled {len(pulled)} images in {time.perf_counter() - t0:.1f} s; {counts[c.name]} listed"
+        )
+    res: dict[str, Samples] = {c.name: {} for c in cris}
+    list_req, fs_req, version_req = pb.ListImagesRequest(), pb.ImageFsInfoRequest(), pb.VersionRequest()
+    for c in cris:  # first calls, untimed
+        c.im.ListImages(list_req, timeout=60)
+        c.im.ImageFsInfo(fs_req, timeout=60)
+    for n in range(samples):
+        # Which endpoint goes first alternates: a call right after the other's ListImages
+        # (milliseconds of its CPU on these two cores) is slower than one after a light call.
+        turn = cris if n % 2 == 0 else cris[::-1]
+        for c in turn:
+            with clock(res[c.name], "ListImages"):
+                c.im.ListImages(list_req, timeout=60)
+        for c in turn:
+            with clock(res[c.name], "ImageFsInfo"):
+                c.im.ImageFsInfo(fs_req, timeout=60)
+        for c in turn:  # the floor of one call on each endpoint, for comparison
+            with clock(res[c.name], "Version"):
+                c.rt.Version(version_req, timeout=60)
+    print(
+        f"\nImage calls, ms (n={samples} each, in turns; images listed: "
+        + ", ".join(f"{k} {v}" for k, v in counts.items())
+        + ")"
+    )
+    head = f"{'operation':<12}" + "".join(f" | {c.name + ' p50':>16} {'p99':>8}" for c in cris)
+    if len(cris) > 1:
+        head += f" | {'p50 ratio':>10}"
+    print(head)
+    print("-" * len(head))
+    for op in ("ListImages", "ImageFsInfo", "Version"):
+        line = f"{op:<12}"
+        for c in cris:
+            v = res[c.name][op]
+            line += f" | {pct(v, 0.5):16.2f} {pct(v, 0.99):8.2f}"
+        if len(cris) > 1:
+            line += f" | {pct(res[cris[0].name][op], 0.5) / pct(res[cris[1].name][op], 0.5):9.2f}x"
+        print(line)
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -491,6 +638,17 @@ def main() -> int:
         help="also time RunPodSandbox of host-network pods on a second cri-shim with a pool of SIZE "
         "warm pause containers, beside the first (cold) and containerd (0: skip)",
     )
+    ap.add_argument(
+        "--images",
+        type=int,
+        default=100,
+        help="images each CRI endpoint holds for the image calls (100; 0: skip)",
+    )
+    ap.add_argument("--image-samples", type=int, default=200, help="ListImages/ImageFsInfo calls timed (200)")
+    ap.add_argument("--images-only", action="store_true", help="only the image calls")
+    ap.add_argument(
+        "--transport", choices=["grpcio", "native"], help="cri-shim serve --transport (its default)"
+    )
     args = ap.parse_args()
 
     run_id = uuid.uuid4().hex[:8]
@@ -501,11 +659,12 @@ def main() -> int:
     pooled: Shim | None = None
     cris: list[Cri] = []
     raw: Raw | None = None
+    imaged: list[Cri] = []  # endpoints the images part pulled into
     failed = False
     # SIGTERM cleans up like Ctrl-C does.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        shim = Shim(tmp, run_id)
+        shim = Shim(tmp, run_id, transport=args.transport or "")
         sh = Cri("cri-shim", shim.sock, run_id, logs)
         cris.append(sh)
         try:
@@ -534,6 +693,10 @@ def main() -> int:
             f"run {run_id}: {args.iterations} lifecycles per runtime, {os.cpu_count()} CPUs, "
             f"python {sys.version.split()[0]}, engine {eng.get('Version')}, containerd-CRI {ctrd_desc}"
         )
+        if args.images_only:
+            imaged = list(cris)
+            images_part(imaged, args.images, args.image_samples)
+            return 0
 
         # Images in place, and one untimed lifecycle each (first-use costs).
         raw.pull()
@@ -623,6 +786,9 @@ def main() -> int:
             if hn.get("containerd") and hn.get("warm"):
                 ratio = pct(hn["warm"], 0.5) / pct(hn["containerd"], 0.5)
                 print(f"  warm / containerd p50: {ratio:.2f}")
+        if args.images > 0:
+            imaged = [sh, *([ctrd] if ctrd else [])]
+            images_part(imaged, args.images, args.image_samples)
     except KeyboardInterrupt:
         failed = True
         print("interrupted; cleaning up", file=sys.stderr)
@@ -630,6 +796,8 @@ def main() -> int:
         failed = True
         raise
     finally:
+        for c in imaged:
+            remove_bench_images(c)
         for c in cris:
             c.cleanup()
             c.close()

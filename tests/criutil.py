@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import time
 from collections.abc import Callable
@@ -62,8 +63,13 @@ def container_config(
 
 
 async def until(cond: Callable[[], object], seconds: float = 5.0) -> None:
-    """Poll ``cond`` until it holds; fail after ``seconds``."""
+    """Poll ``cond`` (a function, or a coroutine function) until it holds; fail after ``seconds``."""
     deadline = time.monotonic() + seconds
-    while not cond():
+    while True:
+        held = cond()
+        if inspect.isawaitable(held):
+            held = await held
+        if held:
+            return
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)

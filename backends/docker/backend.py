@@ -6,9 +6,10 @@ UTS namespaces. The engine container ID of each record is kept in
 its CRI ID in a label (see :mod:`.labels`).
 
 This class only composes the parts, one per RPC family: :mod:`.sandbox`,
-:mod:`.container`, :mod:`.exec`, :mod:`.stats`, :mod:`.images`,
-:mod:`.events`, :mod:`.logs`, :mod:`.recovery`; they share the engine and
-the per-object state table (:mod:`.context`, :mod:`.state`).
+:mod:`.container`, :mod:`.exec`, :mod:`.stats`, :mod:`.images` (its list
+mirrored by :mod:`.image_mirror`), :mod:`.image_fs`, :mod:`.events`,
+:mod:`.logs`, :mod:`.recovery`; they share the engine and the per-object
+state table (:mod:`.context`, :mod:`.state`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from .engine import EngineClient
 from .engine_api import EngineAPI
 from .events import EventWatcher
 from .exec import Execs
+from .image_fs import StoreUsage
 from .image_volumes import ImageVolumes
 from .images import Images
 from .logs import DockerProcess, LogResume
@@ -115,6 +117,7 @@ class DockerBackend:
         self._containers = Containers(self._shared, self._events)
         self._execs = Execs(self._shared)
         self._stats = Stats(self._shared)
+        self._store_usage = StoreUsage(self.engine, self._shared.spawn)
         self._cgroup_driver = pb.SYSTEMD if cgroup_driver == "systemd" else pb.CGROUPFS
 
     # ---------------------------------------------------------------- lifecycle
@@ -130,6 +133,7 @@ class DockerBackend:
             if self._shared.volumes.usable:
                 self.capabilities = type(self).capabilities | Capability.IMAGE_VOLUMES
         self._shared.spawn(self._events.watch())
+        self._shared.spawn(self._store_usage.watch())
         if self.warm is not None:
             self.warm.pool.start()
 
@@ -255,4 +259,4 @@ class DockerBackend:
         await self.images.remove(image.image)
 
     async def image_fs_info(self) -> pb.ImageFsInfoResponse:
-        return await self.images.fs_info()
+        return await self._store_usage.fs_info()

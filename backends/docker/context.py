@@ -9,7 +9,7 @@ import calendar
 import contextlib
 import time
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backends.contract import ContainerRecord, EventSink, ExitInfo, SandboxRecord
 from backends.contract.errors import AlreadyExistsError, FailedPreconditionError, NotFoundError
@@ -19,9 +19,11 @@ from . import convert
 from . import labels as lbl
 from .engine_api import EngineAPI
 from .image_volumes import ImageVolumes
-from .images import Images
 from .network import CniPods
 from .state import States
+
+if TYPE_CHECKING:
+    from .images import Images  # at run time a cycle: its image mirror imports parse_time
 
 ENGINE_ID = "engine_id"
 PID = "pid"

@@ -15,9 +15,11 @@ from .context import Shared, engine_time, exit_info
 from .state import ContainerState, Tracked
 
 _EXIT_RECHECK = 1.0  # s between looks at a container that died while the engine did not answer
+# Every image event that changes what the engine lists (a push adds a repo digest, a
+# container's commit makes an image), and the container deaths.
 _FILTERS = {
     "type": ["container", "image"],
-    "event": ["die", "oom", "tag", "untag", "delete", "pull", "import", "load"],
+    "event": ["die", "oom", "commit", "tag", "untag", "delete", "pull", "push", "import", "load"],
 }
 
 
@@ -28,8 +30,8 @@ class EventWatcher:
     async def watch(self) -> None:
         """Follow the engine's events; reconnect (catching up) when dockerd comes back.
 
-        Container deaths become exits; image changes invalidate the image-ID
-        cache, which is only trusted while this stream is connected.
+        Container deaths become exits; image changes go to the image mirror,
+        which is only trusted while this stream is connected.
         """
         shared = self._shared
         since: int | None = None
@@ -39,14 +41,15 @@ class EventWatcher:
             except CriError:
                 await asyncio.sleep(1)
                 continue
-            shared.images.trust_cache(True)
+            shared.images.mirror.connected()
             # Anything that died while we were not listening.
             shared.spawn(self._check_watched())
             try:
                 async for ev in resp.json_lines():
                     since = int(ev.get("timeNano") or time.time_ns())
-                    if ev.get("Type") == "image":
-                        shared.images.trust_cache(True)  # drops what it held
+                    action = ev.get("Action", ev.get("status"))
+                    if ev.get("Type") == "image" or action == "commit":
+                        shared.images.mirror.changed()
                         continue
                     attrs = (ev.get("Actor") or {}).get("Attributes") or {}
                     cri_id = attrs.get(lbl.ID, "")
@@ -55,14 +58,14 @@ class EventWatcher:
                     st = shared.states.get(cri_id)
                     if st is None:
                         continue
-                    if ev.get("Action", ev.get("status")) == "oom":
+                    if action == "oom":
                         if isinstance(st, ContainerState):
                             st.oom = True
                     elif not st.stopping and st.watched:
                         shared.spawn(self.report_exit(st, died=True))
             finally:
                 resp.close()
-                shared.images.trust_cache(False)
+                shared.images.mirror.disconnected()
             await asyncio.sleep(0.2)
 
     async def _check_watched(self) -> None:

@@ -1,8 +1,9 @@
 """A recording fake of the Docker Engine API (:class:`.engine_api.EngineAPI`), in memory.
 
 Containers and images with their state transitions (created -> running ->
-exited, OOM kills), an event stream, container output, a call log, and
-scripted failures per operation (FIFO: "fail twice, then succeed"). It lives
+exited, OOM kills), an event stream (container deaths; image pulls, tags,
+untags and deletes as dockerd reports them), container output, a call log,
+and scripted failures per operation (FIFO: "fail twice, then succeed"). It lives
 beside the protocol, not in the tests, so that mypy checks it against the
 protocol on every run and so that benches and other tests can use it too.
 """
@@ -10,6 +11,7 @@ protocol on every run and so that benches and other tests can use it too.
 from __future__ import annotations
 
 import asyncio
+import calendar
 import dataclasses
 import itertools
 import secrets
@@ -33,6 +35,10 @@ T = TypeVar("T")
 def _rfc3339(ns: int) -> str:
     secs, frac = divmod(ns, 1_000_000_000)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{frac:09d}Z"
+
+
+def _seconds(rfc3339: str) -> int:
+    return calendar.timegm(time.strptime(rfc3339[:19], "%Y-%m-%dT%H:%M:%S"))
 
 
 @dataclasses.dataclass
@@ -126,6 +132,9 @@ class FakeEngine:
         self.images: dict[str, dict[str, Any]] = {}  # image ID -> inspect answer
         self.calls: list[tuple[str, Any]] = []
         self.down = False  # the engine cannot be reached: every call is UNAVAILABLE
+        # Operations whose answer, once made, waits for the test's go-ahead (set the event): image_list.
+        self.gates: dict[str, asyncio.Event] = {}
+        self.event_delay = 0.0  # s between an image change and its event reaching the streams
         self.info_answer: dict[str, Any] = {"CgroupDriver": "cgroupfs", "DockerRootDir": "/nonexistent"}
         self._failures: dict[str, list[CriError]] = {}
         self._watchers: list[FakeStream] = []
@@ -142,15 +151,37 @@ class FakeEngine:
         return sum(1 for op, _ in self.calls if op == operation)
 
     def add_image(self, *refs: str, user: str = "") -> str:
+        """A new image under ``refs``, as a pull on the host makes one: the refs move to it
+        from any other image, and each is announced by a pull event."""
         image_id = "sha256:" + secrets.token_hex(32)
+        for ref in refs:
+            self._untag(ref)
         self.images[image_id] = {
             "Id": image_id,
             "RepoTags": list(refs),
             "RepoDigests": [],
+            "Created": _rfc3339(time.time_ns()),
             "Size": 1000,
             "Config": {"User": user},
         }
+        for ref in refs:
+            self._emit_image("pull", ref, ref)
         return image_id
+
+    def tag_image(self, image_id: str, ref: str) -> None:
+        """``docker tag``: ``ref`` moves to the image (no event for the one it leaves)."""
+        self._untag(ref)
+        self.images[image_id]["RepoTags"].append(ref)
+        self._emit_image("tag", image_id, ref)
+
+    def rmi(self, ref: str) -> None:
+        """``docker rmi ref``: untag, and delete the image with its last tag."""
+        info = self._image(ref)
+        if ref in info["RepoTags"] and len(info["RepoTags"]) > 1:
+            info["RepoTags"].remove(ref)
+            self._emit_image("untag", info["Id"], info["Id"])
+        else:
+            self._delete(info["Id"])
 
     def by_cri_id(self, cri_id: str) -> FakeContainer | None:
         return next((c for c in self.containers.values() if c.labels.get("io.cri-shim.id") == cri_id), None)
@@ -193,6 +224,37 @@ class FakeEngine:
             if ref == image_id or ref in info["RepoTags"]:
                 return info
         raise NotFoundError(f"No such image: {ref}")
+
+    def _untag(self, ref: str) -> None:
+        for info in self.images.values():
+            if ref in info["RepoTags"]:
+                info["RepoTags"].remove(ref)
+
+    def _delete(self, image_id: str) -> None:
+        info = self.images.pop(image_id)
+        for _tag in info["RepoTags"]:
+            self._emit_image("untag", image_id, image_id)
+        self._emit_image("delete", image_id, image_id)
+
+    def _emit_image(self, action: str, actor: str, name: str) -> None:
+        ev = {
+            "Type": "image",
+            "Action": action,
+            "id": actor,
+            "timeNano": time.time_ns(),
+            "Actor": {"ID": actor, "Attributes": {"name": name}},
+        }
+        for w in list(self._watchers):
+            if self.event_delay:
+                asyncio.get_running_loop().call_later(self.event_delay, w.put, ev)
+            else:
+                w.put(ev)
+
+    def break_events(self) -> None:
+        """The event streams end (dockerd restarting, a proxy cut): watchers must connect again."""
+        for w in self._watchers:
+            w.close()
+        self._watchers.clear()
 
     def _emit(self, c: FakeContainer, action: str) -> None:
         ev = {
@@ -345,11 +407,23 @@ class FakeEngine:
 
     async def image_inspect(self, ref: str) -> dict[str, Any]:
         self._enter("image_inspect", ref)
-        return dict(self._image(ref))
+        info = self._image(ref)
+        return info | {"RepoTags": list(info["RepoTags"]), "RepoDigests": list(info["RepoDigests"])}
 
     async def image_list(self) -> list[dict[str, Any]]:
         self._enter("image_list")
-        return [dict(i) for i in self.images.values()]
+        rows = []
+        # The engine's order: the newest first (ties as they come).
+        for info in sorted(self.images.values(), key=lambda i: -_seconds(i["Created"])):
+            tags, digests = list(info["RepoTags"]), list(info["RepoDigests"])
+            if not tags and not digests:
+                tags, digests = ["<none>:<none>"], ["<none>@<none>"]
+            row = {"Id": info["Id"], "RepoTags": tags or None, "RepoDigests": digests or None}
+            rows.append(row | {"Created": _seconds(info["Created"]), "Size": info["Size"]})
+        gate = self.gates.get("image_list")
+        if gate is not None:
+            await gate.wait()
+        return rows
 
     async def image_pull(
         self, image: str, tag: str, auth: str | None, answer_timeout: float | None
@@ -359,6 +433,7 @@ class FakeEngine:
         s = FakeStream()
         try:
             self._image(ref)
+            self._emit_image("pull", ref, ref)  # up to date: announced all the same
         except NotFoundError:
             self.add_image(ref)
         s.put(b'{"status":"Pull complete"}\n')
@@ -367,7 +442,7 @@ class FakeEngine:
 
     async def image_remove(self, image_id: str, force: bool = True) -> None:
         self._enter("image_remove", image_id)
-        del self.images[self._image(image_id)["Id"]]
+        self._delete(self._image(image_id)["Id"])
 
     async def run(self, fn: Callable[[], T]) -> T:
         return fn()

@@ -1,17 +1,16 @@
-"""Images through the engine: pull (shared, with auth and a no-progress timeout), list, status, remove."""
+"""Images through the engine: pull (shared, with auth and a no-progress timeout), list (from
+the mirror of :mod:`.image_mirror`), status, remove."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import json
-import os
 import time
-from typing import Any
 
 import structlog
 
-from backends.contract import ImageInfo, image_user
+from backends.contract import ImageInfo
 from backends.contract.errors import (
     CriError,
     DeadlineExceededError,
@@ -20,11 +19,11 @@ from backends.contract.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
-from backends.linux.usage import UsageCache
 from backends.reference import DEFAULT_DOMAIN, BadReference, Reference, parse
 from cri_api import api_pb2 as pb
 
 from .engine_api import EngineAPI
+from .image_mirror import ImageMirror
 
 log = structlog.get_logger(__name__)
 
@@ -78,35 +77,21 @@ class Images:
         self.pause_image = pause_image
         self._no_progress_timeout = no_progress_timeout
         self._pulls: dict[str, asyncio.Task[str]] = {}
-        self._users: dict[str, tuple[int | None, str]] = {}  # image ID -> (uid, name); IDs are immutable
-        self._pause_id = ""
-        self._df: tuple[float, dict[str, Any]] | None = None
-        self._root_usage: UsageCache | None = None  # of the graph driver's directory
         self._remove_lock = asyncio.Lock()
-        # Reference -> image ID, saving an inspect per CreateContainer. Only
-        # used while the backend's event stream is connected: any image event
-        # (tag, untag, pull, delete) empties it.
-        self._ids: dict[str, str] = {}
-        self._ids_trusted = False
-        self._ids_generation = 0
-
-    def trust_cache(self, trusted: bool) -> None:
-        self._ids.clear()
-        self._ids_trusted = trusted
-        self._ids_generation += 1
+        self.mirror = ImageMirror(engine, pause_image)  # fed by the backend's event watcher
 
     async def resolve(self, ref: str) -> str:
         """The ID of a local image by reference (name, tag, digest or ID); NotFoundError if absent."""
-        cached = self._ids.get(ref)
+        mirror = self.mirror
+        cached = mirror.ids.get(ref)
         if cached:
             return cached
-        generation = self._ids_generation
+        generation = mirror.generation
         info = await self._engine.image_inspect(ref)
         image_id = str(info["Id"])
         # An image event during the inspect may concern this very reference:
-        # then the answer is not cached.
-        if self._ids_trusted and generation == self._ids_generation and len(self._ids) < 4096:
-            self._ids[ref] = image_id
+        # then the answer is not kept.
+        mirror.remember(ref, image_id, generation)
         return image_id
 
     # ---------------------------------------------------------------- pull
@@ -167,6 +152,7 @@ class Images:
         finally:
             resp.close()
         info = await self._engine.image_inspect(ref)
+        self.mirror.pulled(ref, info)
         log.info("image pulled", image=ref, id=info["Id"], seconds=round(time.monotonic() - started, 2))
         return str(info["Id"])
 
@@ -180,48 +166,9 @@ class Images:
 
     # ---------------------------------------------------------------- queries
 
-    async def _pause_image_id(self) -> str:
-        if not self._pause_id:
-            try:
-                info = await self._engine.image_inspect(self.pause_image)
-                self._pause_id = str(info["Id"])
-            except NotFoundError:
-                return ""
-        return self._pause_id
-
-    def _info(
-        self, image_id: str, tags: list[str], digests: list[str], size: int, pause_id: str
-    ) -> ImageInfo:
-        uid, username = self._users.get(image_id, (None, ""))
-        return ImageInfo(
-            id=image_id,
-            repo_tags=tuple(tags),
-            repo_digests=tuple(digests),
-            size=size,
-            uid=uid,
-            username=username,
-            pinned=bool(pause_id) and image_id == pause_id,
-        )
-
-    def _remember_user(self, info: dict[str, Any]) -> None:
-        self._users[str(info["Id"])] = image_user(str((info.get("Config") or {}).get("User") or ""))
-
     async def list(self) -> list[ImageInfo]:
-        rows: list[dict[str, Any]] = await self._engine.image_list()
-        unknown = [r["Id"] for r in rows if r["Id"] not in self._users]
-        for info in await asyncio.gather(
-            *(self._engine.image_inspect(i) for i in unknown),
-            return_exceptions=True,
-        ):
-            if isinstance(info, dict):
-                self._remember_user(info)
-        pause_id = await self._pause_image_id()
-        return [
-            self._info(
-                r["Id"], r.get("RepoTags") or [], r.get("RepoDigests") or [], r.get("Size", 0), pause_id
-            )
-            for r in rows
-        ]
+        images = await self.mirror.current()
+        return images if images is not None else await self.mirror.from_engine()
 
     async def status(self, ref: str) -> ImageInfo | None:
         if not ref:
@@ -230,14 +177,7 @@ class Images:
             info = await self._engine.image_inspect(ref)
         except NotFoundError:
             return None
-        self._remember_user(info)
-        return self._info(
-            str(info["Id"]),
-            info.get("RepoTags") or [],
-            info.get("RepoDigests") or [],
-            int(info.get("Size") or 0),
-            await self._pause_image_id(),
-        )
+        return self.mirror.info_of(info, await self.mirror.pause_id())
 
     async def remove(self, ref: str) -> None:
         # One removal at a time: the engine untags before it deletes, so a
@@ -262,52 +202,10 @@ class Images:
             try:
                 await self._engine.image_inspect(info["Id"])
             except NotFoundError:
+                self.mirror.removed(str(info["Id"]))
                 return
             raise
-        if info["Id"] == self._pause_id:
-            self._pause_id = ""
-
-    async def fs_info(self) -> pb.ImageFsInfoResponse:
-        """Usage of the engine's graph-driver directory, where its image layers and the
-        containers' writable layers live (one store, as with every graph driver).
-
-        The kubelet takes the capacity from the filesystem holding the
-        mountpoint and the usage from here: what the store holds (a walk of
-        that one filesystem in a thread, at most 30 s old), not the whole disk.
-        A remote engine (its root not visible here) falls back to /system/df,
-        cached for 10 s.
-        """
-        if self._root_usage is None:
-            info = await self._engine.info()
-            root = str(info.get("DockerRootDir") or "/var/lib/docker")
-            driver = str(info.get("Driver") or "")
-            mount = f"{root}/{driver}" if driver else root
-            visible = await self._engine.run(lambda: os.path.isdir(mount))
-            self._root_usage = UsageCache(mount if visible else "")
-        ts = time.time_ns()
-        cache = self._root_usage
-        inodes: int | None = None
-        if cache.path:
-            used, inodes = await cache.get()
-        else:
-            used = await self._df_usage()
-        usage = pb.FilesystemUsage(
-            timestamp=ts,
-            fs_id=pb.FilesystemIdentifier(mountpoint=cache.path or "/var/lib/docker"),
-            used_bytes=pb.UInt64Value(value=used),
-        )
-        if inodes is not None:
-            usage.inodes_used.value = inodes
-        return pb.ImageFsInfoResponse(image_filesystems=[usage], container_filesystems=[usage])
-
-    async def _df_usage(self) -> int:
-        now = time.monotonic()
-        if self._df is None or now - self._df[0] > 10:
-            df = await self._engine.df()
-            self._df = (now, df)
-        df = self._df[1]
-        writable = sum(int(c.get("SizeRw") or 0) for c in df.get("Containers") or [])
-        return int(df.get("LayersSize") or 0) + writable
+        self.mirror.removed(str(info["Id"]))
 
 
 def _pull_error(ref: str, message: str) -> CriError:

@@ -644,6 +644,7 @@ class EngineProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._events: set[asyncio.StreamWriter] = set()  # client ends of /events streams
         self.refusing = False
+        self.refusing_events = False
 
     async def up(self) -> None:
         self._server = await asyncio.start_unix_server(self._relay, path=str(self.path))
@@ -662,15 +663,25 @@ class EngineProxy:
         for w in list(self._writers - self._events):
             w.close()
 
+    def cut_events(self) -> None:
+        """The event stream breaks and cannot be had again, while every other call goes on."""
+        self.refusing_events = True
+        for w in list(self._events):
+            w.close()
+
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.refusing:
             writer.close()
             return
         first = await reader.read(65536)
+        events = b" /v1.41/events" in first.split(b"\r\n", 1)[0]
+        if events and self.refusing_events:
+            writer.close()
+            return
         up_reader, up_writer = await asyncio.open_unix_connection(self.target)
         up_writer.write(first)
         self._writers |= {writer, up_writer}
-        if b" /v1.41/events" in first.split(b"\r\n", 1)[0]:
+        if events:
             self._events |= {writer, up_writer}
 
         async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:

@@ -1,0 +1,223 @@
+"""ListImages and ImageFsInfo from memory, over the recording fake engine: the image
+mirror fed by engine events, its fallback while the stream is broken, read-your-writes.
+No dockerd needed (tests/docker/test_image_mirror_engine.py has the real one)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from backends.contract import ImageInfo
+from backends.contract.errors import UnavailableError
+from backends.docker import image_fs, image_mirror
+from backends.docker.fake_engine import FakeEngine
+from backends.docker.image_mirror import ImageMirror
+from cri_api import api_pb2 as pb
+from tests.criutil import until
+from tests.docker.dockerkit import BUSYBOX, PAUSE
+from tests.docker.test_docker_logic import Kit, new_kit
+
+
+@pytest.fixture
+async def kit() -> AsyncIterator[Kit]:
+    k = await new_kit()
+    await until(lambda: k.backend.images.mirror.synced)
+    yield k
+    await k.events.close()
+    await k.backend.close()
+
+
+def by_id(images: list[ImageInfo]) -> dict[str, ImageInfo]:
+    return {i.id: i for i in images}
+
+
+async def matches_engine(kit: Kit) -> bool:
+    """The backend's answer is what the engine lists now (same images, order and fields)."""
+    return await kit.backend.list_images() == await kit.backend.images.mirror.from_engine()
+
+
+async def test_the_list_is_served_from_memory_once_read(kit: Kit) -> None:
+    engine = kit.engine
+    calls = len(engine.calls)
+    for _ in range(5):
+        listed = await kit.backend.list_images()
+    assert len(engine.calls) == calls  # not one engine call
+    assert {i.repo_tags for i in listed} == {(BUSYBOX,), (PAUSE,)}
+    assert [i.pinned for i in listed if i.repo_tags == (PAUSE,)] == [True]
+    assert await matches_engine(kit)
+
+
+async def test_changes_on_the_host_show_in_the_list(kit: Kit) -> None:
+    engine, backend = kit.engine, kit.backend
+    new = engine.add_image("example.com/app:1", user="1234")  # docker pull on the host
+    await until(lambda: _listed(kit, new))
+    assert by_id(await backend.list_images())[new].uid == 1234
+    assert await matches_engine(kit)
+
+    old = next(i for i, info in engine.images.items() if BUSYBOX in info["RepoTags"])
+    engine.tag_image(new, BUSYBOX)  # the tag leaves the old image with no event of its own
+    await until(lambda: _tagged(kit, new, ("example.com/app:1", BUSYBOX)))
+    assert by_id(await backend.list_images())[old].repo_tags == ()
+    assert await matches_engine(kit)
+
+    engine.rmi("example.com/app:1")  # one of two tags: untagged only
+    await until(lambda: _tagged(kit, new, (BUSYBOX,)))
+    engine.rmi(BUSYBOX)  # the last: deleted
+    await until(lambda: _gone(kit, new))
+    assert await matches_engine(kit)
+
+
+async def _listed(kit: Kit, image_id: str) -> bool:
+    return image_id in by_id(await kit.backend.list_images())
+
+
+async def _gone(kit: Kit, image_id: str) -> bool:
+    return not await _listed(kit, image_id)
+
+
+async def _tagged(kit: Kit, image_id: str, tags: tuple[str, ...]) -> bool:
+    info = by_id(await kit.backend.list_images()).get(image_id)
+    return info is not None and info.repo_tags == tags
+
+
+async def test_a_burst_of_events_shares_reads(kit: Kit) -> None:
+    reads = kit.engine.count("image_list")
+    made = [kit.engine.add_image(f"example.com/burst:{n}") for n in range(20)]
+    await until(lambda: _listed(kit, made[-1]))
+    assert set(made) <= by_id(await kit.backend.list_images()).keys()
+    assert kit.engine.count("image_list") - reads <= 2
+
+
+async def test_a_caller_after_an_event_waits_for_the_read_it_started(kit: Kit) -> None:
+    engine = kit.engine
+    gate = engine.gates["image_list"] = asyncio.Event()
+    reads = engine.count("image_list")
+    new = engine.add_image("example.com/late:1")
+    await until(lambda: engine.count("image_list") > reads)  # the event was heard; its read hangs
+    listing = asyncio.ensure_future(kit.backend.list_images())
+    await asyncio.sleep(0.05)
+    assert not listing.done()  # the mirror is known to be behind: not served
+    gate.set()
+    assert new in by_id(await listing)
+
+
+async def test_a_broken_stream_falls_back_to_the_engine_until_read_again(kit: Kit) -> None:
+    engine, mirror = kit.engine, kit.backend.images.mirror
+    engine.fail("events", UnavailableError("docker engine unreachable"))  # the first reconnect fails
+    engine.break_events()
+    await until(lambda: not mirror.synced)
+    new = engine.add_image("example.com/unheard:1")  # no stream to tell of it
+    reads = engine.count("image_list")
+    assert new in by_id(await kit.backend.list_images())  # asked of the engine, not the mirror
+    assert new in by_id(await kit.backend.list_images())
+    assert engine.count("image_list") == reads + 2
+    await until(lambda: mirror.synced, seconds=10)  # reconnected after the failed attempt, read again
+    reads = engine.count("image_list")
+    assert new in by_id(await kit.backend.list_images())
+    assert engine.count("image_list") == reads
+    assert await matches_engine(kit)
+
+
+async def test_own_pulls_and_removals_are_read_at_once(kit: Kit) -> None:
+    engine, backend = kit.engine, kit.backend
+    engine.event_delay = 0.5  # the engine's events lag behind its answers
+    reads = engine.count("image_list")
+    image_id = await backend.pull_image(pb.ImageSpec(image="example.com/mine:1"), None, None)
+    assert by_id(await backend.list_images())[image_id].repo_tags == ("example.com/mine:1",)
+    await backend.remove_image(pb.ImageSpec(image="example.com/mine:1"))
+    assert image_id not in by_id(await backend.list_images())
+    assert engine.count("image_list") == reads  # from memory, before any event came
+    await until(lambda: engine.count("image_list") > reads)  # the events, late
+    await until(lambda: kit.backend.images.mirror.synced)
+    assert await matches_engine(kit)
+
+
+async def test_the_pause_image_is_pinned_again_when_pulled_again(kit: Kit) -> None:
+    backend = kit.backend
+    pause = pb.ImageSpec(image=PAUSE)
+    await backend.remove_image(pause)
+    assert not any(i.pinned for i in await backend.list_images())
+    image_id = await backend.pull_image(pause, None, None)
+    assert [i.id for i in await backend.list_images() if i.pinned] == [image_id]
+    status = await backend.image_status(pause)
+    assert status is not None and status.pinned
+
+
+async def test_a_write_during_a_read_is_applied_again_on_top_of_it() -> None:
+    engine = FakeEngine()
+    engine.add_image(PAUSE)
+    mirror = ImageMirror(engine, PAUSE)
+    mirror.connected()
+    try:
+        await until(lambda: mirror.synced)
+        gate = engine.gates["image_list"] = asyncio.Event()
+        host = engine.add_image("example.com/host:1")  # no stream here: announced by hand
+        mirror.changed()
+        reads = engine.count("image_list")
+        await until(lambda: engine.count("image_list") > reads)  # the read took its list...
+        mine = engine.add_image("example.com/mine:1")
+        mirror.pulled("example.com/mine:1", await engine.image_inspect(mine))  # ...before this pull
+        gate.set()
+        listed = await mirror.current()
+        assert listed is not None and {host, mine} <= by_id(listed).keys()
+    finally:
+        mirror.disconnected()
+
+
+async def test_changes_with_no_event_are_caught_by_the_resync(
+    kit: Kit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(image_mirror, "_RESYNC", 0.05)
+    engine = kit.engine
+    engine.add_image(BUSYBOX)  # a read, so that the next timer is set with the short period
+    await until(lambda: engine.count("image_list") > 1)
+    built = "sha256:" + "b" * 64  # what an untagged build makes: an image no event announces
+    engine.images[built] = next(iter(engine.images.values())) | {"Id": built, "RepoTags": []}
+    await until(lambda: _listed(kit, built))
+
+
+async def test_image_fs_info_from_memory(kit: Kit) -> None:
+    engine = kit.engine
+    first = await kit.backend.image_fs_info()
+    assert first.image_filesystems[0].used_bytes.value == sum(i["Size"] for i in engine.images.values())
+    assert first.image_filesystems[0].fs_id.mountpoint == "/var/lib/docker"
+    calls = len(engine.calls)
+    for _ in range(5):
+        again = await kit.backend.image_fs_info()
+    assert len(engine.calls) == calls
+    assert again.image_filesystems[0].timestamp > first.image_filesystems[0].timestamp
+
+
+async def test_image_fs_info_is_measured_again_while_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(image_fs, "_DF_EVERY", 0.05)
+    k = await new_kit()
+    try:
+        used = (await k.backend.image_fs_info()).image_filesystems[0].used_bytes.value
+        k.engine.add_image("example.com/big:1")
+        await until(lambda: _used(k, used + 1000))
+        measured = k.engine.count("df")
+        await asyncio.sleep(0.3)  # nobody asks: at most the measurement already due
+        assert k.engine.count("df") <= measured + 1
+    finally:
+        await k.events.close()
+        await k.backend.close()
+
+
+async def _used(kit: Kit, want: int) -> bool:
+    return (await kit.backend.image_fs_info()).image_filesystems[0].used_bytes.value == want
+
+
+async def test_image_fs_info_before_any_figure_asks_the_engine() -> None:
+    engine = FakeEngine()
+    engine.down = True
+    k = await new_kit(engine)
+    try:
+        with pytest.raises(UnavailableError):
+            await k.backend.image_fs_info()
+        engine.down = False
+        assert (await k.backend.image_fs_info()).image_filesystems[0].used_bytes.value == 2000
+    finally:
+        await k.events.close()
+        await k.backend.close()
