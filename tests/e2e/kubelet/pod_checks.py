@@ -108,12 +108,20 @@ def check_etc_hosts(h: Harness) -> Result:
 
 @check("pod", 7)
 def check_termination_message(h: Harness) -> Result:
-    """a termination message written to /dev/termination-log is in the status"""
+    """a termination message written to /dev/termination-log, or (FallbackToLogsOnError) the last
+    output of a failed container, is in the status"""
     s = h.wait_container("termmsg", "main", lambda s: "terminated" in s.get("state", {}), 20)
     term = s["state"]["terminated"]
     if term.get("message", "") != "bye-from-termlog":
         raise CheckFailed(f"message {term.get('message')!r}, want 'bye-from-termlog'; {describe(s)}")
-    return passed(f"terminated exit {term.get('exitCode')}, message {term['message']!r}")
+    s = h.wait_container("termlog", "main", lambda s: "terminated" in s.get("state", {}), 20)
+    fallback = s["state"]["terminated"]
+    if fallback.get("message", "") != "DONE":
+        raise CheckFailed(f"from the log: message {fallback.get('message')!r}, want 'DONE'; {describe(s)}")
+    return passed(
+        f"terminated exit {term.get('exitCode')}, message {term['message']!r}; "
+        f"from the log after exit {fallback.get('exitCode')}: {fallback['message']!r}"
+    )
 
 
 @check("pod", 8)

@@ -55,6 +55,15 @@ def manifests(hostdir: str, host_port: int = 0) -> dict[str, dict[str, Any]]:
             "restartPolicy": "Never",
             "containers": [_container("main", _sh("printf bye-from-termlog > /dev/termination-log; exit 0"))],
         },
+        # The node e2e suite's FallbackToLogsOnError spec: the last output, unterminated, is the message.
+        "termlog": {
+            "restartPolicy": "Never",
+            "containers": [
+                _container(
+                    "main", _sh("printf DONE; exit 1"), terminationMessagePolicy="FallbackToLogsOnError"
+                )
+            ],
+        },
         "hostpath": {
             "containers": [
                 _container(
