@@ -248,6 +248,7 @@ class Run:
                 toml += f"\n[handlers.docker.pool]\nsize = {args.warm}\nmax_cpu = 0\n"
         else:
             toml = '[handlers.fake]\ntype = "fake"\n'
+        toml = f'[server]\ntransport = "{args.transport}"\n\n' + toml
         self.shim = CrashShim(tmp, run_id, self.handler, toml)
         self.lock = threading.Lock()
         self.rng = random.Random(args.seed)
@@ -915,7 +916,7 @@ def main() -> int:
         type=int,
         default=16,
         help="pods not yet stopped beyond which lifecycles are carried on rather than begun (16; runv's "
-        "node capacity is 16 vCPU per host CPU, 1 a pod)",
+        "node capacity is 64 vCPU per host CPU, 1 a pod)",
     )
     ap.add_argument("--keep-tmp", action="store_true", help="keep the whole temp dir, not only the shim log")
     ap.add_argument(
@@ -923,6 +924,12 @@ def main() -> int:
         type=int,
         default=0,
         help="runv: warm VMs; docker: warm pause containers, and every other pod on the host network (0: off)",
+    )
+    ap.add_argument(
+        "--transport",
+        choices=("grpcio", "native"),
+        default="grpcio",
+        help="how the shim serves the CRI socket ([server] transport; grpcio)",
     )
     ap.add_argument(
         "--cni",
@@ -943,7 +950,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     run = Run(args, tmp, run_id)
     print(
-        f"run {run_id}: handler {args.handler}, {args.rounds} rounds x {args.ops} RPCs, "
+        f"run {run_id}: handler {args.handler} ({args.transport}), {args.rounds} rounds x {args.ops} RPCs, "
         f"{args.workers} workers, seed {args.seed}, dir {tmp}",
         file=sys.stderr,
         flush=True,
