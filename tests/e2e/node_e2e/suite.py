@@ -192,11 +192,13 @@ def run(
 
     Returns the suite's exit code and the sandboxes it left behind (removed)."""
     out.mkdir(parents=True, exist_ok=True)
-    h = Harness(handler, kubelet=b.kubelet, node=f"node-e2e-{handler}", pause=PAUSE, keep=True)
+    h = Harness(handler, kubelet=b.kubelet, node=f"node-e2e-{handler}", pause=PAUSE)
+    h.shim_log = out / "shim.log"  # kept with the results; the harness removes its own directory
     left: list[pb.PodSandboxMetadata] = []
     rc = -1
     try:
         h.start_shim()
+        shutil.copy(h.dir / "cri-shim.toml", out / "cri-shim.toml")
         argv = suite_argv(h, b, out, labels, focus)
         (out / "command.txt").write_text(" ".join(argv) + "\n")
         host.save_sysctls()  # the kubelet changes four; Harness.stop puts them back
@@ -209,8 +211,4 @@ def run(
         h.stop()  # removes every container and sandbox through the CRI, then stops the shim
         for m in left:
             host.remove_pod_logs(m.namespace, {m.uid})
-        for name in ("shim.log", "cri-shim.toml"):
-            with contextlib.suppress(OSError):
-                shutil.copy(h.dir / name, out / name)
-        shutil.rmtree(h.dir, ignore_errors=True)
     return rc, left
