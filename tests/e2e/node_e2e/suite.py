@@ -150,11 +150,17 @@ def suite_argv(h: Harness, b: Binaries, out: Path, labels: str, focus: str | Non
     return argv
 
 
-def run_suite(argv: list[str], log: Path, timeout: float) -> int:
-    """The suite in a session of its own, so that a run over time stops with its kubelet."""
-    with open(log, "ab") as fh:
+def run_suite(argv: list[str], out: Path, timeout: float) -> int:
+    """The suite in a session of its own, so that a run over time stops with its kubelet; in `out`,
+    where it writes its kubeconfig, token file and kubelet config (into its working directory)."""
+    with open(out / "suite.log", "ab") as fh:
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=out,
         )
         try:
             return proc.wait(timeout)
@@ -191,6 +197,7 @@ def run(
     """Start a shim, run the suite on it, remove what it left and stop the shim.
 
     Returns the suite's exit code and the sandboxes it left behind (removed)."""
+    out = out.resolve()  # the suite runs in it: its paths must not be relative
     out.mkdir(parents=True, exist_ok=True)
     h = Harness(handler, kubelet=b.kubelet, node=f"node-e2e-{handler}", pause=PAUSE)
     h.shim_log = out / "shim.log"  # kept with the results; the harness removes its own directory
@@ -204,7 +211,7 @@ def run(
         host.save_sysctls()  # the kubelet changes four; Harness.stop puts them back
         started = time.monotonic()
         with systemd_run_hidden():
-            rc = run_suite(argv, out / "suite.log", timeout)
+            rc = run_suite(argv, out, timeout)
         print(f"[node-e2e] suite exited {rc} after {time.monotonic() - started:.0f} s", file=sys.stderr)
         left = left_sandboxes(h)
     finally:
