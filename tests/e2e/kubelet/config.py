@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tests.cni import realnet
-from tests.e2e.kubelet.pods import PAUSE
 
 if TYPE_CHECKING:
     from tests.e2e.kubelet.runner import Harness
@@ -68,7 +67,7 @@ def shim_config(h: Harness) -> str:
         "[server]",
         f'transport = "{h.transport}"',
         "[images]",
-        f'pause_image = "{PAUSE}"',
+        f'pause_image = "{h.pause}"',
         "[streaming]",
         'address = "127.0.0.1"',
         "[logging]",

@@ -91,11 +91,13 @@ class Harness:
         transport: str = "grpcio",
         hollow: int = 0,
         cni: bool = False,
+        pause: str = PAUSE,
     ) -> None:
         unsupported = host.cni_unsupported(handler) if cni else None
         if unsupported:
             raise ValueError(unsupported)
         self.handler = handler
+        self.pause = pause  # the shim's pause image
         self.transport = transport  # the shim's [server] transport
         self.hollow = hollow  # fake: serve this many hollow nodes; the kubelet runs on the last
         self.warm = warm  # runv: warm VMs; docker: warm pause containers (0: every pod starts cold)
@@ -157,7 +159,7 @@ class Harness:
         (self.hostdir / "hello.txt").write_text(self.host_token + "\n")
         if self.cni is not None:
             self.cni.open()
-        self._start_shim()
+        self.start_shim()
         for name, pod in self.pods.items():
             (self.manifest_dir / f"{name}.yaml").write_text(json.dumps(pod, indent=2))
         self._start_kubelet()
@@ -173,7 +175,7 @@ class Harness:
         self.log(f"started {name} (pid {proc.pid}), log {logfile}")
         return proc
 
-    def _start_shim(self) -> None:
+    def start_shim(self) -> None:
         argv = [
             *shim_command(),
             "serve",
@@ -226,7 +228,7 @@ class Harness:
             f"--root-dir={self.dir / 'kubelet'}",
             f"--container-runtime-endpoint=unix://{self.socket}",
             f"--hostname-override={self.node}",
-            f"--pod-infra-container-image={PAUSE}",
+            f"--pod-infra-container-image={self.pause}",
             "--v=2",
         ]
         proc = self._spawn("kubelet", argv, self.kubelet_log)

@@ -1,0 +1,221 @@
+"""One run of the node e2e suite against a private cri-shim: checks, set-up, the run, clean-up."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+
+from cri_api import api_pb2 as pb
+from tests.e2e.kubelet import host
+from tests.e2e.kubelet.runner import Harness
+
+# The suite's images expect this sandbox image (registry.k8s.io resolves to the testenv mirror).
+PAUSE = "registry.k8s.io/pause:3.10.1"
+# The kubelet's healthz, API and read-only ports and the suite's API server.
+PORTS = (10248, 10250, 10255, 6443)
+KUBELET_ROOT = "/var/lib/kubelet"  # fixed in the suite (services/kubelet.go)
+LABELS = "NodeConformance && !Serial && !Flaky && !Slow"
+# A 1.35 kubelet refuses cgroup v1 (this machine's cgroups are hybrid) unless told;
+# root lacks CAP_SYS_RESOURCE here, so a negative oom_score_adj fails.
+CONFIG_EXTRA = "\n# added by tests/e2e/node_e2e\nfailCgroupV1: false\noomScoreAdj: 0\n"
+# Empty --system-cgroups: otherwise the kubelet moves every process of the machine into /system.
+KUBELET_FLAGS = "--system-cgroups= --cluster-domain=cluster.local"
+
+
+@dataclasses.dataclass(frozen=True)
+class Binaries:
+    suite: str  # e2e_node.test
+    kubelet: str
+    kubelet_config: str  # the tree's test/e2e_node/jenkins/default-kubelet-config.yaml
+
+    @classmethod
+    def from_env(cls) -> Binaries:
+        return cls(
+            os.environ.get("E2E_NODE_TEST", ""),
+            os.environ.get("CRI_SHIM_KUBELET", ""),
+            os.environ.get("E2E_NODE_KUBELET_CONFIG", ""),
+        )
+
+    def problem(self) -> str | None:
+        for what, path, env in (
+            ("the node e2e suite", self.suite, "E2E_NODE_TEST"),
+            ("a kubelet", self.kubelet, "CRI_SHIM_KUBELET"),
+        ):
+            if not path or not os.access(path, os.X_OK):
+                return f"no {what} at {path!r} (set {env})"
+        if not os.path.isfile(self.kubelet_config):
+            return (
+                f"no base kubelet config at {self.kubelet_config!r} (set E2E_NODE_KUBELET_CONFIG to the "
+                "tree's test/e2e_node/jenkins/default-kubelet-config.yaml)"
+            )
+        return None
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return True
+    return False
+
+
+def kubelets_on_default_root() -> list[int]:
+    """Kubelets (and node e2e suites) whose root directory is /var/lib/kubelet."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = [a.decode(errors="replace") for a in (d / "cmdline").read_bytes().split(b"\0")]
+            name = os.path.basename(argv[0])
+            if name == "e2e_node.test" and int(d.name) != os.getpid():
+                pids.append(int(d.name))
+            elif name == "kubelet":
+                roots = [a.split("=", 1)[1] for a in argv if a.startswith("--root-dir=")]
+                roots += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--root-dir"]
+                if not roots or os.path.normpath(roots[-1]) == KUBELET_ROOT:
+                    pids.append(int(d.name))
+    return pids
+
+
+def environment_problem(handler: str, binaries: Binaries) -> str | None:
+    """Why the suite cannot run here now (a reason to skip), or None."""
+    problem = binaries.problem() or host.environment_problem(handler)
+    if problem:
+        return problem
+    busy = [p for p in PORTS if port_in_use(p)]
+    if busy:
+        return f"ports {busy} are in use: the suite's kubelet and API server need {list(PORTS)} free"
+    pids = kubelets_on_default_root()
+    if pids:
+        return f"{KUBELET_ROOT} is in use by another kubelet or node e2e suite (pids {pids})"
+    return None
+
+
+@contextlib.contextmanager
+def systemd_run_hidden() -> Iterator[None]:
+    """Take systemd-run's exec bits away for the run: the suite starts its kubelet through it
+    when it finds it, and PID 1 is not systemd here. The mode comes back in any case."""
+    path = shutil.which("systemd-run")
+    if path is None:
+        yield
+        return
+    mode = os.stat(path).st_mode
+    os.chmod(path, mode & ~(stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH))
+    try:
+        yield
+    finally:
+        os.chmod(path, stat.S_IMODE(mode))
+
+
+def suite_argv(h: Harness, b: Binaries, out: Path, labels: str, focus: str | None) -> list[str]:
+    bin_dir = out / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    link = bin_dir / "kubelet"  # the suite runs `kubelet` from --k8s-bin-dir
+    link.unlink(missing_ok=True)
+    link.symlink_to(os.path.abspath(b.kubelet))
+    config = out / "kubelet-config.yaml"
+    config.write_text(Path(b.kubelet_config).read_text() + CONFIG_EXTRA)
+    argv = [
+        b.suite,
+        "--prepull-images=false",
+        f"--container-runtime-endpoint=unix://{h.socket}",
+        f"--node-name={h.node}",
+        "--dns-domain=cluster.local",
+        f"--k8s-bin-dir={bin_dir}",
+        f"--kubelet-config-file={config}",
+        f"--kubelet-flags={KUBELET_FLAGS}",
+        f"--report-dir={out}",
+        f"--ginkgo.label-filter={labels}",
+        f"--ginkgo.json-report={out / 'report.json'}",
+        "--ginkgo.no-color",
+        "--ginkgo.v",
+    ]
+    if focus:
+        argv.append(f"--ginkgo.focus={focus}")
+    return argv
+
+
+def run_suite(argv: list[str], out: Path, timeout: float) -> int:
+    """The suite in a session of its own, so that a run over time stops with its kubelet; in `out`,
+    where it writes its kubeconfig, token file and kubelet config (into its working directory)."""
+    with open(out / "suite.log", "ab") as fh:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=out,
+        )
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            print(
+                f"[node-e2e] over {timeout:.0f} s: interrupting the suite (pid {proc.pid})", file=sys.stderr
+            )
+            # ginkgo writes its report on an interrupt; the group holds the kubelet it started.
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                return proc.wait(120)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                return proc.wait()
+        finally:
+            if proc.poll() is None:  # interrupted by us (Ctrl-C, an exception)
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def left_sandboxes(h: Harness) -> list[pb.PodSandboxMetadata]:
+    """The sandboxes the suite left in the shim (it stops its kubelet before it cleans up)."""
+    try:
+        items = h.cri().ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10).items
+    except grpc.RpcError as exc:
+        print(f"[node-e2e] ListPodSandbox failed: {exc.code()}", file=sys.stderr)
+        return []
+    return [s.metadata for s in items]
+
+
+def run(
+    handler: str, b: Binaries, out: Path, *, labels: str = LABELS, focus: str | None = None, timeout: float
+) -> tuple[int, list[pb.PodSandboxMetadata]]:
+    """Start a shim, run the suite on it, remove what it left and stop the shim.
+
+    Returns the suite's exit code and the sandboxes it left behind (removed)."""
+    out = out.resolve()  # the suite runs in it: its paths must not be relative
+    out.mkdir(parents=True, exist_ok=True)
+    h = Harness(handler, kubelet=b.kubelet, node=f"node-e2e-{handler}", pause=PAUSE)
+    h.shim_log = out / "shim.log"  # kept with the results; the harness removes its own directory
+    left: list[pb.PodSandboxMetadata] = []
+    rc = -1
+    try:
+        h.start_shim()
+        shutil.copy(h.dir / "cri-shim.toml", out / "cri-shim.toml")
+        argv = suite_argv(h, b, out, labels, focus)
+        (out / "command.txt").write_text(" ".join(argv) + "\n")
+        host.save_sysctls()  # the kubelet changes four; Harness.stop puts them back
+        started = time.monotonic()
+        with systemd_run_hidden():
+            rc = run_suite(argv, out, timeout)
+        print(f"[node-e2e] suite exited {rc} after {time.monotonic() - started:.0f} s", file=sys.stderr)
+        left = left_sandboxes(h)
+    finally:
+        h.stop()  # removes every container and sandbox through the CRI, then stops the shim
+        for m in left:
+            host.remove_pod_logs(m.namespace, {m.uid})
+    return rc, left

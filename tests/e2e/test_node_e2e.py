@@ -1,0 +1,86 @@
+"""SIG-Node's node e2e suite on a private cri-shim (tests/e2e/node_e2e), and how its report reads.
+
+The end-to-end test is opt-in: it runs only when E2E_NODE_TEST,
+CRI_SHIM_KUBELET and E2E_NODE_KUBELET_CONFIG name the suite, a v1.35 kubelet
+and the tree's default kubelet config (the suite's kubelet takes
+/var/lib/kubelet and fixed ports); skipped, also in CI, without them. It runs
+a few Conformance specs that pass on containerd here, on docker and runv.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import node_e2e
+
+
+def _spec(texts: list[str], leaf: str, state: str, message: str = "") -> dict:
+    return {
+        "ContainerHierarchyTexts": texts,
+        "LeafNodeType": "It",
+        "LeafNodeText": leaf,
+        "State": state,
+        "RunTime": 2_500_000_000,
+        "Failure": {"Message": message} if message else {},
+    }
+
+
+def test_report_counts_what_ran_and_names_failures(tmp_path: Path) -> None:
+    specs = [
+        _spec(["[sig-node] Containers"], "should use the image defaults [NodeConformance]", "passed"),
+        _spec(["[sig-node] Pods"], "should fail", "failed", "\nExpected\n    <int>: 1\nto equal 0\n"),
+        _spec(["[sig-node] Pods"], "should time out", "timedout", "A spec timeout occurred"),
+        _spec(["[sig-node] AppArmor"], "should load", "skipped", "Only supported on AppArmor hosts"),
+        _spec(["[sig-node] Serial"], "not selected", "skipped"),
+        {"LeafNodeType": "SynchronizedBeforeSuite", "State": "passed"},
+    ]
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps([{"SuiteSucceeded": False, "SpecReports": specs}]))
+
+    loaded = node_e2e.load(path)
+
+    assert [s.ran for s in loaded] == [True, True, True, True, False]
+    assert node_e2e.counts(loaded) == {"passed": 1, "failed": 2, "skipped": 1}
+    assert loaded[1].name == "[It] [sig-node] Pods should fail"
+    assert loaded[1].error == "Expected"
+    baseline = tmp_path / "baseline.txt"
+    baseline.write_text(
+        "# containerd\npassed\t[It] [sig-node] Pods should fail\nfailed\t[It] [sig-node] Pods should time out\n"
+    )
+    out = io.StringIO()
+    node_e2e.print_report("t", loaded, node_e2e.read_baseline(baseline), out)
+    text = out.getvalue()
+    assert "passed 1, failed 2, skipped 1" in text
+    assert "FAIL (failed, 2s) [It] [sig-node] Pods should fail\n       Expected" in text
+    assert "baseline passed, this run did not: 1\n     failed  [It] [sig-node] Pods should fail" in text
+    assert "this run passed, baseline did not: 0" in text
+
+
+FOCUS = "Containers should|ContainerLogPath"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("handler", ["docker", "runv"])
+def test_node_e2e_conformance_sample(handler: str, tmp_path: Path) -> None:
+    binaries = node_e2e.Binaries.from_env()
+    if not (binaries.suite and binaries.kubelet and binaries.kubelet_config):
+        pytest.skip(
+            "set E2E_NODE_TEST, CRI_SHIM_KUBELET and E2E_NODE_KUBELET_CONFIG to run the node e2e suite"
+        )
+    problem = node_e2e.environment_problem(handler, binaries)
+    if problem:
+        pytest.skip(problem)
+    rc, _ = node_e2e.run(handler, binaries, tmp_path, focus=FOCUS, timeout=1200)
+    specs = node_e2e.load(tmp_path / "report.json")
+    out = io.StringIO()
+    node_e2e.print_report(f"node e2e, {handler}", specs, None, out)
+    print(out.getvalue())
+    n = node_e2e.counts(specs)
+    # Containers should (4) and ContainerLogPath (2): all pass on containerd here.
+    assert n["passed"] >= 6, out.getvalue()
+    assert n["failed"] == 0 and rc == 0, out.getvalue()
