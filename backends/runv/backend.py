@@ -114,7 +114,7 @@ class RunvBackend:
             cni=self.cni,
         )
         # Warm VMs: the shape of a pod without limits unless the pool table says otherwise.
-        self.pool_config = PoolConfig.from_table(config.get("pool"))
+        self.pool_config = PoolConfig.from_table(config.get("pool"), name)
         plain_vcpus, plain_memory = vm_size(0, 100_000, 0, self.overhead_vcpus, self.overhead_memory)
         self.pool_shape = (
             self.pool_config.vcpus or plain_vcpus,

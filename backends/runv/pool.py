@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from backends.contract import options
 from backends.contract.pool import CpuMeter, Pool
 from backends.runv.config import POOL
 
@@ -36,9 +37,8 @@ class PoolConfig:
     max_cpu: float = 0.8  # share of all CPUs busy above which refilling pauses; 0: ignore the CPU
 
     @classmethod
-    def from_table(cls, table: dict[str, Any] | None) -> PoolConfig:
+    def from_table(cls, table: dict[str, Any] | None, handler: str = "runv") -> PoolConfig:
         table = dict(table or {})
-        unknown = set(table) - set(POOL)
-        if unknown:  # config.check_config refuses these first; a direct caller gets the same
-            raise ValueError(f"unknown pool keys {sorted(unknown)}")
+        # The handler's config check refuses a bad table first; a direct caller gets the same error.
+        options.check_section(f"handlers.{handler}.pool", table, POOL)
         return cls(**table)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from backends.contract.errors import InvalidArgumentError
 from backends.runv.backend import RunvBackend
 from backends.runv.hypervisor import MIB
 from backends.runv.pool import CpuMeter, Pool, PoolConfig
@@ -135,7 +136,7 @@ def test_pool_config_defaults_and_keys() -> None:
     assert PoolConfig.from_table(None).size == 0
     assert PoolConfig.from_table(None).max_cpu == 0.8
     assert PoolConfig.from_table({"size": 4, "max_cpu": 0}).size == 4
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidArgumentError, match=r"\[handlers.runv.pool\] unknown key 'sise'"):
         PoolConfig.from_table({"sise": 4})
 
 
