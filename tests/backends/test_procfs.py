@@ -26,17 +26,19 @@ def test_stat_reads_past_a_command_name_that_looks_like_fields(tmp_path: Path) -
         assert st.state in ("R", "S") and st.ppid == os.getpid()
         me = procfs.stat(os.getpid())
         assert me is not None and st.start_time >= me.start_time > 0
-        assert procfs.stat(proc.pid) == st  # the same process: the same start time
+        again = procfs.stat(proc.pid)  # the same process: the same parent and start time (its state may move)
+        assert again is not None and (again.ppid, again.start_time) == (st.ppid, st.start_time)
+        proc.kill()
+        # Dead and not reaped: a zombie, still there.
+        for _ in range(200):
+            st = procfs.stat(proc.pid)
+            if st is not None and st.state == "Z":
+                break
+            time.sleep(0.01)
+        assert st is not None and st.state == "Z"
     finally:
         proc.kill()
-    # Dead and not reaped: a zombie, still there.
-    for _ in range(200):
-        st = procfs.stat(proc.pid)
-        if st is not None and st.state == "Z":
-            break
-        time.sleep(0.01)
-    assert st is not None and st.state == "Z"
-    proc.wait()
+        proc.wait()
     assert procfs.stat(proc.pid) is None
 
 
