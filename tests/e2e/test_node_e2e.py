@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import node_e2e
+from tests.e2e.node_e2e import suite
 
 
 def _spec(texts: list[str], leaf: str, state: str, message: str = "") -> dict:
@@ -75,7 +76,7 @@ def test_node_e2e_conformance_sample(handler: str, tmp_path: Path) -> None:
     problem = node_e2e.environment_problem(handler, binaries)
     if problem:
         pytest.skip(problem)
-    rc, _ = node_e2e.run(handler, binaries, tmp_path, focus=FOCUS, timeout=1200)
+    rc, _ = node_e2e.run(handler, binaries, tmp_path, node_e2e.RunOptions(1200, focus=FOCUS))
     specs = node_e2e.load(tmp_path / "report.json")
     out = io.StringIO()
     node_e2e.print_report(f"node e2e, {handler}", specs, None, out)
@@ -84,3 +85,22 @@ def test_node_e2e_conformance_sample(handler: str, tmp_path: Path) -> None:
     # Containers should (4) and ContainerLogPath (2): all pass on containerd here.
     assert n["passed"] >= 6, out.getvalue()
     assert n["failed"] == 0 and rc == 0, out.getvalue()
+
+
+def test_parallel_runs_go_through_the_ginkgo_cli_with_its_flags_bare(tmp_path: Path) -> None:
+    config = tmp_path / "base.yaml"
+    config.write_text("kind: KubeletConfiguration\n")
+    b = node_e2e.Binaries("/bin/e2e_node.test", "/bin/kubelet", str(config), "/bin/ginkgo")
+    serial = suite.suite_argv("unix:///s.sock", "n1", b, tmp_path, "NodeConformance", "Pods", 1)
+    parallel = suite.suite_argv("unix:///s.sock", "n1", b, tmp_path, "NodeConformance", "Pods", 3)
+
+    assert serial[0] == "/bin/e2e_node.test"
+    assert "--ginkgo.label-filter=NodeConformance" in serial and "--ginkgo.focus=Pods" in serial
+    assert parallel[:2] == ["/bin/ginkgo", "--procs=3"]
+    sep = parallel.index("--")
+    assert parallel[sep - 1] == "/bin/e2e_node.test"
+    assert "--label-filter=NodeConformance" in parallel[:sep] and "--focus=Pods" in parallel[:sep]
+    # The suite's own flags follow the separator, the same in both forms.
+    assert parallel[sep + 1 :] == [a for a in serial[1:] if not a.startswith("--ginkgo.")]
+    assert "failCgroupV1: false" in (tmp_path / "kubelet-config.yaml").read_text()
+    assert node_e2e.Binaries("/x", "/y", str(config)).problem(procs=2) is not None

@@ -23,11 +23,12 @@ ginkgo report read, printed, compared), ``__main__`` (the command line).
 """
 
 from tests.e2e.node_e2e.report import Spec, counts, load, print_report, read_baseline
-from tests.e2e.node_e2e.suite import LABELS, Binaries, environment_problem, run
+from tests.e2e.node_e2e.suite import LABELS, Binaries, RunOptions, environment_problem, run
 
 __all__ = [
     "LABELS",
     "Binaries",
+    "RunOptions",
     "Spec",
     "counts",
     "environment_problem",

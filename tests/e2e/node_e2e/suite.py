@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 
 from cri_api import api_pb2 as pb
+from cri_api.api_pb2_grpc import RuntimeServiceStub
 from tests.e2e.kubelet import host
 from tests.e2e.kubelet.runner import Harness
 
@@ -39,6 +40,7 @@ class Binaries:
     suite: str  # e2e_node.test
     kubelet: str
     kubelet_config: str  # the tree's test/e2e_node/jenkins/default-kubelet-config.yaml
+    ginkgo: str = ""  # the tree's ginkgo CLI: needed only to run specs in parallel (--procs)
 
     @classmethod
     def from_env(cls) -> Binaries:
@@ -46,13 +48,17 @@ class Binaries:
             os.environ.get("E2E_NODE_TEST", ""),
             os.environ.get("CRI_SHIM_KUBELET", ""),
             os.environ.get("E2E_NODE_KUBELET_CONFIG", ""),
+            os.environ.get("E2E_NODE_GINKGO", ""),
         )
 
-    def problem(self) -> str | None:
-        for what, path, env in (
+    def problem(self, procs: int = 1) -> str | None:
+        needed = [
             ("the node e2e suite", self.suite, "E2E_NODE_TEST"),
             ("a kubelet", self.kubelet, "CRI_SHIM_KUBELET"),
-        ):
+        ]
+        if procs > 1:
+            needed.append(("the ginkgo CLI of the suite's tree", self.ginkgo, "E2E_NODE_GINKGO"))
+        for what, path, env in needed:
             if not path or not os.access(path, os.X_OK):
                 return f"no {what} at {path!r} (set {env})"
         if not os.path.isfile(self.kubelet_config):
@@ -92,9 +98,17 @@ def kubelets_on_default_root() -> list[int]:
     return pids
 
 
-def environment_problem(handler: str, binaries: Binaries) -> str | None:
-    """Why the suite cannot run here now (a reason to skip), or None."""
-    problem = binaries.problem() or host.environment_problem(handler)
+def environment_problem(
+    handler: str | None, binaries: Binaries, procs: int = 1, endpoint: str | None = None
+) -> str | None:
+    """Why the suite cannot run here now (a reason to skip), or None.
+
+    ``handler`` None: the runtime is not a shim of ours but the one at ``endpoint``."""
+    problem = binaries.problem(procs)
+    if problem is None and handler is not None:
+        problem = host.environment_problem(handler)
+    if problem is None and endpoint is not None and not Path(endpoint.removeprefix("unix://")).is_socket():
+        problem = f"no runtime socket at {endpoint}"
     if problem:
         return problem
     busy = [p for p in PORTS if port_in_use(p)]
@@ -122,7 +136,11 @@ def systemd_run_hidden() -> Iterator[None]:
         os.chmod(path, stat.S_IMODE(mode))
 
 
-def suite_argv(h: Harness, b: Binaries, out: Path, labels: str, focus: str | None) -> list[str]:
+def suite_argv(
+    endpoint: str, node: str, b: Binaries, out: Path, labels: str, focus: str | None, procs: int = 1
+) -> list[str]:
+    """The suite's command line; with ``procs`` > 1 through the ginkgo CLI, which runs that many
+    processes of the suite (the first starts the API server and the kubelet, the others share them)."""
     bin_dir = out / "bin"
     bin_dir.mkdir(exist_ok=True)
     link = bin_dir / "kubelet"  # the suite runs `kubelet` from --k8s-bin-dir
@@ -130,24 +148,28 @@ def suite_argv(h: Harness, b: Binaries, out: Path, labels: str, focus: str | Non
     link.symlink_to(os.path.abspath(b.kubelet))
     config = out / "kubelet-config.yaml"
     config.write_text(Path(b.kubelet_config).read_text() + CONFIG_EXTRA)
-    argv = [
-        b.suite,
+    suite_flags = [
         "--prepull-images=false",
-        f"--container-runtime-endpoint=unix://{h.socket}",
-        f"--node-name={h.node}",
+        f"--container-runtime-endpoint={endpoint}",
+        f"--node-name={node}",
         "--dns-domain=cluster.local",
         f"--k8s-bin-dir={bin_dir}",
         f"--kubelet-config-file={config}",
         f"--kubelet-flags={KUBELET_FLAGS}",
         f"--report-dir={out}",
-        f"--ginkgo.label-filter={labels}",
-        f"--ginkgo.json-report={out / 'report.json'}",
-        "--ginkgo.no-color",
-        "--ginkgo.v",
+    ]
+    ginkgo_flags = [
+        f"label-filter={labels}",
+        f"json-report={out / 'report.json'}",
+        "no-color",
+        "v",
     ]
     if focus:
-        argv.append(f"--ginkgo.focus={focus}")
-    return argv
+        ginkgo_flags.append(f"focus={focus}")
+    if procs > 1:
+        # The CLI takes its flags bare and merges the processes' reports into one.
+        return [b.ginkgo, f"--procs={procs}", *(f"--{f}" for f in ginkgo_flags), b.suite, "--", *suite_flags]
+    return [b.suite, *suite_flags, *(f"--ginkgo.{f}" for f in ginkgo_flags)]
 
 
 def run_suite(argv: list[str], out: Path, timeout: float) -> int:
@@ -181,24 +203,74 @@ def run_suite(argv: list[str], out: Path, timeout: float) -> int:
                 proc.wait()
 
 
-def left_sandboxes(h: Harness) -> list[pb.PodSandboxMetadata]:
-    """The sandboxes the suite left in the shim (it stops its kubelet before it cleans up)."""
-    try:
-        items = h.cri().ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10).items
-    except grpc.RpcError as exc:
-        print(f"[node-e2e] ListPodSandbox failed: {exc.code()}", file=sys.stderr)
-        return []
-    return [s.metadata for s in items]
+def sandboxes(endpoint: str) -> list[pb.PodSandbox]:
+    """The runtime's pod sandboxes (the suite stops its kubelet before it cleans up: some remain)."""
+    with grpc.insecure_channel(endpoint) as channel:
+        try:
+            return list(
+                RuntimeServiceStub(channel).ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10).items
+            )
+        except grpc.RpcError as exc:
+            print(f"[node-e2e] ListPodSandbox failed: {exc.code()}", file=sys.stderr)
+            return []
+
+
+def remove_sandboxes(endpoint: str, ids: list[str]) -> None:
+    """Stop and remove these sandboxes (with their containers) through the CRI."""
+    with grpc.insecure_channel(endpoint) as channel:
+        rt = RuntimeServiceStub(channel)
+        for sid in ids:
+            try:
+                rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=60)
+                rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=60)
+            except grpc.RpcError as exc:
+                print(f"[node-e2e] removing sandbox {sid[:13]}: {exc.code()}", file=sys.stderr)
+
+
+def _run_on(endpoint: str, node: str, b: Binaries, out: Path, opts: RunOptions) -> int:
+    argv = suite_argv(endpoint, node, b, out, opts.labels, opts.focus, opts.procs)
+    (out / "command.txt").write_text(" ".join(argv) + "\n")
+    started = time.monotonic()
+    with systemd_run_hidden():
+        rc = run_suite(argv, out, opts.timeout)
+    print(f"[node-e2e] suite exited {rc} after {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return rc
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    timeout: float
+    labels: str = LABELS
+    focus: str | None = None
+    procs: int = 1  # parallel processes of the suite (ginkgo CLI)
 
 
 def run(
-    handler: str, b: Binaries, out: Path, *, labels: str = LABELS, focus: str | None = None, timeout: float
+    handler: str | None,
+    b: Binaries,
+    out: Path,
+    opts: RunOptions,
+    endpoint: str | None = None,
 ) -> tuple[int, list[pb.PodSandboxMetadata]]:
-    """Start a shim, run the suite on it, remove what it left and stop the shim.
+    """Run the suite on a private shim with ``handler`` as its default (started and stopped here), or,
+    with ``handler`` None, on the runtime at ``endpoint`` (containerd, for the comparison).
 
     Returns the suite's exit code and the sandboxes it left behind (removed)."""
     out = out.resolve()  # the suite runs in it: its paths must not be relative
     out.mkdir(parents=True, exist_ok=True)
+    host.save_sysctls()  # the kubelet changes four; put back at the end
+    if handler is None:
+        if endpoint is None:
+            raise ValueError("a handler or an endpoint")
+        before = {s.id for s in sandboxes(endpoint)}
+        try:
+            rc = _run_on(endpoint, "node-e2e-peer", b, out, opts)
+        finally:
+            # Only what appeared during the run: the peer runtime may hold others' pods.
+            new = [s for s in sandboxes(endpoint) if s.id not in before]
+            remove_sandboxes(endpoint, [s.id for s in new])
+            host.restore_sysctls()
+        return rc, [s.metadata for s in new]
     h = Harness(handler, kubelet=b.kubelet, node=f"node-e2e-{handler}", pause=PAUSE)
     h.shim_log = out / "shim.log"  # kept with the results; the harness removes its own directory
     left: list[pb.PodSandboxMetadata] = []
@@ -206,14 +278,8 @@ def run(
     try:
         h.start_shim()
         shutil.copy(h.dir / "cri-shim.toml", out / "cri-shim.toml")
-        argv = suite_argv(h, b, out, labels, focus)
-        (out / "command.txt").write_text(" ".join(argv) + "\n")
-        host.save_sysctls()  # the kubelet changes four; Harness.stop puts them back
-        started = time.monotonic()
-        with systemd_run_hidden():
-            rc = run_suite(argv, out, timeout)
-        print(f"[node-e2e] suite exited {rc} after {time.monotonic() - started:.0f} s", file=sys.stderr)
-        left = left_sandboxes(h)
+        rc = _run_on(f"unix://{h.socket}", h.node, b, out, opts)
+        left = [s.metadata for s in sandboxes(f"unix://{h.socket}")]
     finally:
         h.stop()  # removes every container and sandbox through the CRI, then stops the shim
         for m in left:
