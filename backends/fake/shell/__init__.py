@@ -8,7 +8,8 @@ produced and an idle ``while true; do sleep 1; done`` is one sleeping coroutine.
 
 The caller provides, in :class:`ShellIO`: the container's files (an ``Fs``; :class:`MemoryFs`
 is a ready one), its environment, stdin/stdout/stderr callables, an :class:`asyncio.Event` that
-delivers SIGTERM, an injectable ``sleep`` and ``clock``, and extra commands. An extra command is
+delivers SIGTERM, an injectable ``sleep`` and ``clock``, a ``Network`` whose ports ``httpd``
+listens on (none: it cannot), and extra commands. An extra command is
 a ``Command``: ``async def cmd(argv: list[str], io: ShellIO) -> int``, where ``argv[0]`` is the
 name as invoked and ``io`` is a copy of the caller's ShellIO bound to the command's (redirected)
 stdin, stdout and stderr, its environment (exported variables and ``X=1 cmd`` assignments) and the
@@ -24,15 +25,15 @@ after the interrupted command, or with no trap ends with 143. An ``exit`` in the
 with that code. Background jobs are not signalled; they are stopped when the run ends.
 
 Known gaps, on purpose: no file-name globbing, ``[[``, arrays, aliases, ``getopts``, job control,
-``sed``/``awk``/``cut``/``uniq``, networking tools (add them as extra commands), ``tail -f``
-following (it prints, then waits), ``$LINENO``, ``${x/a/b}``. ``set -u``, ``-f``, ``-v`` and ``-n``
-are accepted and ignored; ERR/DEBUG traps are accepted and never run; ``kill`` from a background
-job only delivers SIGTERM to the shell.
+``sed``/``awk``/``cut``/``uniq``, networking tools but ``httpd`` (add them as extra commands),
+``tail -f`` following (it prints, then waits), ``$LINENO``, ``${x/a/b}``. ``set -u``, ``-f``, ``-v``
+and ``-n`` are accepted and ignored; ERR/DEBUG traps are accepted and never run; ``kill`` from a
+background job only delivers SIGTERM to the shell.
 
 The package, one module a part, each importing only modules listed before it:
 
 - :mod:`.fs` the container's files (``Fs``, ``MemoryFs``); :mod:`.caller` what a run is given
-  (``ShellIO``, ``Command``);
+  (``ShellIO``, ``Command``, ``Network``); :mod:`.http` HTTP/1.x on a ``Network``'s connection;
 - :mod:`.syntax` the syntax tree, :mod:`.lexer` text to tokens, :mod:`.parser` tokens to the tree;
 - :mod:`.control` early exits and errors, :mod:`.streams` descriptors and pipes;
 - :mod:`.words` field splitting, :mod:`.patterns` shell patterns and regular expressions,
@@ -44,8 +45,8 @@ The package, one module a part, each importing only modules listed before it:
   and tools, which the evaluator cannot import.
 """
 
-from backends.fake.shell.caller import ShellIO
+from backends.fake.shell.caller import Connection, Network, Serve, ShellIO
 from backends.fake.shell.entry import knows, run, run_script
 from backends.fake.shell.fs import MemoryFs
 
-__all__ = ["MemoryFs", "ShellIO", "knows", "run", "run_script"]
+__all__ = ["Connection", "MemoryFs", "Network", "Serve", "ShellIO", "knows", "run", "run_script"]

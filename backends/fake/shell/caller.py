@@ -1,5 +1,5 @@
-"""The caller's side of a run: what it gives the shell (:class:`ShellIO`) and what an extra command is
-(:data:`Command`)."""
+"""The caller's side of a run: what it gives the shell (:class:`ShellIO`), what an extra command is
+(:data:`Command`), and the network a server in the shell listens on (:class:`Network`)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,33 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TypeAlias
+from typing import Protocol, TypeAlias
 
 from backends.fake.shell.fs import Fs
 
 Command: TypeAlias = Callable[[list[str], "ShellIO"], Awaitable[int]]
 """An extra command: ``await cmd(argv, io)`` gives its exit status (see :mod:`backends.fake.shell`)."""
+
+
+class Connection(Protocol):
+    """One accepted TCP connection: bytes from the client (b"" at its end), bytes back to it."""
+
+    async def read(self) -> bytes: ...
+
+    async def write(self, data: bytes) -> None: ...
+
+
+Serve: TypeAlias = Callable[[Connection], Awaitable[None]]
+"""What a listening server does with each connection it accepts; returning closes the connection."""
+
+
+class Network(Protocol):
+    """The container's network, as far as a server in the shell needs one: its ports."""
+
+    def listen(self, host: str, port: int, serve: Serve) -> Callable[[], None]:
+        """Serves ``port`` with ``serve`` until the returned close is called (or the container ends);
+        OSError as bind(2) fails: EADDRINUSE when something of the pod listens there already."""
+        ...
 
 
 @dataclasses.dataclass
@@ -35,3 +56,4 @@ class ShellIO:
     # A command not found runs, silently, until stopped (a container's own program the fake cannot
     # run: `sh -c "prepare; nginx"`), instead of failing with 127 as an exec's does.
     unknown_runs: bool = False
+    network: Network | None = None  # None: no network (a server cannot listen)
