@@ -4,8 +4,9 @@ The built-in shell (:mod:`backends.fake.shell`) runs a container's command
 and its execs over this: the files of :mod:`backends.fake.files` (the pod's
 ``/etc/hostname``, ``/etc/hosts``, ``/etc/resolv.conf`` and sysctls as a
 runtime would make them, and the kubelet's volumes), the container's
-environment, and ``sysctl``, the one command the shell lacks that pods use
-to check their pod's settings.
+environment, its pod's ports (:mod:`backends.fake.ports`, where its
+``httpd`` listens), and ``sysctl``, the one command the shell lacks that pods
+use to check their pod's settings.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from backends.contract import ContainerRecord, SandboxRecord
 from backends.fake.files import ContainerFiles, Mount
 from backends.fake.shell import ShellIO
+from backends.fake.shell.caller import Network
 
 Write = Callable[[bytes], Awaitable[None]]
 
@@ -67,6 +69,7 @@ def shell_io(
     stderr: Write,
     stdin: Callable[[], Awaitable[bytes]] | None = None,
     running: bool = True,
+    network: Network | None = None,
 ) -> ShellIO:
     """How the shell runs in container ``c``: for its command, or for an exec in it."""
     env = {"PATH": _PATH, "HOSTNAME": hostname_of(c, sb), "HOME": "/root"}
@@ -99,4 +102,5 @@ def shell_io(
         stderr=stderr,
         commands={"sysctl": sysctl},
         processes=lambda: list(processes),
+        network=network,
     )

@@ -4,9 +4,11 @@ Commands answer from the handler's ``exec`` rules, then run in the built-in
 shell (:mod:`backends.fake.shell`) over the container's files; an
 interactive ``sh`` reads its commands from stdin, through a TTY's echo when
 the session has one. Attached stdin goes to the shell running the
-container's command (a scripted program echoes it, as ``cat`` would); a
-forwarded port reaches the pod's scripted server (:mod:`backends.fake.servers`),
-else answers with ``port_responses`` for it, else echoes.
+container's command (a scripted program echoes it, as ``cat`` would). A
+forwarded port reaches the server that listens on it in the pod
+(:mod:`backends.fake.ports`: a container's ``httpd``, a scripted server of
+:mod:`backends.fake.servers`), else answers with the handler's
+``port_responses`` for it, else echoes.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from backends.contract import ContainerRecord, ExecResult, PortStream, SandboxRecord, StreamIO, errors
-from backends.fake import servers, shell
+from backends.fake import shell
 from backends.fake.lifecycle import FakeLifecycle, send
 from backends.fake.program import Programs
 
@@ -101,9 +103,7 @@ class FakeExec:
             stdin.put_nowait(b"")  # stdin_once: the container's stdin closes with the session's
 
     async def port_forward(self, sandbox: SandboxRecord, port: int, stream: PortStream) -> None:
-        server = self.lifecycle.server_on(sandbox.id, port)
-        if server is not None:
-            await servers.serve(server, stream)
+        if await self.lifecycle.ports.connect(sandbox.id, port, stream):
             return
         responder = self._port_responses.get(str(port))
         if responder is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import ipaddress
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -34,6 +35,7 @@ from backends.contract import (
 from backends.fake import environment, servers, shell
 from backends.fake.files import ContainerFiles
 from backends.fake.images import ImageStore
+from backends.fake.ports import ContainerNetwork, PodPorts
 from backends.fake.program import OutputLine, Program, Programs
 from cri_api import api_pb2 as pb
 
@@ -79,8 +81,7 @@ class FakeLifecycle:
         self.sandboxes: dict[str, SandboxRecord] = {}
         self.containers: set[str] = set()
         self.files: dict[str, ContainerFiles] = {}  # created containers' own files and volumes
-        # Created containers' scripted servers: container ID -> (its pod, its servers by port).
-        self.servers: dict[str, tuple[str, dict[int, servers.Server]]] = {}
+        self.ports = PodPorts()  # what the running containers' servers listen on
         self.running: dict[str, Running] = {}
         self._cgroup_driver = str(options.get("cgroup_driver", "cgroupfs"))
         self._network = ipaddress.ip_network(str(options.get("pod_cidr", "10.88.0.0/16")))
@@ -92,9 +93,10 @@ class FakeLifecycle:
         self.events = events
 
     async def close(self) -> None:
-        for r in self.running.values():
+        for cid, r in self.running.items():
             if r.task is not None:
                 r.task.cancel()
+            self.ports.release(cid)
         self.running.clear()
 
     async def health(self) -> Health:
@@ -128,6 +130,9 @@ class FakeLifecycle:
             running = c.status.state == pb.CONTAINER_RUNNING
             if running and c.id not in self.running:
                 self.running[c.id] = Running(Program(), time.monotonic())
+                # Its scripted servers still serve; what its command had started is gone with the shell.
+                with contextlib.suppress(errors.InvalidArgumentError):
+                    self._bind_scripted(c)
             seen_ct[c.id] = Observed(exists=True, running=running, started_at=c.status.started_at)
         return seen_sb, seen_ct
 
@@ -168,12 +173,11 @@ class FakeLifecycle:
         self._ips.discard(str(sandbox.backend_data.get("ip", "")))
 
     # ------------------------------------------------------------------ containers
-    def server_on(self, sandbox_id: str, port: int) -> servers.Server | None:
-        """What a running container of the pod serves on ``port``, if one does."""
-        for cid, (owner, serving) in self.servers.items():
-            if owner == sandbox_id and port in serving and cid in self.running:
-                return serving[port]
-        return None
+    def _bind_scripted(self, c: ContainerRecord) -> None:
+        """Binds the container's scripted servers' ports; one another server of the pod holds keeps it."""
+        for port, server in servers.parse_serve(c).items():
+            with contextlib.suppress(OSError):
+                self.ports.bind(c.sandbox_id, c.id, "", "", port, functools.partial(servers.serve, server))
 
     def files_of(self, c: ContainerRecord) -> ContainerFiles:
         files = self.files.get(c.id)
@@ -191,7 +195,10 @@ class FakeLifecycle:
         stdin: Callable[[], Awaitable[bytes]] | None = None,
     ) -> shell.ShellIO:
         sb = self.sandboxes.get(c.sandbox_id)
-        return environment.shell_io(c, sb, self.files_of(c), stdout, stderr, stdin, c.id in self.running)
+        ip = str(sb.backend_data.get("ip", "")) if sb else ""
+        network = ContainerNetwork(self.ports, c.sandbox_id, c.id, ip)
+        running = c.id in self.running
+        return environment.shell_io(c, sb, self.files_of(c), stdout, stderr, stdin, running, network)
 
     async def create_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> None:
         image = container.config.image.image
@@ -201,9 +208,7 @@ class FakeLifecycle:
         container.image_ref = found.id
         container.image_name = self.images.display_name(image, found)
         self.programs.program_for(container)  # a bad program annotation fails the create, not the start
-        serving = servers.parse_serve(container)
-        if serving:
-            self.servers[container.id] = (sandbox.id, serving)
+        servers.parse_serve(container)  # and so does a bad servers one
         self.files[container.id] = environment.container_files(
             container, self.sandboxes.get(sandbox.id), self.images.files_for(image)
         )
@@ -218,6 +223,7 @@ class FakeLifecycle:
             program = Program()  # a command the shell does not know: it runs, silently, until stopped
         run = Running(program, time.monotonic())
         self.running[container.id] = run
+        self._bind_scripted(container)
         started = self.clock()
         loop = asyncio.get_running_loop()
         if program is None:
@@ -296,6 +302,7 @@ class FakeLifecycle:
         run = self.running.pop(cid, None)
         if run is None:
             return
+        self.ports.release(cid)  # its servers, and those its command had started, go with it
         run.exited.set()
         run.pipe.end()  # everything it wrote is in the pipe already
         run.pipe.exit.set(info)
@@ -348,9 +355,9 @@ class FakeLifecycle:
             if run.task is not None:
                 run.task.cancel()
             run.pipe.end()
+        self.ports.release(container.id)
         self.containers.discard(container.id)
         self.files.pop(container.id, None)
-        self.servers.pop(container.id, None)
 
     async def update_container_resources(
         self, container: ContainerRecord, resources: pb.LinuxContainerResources

@@ -4,9 +4,10 @@ A container declares them in its annotation ``fake.cri-shim.io/serve``
 (JSON): ``{"8080": {"/": "hello\\n", "/healthz": "ok"}, "6379": "+PONG\\r\\n"}``.
 A port mapped to an object is an HTTP server: each request's path gets its
 body with 200, any other path 404, keep-alive honoured. A port mapped to a
-string answers every connection with that text and closes it. A port no
-container of the pod serves echoes what it is sent (or answers with the
-handler's ``port_responses`` for that port).
+string answers every connection with that text and closes it. A container's
+servers bind their ports of the pod (:mod:`backends.fake.ports`) while it
+runs, as the shell's ``httpd`` does; a port already bound by another of the
+pod's servers stays with it.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from backends.contract import ContainerRecord, PortStream, errors
+from backends.contract import ContainerRecord, errors
+from backends.fake.shell import http
+from backends.fake.shell.caller import Connection
 
 SERVE_ANNOTATION = "fake.cri-shim.io/serve"
 
 Server = str | dict[str, str]
-_MAX_HEAD = 64 * 1024
+_TEXT = "text/plain; charset=utf-8"
 
 
 def parse_serve(c: ContainerRecord) -> dict[int, Server]:
@@ -47,41 +50,23 @@ def parse_serve(c: ContainerRecord) -> dict[int, Server]:
     return out
 
 
-async def serve(server: Server, stream: PortStream) -> None:
+async def serve(server: Server, stream: Connection) -> None:
     """Answer one forwarded connection as ``server`` says."""
     if isinstance(server, str):
         await stream.write(server.encode())
         return
-    buf = b""
+    requests = http.Requests(stream)
     while True:
-        while b"\r\n\r\n" not in buf:
-            data = await stream.read()
-            if not data or len(buf) > _MAX_HEAD:
-                return
-            buf += data
-        head, _, buf = buf.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split()
-        path = parts[1].split("?", 1)[0] if len(parts) >= 2 else "/"
-        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-        length = int(headers.get("content-length", "0") or 0)
-        while len(buf) < length:  # a request body is read and dropped
-            data = await stream.read()
-            if not data:
-                return
-            buf += data
-        buf = buf[length:]
-        body = server.get(path)
-        status = "200 OK" if body is not None else "404 Not Found"
-        payload = (body if body is not None else "404 page not found\n").encode()
-        close = headers.get("connection", "").lower() == "close" or parts[-1:] == ["HTTP/1.0"]
-        head_lines = [
-            f"HTTP/1.1 {status}",
-            "Content-Type: text/plain; charset=utf-8",
-            f"Content-Length: {len(payload)}",
-        ]
-        if close:
-            head_lines.append("Connection: close")
-        await stream.write(("\r\n".join(head_lines) + "\r\n\r\n").encode() + payload)
+        try:
+            request = await requests.next()
+        except http.BadRequest as exc:
+            await stream.write(http.response(None, exc.status, _TEXT, f"{exc}\n".encode())[0])
+            return
+        if request is None:
+            return
+        body = server.get(request.path)
+        status, payload = (200, body) if body is not None else (404, "404 page not found\n")
+        data, close = http.response(request, status, _TEXT, payload.encode())
+        await stream.write(data)
         if close:
             return
