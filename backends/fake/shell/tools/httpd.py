@@ -9,12 +9,16 @@ network (the fake closes it when the container ends). ``-d STRING`` and ``-e STR
 URL and encode HTML, and exit. Errors are busybox's: a bad option prints the usage; a bad port
 or address, a missing HOME or a port already bound ("bind: Address in use") exit 1.
 
-Answers: GET and HEAD (others 501), HTTP/1.0 and 1.1 with keep-alive; a directory's
-``index.html`` (a directory named without its slash is redirected to it, 302, as busybox does);
-404 for a missing file, 403 for a path that climbs out of HOME or a file that cannot be read;
-Content-Type by extension. Not here: the config file (``-c``), CGI, authentication (``-m``, the
-realm is taken and unused), inetd mode (``-i``), ranges, directory listings. ``-u`` is taken and
-changes nothing (the fake has no users to switch to).
+Answers: GET and HEAD (others 501), HTTP/1.0 and 1.1; a directory's ``index.html`` (a
+directory named without its slash is redirected to it, 302, as busybox does); 404 for a missing
+file, 403 for a path that climbs out of HOME or a file that cannot be read; Content-Type by
+extension; busybox's error pages. Two differences from busybox 1.35 (checked against Debian's
+build): it keeps connections alive (busybox closes after each answer) and answers a path out of
+HOME with 403 (busybox says 400); a client of either works with both.
+
+Not here: the config file (``-c``), CGI, authentication (``-m``, the realm is taken and unused),
+inetd mode (``-i``), ranges, directory listings. ``-u`` is taken and changes nothing (the fake
+has no users to switch to).
 """
 
 from __future__ import annotations
@@ -99,7 +103,7 @@ def _address(spec: str) -> tuple[str, int]:
     if colon >= 0 and (spec.startswith("[") or spec.count(":") == 1):
         host, tail = spec[:colon], spec[colon + 1 :]
         if not tail.isdecimal() or int(tail) > 0xFFFF:
-            raise ToolError(f"bad port spec '{spec}'")
+            raise ToolError(f"bad port '{tail}'")
         port = int(tail)
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -119,7 +123,7 @@ async def _t_httpd(sh: Shell, argv: list[str]) -> int:
         await sh.writer(2).write(USAGE.encode())
         return 1
     if "d" in opts:
-        await sh.out(urllib.parse.unquote_to_bytes(opts["d"]))
+        await sh.out(urllib.parse.unquote_to_bytes(opts["d"].replace("+", " ")))
         return 0
     if "e" in opts:
         await sh.out("".join(c if c.isalnum() else f"&#{ord(c)};" for c in opts["e"]))
