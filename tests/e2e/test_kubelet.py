@@ -18,12 +18,11 @@ import pytest
 
 from tests.e2e import kubelet as kh
 
-# The fake backend runs no processes and touches no files: a container's
-# "program" comes from its command's built-ins (echo, sleep, exit, cat of
-# nothing), so an emptyDir or hostPath file, /dev/termination-log, `head` on
-# stdin or a real TCP server in the pod are beyond it. Asserted there: what
-# the kubelet does with pods, statuses and restarts, and ExecSync's built-in
-# echo. The other checks still run and are reported.
+# The fake backend runs no processes: a container's command runs in its
+# built-in shell. Asserted there: what the kubelet does with pods, statuses
+# and restarts, ExecSync's built-in echo, and port-forward to the pod's
+# busybox httpd (the shell's, serving the container's files). The other
+# checks still run and are reported.
 FAKE_ASSERTED = {
     "pod-pod-network",
     "pod-host-network",
@@ -34,6 +33,7 @@ FAKE_ASSERTED = {
     "api-pods",
     "api-running-pods",
     "api-run",
+    "api-port-forward-websocket",
 }
 
 

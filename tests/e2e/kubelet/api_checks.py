@@ -1,7 +1,8 @@
 """The checks through the kubelet's HTTPS API.
 
 Pods, running pods, logs, ExecSync, exec and port-forward over WebSocket
-(proxied by the kubelet to the shim's streaming server), stats.
+(proxied by the kubelet to the shim's streaming server; port-forward asks the
+pod's busybox httpd for its page), stats.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
 from tests.e2e.kubelet.checks import CheckFailed, Result, check, passed, short
-from tests.e2e.kubelet.pods import NAMESPACE, PORT_FORWARD_PORT
+from tests.e2e.kubelet.pods import NAMESPACE, PORT_FORWARD_BODY, PORT_FORWARD_PORT
 from tests.e2e.kubelet.runner import Harness
 
 RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2}) ")
@@ -160,14 +161,40 @@ def _status_word(status: str) -> str:
         return repr(status)
 
 
-@check("api", 8)
+@check("api", 8, timeout=45)
 def check_port_forward_websocket(h: Harness) -> Result:
-    """WebSocket /portForward: bytes sent to a server in the pod come back"""
-    h.wait_running("two", "echo")
-    port = PORT_FORWARD_PORT
+    """WebSocket /portForward: an HTTP GET reaches the pod's httpd and gets its page"""
+    h.wait_running("two", "httpd")
+    deadline = time.monotonic() + 20
+    while True:
+        # Running is not listening: until httpd has bound its port, a runtime refuses (the fake echoes).
+        ports, got, errors = _port_forward_get(h, PORT_FORWARD_PORT, time.monotonic() + 10)
+        if ports != {0: PORT_FORWARD_PORT, 1: PORT_FORWARD_PORT}:
+            raise CheckFailed(
+                f"port headers {ports}, want {PORT_FORWARD_PORT} on channels 0 and 1; error {errors!r}"
+            )
+        page = PORT_FORWARD_BODY.encode() + b"\n"
+        head, _, body = got.partition(b"\r\n\r\n")
+        status = head.split(b"\r\n", 1)[0]
+        if re.fullmatch(rb"HTTP/1\.[01] 200 OK", status) and body == page:
+            length = re.search(rb"(?im)^content-length: *(\d+)\r?$", head)
+            if length is None or int(length[1]) != len(page):
+                raise CheckFailed(f"200 and the page, but Content-Length {length and length[1]!r}: {head!r}")
+            return passed(
+                f"port headers {PORT_FORWARD_PORT}/{PORT_FORWARD_PORT}, GET /: {status.decode()}, {body!r}"
+            )
+        if time.monotonic() >= deadline:
+            raise CheckFailed(
+                f"GET / through port {PORT_FORWARD_PORT}: got {short(got)!r}; error channel {errors!r}"
+            )
+        time.sleep(1)
+
+
+def _port_forward_get(h: Harness, port: int, deadline: float) -> tuple[dict[int, int | None], bytes, bytes]:
+    """One port-forward over WebSocket to the `two` pod: the ports its channels announce, what a
+    GET / sent on channel 0 got back until the server closed or the page came, the error channel."""
     path = f"/portForward/{NAMESPACE}/{h.full('two')}?port={port}"
-    payload = b"forwarded-" + h.tag.encode() + b"\n"
-    deadline = time.monotonic() + 15
+    request = b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
     got, errors, headers = b"", b"", {0: b"", 1: b""}
     with _websocket(h, path, ["v4.channel.k8s.io", "portforward.k8s.io"]) as ws:
         sent = False
@@ -182,16 +209,12 @@ def check_port_forward_websocket(h: Harness) -> Result:
             elif channel == 1:
                 errors += body
             if not sent and len(headers[0]) == 2 and len(headers[1]) == 2:
-                ws.send(b"\x00" + payload)
+                ws.send(b"\x00" + request)
                 sent = True
-            if payload in got:
+            if errors or PORT_FORWARD_BODY.encode() + b"\n" in got or got == request:
                 break
     ports = {ch: int.from_bytes(v, "little") if len(v) == 2 else None for ch, v in headers.items()}
-    if ports != {0: port, 1: port}:
-        raise CheckFailed(f"port headers {ports}, want {port} on channels 0 and 1; error {errors!r}")
-    if payload not in got:
-        raise CheckFailed(f"sent {payload!r}, got {got!r}; error channel {errors!r}")
-    return passed(f"port headers {port}/{port}, echoed {payload!r}")
+    return ports, got, errors
 
 
 @check("api", 9, timeout=45)

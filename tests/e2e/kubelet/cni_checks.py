@@ -25,7 +25,7 @@ from tests.e2e.kubelet.runner import Harness
 # What the shim renders its config template to (backends.cni.client.CniSettings.template_output).
 RENDERED = "10-cri-shim-net.conflist"
 # Pods that run until the end, each with an address of the network.
-RUNNING = (("net", "main"), ("two", "echo"), ("init", "app"), ("web", "main"))
+RUNNING = (("net", "main"), ("two", "httpd"), ("init", "app"), ("web", "main"))
 
 
 def on_cni(h: Harness) -> bool:

@@ -135,8 +135,8 @@ def check_hostpath_volume(h: Harness) -> Result:
 def check_two_containers(h: Harness) -> Result:
     """a pod with two containers has both Running"""
     h.wait_running("two", "sleeper")
-    h.wait_running("two", "echo")
-    return passed("sleeper and echo Running")
+    h.wait_running("two", "httpd")
+    return passed("sleeper and httpd Running")
 
 
 # Slow (the kubelet's garbage collector runs once a minute): begun first, judged last.

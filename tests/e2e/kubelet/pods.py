@@ -7,7 +7,8 @@ from typing import Any
 BUSYBOX = "127.0.0.1:5000/busybox:1.36"
 PAUSE = "127.0.0.1:5000/pause:3.10"
 NAMESPACE = "default"
-PORT_FORWARD_PORT = 8080
+PORT_FORWARD_PORT = 8080  # the `two` pod's httpd, which the port-forward check asks for its page
+PORT_FORWARD_BODY = "hello-through-port-forward"
 WEB_PORT = 8080  # the `web` pod's server (--cni), published on the host by its hostPort
 WEB_BODY = "hello-from-web"
 # Waiting reasons of a container on its way up; any other one is an error.
@@ -26,7 +27,8 @@ def manifests(hostdir: str, host_port: int = 0) -> dict[str, dict[str, Any]]:
     """The static pods, by short name (the kubelet names them NAME-NODE).
 
     Commands stick to what the fake backend's built-in shell runs (echo,
-    sleep, exit, cat, `sh -c "a; b"`) where a check on fake relies on them.
+    sleep, exit, cat, mkdir, busybox's httpd, `sh -c "a; b"`) where a check
+    on fake relies on them: every handler runs the same pods.
     With `host_port` (--cni) also `web`: an HTTP server with that hostPort.
     """
     pods: dict[str, dict[str, Any]] = {
@@ -78,8 +80,11 @@ def manifests(hostdir: str, host_port: int = 0) -> dict[str, dict[str, Any]]:
             "containers": [
                 _container("sleeper", ["sleep", "3600"]),
                 _container(
-                    "echo",
-                    ["nc", "-ll", "-p", str(PORT_FORWARD_PORT), "-e", "cat"],
+                    "httpd",
+                    _sh(
+                        f"mkdir -p /www && echo {PORT_FORWARD_BODY} > /www/index.html"
+                        f" && exec httpd -f -p {PORT_FORWARD_PORT} -h /www"
+                    ),
                     ports=[{"containerPort": PORT_FORWARD_PORT, "protocol": "TCP"}],
                 ),
             ]
