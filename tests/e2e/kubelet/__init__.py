@@ -22,7 +22,7 @@ The modules, each on one concern:
   clean-up; the clients and waits the checks use;
 - ``config``: the kubelet's and the shim's config files and command lines;
 - ``host``: what the harness needs of the host (root, registry, tools) and
-  puts back (sysctls, the runv network, the CNI network, mounts, /var/log/pods);
+  puts back (sysctls, the runv network, the CNI network, mounts, its pod logs directory: a private one for kubelets ≥ v1.29);
 - ``pods``: the static pods' manifests and how their statuses read;
 - ``checks``: results, the check registry and how checks run;
 - ``pod_checks``, ``api_checks``, ``cni_checks``: the groups of checks;

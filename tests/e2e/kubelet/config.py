@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tests.cni import realnet
+from tests.e2e.kubelet import host
 
 if TYPE_CHECKING:
     from tests.e2e.kubelet.runner import Harness
@@ -54,6 +55,8 @@ def kubelet_config(h: Harness) -> str:
         "imageGCLowThresholdPercent": 99,
         "resolvConf": "/etc/resolv.conf",
     }
+    if host.kubelet_minor(h.kubelet_bin) >= host.POD_LOGS_DIR_SINCE:
+        cfg["podLogsDir"] = str(h.pod_logs_dir)  # not the shared /var/log/pods (host.py says why)
     if h.cni is not None:
         # A standalone kubelet hands it to the runtime (UpdateRuntimeConfig) as it starts.
         cfg["podCIDR"] = str(h.cni.net.subnet)

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import urllib.request
@@ -145,9 +147,27 @@ def unmount_under(prefix: str) -> None:
         subprocess.run(["umount", "-l", point], capture_output=True, check=False)
 
 
-def remove_pod_logs(namespace: str, pod_uids: set[str]) -> None:
-    """What the kubelet left in /var/log/{pods,containers} of these pods (by UID: runs may overlap)."""
-    pods = Path("/var/log/pods")
+@functools.cache
+def kubelet_minor(binary: str) -> int:
+    """The minor version of a kubelet binary (`kubelet --version`: "Kubernetes v1.35.0-..."), 0 if unknown."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    m = re.search(r"v1\.(\d+)", out)
+    return int(m.group(1)) if m else 0
+
+
+# KubeletConfiguration.podLogsDir exists from v1.29. Each kubelet's container GC removes, every
+# minute, the directories of its podLogsDir whose pod it does not know: kubelets sharing the
+# default /var/log/pods delete each other's pod logs (a node e2e run beside a harness run lost
+# logs that way). A kubelet that has the field gets one of its own.
+POD_LOGS_DIR_SINCE = 29
+
+
+def remove_pod_logs(namespace: str, pod_uids: set[str], pods: Path = Path("/var/log/pods")) -> None:
+    """What the kubelet left in its pod logs directory and /var/log/containers of these pods (by UID:
+    runs may overlap)."""
     ours = [d for d in pods.glob(f"{namespace}_*_*") if d.name.rsplit("_", 1)[-1] in pod_uids]
     links = Path("/var/log/containers")
     for link in links.iterdir() if links.is_dir() else []:

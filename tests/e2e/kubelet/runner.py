@@ -119,6 +119,13 @@ class Harness:
         self.state_dir = self.dir / "state"
         self.shim_log = self.dir / "shim.log"
         self.kubelet_log = self.dir / "kubelet.log"
+        # The kubelet's pod logs: a directory of the run's own where the kubelet can be told
+        # (config.kubelet_config), else the shared default.
+        self.pod_logs_dir = (
+            self.dir / "pod-logs"
+            if host.kubelet_minor(self.kubelet_bin) >= host.POD_LOGS_DIR_SINCE
+            else Path("/var/log/pods")
+        )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._files: list[Any] = []
         self._channel: grpc.Channel | None = None
@@ -285,7 +292,7 @@ class Harness:
                 self.cni.remove()
             # The kubelet's /var/log/{pods,containers} entries of our node (its
             # containers' logs stay in the shim's and kubelet's logs here).
-            host.remove_pod_logs(NAMESPACE, self.pod_uids)
+            host.remove_pod_logs(NAMESPACE, self.pod_uids, self.pod_logs_dir)
             # Read the logs before the work directory goes.
             self.kubelet_error_counts = klog_errors(self.kubelet_log)
             self.shim_error_counts = shim_problems(self.shim_log)
