@@ -206,7 +206,7 @@ class FakeLifecycle:
         if found is None:
             raise errors.NotFoundError(f"image {image!r} is not present; pull it first")
         container.image_ref = found.id
-        container.image_name = self.images.display_name(image, found)
+        container.image_name = self.images.display_name(container.image_name or image, found)
         self.programs.program_for(container)  # a bad program annotation fails the create, not the start
         servers.parse_serve(container)  # and so does a bad servers one
         self.files[container.id] = environment.container_files(

@@ -8,11 +8,13 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import re
 from typing import Any
 
 import structlog
 
 from backends.contract import (
+    Backend,
     Capability,
     Checkpointer,
     ContainerRecord,
@@ -82,7 +84,7 @@ class ContainerService:
             config=cfg,
             created_at=shim.clock(),
             log_path=log_path,
-            image_name=cfg.image.image,
+            image_name=await display_image(backend, cfg.image),
         )
         async with contextlib.AsyncExitStack() as held:
             # Joined under the sandbox's lock: a StopPodSandbox or RemovePodSandbox either
@@ -456,3 +458,24 @@ async def _undo_container(shim: Shim, record: ContainerRecord) -> None:
 
 
 __all__ = ["ContainerService", "ExitInfo"]
+
+
+_IMAGE_ID = re.compile(r"(sha256:)?[0-9a-f]{64}")
+
+
+async def display_image(backend: Backend, spec: pb.ImageSpec) -> str:
+    """The image a container's status names (ContainerStatus.image.image, which the kubelet shows
+    as the pod's container image): the kubelet creates containers from the image's ID (the
+    ImageRef its pull returned) and, from v1.30, names the image as the pod spec wrote it in
+    user_specified_image; that name is the one to show, as containerd and CRI-O do. An ID
+    without it (older kubelets, crictl) is shown as the image's first tag, if it has one."""
+    image = spec.image
+    if not _IMAGE_ID.fullmatch(image):
+        return image
+    if spec.user_specified_image:
+        return spec.user_specified_image
+    with contextlib.suppress(CriError):
+        info = await backend.image_status(spec)
+        if info is not None and info.repo_tags:
+            return info.repo_tags[0]
+    return image

@@ -302,3 +302,32 @@ async def test_image_fs_info_names_the_default_handlers_stores_first(short_tmp: 
     assert [f.fs_id.mountpoint for f in fs.image_filesystems] == want
     assert [f.fs_id.mountpoint for f in fs.container_filesystems] == want
     assert all(os.path.isdir(m) for m in want)
+
+
+async def test_a_container_created_from_an_image_id_shows_the_image_by_name(
+    running: Running, short_tmp: str
+) -> None:
+    """The kubelet creates from the pulled image's ID and shows ContainerStatus.image.image as the pod's
+    image: the name the pod spec gave (user_specified_image), else the image's tag, never the ID."""
+    r = running
+    image_id = (await r.im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image="busybox")))).image_ref
+    sc = sandbox_config(log_directory=os.path.join(short_tmp, "logs"))
+    pod = (await r.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc))).pod_sandbox_id
+    shown = []
+    for i, spec in enumerate(
+        [
+            pb.ImageSpec(image=image_id, user_specified_image="docker.io/library/busybox:latest"),
+            pb.ImageSpec(image=image_id),  # a kubelet before v1.30, crictl
+            pb.ImageSpec(image=image_id.removeprefix("sha256:")),
+        ]
+    ):
+        cc = container_config(name=f"c{i}", log_path=f"c{i}.log")
+        cc.image.CopyFrom(spec)
+        req = pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc)
+        cid = (await r.rt.CreateContainer(req)).container_id
+        st = (await r.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid))).status
+        assert st.image_ref == image_id
+        shown.append(st.image.image)
+        listed = (await r.rt.ListContainers(pb.ListContainersRequest())).containers
+        assert {c.image.image for c in listed if c.id == cid} == {st.image.image}
+    assert shown == ["docker.io/library/busybox:latest"] * 3
