@@ -68,9 +68,13 @@ if TYPE_CHECKING:
         SandboxNetwork,
         Seccomp,
         TerminalSize,
+        cri_signal,
+        decide_stop_signal,
         host_signal,
         image_user,
+        recorded_stop_signal,
         seccomp_of,
+        signal_name,
     )
 
 _WHERE = {
@@ -109,9 +113,13 @@ _WHERE = {
     "Stats": "protocols",
     "StreamIO": "protocols",
     "TerminalSize": "values",
+    "cri_signal": "values",
+    "decide_stop_signal": "values",
     "host_signal": "values",
     "image_user": "values",
+    "recorded_stop_signal": "values",
     "seccomp_of": "values",
+    "signal_name": "values",
 }
 
 
@@ -160,7 +168,11 @@ __all__ = [
     "Stats",
     "StreamIO",
     "TerminalSize",
+    "cri_signal",
+    "decide_stop_signal",
     "host_signal",
     "image_user",
+    "recorded_stop_signal",
     "seccomp_of",
+    "signal_name",
 ]

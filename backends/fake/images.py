@@ -5,8 +5,9 @@ deadlines mean something. All tags of one repository path are one image, on
 every registry (a mirror such as k8s.gcr.io/pause serves
 registry.k8s.io/pause), except the pinned sandbox image; the ``images`` rules
 (by ``REPO`` or ``REPO:TAG``) may give ``id``, ``size``, ``uid``,
-``username`` or ``files`` (path = text: what its containers' file systems
-start with); ``missing_images`` patterns make pulls fail with NOT_FOUND.
+``username``, ``stop_signal`` (its STOPSIGNAL: what its containers are stopped
+with unless their config names one) or ``files`` (path = text: what its
+containers' file systems start with); ``missing_images`` patterns make pulls fail with NOT_FOUND.
 Every pull is recorded in ``pulls`` with the auth it carried.
 """
 
@@ -36,6 +37,7 @@ class FakeImage:
     uid: int | None
     username: str
     pinned: bool = False
+    stop_signal: str = ""  # the image config's STOPSIGNAL, as a rule gives it
 
     def info(self) -> ImageInfo:
         return ImageInfo(
@@ -204,6 +206,7 @@ class ImageStore:
                 size=int(rule.get("size", (1 + seed % 64) << 20)),
                 uid=int(rule["uid"]) if "uid" in rule else (None if "username" in rule else 0),
                 username=str(rule.get("username", "")),
+                stop_signal=str(rule.get("stop_signal", "")),
             )
             self._images[iid] = img
         if ref.tag and ref.tagged not in img.repo_tags:
