@@ -6,7 +6,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from backends.contract import Capability
+from backends.contract import Capability, host_signal
 from cri_api import api_pb2 as pb
 from shim.cri.errors import InvalidArgumentError, UnimplementedError
 
@@ -86,6 +86,10 @@ def container_config(cfg: pb.ContainerConfig, present: bool) -> None:
         "config.linux.security_context.run_as_group is set without run_as_user or run_as_username",
     )
     linux_resources(cfg.linux.resources, "config.linux.resources")
+    require(
+        not cfg.stop_signal or host_signal(cfg.stop_signal) is not None,
+        f"config.stop_signal {cfg.stop_signal} is not a signal this host has",
+    )
 
 
 def groups_policy_for(cfg: pb.ContainerConfig, caps: Capability, handler: str) -> None:
