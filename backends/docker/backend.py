@@ -38,7 +38,7 @@ from backends.contract import (
     Started,
     StreamIO,
 )
-from backends.contract.errors import CriError
+from backends.contract.errors import CriError, FailedPreconditionError
 from backends.contract.pool import PoolFigures
 from cri_api import api_pb2 as pb
 
@@ -72,6 +72,7 @@ class DockerBackend:
         | Capability.STATS
         | Capability.METRICS
         | Capability.UPDATE_RESOURCES
+        | Capability.UPDATE_SANDBOX_RESOURCES
         | Capability.IMAGES
         | Capability.HOST_NETWORK
     )
@@ -241,6 +242,20 @@ class DockerBackend:
         self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
     ) -> dict[str, PodMetrics]:
         return await self._stats.metrics(sandboxes, containers)
+
+    async def update_sandbox_resources(
+        self, sandbox: SandboxRecord, request: pb.UpdatePodSandboxResourcesRequest
+    ) -> None:
+        """Nothing for the engine to do, as with containerd's runc pods: the engine has no
+        pod-level object, and the pod's cgroup is the kubelet's (its ``cgroup_parent``, holding
+        the pause and app containers), which the kubelet resized before this call. The shim
+        records the resources and tells NRI plugins. A pod with no cgroup parent (made by hand,
+        not by a kubelet) has no pod-level cgroup at all: that is refused rather than "applied"."""
+        if not sandbox.config.linux.cgroup_parent:
+            raise FailedPreconditionError(
+                f"pod sandbox {sandbox.id} has no cgroup_parent: on the docker handler the pod-level "
+                "cgroup is the kubelet's, and this pod has none to hold its resources"
+            )
 
     # ---------------------------------------------------------------- images
 

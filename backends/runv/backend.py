@@ -69,6 +69,7 @@ class RunvBackend:
         | contract.Capability.STATS
         | contract.Capability.METRICS
         | contract.Capability.UPDATE_RESOURCES
+        | contract.Capability.UPDATE_SANDBOX_RESOURCES
         | contract.Capability.IMAGES
         | contract.Capability.HOST_NETWORK
         | contract.Capability.SUPPLEMENTAL_GROUPS_POLICY
@@ -226,6 +227,11 @@ class RunvBackend:
         self, container: contract.ContainerRecord, resources: pb.LinuxContainerResources
     ) -> None:
         await self._containers.update_resources(container, resources)
+
+    async def update_sandbox_resources(
+        self, sandbox: contract.SandboxRecord, request: pb.UpdatePodSandboxResourcesRequest
+    ) -> None:
+        await self._sandboxes.update_resources(sandbox, request)
 
     # ------------------------------------------------------------------ exec, attach, port-forward
     async def exec_sync(self, container: contract.ContainerRecord, cmd: Sequence[str]) -> contract.ExecResult:

@@ -228,6 +228,33 @@ async def test_capability_refusals_match_declared(cri: Cri) -> None:
         assert await code_of(cri.rt.UpdatePodSandboxResources(req)) == grpc.StatusCode.UNIMPLEMENTED
 
 
+async def test_pod_resources_are_kept_or_refused_with_nothing_changed(cri: Cri) -> None:
+    """UpdatePodSandboxResources: applied and recorded (through a restart), or refused with the
+    record as it was (docker: this pod has no cgroup parent, so no pod-level cgroup)."""
+    pod, sc = await run_pod(cri)
+    req = pb.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id=pod,
+        resources=pb.LinuxContainerResources(
+            cpu_period=100_000, cpu_quota=200_000, memory_limit_in_bytes=256 << 20
+        ),
+        overhead=pb.LinuxContainerResources(),
+    )
+    try:
+        await cri.rt.UpdatePodSandboxResources(req)
+        applied = True
+    except grpc.aio.AioRpcError as exc:
+        assert exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNIMPLEMENTED), exc
+        applied = False
+    assert applied == (cri.kind != "docker")
+    await cri.restart()
+    assert cri.server.shim is not None
+    sb = cri.server.shim.store.sandboxes.get(pod)
+    assert sb is not None
+    assert sb.config.linux.resources == (req.resources if applied else sc.linux.resources)
+    st = (await cri.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod))).status
+    assert st.state == pb.SANDBOX_READY
+
+
 async def test_bad_requests_change_nothing(cri: Cri) -> None:
     pod, sc = await run_pod(cri)
     before = await cri.rt.ListContainers(pb.ListContainersRequest())

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from backends.contract import ContainerRecord, SandboxRecord
-from backends.contract.errors import InternalError, NotFoundError, UnavailableError
+from backends.contract.errors import FailedPreconditionError, InternalError, NotFoundError, UnavailableError
 from backends.docker import DockerBackend
 from backends.docker import labels as lbl
 from backends.docker.fake_engine import FakeEngine
@@ -263,3 +263,18 @@ def test_the_shim_hands_the_cni_section_to_a_handler_on_cni(tmp_path: Path) -> N
     )
     assert settings.cache_dir == f"{tmp_path}/cni/docker"  # under the state dir, one cache per handler
     assert cni.pin_dir == f"{tmp_path}/backends/docker/netns"
+
+
+async def test_pod_resources_are_the_kubelets_cgroup_and_need_one(kit: Kit) -> None:
+    """UpdatePodSandboxResources: the engine has no pod-level object, so no engine call; a pod
+    with a cgroup parent (the kubelet's pod cgroup, resized before the call) is accepted, one
+    without has no pod-level cgroup at all and is refused."""
+    req = pb.UpdatePodSandboxResourcesRequest(resources=pb.LinuxContainerResources(cpu_shares=512))
+    kubelets = sandbox_record(linux=pb.LinuxPodSandboxConfig(cgroup_parent="/kubepods/burstable/pod1"))
+    await kit.backend.run_sandbox(kubelets)
+    before = len(kit.engine.calls)
+    await kit.backend.update_sandbox_resources(kubelets, req)
+    assert len(kit.engine.calls) == before
+    bare = await kit.pod()
+    with pytest.raises(FailedPreconditionError, match="no cgroup_parent"):
+        await kit.backend.update_sandbox_resources(bare, req)
