@@ -121,6 +121,16 @@ class DockerBackend:
         self._store_usage = StoreUsage(self.engine, self._shared.spawn)
         self._cgroup_driver = pb.SYSTEMD if cgroup_driver == "systemd" else pb.CGROUPFS
 
+    def why_not(self, capability: Capability) -> str:
+        """The engine's limits, said in the shim's refusals."""
+        if capability & Capability.USER_NAMESPACES:
+            return (
+                "the Docker Engine's user namespaces are daemon-wide (dockerd --userns-remap maps every "
+                "container alike); it cannot map a pod's IDs as the kubelet asks (hostUsers: false): use a "
+                "runv handler, or hostUsers: true"
+            )
+        return ""
+
     # ---------------------------------------------------------------- lifecycle
 
     async def start(self, events: EventSink) -> None:

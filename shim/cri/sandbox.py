@@ -55,7 +55,9 @@ class SandboxService:
             backend.capabilities & Capability.HOST_NETWORK
         ):
             raise UnimplementedError(f"runtime handler {backend_name!r} does not support host networking")
-        validate.userns_for(cfg, backend.capabilities, backend_name)
+        validate.userns_for(
+            cfg, backend.capabilities, backend_name, validate.why_not(backend, Capability.USER_NAMESPACES)
+        )
         sid = shim.fresh_id()
         name = sandbox_name(cfg.metadata)
         shim.store.sandbox_names.reserve(name, sid)

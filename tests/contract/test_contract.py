@@ -255,6 +255,19 @@ async def test_pod_resources_are_kept_or_refused_with_nothing_changed(cri: Cri) 
     assert st.state == pb.SANDBOX_READY
 
 
+async def test_status_features_say_what_each_handler_can(cri: Cri) -> None:
+    """The kubelet admits hostUsers: false pods by Status' user_namespaces: runv has them (the
+    pod's namespace in its VM), docker not (the engine's remap is daemon-wide), the fake not."""
+    status = await cri.rt.Status(pb.StatusRequest())
+    handlers = {h.name: h.features for h in status.runtime_handlers}
+    caps = cri.backend.capabilities
+    assert set(handlers) == {"", cri.kind}
+    for features in handlers.values():
+        assert features.user_namespaces == bool(caps & Capability.USER_NAMESPACES)
+        assert features.recursive_read_only_mounts == bool(caps & Capability.RECURSIVE_READ_ONLY_MOUNTS)
+    assert handlers[cri.kind].user_namespaces == (cri.kind == "runv")
+
+
 async def test_bad_requests_change_nothing(cri: Cri) -> None:
     pod, sc = await run_pod(cri)
     before = await cri.rt.ListContainers(pb.ListContainersRequest())

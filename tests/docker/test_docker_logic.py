@@ -7,6 +7,7 @@ import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from backends.contract import ContainerRecord, SandboxRecord
@@ -15,8 +16,11 @@ from backends.docker import DockerBackend
 from backends.docker import labels as lbl
 from backends.docker.fake_engine import FakeEngine
 from cri_api import api_pb2 as pb
+from cri_api import api_pb2_grpc
 from shim.config import parse
 from shim.server import Server
+from tests.conftest import make_ids, server_config
+from tests.criutil import sandbox_config
 from tests.docker.dockerkit import BUSYBOX, PAUSE, Events, container_record, sandbox_record
 
 
@@ -278,3 +282,39 @@ async def test_pod_resources_are_the_kubelets_cgroup_and_need_one(kit: Kit) -> N
     bare = await kit.pod()
     with pytest.raises(FailedPreconditionError, match="no cgroup_parent"):
         await kit.backend.update_sandbox_resources(bare, req)
+
+
+async def test_a_pod_in_its_own_user_namespace_is_refused_saying_why(short_tmp: str) -> None:
+    """hostUsers: false on docker: Status says the handler has no user namespaces, and the pod is
+    refused (INVALID_ARGUMENT) with the reason: the engine's userns-remap is daemon-wide."""
+    engine = FakeEngine()
+    engine.add_image(PAUSE)
+    backend = DockerBackend("docker", engine=engine, pause_image=PAUSE, instance="logic-userns")
+    server = Server(
+        server_config(short_tmp, default_handler="docker"),
+        backends={"docker": backend},
+        id_factory=make_ids(),
+    )
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock")
+    try:
+        rt = api_pb2_grpc.RuntimeServiceStub(channel)
+        status = await rt.Status(pb.StatusRequest())
+        assert {h.name: h.features.user_namespaces for h in status.runtime_handlers} == {
+            "": False,
+            "docker": False,
+        }
+        cfg = sandbox_config()
+        opts = cfg.linux.security_context.namespace_options.userns_options
+        opts.mode = pb.POD
+        opts.uids.add(container_id=0, host_id=65536, length=65536)
+        opts.gids.add(container_id=0, host_id=65536, length=65536)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=cfg))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        details = info.value.details() or ""
+        assert "does not support user namespaces" in details and "daemon-wide" in details, details
+        assert not engine.containers and not (await rt.ListPodSandbox(pb.ListPodSandboxRequest())).items
+    finally:
+        await channel.close()
+        await server.stop(0)
