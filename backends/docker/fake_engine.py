@@ -295,7 +295,10 @@ class FakeEngine:
 
     async def df(self) -> dict[str, Any]:
         self._enter("df")
-        return {"LayersSize": sum(int(i["Size"]) for i in self.images.values()), "Containers": []}
+        return {
+            "LayersSize": sum(int(i["Size"]) for i in self.images.values()),
+            "Containers": [{"Id": c.id, "SizeRw": 100} for c in self.containers.values()],  # 100 bytes each
+        }
 
     async def events(self, filters: dict[str, list[str]], since: str | None) -> FakeStream:
         self._enter("events", since)

@@ -69,7 +69,7 @@ class FakeRuntime:
         self.images = ImageStore(options, clock)
         self.lifecycle = FakeLifecycle(options, self.images, self.programs, clock)
         self.streams = FakeExec(options, self.lifecycle, self.programs)
-        self.stats = FakeStats(self.lifecycle, self.images.state_dir, clock)
+        self.stats = FakeStats(self.lifecycle, self.images.containers_dir, clock)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, events: EventSink) -> None:

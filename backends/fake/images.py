@@ -74,8 +74,8 @@ class ImageStore:
     def load(self) -> None:
         """Reload the persisted store and pin the sandbox image (at backend start)."""
         if self.state_dir:
-            # ImageFsInfo and the writable-layer stats name it: the kubelet stats what they name.
-            os.makedirs(self.state_dir, exist_ok=True)
+            # ImageFsInfo and the writable-layer stats name them: the kubelet stats what they name.
+            os.makedirs(self.containers_dir, exist_ok=True)
         self._load()
         if self._pause_image:
             try:
@@ -116,20 +116,27 @@ class ImageStore:
             self._images.pop(found.id, None)
             self._save()
 
+    @property
+    def containers_dir(self) -> str:
+        """Where the simulated writable layers live: a directory of its own, as a runtime's
+        container store apart from its image store ("" without a state directory)."""
+        return os.path.join(self.state_dir, "containers") if self.state_dir else ""
+
     def fs_info(self, containers: int) -> pb.ImageFsInfoResponse:
         """ImageFsInfo, with the writable layers of ``containers`` containers."""
         now = self.clock()
         resp = pb.ImageFsInfoResponse()
         if not self.state_dir:
             return resp  # nothing on disk: no filesystem of its own to report
-        # The simulated store lives in the state directory (images.json): an existing
-        # directory the kubelet can take the filesystem's capacity from; the usage is simulated.
+        # The simulated stores are directories that exist (the image store's images.json is in the
+        # state directory; the writable layers' is beneath it), which the kubelet can take the
+        # filesystem's capacity from; the usage is simulated.
         fs = resp.image_filesystems.add(timestamp=now)
         fs.fs_id.mountpoint = self.state_dir
         fs.used_bytes.value = sum(i.size for i in self._images.values())
         fs.inodes_used.value = len(self._images) * 100
         cfs = resp.container_filesystems.add(timestamp=now)
-        cfs.fs_id.mountpoint = self.state_dir
+        cfs.fs_id.mountpoint = self.containers_dir
         cfs.used_bytes.value = 4096 * containers
         cfs.inodes_used.value = 3 * containers
         return resp

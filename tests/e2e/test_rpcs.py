@@ -301,5 +301,8 @@ async def test_image_fs_info_names_the_default_handlers_stores_first(short_tmp: 
         await server.stop(0)
     want = [os.path.join(short_tmp, "b"), os.path.join(short_tmp, "a")]
     assert [f.fs_id.mountpoint for f in fs.image_filesystems] == want
-    assert [f.fs_id.mountpoint for f in fs.container_filesystems] == want
-    assert all(os.path.isdir(m) for m in want)
+    # Each fake's simulated writable layers are a store of their own, beside its images.
+    assert [f.fs_id.mountpoint for f in fs.container_filesystems] == [
+        os.path.join(w, "containers") for w in want
+    ]
+    assert all(os.path.isdir(f.fs_id.mountpoint) for f in (*fs.image_filesystems, *fs.container_filesystems))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,9 @@ async def test_image_rules_missing_images_and_pinned_pause(tmp_path: Path) -> No
     fs = store.fs_info(containers=2)
     assert fs.image_filesystems[0].used_bytes.value == 123 + pause.size
     assert fs.container_filesystems[0].used_bytes.value == 2 * 4096
+    # Distinct simulated stores, both existing directories (the kubelet stats them).
+    mounts = (fs.image_filesystems[0].fs_id.mountpoint, fs.container_filesystems[0].fs_id.mountpoint)
+    assert mounts[0] != mounts[1] and all(os.path.isdir(m) for m in mounts)
     assert not ImageStore({}).fs_info(containers=2).image_filesystems  # no state dir: nothing to report
 
 
