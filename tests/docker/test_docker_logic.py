@@ -11,7 +11,13 @@ import grpc
 import pytest
 
 from backends.contract import ContainerRecord, SandboxRecord
-from backends.contract.errors import FailedPreconditionError, InternalError, NotFoundError, UnavailableError
+from backends.contract.errors import (
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+)
 from backends.docker import DockerBackend
 from backends.docker import labels as lbl
 from backends.docker.fake_engine import FakeEngine
@@ -318,3 +324,44 @@ async def test_a_pod_in_its_own_user_namespace_is_refused_saying_why(short_tmp: 
     finally:
         await channel.close()
         await server.stop(0)
+
+
+@pytest.mark.parametrize(
+    ("engine_driver", "parent", "refused"),
+    [
+        ("systemd", "kubepods-besteffort-pod1.slice", ""),
+        ("systemd", "/kubepods/besteffort/pod1", "is not a systemd slice"),
+        ("cgroupfs", "/kubepods/besteffort/pod1", ""),
+        ("cgroupfs", "kubepods-besteffort-pod1.slice", "is a systemd slice name"),
+    ],
+    ids=["systemd-slice", "systemd-path", "cgroupfs-path", "cgroupfs-slice"],
+)
+async def test_cgroup_driver_is_the_engines_and_parents_must_match_it(
+    engine_driver: str, parent: str, refused: str
+) -> None:
+    """RuntimeConfig reports the engine's driver (it reads the cgroup parents), whatever was
+    configured; a cgroup parent in the other driver's form is refused before the engine sees it."""
+    engine = FakeEngine()
+    engine.info_answer["CgroupDriver"] = engine_driver
+    other = "cgroupfs" if engine_driver == "systemd" else "systemd"
+    engine.add_image(PAUSE)
+    events = Events()
+    backend = DockerBackend(
+        "docker", engine=engine, pause_image=PAUSE, instance="logic-cg", cgroup_driver=other
+    )
+    await backend.start(events)
+    try:
+        want = pb.SYSTEMD if engine_driver == "systemd" else pb.CGROUPFS
+        assert backend.runtime_config().linux.cgroup_driver == want
+        sb = sandbox_record(linux=pb.LinuxPodSandboxConfig(cgroup_parent=parent))
+        if refused:
+            with pytest.raises(InvalidArgumentError, match=refused):
+                await backend.run_sandbox(sb)
+            assert not engine.containers
+        else:
+            await backend.run_sandbox(sb)
+            (pause,) = engine.containers.values()
+            assert pause.config["HostConfig"]["CgroupParent"] == parent
+    finally:
+        await events.close()
+        await backend.close()
