@@ -54,6 +54,8 @@ def kubelet_config(h: Harness) -> str:
         "imageGCLowThresholdPercent": 99,
         "resolvConf": "/etc/resolv.conf",
     }
+    if h.stop_signals:
+        cfg["featureGates"] = {"ContainerStopSignals": True}  # alpha in v1.33-v1.35
     if h.cni is not None:
         # A standalone kubelet hands it to the runtime (UpdateRuntimeConfig) as it starts.
         cfg["podCIDR"] = str(h.cni.net.subnet)

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -74,6 +75,16 @@ class Teardown:
     thread: threading.Thread | None = None
 
 
+def kubelet_minor(binary: str) -> int:
+    """The minor version of a kubelet binary (``Kubernetes v1.35.0`` -> 35); 0 if it cannot say."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    found = re.search(r"v1\.(\d+)", out)
+    return int(found.group(1)) if found else 0
+
+
 class Harness:
     """A private cri-shim and a standalone kubelet on it, with the static pods of `manifests`."""
 
@@ -128,7 +139,12 @@ class Harness:
         # The pods on a CNI network of the run's own, rendered with the kubelet's podCIDR (None: the
         # handler's own network).
         self.cni = host.CniNetwork.new(self.dir / "cni", free_port()) if cni else None
-        self.pods = manifests(str(self.hostdir), self.cni.host_port if self.cni else 0)
+        self.kubelet_minor = kubelet_minor(self.kubelet_bin)
+        # v1.33+ (ContainerStopSignals): a pod with a stop signal, and the gate on in its config.
+        self.stop_signals = self.kubelet_minor >= 33
+        self.pods = manifests(
+            str(self.hostdir), self.cni.host_port if self.cni else 0, stop_signals=self.stop_signals
+        )
         self.teardown: Teardown | None = None
         # Scales the waits of the checks: a VM under emulation takes seconds where the stub takes ms.
         self.patience = 6.0 if driver == "qemu" else 1.0
