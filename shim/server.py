@@ -94,6 +94,28 @@ def systemd_fds() -> list[int]:
     return list(range(3, 3 + n))
 
 
+SYSTEMD_RUNTIME_DIR = "/run/systemd/system"  # what sd_booted(3) looks for
+
+
+def check_cgroup_driver(drivers: Mapping[str, str]) -> None:
+    """Refuse "systemd" (``drivers``: where it is set -> the driver) on a host that did not boot
+    with systemd: RuntimeConfig would make the kubelet use its systemd cgroup manager, which
+    talks to systemd, and hand out slice names no cgroupfs runtime nests correctly."""
+    asked = [where for where, driver in drivers.items() if driver == "systemd"]
+    if not asked or os.path.isdir(SYSTEMD_RUNTIME_DIR):
+        return
+    try:
+        with open("/proc/1/comm") as fh:
+            init = fh.read().strip()
+    except OSError:
+        init = "unknown"
+    raise ServerError(
+        f'{", ".join(asked)}: cgroup_driver "systemd" needs systemd as the init system, and this '
+        f"host has none (PID 1 is {init!r}; {SYSTEMD_RUNTIME_DIR} is missing): the kubelet, which "
+        'takes its cgroup driver from RuntimeConfig, could not make its cgroups; use "cgroupfs"'
+    )
+
+
 def sd_notify(message: str) -> None:
     addr = os.environ.get("NOTIFY_SOCKET")
     if not addr:
@@ -159,6 +181,14 @@ class Server:
 
     async def start(self) -> None:
         cfg = self.config.server
+        check_cgroup_driver(
+            {"[server] cgroup_driver": self.config.server.cgroup_driver}
+            | {
+                f"[handlers.{n}] cgroup_driver": str(h.options["cgroup_driver"])
+                for n, h in self.config.handlers.items()
+                if "cgroup_driver" in h.options
+            }
+        )
         kind, path = parse_listen(cfg.listen)
         fds: list[int] = []
         if kind == "unix":

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         Checkpointer,
         EventSink,
         Exec,
+        ExplainsLimits,
         Images,
         Lifecycle,
         MetricsBackend,
@@ -68,9 +69,13 @@ if TYPE_CHECKING:
         SandboxNetwork,
         Seccomp,
         TerminalSize,
+        cri_signal,
+        decide_stop_signal,
         host_signal,
         image_user,
+        recorded_stop_signal,
         seccomp_of,
+        signal_name,
     )
 
 _WHERE = {
@@ -86,6 +91,7 @@ _WHERE = {
     "ExecResult": "values",
     "ExitInfo": "values",
     "ExitLatch": "process",
+    "ExplainsLimits": "protocols",
     "Health": "values",
     "ImageInfo": "values",
     "Images": "protocols",
@@ -109,9 +115,13 @@ _WHERE = {
     "Stats": "protocols",
     "StreamIO": "protocols",
     "TerminalSize": "values",
+    "cri_signal": "values",
+    "decide_stop_signal": "values",
     "host_signal": "values",
     "image_user": "values",
+    "recorded_stop_signal": "values",
     "seccomp_of": "values",
+    "signal_name": "values",
 }
 
 
@@ -137,6 +147,7 @@ __all__ = [
     "ExecResult",
     "ExitInfo",
     "ExitLatch",
+    "ExplainsLimits",
     "Health",
     "ImageInfo",
     "Images",
@@ -160,7 +171,11 @@ __all__ = [
     "Stats",
     "StreamIO",
     "TerminalSize",
+    "cri_signal",
+    "decide_stop_signal",
     "host_signal",
     "image_user",
+    "recorded_stop_signal",
     "seccomp_of",
+    "signal_name",
 ]

@@ -253,6 +253,15 @@ class SandboxResourceUpdater(Protocol):
 
 
 @runtime_checkable
+class ExplainsLimits(Protocol):
+    """A backend that says why it lacks a capability: the shim's refusal then carries the reason
+    (what an operator needs to know to choose another handler)."""
+
+    def why_not(self, capability: Capability) -> str:
+        """Why this backend cannot do ``capability``; "" when it has nothing to say."""
+
+
+@runtime_checkable
 class PodCidrTaker(Protocol):
     """A backend whose pods take their addresses from the node's range, as the kubelet gives it."""
 

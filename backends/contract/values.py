@@ -7,7 +7,7 @@ import json
 import signal
 
 from backends.contract.errors import InvalidArgumentError
-from backends.contract.records import SandboxStatus
+from backends.contract.records import ContainerRecord, SandboxStatus
 from cri_api import api_pb2 as pb
 
 
@@ -80,17 +80,85 @@ def image_user(config_user: str) -> tuple[int | None, str]:
     return None, user
 
 
-def host_signal(cri_signal: int) -> signal.Signals | None:
-    """The host signal a CRI ``Signal`` names (a container's stop signal); None for
-    RUNTIME_DEFAULT, or a value this host has no signal for."""
+def host_signal(cri_signal: int) -> int | None:
+    """The host's number for a CRI ``Signal`` (a container's stop signal); None for
+    RUNTIME_DEFAULT, or a value this host has no signal for. The real-time ones count from
+    the C library's SIGRTMIN and SIGRTMAX, as ``kill -l`` names them."""
     if not cri_signal:
         return None
     try:
         name = pb.Signal.Name(cri_signal)
     except ValueError:
         return None
+    if name.startswith("SIGRTMINPLUS"):
+        return int(signal.SIGRTMIN) + int(name.removeprefix("SIGRTMINPLUS"))
+    if name.startswith("SIGRTMAXMINUS"):
+        return int(signal.SIGRTMAX) - int(name.removeprefix("SIGRTMAXMINUS"))
     found = getattr(signal, name, None)
-    return found if isinstance(found, signal.Signals) else None
+    return int(found) if isinstance(found, signal.Signals) else None
+
+
+def signal_name(cri_signal: int) -> str:
+    """A CRI ``Signal`` as people, images and the Docker Engine write it: SIGTERM, SIGRTMIN+3,
+    SIGRTMAX-1; "" for RUNTIME_DEFAULT or a value this host has no signal for."""
+    if host_signal(cri_signal) is None:
+        return ""
+    name = pb.Signal.Name(cri_signal)
+    return name.replace("PLUS", "+").replace("MINUS", "-")
+
+
+def _by_number() -> dict[int, int]:
+    """Host signal number -> the CRI ``Signal`` naming it (the first name of aliases: SIGABRT
+    before SIGIOT, SIGCHLD before SIGCLD, SIGIO before SIGPOLL)."""
+    out: dict[int, int] = {}
+    for value in pb.Signal.values():
+        number = host_signal(value)
+        if number is not None:
+            out.setdefault(number, value)
+    return out
+
+
+_CRI_BY_NUMBER = _by_number()
+
+
+def cri_signal(text: str) -> int:
+    """The CRI ``Signal`` of a signal as an image config's STOPSIGNAL names it (SIGQUIT, QUIT,
+    3, SIGRTMIN+3, RTMAX-1; any case); RUNTIME_DEFAULT (0) when it names none this host has."""
+    text = text.strip().upper()
+    if text.isdecimal():
+        return _CRI_BY_NUMBER.get(int(text), pb.RUNTIME_DEFAULT)
+    name = text if text.startswith("SIG") else "SIG" + text
+    name = name.replace("+", "PLUS").replace("-", "MINUS")
+    try:
+        value = int(pb.Signal.Value(name))
+    except ValueError:
+        return pb.RUNTIME_DEFAULT
+    return value if host_signal(value) is not None else pb.RUNTIME_DEFAULT
+
+
+STOP_SIGNAL = "stop_signal"  # the key in a container record's backend_data
+
+
+def decide_stop_signal(container: ContainerRecord, image_signal: str) -> int:
+    """The signal the runtime stops ``container`` with, as a CRI ``Signal``, recorded in its
+    ``backend_data`` for ContainerStatus: its config's ``stop_signal``, else the image's
+    STOPSIGNAL (``image_signal``, as the image config writes it), else SIGTERM, as every
+    runtime does."""
+    chosen: int = container.config.stop_signal
+    if host_signal(chosen) is None:
+        chosen = cri_signal(image_signal) or pb.SIGTERM
+    container.backend_data[STOP_SIGNAL] = pb.Signal.Name(chosen)
+    return chosen
+
+
+def recorded_stop_signal(container: ContainerRecord) -> int:
+    """The stop signal :func:`decide_stop_signal` recorded; for a container created before
+    records held one, its config's, else SIGTERM."""
+    name = container.backend_data.get(STOP_SIGNAL)
+    if isinstance(name, str) and name in pb.Signal.keys():
+        return int(pb.Signal.Value(name))
+    chosen: int = container.config.stop_signal
+    return chosen if host_signal(chosen) is not None else pb.SIGTERM
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -19,6 +19,8 @@ import contextlib
 import os
 from collections.abc import Sequence
 
+import structlog
+
 from backends.contract import (
     Capability,
     ContainerRecord,
@@ -38,7 +40,7 @@ from backends.contract import (
     Started,
     StreamIO,
 )
-from backends.contract.errors import CriError
+from backends.contract.errors import CriError, FailedPreconditionError, InvalidArgumentError
 from backends.contract.pool import PoolFigures
 from cri_api import api_pb2 as pb
 
@@ -60,6 +62,8 @@ from .warm import PoolSettings, WarmPauses
 
 __all__ = ["DockerBackend", "LogResume", "exit_info", "parse_time"]
 
+log = structlog.get_logger(__name__)
+
 
 class DockerBackend:
     """The ``docker`` runtime handler."""
@@ -72,6 +76,7 @@ class DockerBackend:
         | Capability.STATS
         | Capability.METRICS
         | Capability.UPDATE_RESOURCES
+        | Capability.UPDATE_SANDBOX_RESOURCES
         | Capability.IMAGES
         | Capability.HOST_NETWORK
     )
@@ -119,6 +124,17 @@ class DockerBackend:
         self._stats = Stats(self._shared)
         self._store_usage = StoreUsage(self.engine, self._shared.spawn)
         self._cgroup_driver = pb.SYSTEMD if cgroup_driver == "systemd" else pb.CGROUPFS
+        self._configured_driver = cgroup_driver
+
+    def why_not(self, capability: Capability) -> str:
+        """The engine's limits, said in the shim's refusals."""
+        if capability & Capability.USER_NAMESPACES:
+            return (
+                "the Docker Engine's user namespaces are daemon-wide (dockerd --userns-remap maps every "
+                "container alike); it cannot map a pod's IDs as the kubelet asks (hostUsers: false): use a "
+                "runv handler, or hostUsers: true"
+            )
+        return ""
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -128,7 +144,17 @@ class DockerBackend:
             info = await self.engine.info(deadline=10)
             driver = info.get("CgroupDriver")
             if driver in ("systemd", "cgroupfs"):
+                # The engine's: it is what reads the cgroup_parent the kubelet gives, so the kubelet
+                # (which follows RuntimeConfig) must hear it, whatever the configuration says.
                 self._cgroup_driver = pb.SYSTEMD if driver == "systemd" else pb.CGROUPFS
+                if self._configured_driver and driver != self._configured_driver:
+                    log.warning(
+                        "docker.cgroup_driver_differs",
+                        handler=self.name,
+                        configured=self._configured_driver,
+                        engine=driver,
+                        reported=driver,
+                    )
             self._shared.volumes.check(str(info.get("Driver") or ""))
             if self._shared.volumes.usable:
                 self.capabilities = type(self).capabilities | Capability.IMAGE_VOLUMES
@@ -183,7 +209,25 @@ class DockerBackend:
     # ---------------------------------------------------------------- sandboxes
 
     async def run_sandbox(self, sandbox: SandboxRecord) -> SandboxNetwork:
+        self._check_cgroup_parent(sandbox.config.linux.cgroup_parent)
         return await self._sandboxes.run(sandbox)
+
+    def _check_cgroup_parent(self, parent: str) -> None:
+        """A cgroup parent in the other driver's form (a kubelet that did not follow
+        RuntimeConfig) would put the pod outside the kubelet's hierarchy, or fail in the engine
+        with its own words: refused here, saying which driver the engine uses."""
+        if not parent:
+            return
+        if self._cgroup_driver == pb.SYSTEMD and not parent.endswith(".slice"):
+            raise InvalidArgumentError(
+                f"cgroup_parent {parent!r} is not a systemd slice (NAME.slice): the engine uses the systemd "
+                "cgroup driver, as RuntimeConfig says; the kubelet's cgroupDriver must be systemd"
+            )
+        if self._cgroup_driver == pb.CGROUPFS and parent.endswith(".slice") and "/" not in parent:
+            raise InvalidArgumentError(
+                f"cgroup_parent {parent!r} is a systemd slice name: the engine uses the cgroupfs cgroup "
+                "driver, as RuntimeConfig says; the kubelet's cgroupDriver must be cgroupfs"
+            )
 
     async def stop_sandbox(self, sandbox: SandboxRecord) -> None:
         await self._sandboxes.stop(sandbox)
@@ -241,6 +285,20 @@ class DockerBackend:
         self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
     ) -> dict[str, PodMetrics]:
         return await self._stats.metrics(sandboxes, containers)
+
+    async def update_sandbox_resources(
+        self, sandbox: SandboxRecord, request: pb.UpdatePodSandboxResourcesRequest
+    ) -> None:
+        """Nothing for the engine to do, as with containerd's runc pods: the engine has no
+        pod-level object, and the pod's cgroup is the kubelet's (its ``cgroup_parent``, holding
+        the pause and app containers), which the kubelet resized before this call. The shim
+        records the resources and tells NRI plugins. A pod with no cgroup parent (made by hand,
+        not by a kubelet) has no pod-level cgroup at all: that is refused rather than "applied"."""
+        if not sandbox.config.linux.cgroup_parent:
+            raise FailedPreconditionError(
+                f"pod sandbox {sandbox.id} has no cgroup_parent: on the docker handler the pod-level "
+                "cgroup is the kubelet's, and this pod has none to hold its resources"
+            )
 
     # ---------------------------------------------------------------- images
 

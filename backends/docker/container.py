@@ -10,7 +10,7 @@ from typing import Any
 
 import structlog
 
-from backends.contract import ContainerRecord, ExitInfo, LogMarks, SandboxRecord, Started
+from backends.contract import ContainerRecord, ExitInfo, LogMarks, SandboxRecord, Started, decide_stop_signal
 from backends.contract.errors import CriError, FailedPreconditionError, InvalidArgumentError, NotFoundError
 from backends.linux import cgroups
 from cri_api import api_pb2 as pb
@@ -41,6 +41,9 @@ class Containers:
         pause_id = sandbox.backend_data.get(ENGINE_ID)
         if not pause_id:
             raise FailedPreconditionError(f"sandbox {sandbox.id} has no pause container")
+        # The engine would choose the same (the config's, else the image's, else SIGTERM); choosing
+        # it here and naming it in the engine's config makes what ContainerStatus says the truth.
+        stop_signal = decide_stop_signal(container, await shared.images.stop_signal(container.image_ref))
         ns = config.linux.security_context.namespace_options
         target = await shared.engine_id_of(ns.target_id) if ns.pid == pb.TARGET and ns.target_id else ""
         cfg = convert.container_config(
@@ -58,6 +61,7 @@ class Containers:
             cgroup_parent=shared.cgroup_parent,
             facts=shared.facts,
             instance=shared.instance,
+            stop_signal=stop_signal,
         )
         resolv = sandbox.backend_data.get(RESOLV)
         if resolv and convert.sandbox_host_network(sandbox.config):

@@ -11,7 +11,7 @@ import os
 import stat
 from typing import Any
 
-from backends.contract import Seccomp, host_signal, seccomp_of
+from backends.contract import Seccomp, seccomp_of, signal_name
 from backends.contract.errors import InvalidArgumentError
 from cri_api import api_pb2 as pb
 
@@ -257,7 +257,10 @@ def container_config(
     cgroup_parent: str,
     facts: HostFacts,
     instance: str,
+    stop_signal: int = 0,
 ) -> dict[str, Any]:
+    """``stop_signal``: the CRI Signal chosen for it (``decide_stop_signal``); 0: the config's,
+    else the image's, which the engine then picks itself."""
     linux = config.linux
     sc = linux.security_context
     ns = sc.namespace_options
@@ -343,9 +346,9 @@ def container_config(
         cfg["Cmd"] = list(config.args)
     elif config.args:
         cfg["Cmd"] = list(config.args)
-    stop = host_signal(config.stop_signal)
-    if stop is not None:  # else the image's StopSignal, as the engine does
-        cfg["StopSignal"] = stop.name
+    stop = signal_name(stop_signal or config.stop_signal)
+    if stop:  # else the image's StopSignal, as the engine does
+        cfg["StopSignal"] = stop
     return cfg
 
 

@@ -71,7 +71,11 @@ class FakeContainer:
                 "FinishedAt": _rfc3339(self.finished_at) if self.finished_at else "0001-01-01T00:00:00Z",
                 "Error": "",
             },
-            "Config": {"Tty": bool(self.config.get("Tty")), "Labels": self.labels},
+            "Config": {
+                "Tty": bool(self.config.get("Tty")),
+                "Labels": self.labels,
+                "StopSignal": str(self.config.get("StopSignal") or ""),
+            },
             "HostConfig": dict(self.config.get("HostConfig") or {}),
             "NetworkSettings": {"Networks": {"bridge": {"IPAddress": "10.88.0.2"}}},
             "ResolvConfPath": "",
@@ -150,7 +154,7 @@ class FakeEngine:
     def count(self, operation: str) -> int:
         return sum(1 for op, _ in self.calls if op == operation)
 
-    def add_image(self, *refs: str, user: str = "") -> str:
+    def add_image(self, *refs: str, user: str = "", stop_signal: str = "") -> str:
         """A new image under ``refs``, as a pull on the host makes one: the refs move to it
         from any other image, and each is announced by a pull event."""
         image_id = "sha256:" + secrets.token_hex(32)
@@ -162,7 +166,7 @@ class FakeEngine:
             "RepoDigests": [],
             "Created": _rfc3339(time.time_ns()),
             "Size": 1000,
-            "Config": {"User": user},
+            "Config": {"User": user, "StopSignal": stop_signal},
         }
         for ref in refs:
             self._emit_image("pull", ref, ref)
@@ -291,7 +295,10 @@ class FakeEngine:
 
     async def df(self) -> dict[str, Any]:
         self._enter("df")
-        return {"LayersSize": sum(int(i["Size"]) for i in self.images.values()), "Containers": []}
+        return {
+            "LayersSize": sum(int(i["Size"]) for i in self.images.values()),
+            "Containers": [{"Id": c.id, "SizeRw": 100} for c in self.containers.values()],  # 100 bytes each
+        }
 
     async def events(self, filters: dict[str, list[str]], since: str | None) -> FakeStream:
         self._enter("events", since)

@@ -1,10 +1,14 @@
 """ImageFsInfo on the engine: the usage of its store, measured in the background.
 
 The store is the graph driver's directory, where the engine keeps the image layers
-and the containers' writable layers (one store, as with every graph driver). The
-kubelet takes the capacity from the filesystem holding the mountpoint and the usage
-from here: what the store holds (a walk of that one filesystem in a thread), not the
-whole disk. A remote engine (its root not visible here) is asked for /system/df.
+and the containers' writable layers (one store, as with every graph driver): both
+lists name it, so the kubelet sees one filesystem (no split image / container disk),
+with what images use in the first and what containers' writable layers use in the
+second (a layer directory is a container's when the engine's layer store lists it as
+one's mount or init layer). The kubelet takes the capacity from the filesystem
+holding the mountpoint and the usage from here: what the store holds (a walk of that
+one filesystem in a thread), not the whole disk. A remote engine (its root not
+visible here) is asked for /system/df.
 """
 
 from __future__ import annotations
@@ -26,6 +30,31 @@ _WALK_EVERY = 30.0  # s between walks of the local store
 _DF_EVERY = 10.0  # s between /system/df calls (the engine walks its store for each)
 
 Figure = tuple[int, int | None]  # bytes, inodes (None: unknown)
+Figures = tuple[Figure, Figure]  # the images', the containers' writable layers'
+
+
+def split_usage(graph: str, mounts: str) -> Figures:
+    """The usage of the graph driver's directory ``graph``, split into images' layers and the
+    containers' writable (and init) layers, which the layer store's ``mounts`` directory names
+    (``CONTAINER/mount-id``, ``CONTAINER/init-id``). One walk of each entry of ``graph``."""
+    containers: set[str] = set()
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(mounts):
+            for name in ("mount-id", "init-id"):
+                with contextlib.suppress(OSError), open(os.path.join(mounts, entry, name)) as fh:
+                    containers.add(fh.read().strip())
+    images = [0, 0]
+    writable = [0, 0]
+    used, inodes = dir_usage(graph, limit=1)  # the directory itself
+    images[0] += used
+    images[1] += inodes
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(graph):
+            used, inodes = dir_usage(os.path.join(graph, entry))
+            bucket = writable if entry in containers else images
+            bucket[0] += used
+            bucket[1] += inodes
+    return (images[0], images[1]), (writable[0], writable[1])
 
 
 class StoreUsage:
@@ -33,13 +62,14 @@ class StoreUsage:
     (an idle shim walks nothing); calls are answered from the last figure, and only those
     before the first figure wait for one."""
 
-    def __init__(self, engine: EngineAPI, spawn: Callable[[Coroutine[Any, Any, Figure]], asyncio.Task[Any]]):
+    def __init__(self, engine: EngineAPI, spawn: Callable[[Coroutine[Any, Any, Figures]], asyncio.Task[Any]]):
         self._engine = engine
         self._spawn = spawn
         self._path: str | None = None  # None: not asked yet; "": not visible here
-        self._figure: Figure | None = None
+        self._mounts = ""  # the layer store's container mounts, beside the graph directory
+        self._figure: Figures | None = None
         self._asked = True
-        self._measuring: asyncio.Task[Figure] | None = None
+        self._measuring: asyncio.Task[Figures] | None = None
 
     async def watch(self) -> None:
         """The background measurements, for as long as the backend runs."""
@@ -52,17 +82,18 @@ class StoreUsage:
 
     async def fs_info(self) -> pb.ImageFsInfoResponse:
         self._asked = True
-        used, inodes = self._figure or await self._measure()
-        usage = pb.FilesystemUsage(
-            timestamp=time.time_ns(),
-            fs_id=pb.FilesystemIdentifier(mountpoint=self._path or "/var/lib/docker"),
-            used_bytes=pb.UInt64Value(value=used),
-        )
-        if inodes is not None:
-            usage.inodes_used.value = inodes
-        return pb.ImageFsInfoResponse(image_filesystems=[usage], container_filesystems=[usage])
+        images, writable = self._figure or await self._measure()
+        now = time.time_ns()
+        mountpoint = pb.FilesystemIdentifier(mountpoint=self._path or "/var/lib/docker")
+        out = []
+        for used, inodes in (images, writable):
+            usage = pb.FilesystemUsage(timestamp=now, fs_id=mountpoint, used_bytes=pb.UInt64Value(value=used))
+            if inodes is not None:
+                usage.inodes_used.value = inodes
+            out.append(usage)
+        return pb.ImageFsInfoResponse(image_filesystems=[out[0]], container_filesystems=[out[1]])
 
-    async def _measure(self) -> Figure:
+    async def _measure(self) -> Figures:
         """One measurement at a time, shared by whoever waits for it."""
         task = self._measuring
         if task is None:
@@ -70,19 +101,20 @@ class StoreUsage:
             task.add_done_callback(self._measured)
         return await asyncio.shield(task)
 
-    def _measured(self, task: asyncio.Task[Figure]) -> None:
+    def _measured(self, task: asyncio.Task[Figures]) -> None:
         if self._measuring is task:
             self._measuring = None
 
-    async def _take(self) -> Figure:
+    async def _take(self) -> Figures:
         if self._path is None:
             info = await self._engine.info()
             root = str(info.get("DockerRootDir") or "/var/lib/docker")
             driver = str(info.get("Driver") or "")
             mount = f"{root}/{driver}" if driver else root
             self._path = mount if await self._engine.run(lambda: os.path.isdir(mount)) else ""
+            self._mounts = f"{root}/image/{driver}/layerdb/mounts"
         if self._path:
-            figure: Figure = await asyncio.to_thread(dir_usage, self._path)
+            figure: Figures = await asyncio.to_thread(split_usage, self._path, self._mounts)
         else:
             try:
                 df = await self._engine.df()
@@ -90,6 +122,6 @@ class StoreUsage:
                 self._figure = None  # while the engine cannot say, neither can we
                 raise
             writable = sum(int(c.get("SizeRw") or 0) for c in df.get("Containers") or [])
-            figure = (int(df.get("LayersSize") or 0) + writable, None)
+            figure = ((int(df.get("LayersSize") or 0), None), (writable, None))
         self._figure = figure
         return figure

@@ -56,6 +56,7 @@ class ImageMirror:
         self._images: dict[str, _Image] = {}  # by ID, in the engine's order
         self._pause_id = ""
         self._users: dict[str, tuple[int | None, str]] = {}  # image ID -> (uid, name); IDs are immutable
+        self._stop_signals: dict[str, str] = {}  # image ID -> its config's StopSignal ("" for none)
         self.ids: dict[str, str] = {}  # reference -> image ID, while the stream is connected
         self.generation = 0  # of ``ids``: an answer from across a change is not kept
         self._live = False  # the event stream is connected
@@ -126,6 +127,7 @@ class ImageMirror:
                 patches, self._patches = self._patches, None
                 self._images, self._pause_id = images, pause_id
                 self._users = {i: u for i, u in self._users.items() if i in images}
+                self._stop_signals = {i: v for i, v in self._stop_signals.items() if i in images}
                 for patch in patches:
                     patch()
                 self._applied = upto
@@ -200,8 +202,14 @@ class ImageMirror:
             return ""
 
     def _remember_user(self, inspected: dict[str, Any]) -> None:
-        user = str((inspected.get("Config") or {}).get("User") or "")
-        self._users[str(inspected["Id"])] = image_user(user)
+        config = inspected.get("Config") or {}
+        image_id = str(inspected["Id"])
+        self._users[image_id] = image_user(str(config.get("User") or ""))
+        self._stop_signals[image_id] = str(config.get("StopSignal") or "")
+
+    def stop_signal(self, image_id: str) -> str | None:
+        """The image's STOPSIGNAL as its config writes it ("" for none); None if not inspected yet."""
+        return self._stop_signals.get(image_id)
 
     def _info(
         self, image_id: str, tags: list[str], digests: list[str], size: int, pause_id: str

@@ -94,6 +94,16 @@ class Images:
         mirror.remember(ref, image_id, generation)
         return image_id
 
+    async def stop_signal(self, image_id: str) -> str:
+        """The image's STOPSIGNAL as its config writes it ("" for none): remembered per image ID
+        (IDs are immutable), so a container's create costs no engine call for it."""
+        known = self.mirror.stop_signal(image_id)
+        if known is not None:
+            return known
+        inspected = await self._engine.image_inspect(image_id)
+        self.mirror.info_of(inspected, "")  # remembers it
+        return str((inspected.get("Config") or {}).get("StopSignal") or "")
+
     # ---------------------------------------------------------------- pull
 
     async def pull(self, ref: str, auth: pb.AuthConfig | None) -> str:

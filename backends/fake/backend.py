@@ -51,6 +51,7 @@ CAPABILITIES = (
     | Capability.PORT_FORWARD
     | Capability.STATS
     | Capability.UPDATE_RESOURCES
+    | Capability.UPDATE_SANDBOX_RESOURCES
     | Capability.IMAGES
     | Capability.HOST_NETWORK
 )
@@ -68,7 +69,7 @@ class FakeRuntime:
         self.images = ImageStore(options, clock)
         self.lifecycle = FakeLifecycle(options, self.images, self.programs, clock)
         self.streams = FakeExec(options, self.lifecycle, self.programs)
-        self.stats = FakeStats(self.lifecycle, self.images.state_dir, clock)
+        self.stats = FakeStats(self.lifecycle, self.images.containers_dir, clock)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, events: EventSink) -> None:
@@ -162,6 +163,11 @@ class FakeRuntime:
     ) -> dict[str, SandboxUsage]:
         return await self.stats.sandbox_stats(sandboxes, containers)
 
+    async def update_sandbox_resources(
+        self, sandbox: SandboxRecord, request: pb.UpdatePodSandboxResourcesRequest
+    ) -> None:
+        pass  # accepted (the shim records them): the fake enforces no limits
+
 
 class FakeBackend(FaultInjector):
     """The fake runtime wearing fault injection: what the ``fake`` handler type creates.
@@ -173,12 +179,19 @@ class FakeBackend(FaultInjector):
     """
 
     def __new__(cls, name: str, options: Mapping[str, Any], clock: Callable[[], int] = time.time_ns) -> Self:
-        # Of the optional protocols the fake has only PodCidrTaker, written out below.
+        # Of the optional protocols the fake has PodCidrTaker and SandboxResourceUpdater, written
+        # out below.
         return object.__new__(cls)
 
     def set_pod_cidr(self, cidr: str) -> None:
         self.calls.append(Call("set_pod_cidr", (cidr,), self.clock()))
         self.runtime.set_pod_cidr(cidr)
+
+    async def update_sandbox_resources(
+        self, sandbox: SandboxRecord, request: pb.UpdatePodSandboxResourcesRequest
+    ) -> None:
+        await self._enter("update_sandbox_resources", sandbox.id)
+        await self.runtime.update_sandbox_resources(sandbox, request)
 
     def __init__(
         self, name: str, options: Mapping[str, Any], clock: Callable[[], int] = time.time_ns

@@ -3,7 +3,7 @@
 ``FaultInjector(inner)`` implements the same protocols as the backend it
 wraps (lifecycle, images, exec, stats, resources, and the optional ones —
 ``MetricsBackend``, ``SandboxResourceUpdater``, ``Checkpointer``,
-``PodCidrTaker`` — only when
+``PodCidrTaker``, ``ExplainsLimits`` — only when
 the inner backend has them, so the shim's ``isinstance`` checks see what the
 inner backend can do). Every call then, in order:
 
@@ -42,6 +42,7 @@ from backends.contract import (
     EventSink,
     ExecResult,
     ExitInfo,
+    ExplainsLimits,
     Health,
     ImageInfo,
     LogMarks,
@@ -314,11 +315,17 @@ class _CheckpointFaults(_Faults):
         await cast(Checkpointer, self._inner).checkpoint_container(container, location, timeout)
 
 
+class _ExplainsFaults(_Faults):
+    def why_not(self, capability: Capability) -> str:
+        return cast(ExplainsLimits, self._inner).why_not(capability)  # a fact, not a call to fail
+
+
 _OPTIONAL: tuple[tuple[type, type[_Faults]], ...] = (
     (MetricsBackend, _MetricsFaults),
     (SandboxResourceUpdater, _SandboxResourceFaults),
     (Checkpointer, _CheckpointFaults),
     (PodCidrTaker, _PodCidrFaults),
+    (ExplainsLimits, _ExplainsFaults),
 )
 
 

@@ -5,8 +5,9 @@ deadlines mean something. All tags of one repository path are one image, on
 every registry (a mirror such as k8s.gcr.io/pause serves
 registry.k8s.io/pause), except the pinned sandbox image; the ``images`` rules
 (by ``REPO`` or ``REPO:TAG``) may give ``id``, ``size``, ``uid``,
-``username`` or ``files`` (path = text: what its containers' file systems
-start with); ``missing_images`` patterns make pulls fail with NOT_FOUND.
+``username``, ``stop_signal`` (its STOPSIGNAL: what its containers are stopped
+with unless their config names one) or ``files`` (path = text: what its
+containers' file systems start with); ``missing_images`` patterns make pulls fail with NOT_FOUND.
 Every pull is recorded in ``pulls`` with the auth it carried.
 """
 
@@ -36,6 +37,7 @@ class FakeImage:
     uid: int | None
     username: str
     pinned: bool = False
+    stop_signal: str = ""  # the image config's STOPSIGNAL, as a rule gives it
 
     def info(self) -> ImageInfo:
         return ImageInfo(
@@ -72,8 +74,8 @@ class ImageStore:
     def load(self) -> None:
         """Reload the persisted store and pin the sandbox image (at backend start)."""
         if self.state_dir:
-            # ImageFsInfo and the writable-layer stats name it: the kubelet stats what they name.
-            os.makedirs(self.state_dir, exist_ok=True)
+            # ImageFsInfo and the writable-layer stats name them: the kubelet stats what they name.
+            os.makedirs(self.containers_dir, exist_ok=True)
         self._load()
         if self._pause_image:
             try:
@@ -114,20 +116,27 @@ class ImageStore:
             self._images.pop(found.id, None)
             self._save()
 
+    @property
+    def containers_dir(self) -> str:
+        """Where the simulated writable layers live: a directory of its own, as a runtime's
+        container store apart from its image store ("" without a state directory)."""
+        return os.path.join(self.state_dir, "containers") if self.state_dir else ""
+
     def fs_info(self, containers: int) -> pb.ImageFsInfoResponse:
         """ImageFsInfo, with the writable layers of ``containers`` containers."""
         now = self.clock()
         resp = pb.ImageFsInfoResponse()
         if not self.state_dir:
             return resp  # nothing on disk: no filesystem of its own to report
-        # The simulated store lives in the state directory (images.json): an existing
-        # directory the kubelet can take the filesystem's capacity from; the usage is simulated.
+        # The simulated stores are directories that exist (the image store's images.json is in the
+        # state directory; the writable layers' is beneath it), which the kubelet can take the
+        # filesystem's capacity from; the usage is simulated.
         fs = resp.image_filesystems.add(timestamp=now)
         fs.fs_id.mountpoint = self.state_dir
         fs.used_bytes.value = sum(i.size for i in self._images.values())
         fs.inodes_used.value = len(self._images) * 100
         cfs = resp.container_filesystems.add(timestamp=now)
-        cfs.fs_id.mountpoint = self.state_dir
+        cfs.fs_id.mountpoint = self.containers_dir
         cfs.used_bytes.value = 4096 * containers
         cfs.inodes_used.value = 3 * containers
         return resp
@@ -204,6 +213,7 @@ class ImageStore:
                 size=int(rule.get("size", (1 + seed % 64) << 20)),
                 uid=int(rule["uid"]) if "uid" in rule else (None if "username" in rule else 0),
                 username=str(rule.get("username", "")),
+                stop_signal=str(rule.get("stop_signal", "")),
             )
             self._images[iid] = img
         if ref.tag and ref.tagged not in img.repo_tags:

@@ -30,7 +30,10 @@ from backends.contract import (
     SandboxRecord,
     Started,
     StreamIO,
+    decide_stop_signal,
     errors,
+    recorded_stop_signal,
+    signal_name,
 )
 from backends.fake import environment, servers, shell
 from backends.fake.files import ContainerFiles
@@ -47,7 +50,7 @@ class Running:
     program: Program | None  # None: its command, in the built-in shell
     started_mono: float
     task: asyncio.Task[None] | None = None
-    term: asyncio.Event | None = None  # SIGTERM to its shell
+    term: asyncio.Event | None = None  # its stop signal to its shell
     stdin: asyncio.Queue[bytes] | None = None  # its shell's stdin (config.stdin), fed by attach
     exited: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     pipe: ProcessPipe = dataclasses.field(default_factory=ProcessPipe)  # its output and exit, for the shim
@@ -207,6 +210,7 @@ class FakeLifecycle:
             raise errors.NotFoundError(f"image {image!r} is not present; pull it first")
         container.image_ref = found.id
         container.image_name = self.images.display_name(container.image_name or image, found)
+        decide_stop_signal(container, found.stop_signal)
         self.programs.program_for(container)  # a bad program annotation fails the create, not the start
         servers.parse_serve(container)  # and so does a bad servers one
         self.files[container.id] = environment.container_files(
@@ -259,6 +263,7 @@ class FakeLifecycle:
             read_stdin if run.stdin is not None else None,
         )
         io.term = run.term
+        io.term_signal = signal_name(recorded_stop_signal(c)).removeprefix("SIG")
         io.unknown_runs = True  # `sh -c "...; nginx"`: nginx runs until stopped
         try:
             code = await shell.run(argv, io)
@@ -336,7 +341,8 @@ class FakeLifecycle:
         return info
 
     async def _stop_command(self, cid: str, run: Running, timeout: int) -> ExitInfo:
-        """TERM to the shell (its trap runs), KILL after ``timeout`` s: as a runtime stops a process."""
+        """The stop signal to the shell (its trap runs), KILL after ``timeout`` s: as a runtime stops
+        a process."""
         if timeout > 0 and run.term is not None:
             run.term.set()
             with contextlib.suppress(TimeoutError):

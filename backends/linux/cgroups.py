@@ -321,6 +321,48 @@ class Cgroup:
         _write(v1["cpu"], "cpu.cfs_quota_us", str(vcpus * self.CPU_PERIOD))
         _write(v1["memory"], "memory.limit_in_bytes", str(memory))
 
+    def resize(
+        self, vcpus: int | None, memory: int | None, shares: int = 0, cpus: str = "", mems: str = ""
+    ) -> None:
+        """A pod's new limits (UpdatePodSandboxResources on its VM's cgroup): a CFS quota of
+        ``vcpus`` CPUs, ``memory`` bytes, CPU ``shares`` (cpu.weight on v2, as runc converts),
+        a cpuset (``cpus``, ``mems``); None, 0 or "" leaves one as it is. All or nothing: on an
+        OSError what was written is written back before it is raised (a memory limit the kernel
+        cannot reclaim down to is EBUSY on v1)."""
+        v1, v2 = self._paths()
+        writes: list[tuple[str, str, str]] = []
+        if v2:
+            if vcpus:
+                writes.append((v2, "cpu.max", f"{vcpus * self.CPU_PERIOD} {self.CPU_PERIOD}"))
+            if shares:
+                writes.append((v2, "cpu.weight", str(1 + ((shares - 2) * 9999) // 262142)))
+            if memory:
+                writes.append((v2, "memory.max", str(memory)))
+            if cpus or mems:
+                _enable_along(str(self._mounts.v2), v2, "cpuset")
+                writes += [(v2, f"cpuset.{k}", v) for k, v in (("cpus", cpus), ("mems", mems)) if v]
+            _write_all(writes)
+            return
+        if vcpus:
+            writes.append((v1["cpu"], "cpu.cfs_period_us", str(self.CPU_PERIOD)))
+            writes.append((v1["cpu"], "cpu.cfs_quota_us", str(vcpus * self.CPU_PERIOD)))
+        if shares:
+            writes.append((v1["cpu"], "cpu.shares", str(shares)))
+        if memory:
+            writes.append((v1["memory"], "memory.limit_in_bytes", str(memory)))
+        if (cpus or mems) and "cpuset" not in v1:
+            raise OSError(f"no cpuset cgroup hierarchy on this host for {cpus or mems!r}")
+        if cpus or mems:
+            writes += _cpuset_v1_writes(self._mounts.v1["cpuset"], self.rel, cpus, mems)
+        _write_all(writes)
+        if cpus or mems:
+            # The VM's own processes (not its containers', already below) join its cpuset.
+            _join_v1(os.path.join(self._mounts.v1["cpuset"], self.rel), v1.get("cpu") or v1["memory"])
+
+    def memory_usage(self) -> int:
+        """Bytes of memory charged to it now (0 when that cannot be read)."""
+        return _sample(*self._paths()).memory_usage or 0
+
     def usage(self) -> tuple[int, int]:
         """CPU time (ns) and memory (bytes) used in it; 0 for what cannot be read."""
         sample = _sample(*self._paths())
@@ -495,6 +537,71 @@ def _detail(v1: dict[str, str], v2: str | None) -> Detail:
     elif v2:
         out["devices"] = _io_v2(v2)
     return Detail(**out)  # type: ignore[arg-type]
+
+
+def _write_all(writes: list[tuple[str, str, str]]) -> None:
+    """Write each (directory, file, value) in order; on an OSError write back, in reverse order,
+    what the ones done held before, then raise it."""
+    done: list[tuple[str, str, str]] = []
+    try:
+        for base, name, value in writes:
+            before = (_read(base, name) or "").strip()
+            _write(base, name, value)
+            done.append((base, name, before))
+    except OSError:
+        for base, name, before in reversed(done):
+            with contextlib.suppress(OSError):
+                _write(base, name, before)
+        raise
+
+
+def cpu_list(text: str) -> set[int]:
+    """The CPUs (or memory nodes) of a list such as "0-3,5"."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if part:
+            first, _, last = part.partition("-")
+            out.update(range(int(first), int(last or first) + 1))
+    return out
+
+
+def cpu_list_text(ids: set[int]) -> str:
+    return ",".join(str(i) for i in sorted(ids))
+
+
+def _cpuset_v1_writes(root: str, rel: str, cpus: str, mems: str) -> list[tuple[str, str, str]]:
+    """The writes that give the v1 cpuset cgroup ``rel`` these CPUs and memory nodes.
+
+    A new v1 cpuset cgroup is empty (no task can join it), so the chain down to ``rel`` is made
+    with its parents' sets; and each cgroup below (runc's, of the VM's containers) must stay a
+    subset of its parent, so they are narrowed first, bottom-up, to what they share with the new
+    set (all of it when they share nothing)."""
+    path = root
+    for part in rel.split("/"):
+        parent, path = path, os.path.join(path, part)
+        os.makedirs(path, exist_ok=True)
+        for name in ("cpuset.cpus", "cpuset.mems"):
+            if not (_read(path, name) or "").strip():
+                _write(path, name, (_read(parent, name) or "").strip())
+    writes: list[tuple[str, str, str]] = []
+    for below, _dirs, _files in os.walk(path, topdown=False):
+        for name, value in (("cpuset.cpus", cpus), ("cpuset.mems", mems)):
+            if not value:
+                continue
+            if below == path:
+                writes.append((below, name, value))
+                continue
+            shared = cpu_list(_read(below, name) or "") & cpu_list(value)
+            writes.append((below, name, cpu_list_text(shared) if shared else value))
+    return writes
+
+
+def _join_v1(cpuset_dir: str, own_dir: str) -> None:
+    """Move the processes of ``own_dir`` (its cgroup.procs: not those of cgroups below it) into
+    ``cpuset_dir``."""
+    for pid in _lines(own_dir, "cgroup.procs"):
+        with contextlib.suppress(ProcessLookupError):
+            _write(cpuset_dir, "cgroup.procs", pid)
 
 
 def _write(base: str, name: str, value: str) -> None:

@@ -69,6 +69,7 @@ class RunvBackend:
         | contract.Capability.STATS
         | contract.Capability.METRICS
         | contract.Capability.UPDATE_RESOURCES
+        | contract.Capability.UPDATE_SANDBOX_RESOURCES
         | contract.Capability.IMAGES
         | contract.Capability.HOST_NETWORK
         | contract.Capability.SUPPLEMENTAL_GROUPS_POLICY
@@ -96,6 +97,9 @@ class RunvBackend:
         elif rro.supported():  # the stub's guests run on this kernel
             caps |= contract.Capability.RECURSIVE_READ_ONLY_MOUNTS
         self.capabilities = caps
+        # What RuntimeConfig reports: the kubelet's pod cgroups are its own business here (a VM's
+        # cgroup is runv's, under its cgroup_parent, whichever driver the kubelet uses).
+        self._cgroup_driver = pb.SYSTEMD if config.get("cgroup_driver") == "systemd" else pb.CGROUPFS
         self.overhead_vcpus = float(config.get("overhead_vcpus", 0.0))
         self.overhead_memory = int(config.get("overhead_memory_mib", 32)) * MIB
         self.images = ImageStore(os.path.join(self.root, "images"), config.get("insecure_registries"))
@@ -180,7 +184,7 @@ class RunvBackend:
         return self.pool.figures() if self.pool.size > 0 else None
 
     def runtime_config(self) -> pb.RuntimeConfigResponse:
-        return pb.RuntimeConfigResponse(linux=pb.LinuxRuntimeConfiguration(cgroup_driver=pb.CGROUPFS))
+        return pb.RuntimeConfigResponse(linux=pb.LinuxRuntimeConfiguration(cgroup_driver=self._cgroup_driver))
 
     async def recover(
         self, sandboxes: Sequence[contract.SandboxRecord], containers: Sequence[contract.ContainerRecord]
@@ -226,6 +230,11 @@ class RunvBackend:
         self, container: contract.ContainerRecord, resources: pb.LinuxContainerResources
     ) -> None:
         await self._containers.update_resources(container, resources)
+
+    async def update_sandbox_resources(
+        self, sandbox: contract.SandboxRecord, request: pb.UpdatePodSandboxResourcesRequest
+    ) -> None:
+        await self._sandboxes.update_resources(sandbox, request)
 
     # ------------------------------------------------------------------ exec, attach, port-forward
     async def exec_sync(self, container: contract.ContainerRecord, cmd: Sequence[str]) -> contract.ExecResult:

@@ -62,6 +62,8 @@ class Containers:
         cfg = container.config
         img = await self._images.find(cfg.image.image, [container.image_name, cfg.image.user_specified_image])
         container.image_ref = img.id
+        # What StopContainer sends it: the config's signal, else the image config's STOPSIGNAL.
+        contract.decide_stop_signal(container, str(img.config.get("StopSignal") or ""))
         host_dir = os.path.join(shared.containers_dir, container.id)
         upper, work = os.path.join(host_dir, "upper"), os.path.join(host_dir, "work")
         os.makedirs(upper, exist_ok=True)
@@ -176,7 +178,7 @@ class Containers:
         agent = self._shared.agent(pod)
         state = await agent.call(m.StateRequest(id=container.id))
         if state.status == "running":
-            sig = int(contract.host_signal(container.config.stop_signal) or signal.SIGTERM)
+            sig = contract.host_signal(contract.recorded_stop_signal(container)) or int(signal.SIGTERM)
             await agent.call(m.SignalRequest(id=container.id, signal=sig))
             try:
                 state = await agent.call(m.WaitRequest(id=container.id), timeout=max(timeout, 0) or 0.01)

@@ -42,6 +42,18 @@ class VMSpec:
     own_netns: bool = False
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class PodLimits:
+    """A pod's resources as its VM takes them (UpdatePodSandboxResources): the VM's size, as
+    RunPodSandbox sizes it, and what else the VM's host cgroup is given ("", 0: unchanged)."""
+
+    vcpus: int
+    memory_bytes: int
+    cpu_shares: int = 0
+    cpuset_cpus: str = ""
+    cpuset_mems: str = ""
+
+
 @dataclasses.dataclass(slots=True)
 class VM:
     """A running VM as the host knows it; ``to_dict`` survives a shim restart."""
@@ -106,6 +118,11 @@ class Hypervisor(Protocol):
     async def set_vcpus(self, vm: VM, vcpus: int) -> None: ...
 
     async def set_memory(self, vm: VM, memory_bytes: int) -> None: ...
+
+    async def set_pod_limits(self, vm: VM, limits: PodLimits) -> None:
+        """The pod's new resources, on the VM and its host cgroup; FailedPreconditionError for
+        what the VM cannot take (memory below what it uses, a size a running VM cannot have),
+        and then nothing changed."""
 
     # ---- shared directories and devices
     async def attach_share(

@@ -15,7 +15,7 @@ from backends import contract
 from backends.cni.pinned import NETNS, CniPods
 from backends.contract import errors
 from backends.runv.agent import messages as m
-from backends.runv.hypervisor import MIB, VM, VMSpec
+from backends.runv.hypervisor import MIB, VM, PodLimits, VMSpec
 from backends.runv.network import host_ports
 from cri_api import api_pb2 as pb
 
@@ -43,6 +43,34 @@ def vm_size(
 def _vm_id(sandbox_id: str) -> str:
     # Short: the agent socket path under the run dir must fit in sun_path.
     return sandbox_id[:16]
+
+
+def pod_limits(
+    vm: VM,
+    resources: pb.LinuxContainerResources,
+    overhead: pb.LinuxContainerResources,
+    overhead_vcpus: float,
+    overhead_memory: int,
+) -> PodLimits:
+    """The VM's size for a pod's new resources (UpdatePodSandboxResources), as ``vm_size`` sizes
+    it at boot: the pod's CPU limit and memory limit plus the pod's and the handler's overhead.
+    A resource without a limit leaves the VM's size of it as it is (a VM has one either way)."""
+    vcpus, memory = vm_size(
+        resources.cpu_quota,
+        resources.cpu_period or 100_000,
+        resources.memory_limit_in_bytes,
+        overhead_vcpus
+        + (overhead.cpu_quota / (overhead.cpu_period or 100_000) if overhead.cpu_quota > 0 else 0),
+        overhead_memory + max(overhead.memory_limit_in_bytes, 0),
+    )
+    shares = resources.cpu_shares + overhead.cpu_shares
+    return PodLimits(
+        vcpus=vcpus if resources.cpu_quota > 0 else vm.vcpus,
+        memory_bytes=memory if resources.memory_limit_in_bytes > 0 else vm.memory_bytes,
+        cpu_shares=min(shares, 262144) if resources.cpu_shares else 0,
+        cpuset_cpus=resources.cpuset_cpus,
+        cpuset_mems=resources.cpuset_mems,
+    )
 
 
 class Sandboxes:
@@ -147,6 +175,40 @@ class Sandboxes:
             raise
         except Exception as exc:  # BootError and friends: the VM is already gone
             raise errors.UnavailableError(f"VM boot failed: {exc or type(exc).__name__}") from exc
+
+    async def update_resources(
+        self, sandbox: contract.SandboxRecord, request: pb.UpdatePodSandboxResourcesRequest
+    ) -> None:
+        """The pod's new resources on its VM (the driver says what its VMs can take); the VM's
+        size in the record follows, for a restarted shim. Fields the VM's cgroup has no pod-level
+        use for (swap, OOM score, hugepages, unified keys) are passed over, with a log line."""
+        shared = self._shared
+        pod = shared.pod(sandbox.id)
+        linux = sandbox.config.linux
+        resources = request.resources if request.HasField("resources") else linux.resources
+        overhead = request.overhead if request.HasField("overhead") else linux.overhead
+        limits = pod_limits(pod.vm, resources, overhead, shared.overhead_vcpus, shared.overhead_memory)
+        await shared.hv.set_pod_limits(pod.vm, limits)
+        sandbox.backend_data["vm"] = pod.vm.to_dict()
+        unused = [
+            name
+            for name, set_ in (
+                ("memory_swap_limit_in_bytes", resources.memory_swap_limit_in_bytes),
+                ("oom_score_adj", resources.oom_score_adj),
+                ("hugepage_limits", len(resources.hugepage_limits)),
+                ("unified", len(resources.unified)),
+            )
+            if set_
+        ]
+        if unused:
+            log.info("sandbox.resources_not_applied", sandbox_id=sandbox.id, fields=unused)
+        log.info(
+            "sandbox.resized",
+            sandbox_id=sandbox.id,
+            vm=pod.vm.id,
+            vcpus=limits.vcpus,
+            memory=limits.memory_bytes,
+        )
 
     async def stop(self, sandbox: contract.SandboxRecord) -> None:
         shared = self._shared

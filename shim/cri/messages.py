@@ -6,7 +6,7 @@ events are built here from the shim's records, the same for every backend.
 
 from __future__ import annotations
 
-from backends.contract import ContainerRecord, SandboxRecord
+from backends.contract import ContainerRecord, SandboxRecord, recorded_stop_signal
 from cri_api import api_pb2 as pb
 
 
@@ -82,6 +82,8 @@ def container_status_pb(c: ContainerRecord) -> pb.ContainerStatus:
         reason=s.reason,
         message=s.message,
         log_path=c.log_path,
+        # What the runtime will stop it with: the kubelet shows it as the pod status' stopSignal.
+        stop_signal=pb.Signal.Name(recorded_stop_signal(c)),
     )
     out.labels.update(cfg.labels)
     out.annotations.update(cfg.annotations)

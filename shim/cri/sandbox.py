@@ -4,6 +4,7 @@ and the sandbox stats/metrics RPCs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 
@@ -21,7 +22,13 @@ from backends.contract import (
 )
 from cri_api import api_pb2 as pb
 from shim.cri import sandbox_metrics, stats_messages, validate
-from shim.cri.errors import InvalidArgumentError, UnimplementedError
+from shim.cri.errors import (
+    CriError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnimplementedError,
+)
 from shim.cri.list_cache import ListCache, labels_match
 from shim.cri.messages import sandbox_pb, sandbox_status_pb
 from shim.cri.state import Shim
@@ -48,7 +55,9 @@ class SandboxService:
             backend.capabilities & Capability.HOST_NETWORK
         ):
             raise UnimplementedError(f"runtime handler {backend_name!r} does not support host networking")
-        validate.userns_for(cfg, backend.capabilities, backend_name)
+        validate.userns_for(
+            cfg, backend.capabilities, backend_name, validate.why_not(backend, Capability.USER_NAMESPACES)
+        )
         sid = shim.fresh_id()
         name = sandbox_name(cfg.metadata)
         shim.store.sandbox_names.reserve(name, sid)
@@ -231,13 +240,50 @@ class SandboxService:
     async def update_resources(
         self, req: pb.UpdatePodSandboxResourcesRequest
     ) -> pb.UpdatePodSandboxResourcesResponse:
-        sb = self.shim.store.sandboxes.resolve(req.pod_sandbox_id)
-        backend = self.shim.backend(sb.backend)
+        """The pod-level resources the kubelet has just given the pod's cgroup (an in-place
+        resize): NRI plugins hear of them first (and may refuse), then the backend applies them
+        where it owns a pod-level cgroup, and the record keeps them (PodSandboxConfig's
+        ``linux.resources`` and ``linux.overhead``), across a restart too. Best effort for the
+        kubelet, which goes on with the resize whatever the answer."""
+        shim = self.shim
+        sb = shim.store.sandboxes.resolve(req.pod_sandbox_id)
+        backend = shim.backend(sb.backend)
         if not backend.capabilities & Capability.UPDATE_SANDBOX_RESOURCES or not isinstance(
             backend, SandboxResourceUpdater
         ):
             raise UnimplementedError(f"runtime handler {sb.backend!r} cannot update pod sandbox resources")
-        await backend.update_sandbox_resources(sb, req)
+        overhead = req.overhead if req.HasField("overhead") else None
+        resources = req.resources if req.HasField("resources") else None
+        if overhead is None and resources is None:
+            raise InvalidArgumentError("neither resources nor overhead is set: nothing to update")
+        for field, value in (("overhead", overhead), ("resources", resources)):
+            if value is not None:
+                validate.linux_resources(value, field)
+        async with shim.locks.hold(sb.id):
+            if shim.store.sandboxes.get(sb.id) is not sb:
+                raise NotFoundError(f"pod sandbox {sb.id} was removed")
+            if not sb.status.ready:
+                raise FailedPreconditionError(
+                    f"pod sandbox {sb.id} is not ready: its resources cannot change"
+                )
+            config = pb.PodSandboxConfig()
+            config.CopyFrom(sb.config)
+            if overhead is not None:
+                config.linux.overhead.CopyFrom(overhead)
+            if resources is not None:
+                config.linux.resources.CopyFrom(resources)
+            await shim.nri.update_pod_sandbox(sb, overhead, resources)
+            # The disk first: a full disk refuses the update before the backend applies it.
+            shim.store.save_sandbox(dataclasses.replace(sb, config=config))
+            try:
+                await backend.update_sandbox_resources(sb, req)
+            except BaseException:
+                with contextlib.suppress(CriError):
+                    shim.store.save_sandbox(sb)  # the record as it was
+                raise
+            sb.config = config
+            shim.store.put_effect(sb)  # with what the backend noted of it (a VM's new size)
+            shim.nri.post_update_pod_sandbox(sb)
         return pb.UpdatePodSandboxResourcesResponse()
 
 

@@ -6,7 +6,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from backends.contract import Capability
+from backends.contract import Capability, ExplainsLimits, host_signal
 from cri_api import api_pb2 as pb
 from shim.cri.errors import InvalidArgumentError, UnimplementedError
 
@@ -86,6 +86,10 @@ def container_config(cfg: pb.ContainerConfig, present: bool) -> None:
         "config.linux.security_context.run_as_group is set without run_as_user or run_as_username",
     )
     linux_resources(cfg.linux.resources, "config.linux.resources")
+    require(
+        not cfg.stop_signal or host_signal(cfg.stop_signal) is not None,
+        f"config.stop_signal {cfg.stop_signal} is not a signal this host has",
+    )
 
 
 def groups_policy_for(cfg: pb.ContainerConfig, caps: Capability, handler: str) -> None:
@@ -98,8 +102,14 @@ def groups_policy_for(cfg: pb.ContainerConfig, caps: Capability, handler: str) -
         )
 
 
-def userns_for(cfg: pb.PodSandboxConfig, caps: Capability, handler: str) -> None:
-    """The pod's user namespace: NODE (the host's), or POD with one uid and one gid mapping of ID 0."""
+def why_not(backend: object, capability: Capability) -> str:
+    """The backend's reason for lacking ``capability`` (``ExplainsLimits``), or ""."""
+    return backend.why_not(capability) if isinstance(backend, ExplainsLimits) else ""
+
+
+def userns_for(cfg: pb.PodSandboxConfig, caps: Capability, handler: str, why: str = "") -> None:
+    """The pod's user namespace: NODE (the host's), or POD with one uid and one gid mapping of ID 0.
+    ``why``: the handler's reason for having none, said in the refusal."""
     where = "config.linux.security_context.namespace_options.userns_options"
     ns = cfg.linux.security_context.namespace_options
     if not ns.HasField("userns_options"):
@@ -111,7 +121,7 @@ def userns_for(cfg: pb.PodSandboxConfig, caps: Capability, handler: str) -> None
     require(opts.mode == pb.POD, f"{where}.mode: only NODE and POD are supported")
     require(
         bool(caps & Capability.USER_NAMESPACES),
-        f"{where}: handler {handler!r} does not support user namespaces",
+        f"{where}: handler {handler!r} does not support user namespaces" + (f": {why}" if why else ""),
     )
     for kind, maps in (("uids", opts.uids), ("gids", opts.gids)):
         require(len(maps) == 1, f"{where}.{kind}: exactly one mapping is supported, got {len(maps)}")

@@ -17,10 +17,11 @@ events that follow it (not the CRI calls that do not wait for a plugin).
 Which events wait for the plugins (the CRI call fails if one refuses): RunPodSandbox
 (after the backend made the pod, before it is visible), CreateContainer (before the
 backend creates the container: plugins may adjust it, see convert.adjust),
-StartContainer and UpdateContainerResources. Notifications (StopPodSandbox,
+StartContainer, UpdateContainerResources and UpdatePodSandboxResources (UpdatePodSandbox,
+before the backend sees the new resources). Notifications (StopPodSandbox,
 RemovePodSandbox, StopContainer — also for a container that exited on its own —,
-RemoveContainer and the Post- events) are queued and never fail the CRI call; a
-plugin's error for them is logged.
+RemoveContainer and the Post- events, PostUpdatePodSandbox among them) are queued and
+never fail the CRI call; a plugin's error for them is logged.
 
 A plugin that does not answer within ``request_timeout`` (``registration_timeout``
 while it joins) is disconnected, and a CRI call that was waiting for it fails with
@@ -68,6 +69,12 @@ _METHODS: dict[int, tuple[str, type[Message], type[Message]]] = {
     nri.RUN_POD_SANDBOX: ("RunPodSandbox", nri.RunPodSandboxRequest, nri.RunPodSandboxResponse),
     nri.STOP_POD_SANDBOX: ("StopPodSandbox", nri.StopPodSandboxRequest, nri.StopPodSandboxResponse),
     nri.REMOVE_POD_SANDBOX: ("RemovePodSandbox", nri.RemovePodSandboxRequest, nri.RemovePodSandboxResponse),
+    nri.UPDATE_POD_SANDBOX: ("UpdatePodSandbox", nri.UpdatePodSandboxRequest, nri.UpdatePodSandboxResponse),
+    nri.POST_UPDATE_POD_SANDBOX: (
+        "PostUpdatePodSandbox",
+        nri.PostUpdatePodSandboxRequest,
+        nri.PostUpdatePodSandboxResponse,
+    ),
     nri.CREATE_CONTAINER: ("CreateContainer", nri.CreateContainerRequest, nri.CreateContainerResponse),
     nri.START_CONTAINER: ("StartContainer", nri.StartContainerRequest, nri.StartContainerResponse),
     nri.UPDATE_CONTAINER: ("UpdateContainer", nri.UpdateContainerRequest, nri.UpdateContainerResponse),
@@ -174,6 +181,26 @@ class Nri:
 
     async def remove_pod_sandbox(self, sb: SandboxRecord) -> None:
         await self._tell(nri.REMOVE_POD_SANDBOX, sb, None)
+
+    async def update_pod_sandbox(
+        self,
+        sb: SandboxRecord,
+        overhead: pb.LinuxContainerResources | None,
+        resources: pb.LinuxContainerResources | None,
+    ) -> None:
+        """UpdatePodSandboxResources, before anything changes: a plugin may refuse it."""
+        if not self._subscribed(nri.UPDATE_POD_SANDBOX):
+            return
+        req = nri.UpdatePodSandboxRequest(pod=convert.pod(sb))
+        if overhead is not None:
+            convert.resources_from_cri(overhead, req.overhead_linux_resources)
+        if resources is not None:
+            convert.resources_from_cri(resources, req.linux_resources)
+        await self._hook(nri.UPDATE_POD_SANDBOX, sb, None, req)
+
+    def post_update_pod_sandbox(self, sb: SandboxRecord) -> None:
+        """The pod's resources changed (the pod message carries the new ones)."""
+        self._notify(nri.POST_UPDATE_POD_SANDBOX, sb, None)
 
     async def create_container(self, sb: SandboxRecord, c: ContainerRecord) -> pb.ContainerConfig | None:
         """The container's config as the plugins adjusted it, or None if none did."""

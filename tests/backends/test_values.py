@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from backends.contract import host_signal, image_user, seccomp_of
+from backends.contract import (
+    ContainerRecord,
+    cri_signal,
+    decide_stop_signal,
+    host_signal,
+    image_user,
+    recorded_stop_signal,
+    seccomp_of,
+    signal_name,
+)
 from backends.contract.errors import InvalidArgumentError
 from cri_api import api_pb2 as pb
 
@@ -23,11 +32,60 @@ def test_image_user(user: str, want: tuple[int | None, str]) -> None:
 
 @pytest.mark.parametrize(
     ("cri", "want"),
-    [(pb.RUNTIME_DEFAULT, None), (pb.SIGKILL, signal.SIGKILL), (pb.SIGUSR1, signal.SIGUSR1), (9999, None)],
-    ids=["runtime-default", "kill", "usr1", "unknown"],
+    [
+        (pb.RUNTIME_DEFAULT, None),
+        (pb.SIGKILL, signal.SIGKILL),
+        (pb.SIGUSR1, signal.SIGUSR1),
+        (pb.SIGRTMIN, signal.SIGRTMIN),
+        (pb.SIGRTMINPLUS3, signal.SIGRTMIN + 3),
+        (pb.SIGRTMAXMINUS1, signal.SIGRTMAX - 1),
+        (9999, None),
+    ],
+    ids=["runtime-default", "kill", "usr1", "rtmin", "rtmin+3", "rtmax-1", "unknown"],
 )
-def test_a_stop_signal_is_the_host_signal_the_cri_names(cri: int, want: signal.Signals | None) -> None:
-    assert host_signal(cri) is want
+def test_a_stop_signal_is_the_host_signal_the_cri_names(cri: int, want: int | None) -> None:
+    assert host_signal(cri) == want
+
+
+@pytest.mark.parametrize(
+    ("text", "want", "name"),
+    [
+        ("SIGQUIT", pb.SIGQUIT, "SIGQUIT"),
+        ("quit", pb.SIGQUIT, "SIGQUIT"),
+        ("3", pb.SIGQUIT, "SIGQUIT"),
+        ("6", pb.SIGABRT, "SIGABRT"),  # the first of aliases (SIGIOT)
+        ("SIGRTMIN+3", pb.SIGRTMINPLUS3, "SIGRTMIN+3"),
+        ("rtmax-1", pb.SIGRTMAXMINUS1, "SIGRTMAX-1"),
+        ("64", pb.SIGRTMAX, "SIGRTMAX"),
+        ("", pb.RUNTIME_DEFAULT, ""),
+        ("SIGBOGUS", pb.RUNTIME_DEFAULT, ""),
+        ("SIGRTMIN+16", pb.RUNTIME_DEFAULT, ""),
+        ("65", pb.RUNTIME_DEFAULT, ""),
+    ],
+    ids=["name", "short", "number", "alias", "rt", "rt-short", "rt-number", "none", "bogus", "beyond", "big"],
+)
+def test_an_image_stopsignal_is_read_as_the_cri_signal(text: str, want: int, name: str) -> None:
+    assert cri_signal(text) == want
+    assert signal_name(want) == name  # what the Docker Engine is given
+
+
+@pytest.mark.parametrize(
+    ("config", "image", "want"),
+    [
+        (pb.SIGUSR1, "SIGQUIT", pb.SIGUSR1),
+        (pb.RUNTIME_DEFAULT, "SIGQUIT", pb.SIGQUIT),
+        (pb.RUNTIME_DEFAULT, "", pb.SIGTERM),
+        (pb.RUNTIME_DEFAULT, "SIGBOGUS", pb.SIGTERM),
+        (9999, "", pb.SIGTERM),
+    ],
+    ids=["config", "image", "default", "bad-image", "bad-config"],
+)
+def test_the_stop_signal_is_the_configs_else_the_images_else_term(config: int, image: str, want: int) -> None:
+    record = ContainerRecord("c", "s", "b", pb.ContainerConfig(stop_signal=config), 1, "")  # type: ignore[arg-type]
+    assert recorded_stop_signal(record) == (config if config in (pb.SIGUSR1,) else pb.SIGTERM)
+    assert decide_stop_signal(record, image) == want
+    assert recorded_stop_signal(record) == want  # kept in backend_data, which the shim persists
+    assert record.backend_data["stop_signal"] == pb.Signal.Name(want)
 
 
 def test_seccomp_is_read_once_for_every_backend(tmp_path: Path) -> None:

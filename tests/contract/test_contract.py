@@ -100,6 +100,40 @@ async def test_stop_remove_idempotent_and_states(cri: Cri) -> None:
     assert code == grpc.StatusCode.NOT_FOUND
 
 
+async def _started_with_traps(cri: Cri, pod: str, sc: pb.PodSandboxConfig, name: str, **kw: object) -> str:
+    """A container whose shell says which signal stopped it, started and with its traps set."""
+    script = (
+        "trap 'echo got-term; exit 0' TERM; trap 'echo got-quit; exit 0' QUIT; "
+        "touch /tmp/ready; sleep 3600 & wait"
+    )
+    cid = await create(cri, pod, sc, ["sh", "-c", script], name=name, log_path=f"{name}.log", **kw)
+    await cri.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    ready = ["sh", "-c", "until [ -e /tmp/ready ]; do sleep 0.05; done"]
+    await cri.rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=ready, timeout=20))
+    return cid
+
+
+async def test_the_stop_signal_is_reported_and_used(cri: Cri) -> None:
+    """ContainerStatus.stop_signal is what StopContainer sends: the config's, else SIGTERM (the
+    image has no STOPSIGNAL); the kubelet shows it as the pod status' stopSignal."""
+    if not cri.backend.capabilities & Capability.EXEC_SYNC:
+        pytest.skip(f"{cri.kind} declares no ExecSync")
+    pod, sc = await run_pod(cri)
+    for name, asked, want, said in (
+        ("quit", pb.SIGQUIT, pb.SIGQUIT, "got-quit"),
+        ("default", pb.RUNTIME_DEFAULT, pb.SIGTERM, "got-term"),
+    ):
+        cid = await _started_with_traps(cri, pod, sc, name, stop_signal=asked)
+        st = (await cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid))).status
+        assert st.stop_signal == want, (name, pb.Signal.Name(st.stop_signal))
+        await cri.rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=30))
+        st = await wait_state(cri, cid, pb.CONTAINER_EXITED)
+        assert (st.exit_code, st.stop_signal) == (0, want), name
+        with open(os.path.join(cri.root, "logs", f"{name}.log")) as f:
+            lines = f.read().splitlines()
+        assert [line.rsplit(" ", 1)[-1] for line in lines] == [said], (name, lines)
+
+
 async def test_remove_running_pod_removes_its_containers(cri: Cri) -> None:
     pod, sc = await run_pod(cri)
     cid = await create(cri, pod, sc, ["sleep", "3600"])
@@ -192,6 +226,46 @@ async def test_capability_refusals_match_declared(cri: Cri) -> None:
     if not caps & Capability.UPDATE_SANDBOX_RESOURCES:
         req = pb.UpdatePodSandboxResourcesRequest(pod_sandbox_id=pod)
         assert await code_of(cri.rt.UpdatePodSandboxResources(req)) == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_pod_resources_are_kept_or_refused_with_nothing_changed(cri: Cri) -> None:
+    """UpdatePodSandboxResources: applied and recorded (through a restart), or refused with the
+    record as it was (docker: this pod has no cgroup parent, so no pod-level cgroup)."""
+    pod, sc = await run_pod(cri)
+    req = pb.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id=pod,
+        resources=pb.LinuxContainerResources(
+            cpu_period=100_000, cpu_quota=200_000, memory_limit_in_bytes=256 << 20
+        ),
+        overhead=pb.LinuxContainerResources(),
+    )
+    try:
+        await cri.rt.UpdatePodSandboxResources(req)
+        applied = True
+    except grpc.aio.AioRpcError as exc:
+        assert exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNIMPLEMENTED), exc
+        applied = False
+    assert applied == (cri.kind != "docker")
+    await cri.restart()
+    assert cri.server.shim is not None
+    sb = cri.server.shim.store.sandboxes.get(pod)
+    assert sb is not None
+    assert sb.config.linux.resources == (req.resources if applied else sc.linux.resources)
+    st = (await cri.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod))).status
+    assert st.state == pb.SANDBOX_READY
+
+
+async def test_status_features_say_what_each_handler_can(cri: Cri) -> None:
+    """The kubelet admits hostUsers: false pods by Status' user_namespaces: runv has them (the
+    pod's namespace in its VM), docker not (the engine's remap is daemon-wide), the fake not."""
+    status = await cri.rt.Status(pb.StatusRequest())
+    handlers = {h.name: h.features for h in status.runtime_handlers}
+    caps = cri.backend.capabilities
+    assert set(handlers) == {"", cri.kind}
+    for features in handlers.values():
+        assert features.user_namespaces == bool(caps & Capability.USER_NAMESPACES)
+        assert features.recursive_read_only_mounts == bool(caps & Capability.RECURSIVE_READ_ONLY_MOUNTS)
+    assert handlers[cri.kind].user_namespaces == (cri.kind == "runv")
 
 
 async def test_bad_requests_change_nothing(cri: Cri) -> None:

@@ -1005,3 +1005,22 @@ async def test_masked_and_readonly_paths(harness: Harness, tmp_path: Path) -> No
     assert shell.stdout == b"alive\n"  # busybox itself is not masked with it
     ro = await harness.backend.exec_sync(ct, ["touch", "/tmp/x"])
     assert ro.exit_code != 0 and b"Read-only file system" in ro.stderr
+
+
+async def test_image_fs_info_counts_writable_layers_apart(harness: Harness, tmp_path: Path) -> None:
+    """The engine's one store in both lists (the kubelet sees no split disk), a container's
+    writes in container_filesystems, not in image_filesystems."""
+    backend = harness.backend
+    sb = await harness.run_sandbox()
+    ct = await harness.create(container_record(sb, ["sleep", "1000"]), sb)
+    await harness.events.start(backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await backend._store_usage._measure()  # type: ignore[attr-defined]
+    before = await backend.image_fs_info()
+    res = await backend.exec_sync(ct, ["sh", "-c", "head -c 8388608 /dev/urandom > /big && sync"])
+    assert res.exit_code == 0, res.stderr
+    await backend._store_usage._measure()  # type: ignore[attr-defined]
+    after = await backend.image_fs_info()
+    (images,), (writable,) = after.image_filesystems, after.container_filesystems
+    assert images.fs_id.mountpoint == writable.fs_id.mountpoint and os.path.isdir(images.fs_id.mountpoint)
+    grew = writable.used_bytes.value - before.container_filesystems[0].used_bytes.value
+    assert grew >= 8 << 20, grew

@@ -7,16 +7,26 @@ import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from backends.contract import ContainerRecord, SandboxRecord
-from backends.contract.errors import InternalError, NotFoundError, UnavailableError
+from backends.contract.errors import (
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+)
 from backends.docker import DockerBackend
 from backends.docker import labels as lbl
 from backends.docker.fake_engine import FakeEngine
 from cri_api import api_pb2 as pb
+from cri_api import api_pb2_grpc
 from shim.config import parse
 from shim.server import Server
+from tests.conftest import make_ids, server_config
+from tests.criutil import sandbox_config
 from tests.docker.dockerkit import BUSYBOX, PAUSE, Events, container_record, sandbox_record
 
 
@@ -263,3 +273,95 @@ def test_the_shim_hands_the_cni_section_to_a_handler_on_cni(tmp_path: Path) -> N
     )
     assert settings.cache_dir == f"{tmp_path}/cni/docker"  # under the state dir, one cache per handler
     assert cni.pin_dir == f"{tmp_path}/backends/docker/netns"
+
+
+async def test_pod_resources_are_the_kubelets_cgroup_and_need_one(kit: Kit) -> None:
+    """UpdatePodSandboxResources: the engine has no pod-level object, so no engine call; a pod
+    with a cgroup parent (the kubelet's pod cgroup, resized before the call) is accepted, one
+    without has no pod-level cgroup at all and is refused."""
+    req = pb.UpdatePodSandboxResourcesRequest(resources=pb.LinuxContainerResources(cpu_shares=512))
+    kubelets = sandbox_record(linux=pb.LinuxPodSandboxConfig(cgroup_parent="/kubepods/burstable/pod1"))
+    await kit.backend.run_sandbox(kubelets)
+    before = len(kit.engine.calls)
+    await kit.backend.update_sandbox_resources(kubelets, req)
+    assert len(kit.engine.calls) == before
+    bare = await kit.pod()
+    with pytest.raises(FailedPreconditionError, match="no cgroup_parent"):
+        await kit.backend.update_sandbox_resources(bare, req)
+
+
+async def test_a_pod_in_its_own_user_namespace_is_refused_saying_why(short_tmp: str) -> None:
+    """hostUsers: false on docker: Status says the handler has no user namespaces, and the pod is
+    refused (INVALID_ARGUMENT) with the reason: the engine's userns-remap is daemon-wide."""
+    engine = FakeEngine()
+    engine.add_image(PAUSE)
+    backend = DockerBackend("docker", engine=engine, pause_image=PAUSE, instance="logic-userns")
+    server = Server(
+        server_config(short_tmp, default_handler="docker"),
+        backends={"docker": backend},
+        id_factory=make_ids(),
+    )
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock")
+    try:
+        rt = api_pb2_grpc.RuntimeServiceStub(channel)
+        status = await rt.Status(pb.StatusRequest())
+        assert {h.name: h.features.user_namespaces for h in status.runtime_handlers} == {
+            "": False,
+            "docker": False,
+        }
+        cfg = sandbox_config()
+        opts = cfg.linux.security_context.namespace_options.userns_options
+        opts.mode = pb.POD
+        opts.uids.add(container_id=0, host_id=65536, length=65536)
+        opts.gids.add(container_id=0, host_id=65536, length=65536)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=cfg))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        details = info.value.details() or ""
+        assert "does not support user namespaces" in details and "daemon-wide" in details, details
+        assert not engine.containers and not (await rt.ListPodSandbox(pb.ListPodSandboxRequest())).items
+    finally:
+        await channel.close()
+        await server.stop(0)
+
+
+@pytest.mark.parametrize(
+    ("engine_driver", "parent", "refused"),
+    [
+        ("systemd", "kubepods-besteffort-pod1.slice", ""),
+        ("systemd", "/kubepods/besteffort/pod1", "is not a systemd slice"),
+        ("cgroupfs", "/kubepods/besteffort/pod1", ""),
+        ("cgroupfs", "kubepods-besteffort-pod1.slice", "is a systemd slice name"),
+    ],
+    ids=["systemd-slice", "systemd-path", "cgroupfs-path", "cgroupfs-slice"],
+)
+async def test_cgroup_driver_is_the_engines_and_parents_must_match_it(
+    engine_driver: str, parent: str, refused: str
+) -> None:
+    """RuntimeConfig reports the engine's driver (it reads the cgroup parents), whatever was
+    configured; a cgroup parent in the other driver's form is refused before the engine sees it."""
+    engine = FakeEngine()
+    engine.info_answer["CgroupDriver"] = engine_driver
+    other = "cgroupfs" if engine_driver == "systemd" else "systemd"
+    engine.add_image(PAUSE)
+    events = Events()
+    backend = DockerBackend(
+        "docker", engine=engine, pause_image=PAUSE, instance="logic-cg", cgroup_driver=other
+    )
+    await backend.start(events)
+    try:
+        want = pb.SYSTEMD if engine_driver == "systemd" else pb.CGROUPFS
+        assert backend.runtime_config().linux.cgroup_driver == want
+        sb = sandbox_record(linux=pb.LinuxPodSandboxConfig(cgroup_parent=parent))
+        if refused:
+            with pytest.raises(InvalidArgumentError, match=refused):
+                await backend.run_sandbox(sb)
+            assert not engine.containers
+        else:
+            await backend.run_sandbox(sb)
+            (pause,) = engine.containers.values()
+            assert pause.config["HostConfig"]["CgroupParent"] == parent
+    finally:
+        await events.close()
+        await backend.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from backends.contract.errors import UnavailableError
 from backends.docker import image_fs, image_mirror
 from backends.docker.fake_engine import FakeEngine
 from backends.docker.image_mirror import ImageMirror
+from backends.linux.usage import dir_usage
 from cri_api import api_pb2 as pb
 from tests.criutil import until
 from tests.docker.dockerkit import BUSYBOX, PAUSE
@@ -188,6 +190,39 @@ async def test_image_fs_info_from_memory(kit: Kit) -> None:
         again = await kit.backend.image_fs_info()
     assert len(engine.calls) == calls
     assert again.image_filesystems[0].timestamp > first.image_filesystems[0].timestamp
+
+
+async def test_image_fs_info_splits_images_from_writable_layers_on_one_filesystem() -> None:
+    """A remote engine's /system/df: the images' layers in image_filesystems, the containers'
+    writable layers in container_filesystems, both at the one store (no split disk)."""
+    k = await new_kit()
+    try:
+        sb = await k.pod()
+        await k.running(sb)
+        await k.backend._store_usage._measure()  # a new figure now, not at the next period
+        fs = await k.backend.image_fs_info()
+        (images,), (writable,) = fs.image_filesystems, fs.container_filesystems
+        assert images.used_bytes.value == sum(i["Size"] for i in k.engine.images.values())
+        assert writable.used_bytes.value == 100 * len(k.engine.containers)  # the pause and the app
+        assert images.fs_id.mountpoint == writable.fs_id.mountpoint == "/var/lib/docker"
+    finally:
+        await k.events.close()
+        await k.backend.close()
+
+
+def test_a_local_store_is_split_by_the_layer_stores_mounts(tmp_path: Path) -> None:
+    graph, mounts = tmp_path / "overlay2", tmp_path / "image/overlay2/layerdb/mounts"
+    for layer, size in (("img1", 8192), ("img2", 4096), ("ctr1", 65536), ("ctr1-init", 4096)):
+        (graph / layer / "diff").mkdir(parents=True)
+        (graph / layer / "diff" / "f").write_bytes(b"x" * size)
+    (mounts / "c1").mkdir(parents=True)
+    (mounts / "c1" / "mount-id").write_text("ctr1")
+    (mounts / "c1" / "init-id").write_text("ctr1-init")
+    (images_bytes, images_inodes), (ctr_bytes, ctr_inodes) = image_fs.split_usage(str(graph), str(mounts))
+    total_bytes, total_inodes = dir_usage(str(graph))
+    assert (images_bytes + ctr_bytes, images_inodes + ctr_inodes) == (total_bytes, total_inodes)
+    assert ctr_bytes >= 65536 + 4096 and images_bytes >= 8192 + 4096
+    assert ctr_inodes == 6 and images_inodes == 7  # 3 each layer; the directory itself is the images'
 
 
 async def test_image_fs_info_is_measured_again_while_asked(monkeypatch: pytest.MonkeyPatch) -> None:

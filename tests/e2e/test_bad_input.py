@@ -88,6 +88,10 @@ async def test_bad_container_requests(running: Running, short_tmp: str) -> None:
             "escapes",
         ),
         (pb.CreateContainerRequest(config=container_config()), "pod_sandbox_id"),
+        (
+            pb.CreateContainerRequest(pod_sandbox_id=pod, config=container_config(stop_signal=9999)),
+            "config.stop_signal 9999",
+        ),
     ]
     for req, needle in cases:
         err = await error_of(r.rt.CreateContainer(req))

@@ -193,6 +193,9 @@ async def test_stats_and_updates(running: Running, short_tmp: str) -> None:
     await r.rt.UpdateContainerResources(upd)
     st2 = (await r.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid))).status
     assert st2.resources.linux.memory_limit_in_bytes == 64 << 20
+    pod_upd = pb.UpdatePodSandboxResourcesRequest(pod_sandbox_id=pod)
+    pod_upd.resources.memory_limit_in_bytes = 128 << 20
+    await r.rt.UpdatePodSandboxResources(pod_upd)  # the fake records it (tests/e2e/test_pod_resources.py)
     await r.rt.ReopenContainerLog(pb.ReopenContainerLogRequest(container_id=cid))
     fs = await r.im.ImageFsInfo(pb.ImageFsInfoRequest())
     assert fs.image_filesystems[0].used_bytes.value > 0
@@ -200,12 +203,10 @@ async def test_stats_and_updates(running: Running, short_tmp: str) -> None:
 
 async def test_capability_refusals(running: Running, short_tmp: str) -> None:
     r = running
-    pod, cid = await pod_with_container(r, short_tmp)
+    _pod, cid = await pod_with_container(r, short_tmp)
     un = grpc.StatusCode.UNIMPLEMENTED
     assert await code_of(r.rt.CheckpointContainer(pb.CheckpointContainerRequest(container_id=cid))) == un
     assert await code_of(r.rt.ListMetricDescriptors(pb.ListMetricDescriptorsRequest())) == un
-    req = pb.UpdatePodSandboxResourcesRequest(pod_sandbox_id=pod)
-    assert await code_of(r.rt.UpdatePodSandboxResources(req)) == un
     # Metrics of sandboxes: no backend exports any, so the answer is empty, not an error.
     assert len((await r.rt.ListPodSandboxMetrics(pb.ListPodSandboxMetricsRequest())).pod_metrics) == 0
 
@@ -300,8 +301,11 @@ async def test_image_fs_info_names_the_default_handlers_stores_first(short_tmp: 
         await server.stop(0)
     want = [os.path.join(short_tmp, "b"), os.path.join(short_tmp, "a")]
     assert [f.fs_id.mountpoint for f in fs.image_filesystems] == want
-    assert [f.fs_id.mountpoint for f in fs.container_filesystems] == want
-    assert all(os.path.isdir(m) for m in want)
+    # Each fake's simulated writable layers are a store of their own, beside its images.
+    assert [f.fs_id.mountpoint for f in fs.container_filesystems] == [
+        os.path.join(w, "containers") for w in want
+    ]
+    assert all(os.path.isdir(f.fs_id.mountpoint) for f in (*fs.image_filesystems, *fs.container_filesystems))
 
 
 async def test_a_container_created_from_an_image_id_shows_the_image_by_name(

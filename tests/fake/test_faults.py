@@ -110,9 +110,11 @@ async def test_is_a_backend_and_forwards_what_is_not_a_call() -> None:
 @pytest.mark.parametrize(
     ("inner_cls", "present"),
     [
-        (FakeRuntime, ()),
-        (MetricsRuntime, (MetricsBackend,)),
-        (CheckpointRuntime, (Checkpointer,)),
+        # The fake records pod resources (UpdatePodSandboxResources); metrics and checkpoints are
+        # its subclasses' here.
+        (FakeRuntime, (SandboxResourceUpdater,)),
+        (MetricsRuntime, (MetricsBackend, SandboxResourceUpdater)),
+        (CheckpointRuntime, (Checkpointer, SandboxResourceUpdater)),
     ],
     ids=["fake", "metrics", "checkpoint"],
 )

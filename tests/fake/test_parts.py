@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from backends.contract import ContainerRecord, ExecResult, SandboxRecord
+from backends.contract import ContainerRecord, ExecResult, SandboxRecord, recorded_stop_signal
 from backends.contract.errors import (
     InvalidArgumentError,
     NotFoundError,
@@ -97,6 +98,9 @@ async def test_image_rules_missing_images_and_pinned_pause(tmp_path: Path) -> No
     fs = store.fs_info(containers=2)
     assert fs.image_filesystems[0].used_bytes.value == 123 + pause.size
     assert fs.container_filesystems[0].used_bytes.value == 2 * 4096
+    # Distinct simulated stores, both existing directories (the kubelet stats them).
+    mounts = (fs.image_filesystems[0].fs_id.mountpoint, fs.container_filesystems[0].fs_id.mountpoint)
+    assert mounts[0] != mounts[1] and all(os.path.isdir(m) for m in mounts)
     assert not ImageStore({}).fs_info(containers=2).image_filesystems  # no state dir: nothing to report
 
 
@@ -172,6 +176,30 @@ async def test_stop_kills_a_program_that_ignores_sigterm() -> None:
     assert (await life.stop_container(stubborn, 0)).exit_code == 137
     assert (await life.stop_container(polite, 10)).exit_code == 143
     assert (await life.stop_container(polite, 10)).reason == "Completed"  # already stopped
+    await life.close()
+
+
+async def test_an_images_stop_signal_is_the_one_its_shell_gets() -> None:
+    """An image rule's ``stop_signal`` (its STOPSIGNAL) is recorded at create and delivered at stop,
+    unless the container's config names another."""
+    images, _, life = parts({"pull_seconds": 0, "images": {"example.com/quits": {"stop_signal": "SIGQUIT"}}})
+    await life.start(Events())
+    await images.pull_image(pb.ImageSpec(image="example.com/quits:1"), None, None)
+    script = "trap 'echo got-quit; exit 0' QUIT; trap 'echo got-usr1; exit 0' USR1; sleep 3600 & wait"
+    by_image = container("a" * 64, "example.com/quits:1", ["sh", "-c", script])
+    by_config = container("b" * 64, "example.com/quits:1", ["sh", "-c", script])
+    by_config.config.stop_signal = pb.SIGUSR1
+    logs = {}
+    for c in (by_image, by_config):
+        await life.create_container(c, sandbox("5" * 64))
+        started = await life.start_container(c, sandbox("5" * 64))
+        logs[c.id] = started.process
+    assert (recorded_stop_signal(by_image), recorded_stop_signal(by_config)) == (pb.SIGQUIT, pb.SIGUSR1)
+    await asyncio.sleep(0.05)  # the shells reach their `wait`
+    for c, said in ((by_image, b"got-quit\n"), (by_config, b"got-usr1\n")):
+        assert (await life.stop_container(c, 10)).exit_code == 0
+        got = b"".join([out.data async for out in logs[c.id].output()])
+        assert got == said
     await life.close()
 
 

@@ -129,3 +129,51 @@ async def test_jobs_are_stopped_when_the_script_ends() -> None:
     result = await h.run(["sh", "-c", "sleep 100 & echo started $!"])
     await settle()
     assert result.stdout == b"started 2\n" and len(asyncio.all_tasks()) == before
+
+
+async def test_the_stop_signal_is_the_one_the_caller_names() -> None:
+    """A container with another stop signal (its config's or its image's): that signal's trap runs,
+    the TERM trap does not; with no trap the shell ends with 128 + its number."""
+    h = Harness(sleep=blocked_forever)
+    h.io.term_signal = "QUIT"
+    script = "trap 'echo got-term' TERM; trap 'echo got-quit; exit 0' QUIT; echo start; sleep 30 & wait"
+    task = asyncio.create_task(h.run(["sh", "-c", script]))
+    await settle()
+    h.term.set()
+    result = await task
+    assert (result.stdout, result.code) == (b"start\ngot-quit\n", 0)
+
+    untrapped = Harness(sleep=blocked_forever)
+    untrapped.io.term_signal = "RTMIN+3"
+    task = asyncio.create_task(untrapped.run(["sh", "-c", "trap 'echo got-term' TERM; sleep 100"]))
+    await settle()
+    untrapped.term.set()
+    result = await task
+    assert (result.stdout, result.code) == (b"", 128 + 37)
+
+
+async def test_a_stop_signal_that_ends_nothing_by_default_is_ignored() -> None:
+    """WINCH as a stop signal, untrapped: the shell goes on (the runtime kills it after the grace)."""
+    release = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        await release.wait()
+
+    h = Harness(sleep=sleep)
+    h.io.term_signal = "WINCH"
+    task = asyncio.create_task(h.run(["sh", "-c", "sleep 10; echo finished"]))
+    await settle()
+    h.term.set()
+    await settle()
+    assert not task.done() and not h.term.is_set()
+    release.set()
+    result = await task
+    assert (result.stdout, result.code) == (b"finished\n", 0)
+
+
+async def test_kill_from_a_job_still_sends_term_whatever_the_stop_signal() -> None:
+    h = Harness(sleep=blocked_forever)
+    h.io.term_signal = "QUIT"
+    script = "trap 'echo got-term; exit 3' TERM; trap 'echo got-quit' QUIT; (kill $$) & sleep 100"
+    result = await asyncio.wait_for(h.run(["sh", "-c", script]), 10)
+    assert (result.stdout, result.code) == (b"got-term\n", 3)

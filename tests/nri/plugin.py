@@ -28,6 +28,12 @@ METHODS: dict[str, tuple[str, type[Message], type[Message]]] = {
     "RunPodSandbox": ("RUN_POD_SANDBOX", nri.RunPodSandboxRequest, nri.RunPodSandboxResponse),
     "StopPodSandbox": ("STOP_POD_SANDBOX", nri.StopPodSandboxRequest, nri.StopPodSandboxResponse),
     "RemovePodSandbox": ("REMOVE_POD_SANDBOX", nri.RemovePodSandboxRequest, nri.RemovePodSandboxResponse),
+    "UpdatePodSandbox": ("UPDATE_POD_SANDBOX", nri.UpdatePodSandboxRequest, nri.UpdatePodSandboxResponse),
+    "PostUpdatePodSandbox": (
+        "POST_UPDATE_POD_SANDBOX",
+        nri.PostUpdatePodSandboxRequest,
+        nri.PostUpdatePodSandboxResponse,
+    ),
     "CreateContainer": ("CREATE_CONTAINER", nri.CreateContainerRequest, nri.CreateContainerResponse),
     "StartContainer": ("START_CONTAINER", nri.StartContainerRequest, nri.StartContainerResponse),
     "UpdateContainer": ("UPDATE_CONTAINER", nri.UpdateContainerRequest, nri.UpdateContainerResponse),

@@ -446,6 +446,42 @@ async def test_a_plugin_changes_update_container_resources(short_tmp: str) -> No
         assert (linux.cpu_shares, linux.memory_limit_in_bytes) == (1024, 128 << 20)
 
 
+async def test_update_pod_sandbox_resources_goes_to_plugins_first(short_tmp: str) -> None:
+    """UpdatePodSandbox with the new resources before anything changes (a refusal is ABORTED and
+    changes nothing), then PostUpdatePodSandbox with the pod as it now is."""
+    async with shim(short_tmp) as s:
+        p = await s.plugin("sizer", events=mask(nri.UPDATE_POD_SANDBOX, nri.POST_UPDATE_POD_SANDBOX))
+        pod, _sc = await s.run_pod()
+        req = pb.UpdatePodSandboxResourcesRequest(
+            pod_sandbox_id=pod,
+            resources=pb.LinuxContainerResources(cpu_shares=512, memory_limit_in_bytes=256 << 20),
+            overhead=pb.LinuxContainerResources(memory_limit_in_bytes=32 << 20),
+        )
+        p.hooks["UPDATE_POD_SANDBOX"] = failing_hook("not now")
+        code, details = await failure(s.rt.UpdatePodSandboxResources(req))
+        assert code == grpc.StatusCode.ABORTED and "10-sizer" in details and "not now" in details
+        assert not s.fake.calls_to("update_sandbox_resources")
+        assert s.server.shim is not None
+        sb = s.server.shim.store.sandboxes.get(pod)
+        assert sb is not None and not sb.config.linux.HasField("resources")
+
+        del p.hooks["UPDATE_POD_SANDBOX"]
+        await s.rt.UpdatePodSandboxResources(req)
+        await eventually(lambda: p.of("POST_UPDATE_POD_SANDBOX"))
+        assert [e.event for e in p.events] == [
+            "UPDATE_POD_SANDBOX",
+            "UPDATE_POD_SANDBOX",
+            "POST_UPDATE_POD_SANDBOX",
+        ]
+        update, post = p.requests[1], p.requests[2]
+        assert update.linux_resources.memory.limit.value == 256 << 20
+        assert update.linux_resources.cpu.shares.value == 512
+        assert update.overhead_linux_resources.memory.limit.value == 32 << 20
+        assert not update.pod.linux.HasField("pod_resources")  # the pod as it was
+        assert post.pod.linux.pod_resources.memory.limit.value == 256 << 20  # and as it now is
+        assert post.pod.linux.pod_overhead.memory.limit.value == 32 << 20
+
+
 async def test_start_container_refused_leaves_it_created(short_tmp: str) -> None:
     async with shim(short_tmp) as s:
         p = await s.plugin("gate", events=mask(nri.START_CONTAINER))

@@ -96,3 +96,14 @@ def test_bad_key_or_type_is_an_error_naming_handler_table_key(
     with pytest.raises(InvalidArgumentError, match=error):
         create("vm", cfg)
     assert not (tmp_path / "root").exists()  # raised before anything was made
+
+
+@pytest.mark.parametrize("driver", ["cgroupfs", "systemd"])
+def test_runtime_config_reports_the_configured_cgroup_driver(tmp_path: Path, driver: str) -> None:
+    """The VMs' cgroups are runv's own (cgroupfs, under its cgroup_parent) either way; the
+    kubelet's pod cgroups follow the driver the node uses, which RuntimeConfig tells it."""
+    from cri_api import api_pb2 as pb
+
+    backend = create("vm", {**_valid(tmp_path), "cgroup_driver": driver})
+    want = pb.SYSTEMD if driver == "systemd" else pb.CGROUPFS
+    assert backend.runtime_config().linux.cgroup_driver == want

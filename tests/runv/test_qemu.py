@@ -20,12 +20,12 @@ import pytest
 
 from backends.contract import Capability
 from backends.linux import procfs
-from backends.linux.cgroups import Cgroup
+from backends.linux.cgroups import Cgroup, hierarchies
 from backends.runv import config as runv_config
 from backends.runv import guest_image
 from backends.runv.backend import VM_CRASH_REASON, RunvBackend
 from backends.runv.drivers.qemu import QemuHypervisor, agent_files, console_summary
-from backends.runv.hypervisor import MIB, VM, Fault, VMSpec
+from backends.runv.hypervisor import MIB, VM, Fault, PodLimits, VMSpec
 from cri_api import api_pb2 as pb
 from shim.cri import errors
 from tests.runv.helpers import (
@@ -130,8 +130,63 @@ async def test_refusals_before_anything_is_made(tmp_path: Path) -> None:
     with pytest.raises(errors.FailedPreconditionError, match="cannot add memory"):
         await hv.set_memory(vm, 512 * MIB)
     await hv.set_vcpus(vm, 1)  # within what it booted with: nothing to do
+    # UpdatePodSandboxResources: the guest keeps its vCPUs and RAM (no hot-plug, no balloon).
+    with pytest.raises(errors.FailedPreconditionError, match="cannot give a running VM the 3"):
+        await hv.set_pod_limits(vm, PodLimits(3, vm.memory_bytes))
+    with pytest.raises(errors.FailedPreconditionError, match="cannot add memory"):
+        await hv.set_pod_limits(vm, PodLimits(vm.vcpus, vm.memory_bytes * 2))
+    with pytest.raises(errors.FailedPreconditionError, match="cannot take memory back"):
+        await hv.set_pod_limits(vm, PodLimits(vm.vcpus, vm.memory_bytes // 2))
     with pytest.raises(errors.UnimplementedError, match="BIDIRECTIONAL"):
         await hv.attach_share(vm, "t", str(tmp_path), readonly=False, bidirectional=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for cgroupfs")
+async def test_pod_limits_bound_qemus_cgroup_but_not_its_memory(tmp_path: Path) -> None:
+    """Fewer vCPUs, CPU shares and a cpuset go to QEMU's cgroup; its memory stays unlimited
+    there (QEMU holds the guest's RAM and its own)."""
+    parent = f"cri-shim-qemu-test-{os.getpid()}"
+    hv = QemuHypervisor({"run_dir": str(tmp_path / "run"), "cgroup_parent": parent})
+    vm = _vm(tmp_path)
+    cg = Cgroup(f"{parent}/{vm.id}")
+    cg.create()
+    try:
+        before = _limits(cg)
+        await hv.set_pod_limits(vm, PodLimits(1, vm.memory_bytes, cpu_shares=512, cpuset_cpus="0"))
+        after = _limits(cg)
+        assert after["quota"] == 100_000 and after["shares"] == 512 and after["cpus"] == "0"
+        assert after["memory"] == before["memory"]
+        assert (vm.vcpus, vm.memory_bytes) == (2, 256 * MIB)  # the guest keeps what it booted with
+    finally:
+        cg.remove()
+        Cgroup(parent).remove()
+
+
+def _limits(cg: Cgroup) -> dict[str, object]:
+    """Quota (µs a period), shares, cpuset and memory limit of ``cg``, v1 or v2."""
+
+    def read(d: str, name: str) -> str:
+        with open(os.path.join(d, name)) as fh:
+            return fh.read().strip()
+
+    mounts = hierarchies()
+    if cg.v2:
+        (d,) = cg.dirs()
+        quota = read(d, "cpu.max").split()[0]
+        weight = int(read(d, "cpu.weight"))
+        return {
+            "quota": -1 if quota == "max" else int(quota),
+            "shares": 2 + ((weight - 1) * 262142) // 9999,
+            "cpus": read(d, "cpuset.cpus"),
+            "memory": read(d, "memory.max"),
+        }
+    at = {c: os.path.join(mounts.v1[c], cg.rel) for c in ("cpu", "memory", "cpuset")}
+    return {
+        "quota": int(read(at["cpu"], "cpu.cfs_quota_us")),
+        "shares": int(read(at["cpu"], "cpu.shares")),
+        "cpus": read(at["cpuset"], "cpuset.cpus") if os.path.isdir(at["cpuset"]) else "",
+        "memory": read(at["memory"], "memory.limit_in_bytes"),
+    }
 
 
 def test_console_summary_says_why() -> None:

@@ -6,23 +6,24 @@ real clock. :func:`run` takes the container's argv and :func:`run_script` a scri
 into a small syntax tree and evaluate it with coroutines, so output reaches the caller as it is
 produced and an idle ``while true; do sleep 1; done`` is one sleeping coroutine.
 
-The caller provides, in :class:`ShellIO`: the container's files (an ``Fs``; :class:`MemoryFs`
-is a ready one), its environment, stdin/stdout/stderr callables, an :class:`asyncio.Event` that
-delivers SIGTERM, an injectable ``sleep`` and ``clock``, a ``Network`` whose ports ``httpd``
-listens on (none: it cannot), and extra commands. An extra command is
-a ``Command``: ``async def cmd(argv: list[str], io: ShellIO) -> int``, where ``argv[0]`` is the
-name as invoked and ``io`` is a copy of the caller's ShellIO bound to the command's (redirected)
-stdin, stdout and stderr, its environment (exported variables and ``X=1 cmd`` assignments) and the
-shell's working directory; its result is the exit status. Names are looked up as: the shell's own
-builtins (``cd``, ``export``, ``trap``, ``read``, ``wait``...), functions, extra commands, built-in
-tools (``echo``, ``cat``, ``grep``...), then shell scripts in ``io.fs`` (by path or on ``PATH``);
-``/usr/bin/NAME`` finds the extra command or tool ``NAME``.
+The caller provides, in :class:`ShellIO`: the container's files (an ``Fs``; :class:`MemoryFs` is a
+ready one), its environment, stdin/stdout/stderr callables, an :class:`asyncio.Event` that delivers
+the container's stop signal (``term_signal``, TERM unless told), an injectable ``sleep`` and
+``clock``, a ``Network`` whose ports ``httpd`` listens on (none: it cannot), and extra commands. An
+extra command is a ``Command``: ``async def cmd(argv: list[str], io: ShellIO) -> int``, where
+``argv[0]`` is the name as invoked and ``io`` is a copy of the caller's ShellIO bound to the
+command's (redirected) stdin, stdout and stderr, its environment (exported variables and ``X=1 cmd``
+assignments) and the shell's working directory; its result is the exit status. Names are looked up
+as: the shell's own builtins (``cd``, ``export``, ``trap``, ``read``, ``wait``...), functions, extra
+commands, built-in tools (``echo``, ``cat``, ``grep``...), then shell scripts in ``io.fs`` (by path
+or on ``PATH``); ``/usr/bin/NAME`` finds the extra command or tool ``NAME``.
 
-Signals: the container's main shell (the outermost one, or the one ``exec``-ed into) takes SIGTERM.
-Setting ``io.term`` interrupts its current ``sleep``, ``wait`` or blocking read; the shell clears the
-event as it takes the signal (setting it again delivers another), runs its TERM trap and continues
-after the interrupted command, or with no trap ends with 143. An ``exit`` in the trap ends the run
-with that code. Background jobs are not signalled; they are stopped when the run ends.
+Signals: the container's main shell (the outermost one, or the one ``exec``-ed into) takes the stop
+signal. Setting ``io.term`` interrupts its current ``sleep``, ``wait`` or blocking read; the shell
+clears the event as it takes the signal (setting it again delivers another), runs the signal's trap
+and continues after the interrupted command, or with no trap ends with 128 + its number (143 for
+TERM; one that by default does not end a process, such as WINCH, is then ignored). An ``exit`` in
+the trap ends the run with that code. Background jobs are not signalled; they are stopped when the run ends.
 
 Known gaps, on purpose: no file-name globbing, ``[[``, arrays, aliases, ``getopts``, job control,
 ``sed``/``awk``/``cut``/``uniq``, networking tools but ``httpd`` (add them as extra commands),

@@ -47,7 +47,8 @@ class ShellIO:
     stdin: Callable[[], Awaitable[bytes]] | None = None  # b"" at end of input; None: no stdin
     stdout: Callable[[bytes], Awaitable[None]] = dataclasses.field(kw_only=True)
     stderr: Callable[[bytes], Awaitable[None]] = dataclasses.field(kw_only=True)
-    term: asyncio.Event | None = None  # set by the caller to deliver SIGTERM; the shell clears it
+    term: asyncio.Event | None = None  # set by the caller to deliver term_signal; the shell clears it
+    term_signal: str = "TERM"  # what setting ``term`` delivers: the container's stop signal
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep  # injectable, for tests
     commands: Mapping[str, Command] = dataclasses.field(default_factory=dict)
     pid: int = 1  # $$; `kill $$` (or `kill 1` when this is PID 1) signals the shell itself

@@ -256,7 +256,7 @@ class Shell(ShellProcess):
                 await self.err("+ " + " ".join(argv))
             return await self.invoke(argv)
         except Interrupted:
-            return 128 + SIGNALS["TERM"]
+            return 128 + SIGNALS[self.pending_signal()]
         finally:
             self.fds = saved_fds
             self._restore(saved_vars)

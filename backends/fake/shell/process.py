@@ -40,19 +40,45 @@ SIGNALS = {
     "HUP": 1,
     "INT": 2,
     "QUIT": 3,
+    "ILL": 4,
+    "TRAP": 5,
+    "ABRT": 6,
+    "IOT": 6,
+    "BUS": 7,
+    "FPE": 8,
     "KILL": 9,
     "USR1": 10,
+    "SEGV": 11,
     "USR2": 12,
     "PIPE": 13,
     "ALRM": 14,
     "TERM": 15,
+    "STKFLT": 16,
     "CHLD": 17,
+    "CLD": 17,
     "CONT": 18,
     "STOP": 19,
     "TSTP": 20,
+    "TTIN": 21,
+    "TTOU": 22,
+    "URG": 23,
+    "XCPU": 24,
+    "XFSZ": 25,
+    "VTALRM": 26,
+    "PROF": 27,
     "WINCH": 28,
+    "IO": 29,
+    "POLL": 29,
+    "PWR": 30,
+    "SYS": 31,
+    # The real-time signals as the C library numbers them (it keeps 32 and 33 for itself).
+    "RTMIN": 34,
+    **{f"RTMIN+{i}": 34 + i for i in range(1, 16)},
+    **{f"RTMAX-{i}": 64 - i for i in range(14, 0, -1)},
+    "RTMAX": 64,
 }
-_HARMLESS = frozenset({"CHLD", "CONT", "WINCH", "STOP", "TSTP"})  # by default they do not end a process
+# By default they do not end a process (ignored, or they stop or continue it).
+_HARMLESS = frozenset({"CHLD", "CLD", "CONT", "URG", "WINCH", "STOP", "TSTP", "TTIN", "TTOU"})
 
 
 def signal_name(text: str) -> str | None:
@@ -65,11 +91,14 @@ def signal_name(text: str) -> str | None:
 
 class Session:
     """What the shells of one run share: the container's I/O, background jobs, and which shell
-    takes SIGTERM (the owner)."""
+    takes the stop signal (the owner)."""
 
     def __init__(self, io: ShellIO) -> None:
         self.io = io
         self.term = io.term if io.term is not None else asyncio.Event()  # also set by `kill $$`
+        # What setting ``term`` delivers: the caller's stop signal, or a job's `kill $$` (TERM).
+        self.stop_signal = signal_name(io.term_signal) or "TERM"
+        self.killed_by_job = False
         self.stdin = Reader(io.stdin)  # one reader: what a command left unread stays for the next
         self.jobs: dict[int, asyncio.Task[int]] = {}
         self.killed: dict[int, int] = {}  # status of jobs stopped by kill
@@ -300,12 +329,19 @@ class ShellProcess(abc.ABC):
 
     # -- signals
 
+    def pending_signal(self) -> str:
+        """The signal ``term`` delivers now: TERM from a job's `kill $$`, else the stop signal."""
+        return "TERM" if self.session.killed_by_job else self.session.stop_signal
+
     async def check_signals(self) -> None:
-        """Takes a pending SIGTERM between commands: its trap runs here, or the run ends (143)."""
+        """Takes a pending signal between commands: its trap runs here, or the run ends (143 for
+        TERM, 128 + its number for another)."""
         term = self.session.term
         if term.is_set() and not self.background:
+            name = self.pending_signal()
             term.clear()
-            await self.session.owner.signal("TERM")
+            self.session.killed_by_job = False
+            await self.session.owner.signal(name)
 
     async def signal(self, name: str) -> None:
         """What signal `name` does to this shell: its trap, nothing if ignored, else the end."""
@@ -334,9 +370,12 @@ class ShellProcess(abc.ABC):
         try:
             while not task.done():
                 if term.is_set():
-                    if self.session.owner.traps.get("TERM") != "":
+                    name = self.pending_signal()
+                    action = self.session.owner.traps.get(name)
+                    if action != "" and not (action is None and name in _HARMLESS):
                         raise Interrupted
-                    term.clear()
+                    term.clear()  # ignored: what was interrupted goes on
+                    self.session.killed_by_job = False
                 waiter = asyncio.ensure_future(term.wait())
                 await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
@@ -353,6 +392,7 @@ class ShellProcess(abc.ABC):
         """kill: to this shell ($$) a background job delivers only TERM; a job of ours is stopped."""
         if pid == self.io.pid:
             if name == "TERM":
+                self.session.killed_by_job = True
                 self.session.term.set()
             elif not self.background:
                 await self.session.owner.signal(name)

@@ -59,10 +59,10 @@ from backends.contract.errors import (
     InvalidArgumentError,
     UnimplementedError,
 )
-from backends.linux.cgroups import Cgroup
+from backends.linux.cgroups import Cgroup, HugetlbError
 from backends.runv import guest_image, host
 from backends.runv.drivers.base import ProcessVMs, check_size, package_root, process_start, shares_dir
-from backends.runv.hypervisor import MIB, VM, BootError, Fault, VMSpec
+from backends.runv.hypervisor import MIB, VM, BootError, Fault, PodLimits, VMSpec
 
 log = structlog.get_logger("cri-shim.runv.qemu")
 
@@ -444,6 +444,32 @@ class QemuHypervisor(ProcessVMs):
                 f"VM {vm.id} booted with {vm.memory_bytes // MIB} MiB; the qemu driver cannot add "
                 "memory to a running VM"
             )
+
+    async def set_pod_limits(self, vm: VM, limits: PodLimits) -> None:
+        """The guest keeps the vCPUs and memory it booted with (no hot-plug, no balloon): a pod
+        that needs more vCPUs, or another memory size, is refused. Fewer vCPUs, CPU shares and a
+        cpuset go to QEMU's cgroup, where they bound the whole VM. QEMU's memory is not limited
+        there: it holds the guest's RAM and its own besides, so a limit of the pod's size would
+        have the host kill the VM as the guest fills its RAM."""
+        if limits.vcpus > vm.vcpus:
+            raise FailedPreconditionError(
+                f"VM {vm.id} booted with {vm.vcpus} vCPUs; the qemu driver cannot give a running VM "
+                f"the {limits.vcpus} the pod now needs"
+            )
+        if limits.memory_bytes != vm.memory_bytes:
+            raise FailedPreconditionError(
+                f"VM {vm.id} booted with {vm.memory_bytes // MIB} MiB; the qemu driver cannot "
+                f"{'add memory to' if limits.memory_bytes > vm.memory_bytes else 'take memory back from'} "
+                f"a running VM ({limits.memory_bytes // MIB} MiB asked)"
+            )
+        try:
+            self._cgroup(vm.id).resize(
+                limits.vcpus, None, limits.cpu_shares, limits.cpuset_cpus, limits.cpuset_mems
+            )
+        except (OSError, HugetlbError) as exc:
+            raise FailedPreconditionError(
+                f"VM {vm.id}: QEMU's cgroup refused the pod's limits: {exc}"
+            ) from exc
 
     # ---- shares: under the VM's 9p export, attached in QEMU's mount namespace
     def _guest_path(self, vm: VM, tag: str) -> str:

@@ -20,12 +20,12 @@ import signal
 import time
 from typing import Any
 
-from backends.contract.errors import DeadlineExceededError, InvalidArgumentError
+from backends.contract.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError
 from backends.linux import procfs
-from backends.linux.cgroups import Cgroup
+from backends.linux.cgroups import Cgroup, HugetlbError
 from backends.runv import host
 from backends.runv.drivers.base import ProcessVMs, package_root, process_start, shares_dir
-from backends.runv.hypervisor import VM, BootError, Fault, VMSpec
+from backends.runv.hypervisor import MIB, VM, BootError, Fault, PodLimits, VMSpec
 
 
 class StubHypervisor(ProcessVMs):
@@ -168,6 +168,31 @@ class StubHypervisor(ProcessVMs):
             self._reserve(vm.id, vm.vcpus, memory_bytes)
         self._cgroup(vm.id).set_limits(vm.vcpus, memory_bytes)
         vm.memory_bytes = memory_bytes
+
+    async def set_pod_limits(self, vm: VM, limits: PodLimits) -> None:
+        """The stub's VM is its cgroup: the pod's size is its quota and memory limit (reserved
+        against the node's capacity, as at boot), with its CPU shares and cpuset."""
+        cg = self._cgroup(vm.id)
+        if limits.memory_bytes < vm.memory_bytes:
+            used = cg.memory_usage()
+            if used > limits.memory_bytes:
+                raise FailedPreconditionError(
+                    f"VM {vm.id}: memory limit {limits.memory_bytes // MIB} MiB is below the "
+                    f"{used // MIB} MiB the pod uses now, which the kernel cannot take back"
+                )
+        async with self._lock:
+            self._reserve(vm.id, limits.vcpus, limits.memory_bytes)
+        try:
+            cg.resize(
+                limits.vcpus, limits.memory_bytes, limits.cpu_shares, limits.cpuset_cpus, limits.cpuset_mems
+            )
+        except (OSError, HugetlbError) as exc:
+            async with self._lock:
+                self._reserved[vm.id] = (vm.vcpus, vm.memory_bytes)
+            raise FailedPreconditionError(
+                f"VM {vm.id}: the pod's cgroup refused its new limits: {exc}"
+            ) from exc
+        vm.vcpus, vm.memory_bytes = limits.vcpus, limits.memory_bytes
 
     # ---- shares: the guest sees them where the VM process mounts them (it is the guest).
     # Read-only is enforced by the agent's bind mounts.

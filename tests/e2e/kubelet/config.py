@@ -55,8 +55,10 @@ def kubelet_config(h: Harness) -> str:
         "imageGCLowThresholdPercent": 99,
         "resolvConf": "/etc/resolv.conf",
     }
-    if host.kubelet_minor(h.kubelet_bin) >= host.POD_LOGS_DIR_SINCE:
+    if h.kubelet_minor >= host.POD_LOGS_DIR_SINCE:
         cfg["podLogsDir"] = str(h.pod_logs_dir)  # not the shared /var/log/pods (host.py says why)
+    if h.stop_signals:
+        cfg["featureGates"] = {"ContainerStopSignals": True}  # alpha in v1.33-v1.35
     if h.cni is not None:
         # A standalone kubelet hands it to the runtime (UpdateRuntimeConfig) as it starts.
         cfg["podCIDR"] = str(h.cni.net.subnet)

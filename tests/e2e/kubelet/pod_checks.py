@@ -139,8 +139,22 @@ def check_two_containers(h: Harness) -> Result:
     return passed("sleeper and httpd Running")
 
 
+@check("pod", 10, when=lambda h: h.stop_signals)
+def check_stop_signal(h: Harness) -> Result:
+    """the stop signal the runtime reports is in the pod status (v1.33+, ContainerStopSignals):
+    the container's lifecycle.stopSignal, else the image's (busybox: none, so SIGTERM)"""
+    got = {}
+    for name, want in (("usr1", "SIGUSR1"), ("default", "SIGTERM")):
+        h.wait_running("stopsig", name)
+        s = h.wait_container("stopsig", name, lambda s: bool(s.get("stopSignal")), 20)
+        got[name] = s.get("stopSignal")
+        if got[name] != want:
+            raise CheckFailed(f"container {name}: stopSignal {got[name]!r}, want {want!r}")
+    return passed(f"stopSignal usr1 {got['usr1']}, default {got['default']}")
+
+
 # Slow (the kubelet's garbage collector runs once a minute): begun first, judged last.
-@check("pod", 10, timeout=130, begin=Harness.begin_teardown)
+@check("pod", 11, timeout=130, begin=Harness.begin_teardown)
 def check_teardown(h: Harness) -> Result:
     """a removed manifest's pod and containers leave the runtime"""
     t = h.begin_teardown()

@@ -23,13 +23,15 @@ def _sh(script: str) -> list[str]:
     return ["sh", "-c", script]
 
 
-def manifests(hostdir: str, host_port: int = 0) -> dict[str, dict[str, Any]]:
+def manifests(hostdir: str, host_port: int = 0, stop_signals: bool = False) -> dict[str, dict[str, Any]]:
     """The static pods, by short name (the kubelet names them NAME-NODE).
 
     Commands stick to what the fake backend's built-in shell runs (echo,
     sleep, exit, cat, mkdir, busybox's httpd, `sh -c "a; b"`) where a check
     on fake relies on them: every handler runs the same pods.
     With `host_port` (--cni) also `web`: an HTTP server with that hostPort.
+    With `stop_signals` (a v1.33+ kubelet) also `stopsig`: a container with
+    `lifecycle.stopSignal` and one without.
     """
     pods: dict[str, dict[str, Any]] = {
         "net": {"containers": [_container("main", _sh("echo line-one; echo line-two; sleep 3600"))]},
@@ -101,6 +103,15 @@ def manifests(hostdir: str, host_port: int = 0) -> dict[str, dict[str, Any]]:
                     ports=[{"containerPort": WEB_PORT, "hostPort": host_port, "protocol": "TCP"}],
                 )
             ]
+        }
+    if stop_signals:
+        traps = "trap 'echo got-usr1; exit 0' USR1; trap 'echo got-term; exit 0' TERM; sleep 3600 & wait"
+        pods["stopsig"] = {
+            "os": {"name": "linux"},  # what the API asks of a pod with a stop signal
+            "containers": [
+                _container("usr1", _sh(traps), lifecycle={"stopSignal": "SIGUSR1"}),
+                _container("default", _sh(traps)),
+            ],
         }
     out = {}
     for name, spec in pods.items():

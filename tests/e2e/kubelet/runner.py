@@ -121,10 +121,9 @@ class Harness:
         self.kubelet_log = self.dir / "kubelet.log"
         # The kubelet's pod logs: a directory of the run's own where the kubelet can be told
         # (config.kubelet_config), else the shared default.
+        self.kubelet_minor = host.kubelet_minor(self.kubelet_bin)
         self.pod_logs_dir = (
-            self.dir / "pod-logs"
-            if host.kubelet_minor(self.kubelet_bin) >= host.POD_LOGS_DIR_SINCE
-            else Path("/var/log/pods")
+            self.dir / "pod-logs" if self.kubelet_minor >= host.POD_LOGS_DIR_SINCE else Path("/var/log/pods")
         )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._files: list[Any] = []
@@ -135,7 +134,11 @@ class Harness:
         # The pods on a CNI network of the run's own, rendered with the kubelet's podCIDR (None: the
         # handler's own network).
         self.cni = host.CniNetwork.new(self.dir / "cni", free_port()) if cni else None
-        self.pods = manifests(str(self.hostdir), self.cni.host_port if self.cni else 0)
+        # v1.33+ (ContainerStopSignals): a pod with a stop signal, and the gate on in its config.
+        self.stop_signals = self.kubelet_minor >= 33
+        self.pods = manifests(
+            str(self.hostdir), self.cni.host_port if self.cni else 0, stop_signals=self.stop_signals
+        )
         self.teardown: Teardown | None = None
         # Scales the waits of the checks: a VM under emulation takes seconds where the stub takes ms.
         self.patience = 6.0 if driver == "qemu" else 1.0
