@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--endpoint", help="run on this runtime (unix://...) instead of a private cri-shim (the comparison)"
     )
+    p.add_argument("--driver", choices=("stub", "qemu"), default="stub", help="runv: the hypervisor driver")
     p.add_argument(
         "--procs", type=int, default=1, help="parallel processes of the suite (needs E2E_NODE_GINKGO)"
     )
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     who = handler or "peer"
     out = args.out or Path(f"/tmp/node-e2e-{who}-{time.strftime('%Y%m%d-%H%M%S')}")
-    opts = RunOptions(args.max_seconds, args.label_filter, args.focus, args.procs)
+    opts = RunOptions(args.max_seconds, args.label_filter, args.focus, args.procs, args.driver)
     rc, left = run(handler, binaries, out, opts, endpoint=args.endpoint)
     json_report = out / "report.json"
     if not json_report.exists():

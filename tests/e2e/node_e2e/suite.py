@@ -243,6 +243,7 @@ class RunOptions:
     labels: str = LABELS
     focus: str | None = None
     procs: int = 1  # parallel processes of the suite (ginkgo CLI)
+    driver: str = "stub"  # runv: the hypervisor driver ("qemu": real VMs)
 
 
 def run(
@@ -271,7 +272,7 @@ def run(
             remove_sandboxes(endpoint, [s.id for s in new])
             host.restore_sysctls()
         return rc, [s.metadata for s in new]
-    h = Harness(handler, kubelet=b.kubelet, node=f"node-e2e-{handler}", pause=PAUSE)
+    h = Harness(handler, kubelet=b.kubelet, node=f"node-e2e-{handler}", pause=PAUSE, driver=opts.driver)
     h.shim_log = out / "shim.log"  # kept with the results; the harness removes its own directory
     left: list[pb.PodSandboxMetadata] = []
     rc = -1
