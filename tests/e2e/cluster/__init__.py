@@ -31,8 +31,10 @@ from tests.e2e.cluster.bringup import (
     down,
     environment_problem,
     images,
+    is_up,
     restart_kubelet,
     restart_shim,
+    state,
     up,
 )
 from tests.e2e.cluster.kubectl import Kubectl, KubectlError, wait_for
@@ -50,9 +52,11 @@ __all__ = [
     "down",
     "environment_problem",
     "images",
+    "is_up",
     "node",
     "restart_kubelet",
     "restart_shim",
+    "state",
     "up",
     "wait_for",
 ]

@@ -402,6 +402,16 @@ def down(b: Binaries, log: Log = _log, keep_logs: bool = False) -> list[str]:
     return left
 
 
+def is_up() -> bool:
+    """Every daemon of a finished bring-up still runs (the state file says which)."""
+    data = procs.load()
+    return "up_seconds" in data and bool(data["procs"]) and all(procs.alive(name) for name in data["procs"])
+
+
+def state() -> dict[str, Any]:
+    return procs.load()
+
+
 # ------------------------------------------------------------ check
 def check() -> list[str]:
     """What is left of the cluster on this machine, each named; empty when nothing is."""
