@@ -59,7 +59,7 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Env]:
+def cluster(request: pytest.FixtureRequest) -> Iterator[Env]:
     if not os.environ.get("CRI_SHIM_K8S_BIN_DIR"):
         pytest.skip("set CRI_SHIM_K8S_BIN_DIR to the Kubernetes binaries to run the cluster scenarios")
     b = cl.Binaries.from_env()
@@ -74,7 +74,7 @@ def cluster() -> Iterator[Env]:
     print(f"cluster up in {env.state['up_seconds']} s: {env.state['timings']}")
     yield env
     if not env.is_down and not keep:
-        cl.down(b, keep_logs=True)
+        cl.down(b, keep_logs=request.session.testsfailed > 0)
 
 
 @pytest.fixture
@@ -618,10 +618,10 @@ def test_summary_api_figures(cluster: Env, ns: str, handler: str) -> None:
 
 # ------------------------------------------------------------ the end
 @pytest.mark.timeout(600)
-def test_down_leaves_nothing(cluster: Env) -> None:
+def test_down_leaves_nothing(cluster: Env, request: pytest.FixtureRequest) -> None:
     if os.environ.get("CRI_SHIM_CLUSTER_KEEP"):
         pytest.skip("CRI_SHIM_CLUSTER_KEEP: the cluster stays up")
     assert cl.check(), "check sees nothing of a running cluster"
     cluster.is_down = True
-    left = cl.down(cluster.b, keep_logs=True)
+    left = cl.down(cluster.b, keep_logs=request.session.testsfailed > 0)  # the logs, to /tmp
     assert left == []

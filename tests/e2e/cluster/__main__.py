@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         state = bringup.up(b, keep_on_failure=args.keep)
     except (RuntimeError, TimeoutError) as exc:
-        print(f"bring-up failed: {exc}\nlogs: {LOGS}", file=sys.stderr)
+        where = f"\nlogs: {LOGS}" if args.keep else ""  # else copied to /tmp by the take-down
+        print(f"bring-up failed: {exc}{where}", file=sys.stderr)
         return 1
     print(json.dumps({"timings": state.get("timings"), "cni": state.get("cni")}, indent=2))
     print(f"up in {state.get('up_seconds')} s; kubectl --kubeconfig={cluster.admin_kubeconfig()} get nodes")

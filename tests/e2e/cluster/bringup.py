@@ -345,6 +345,21 @@ def _remove_runtime_objects(n: NodeSpec, log: Log) -> None:
             log(f"{n.name}: removing pods through the CRI failed: {exc.code()} {exc.details()}")
 
 
+def _proxy_cleanup(b: Binaries, log: Log) -> None:
+    """``kube-proxy --cleanup``: its chains and the jumps to them. Again while any is left (seen once:
+    a restore that lost a race with another user of the tables, which this machine has)."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 4):
+        with open(procs.log_path("kube-proxy-cleanup"), "ab") as out:
+            argv = [b.path("kube-proxy"), "--cleanup", "--v=2"]
+            rc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=120).returncode
+        left = [line for line in hostnet.iptables_left() if "kube-proxy chain" in line]
+        if not left:
+            return
+        log(f"kube-proxy --cleanup (attempt {attempt}, exit {rc}) left {len(left)} chains, e.g. {left[0]}")
+        time.sleep(1)
+
+
 def down(b: Binaries, log: Log = _log, keep_logs: bool = False) -> list[str]:
     """Take everything away; return what is left (`check`)."""
     data = procs.load()
@@ -352,14 +367,7 @@ def down(b: Binaries, log: Log = _log, keep_logs: bool = False) -> list[str]:
     if procs.record("kube-proxy") is not None:
         log(procs.stop("kube-proxy"))
     if b.bin_dir and os.access(b.path("kube-proxy"), os.X_OK):
-        LOGS.mkdir(parents=True, exist_ok=True)
-        with open(procs.log_path("kube-proxy-cleanup"), "ab") as out:
-            subprocess.run(
-                [b.path("kube-proxy"), "--cleanup", "--v=1"],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=120,
-            )
+        _proxy_cleanup(b, log)
     for n in NODES:
         if procs.record(f"kubelet-{n.handler}") is not None:
             log(procs.stop(f"kubelet-{n.handler}", grace=30))
@@ -416,7 +424,8 @@ def state() -> dict[str, Any]:
 def check() -> list[str]:
     """What is left of the cluster on this machine, each named; empty when nothing is."""
     out = [f"process {p}" for p in procs.live()]
-    out += [f"process {p}" for p in procs.mentioning(ROOT, RUN)]
+    ours = {p.split("pid ")[1].rstrip(")") for p in procs.live()}
+    out += [f"process {p}" for p in procs.mentioning(ROOT, RUN) if p.split()[1].rstrip(":") not in ours]
     out += hostnet.links_left()
     out += hostnet.iptables_left()
     out += [f"mount {m}" for m in hostnet.mounts_under(ROOT, RUN)]

@@ -17,6 +17,7 @@ from tests.e2e.cluster.layout import (
     ETCD_CLIENT_PORT,
     ETCD_PEER_PORT,
     NODE_CIDR_MASK,
+    NODE_NET,
     NODES,
     PAUSE_IMAGE,
     PKI,
@@ -144,6 +145,8 @@ def kube_proxy_config() -> str:
         "bindAddress": "0.0.0.0",
         "healthzBindAddress": f"127.0.0.1:{PROXY_HEALTHZ_PORT}",
         "metricsBindAddress": f"127.0.0.1:{PROXY_METRICS_PORT}",
+        # NodePorts on the nodes' addresses only: the machine's own are other people's.
+        "nodePortAddresses": [NODE_NET],
         # root lacks CAP_SYS_RESOURCE here: a negative oom_score_adj fails.
         "oomScoreAdj": 0,
         "iptables": {"localhostNodePorts": False, "syncPeriod": "30s", "minSyncPeriod": "1s"},

@@ -19,6 +19,7 @@ LOGS = ROOT / "logs"
 
 # The nodes' addresses (and the control plane's) are on this bridge: the kernel here has no dummy links.
 NODE_BRIDGE = "crishim-nodes"
+NODE_NET = "172.30.0.0/24"
 NODE_NET_PREFIX = 24
 CONTROL_IP = "172.30.0.10"
 SERVICE_CIDR = "10.96.0.0/16"
