@@ -39,6 +39,7 @@ from tests.e2e.cluster.kubectl import Kubectl, condition, node_ready, wait_for
 from tests.e2e.cluster.layout import (
     AGNHOST,
     BUSYBOX,
+    BUSYBOX_FALLBACK,
     CONTROL_IP,
     CONTROLLER_MANAGER_PORT,
     E2E_IMAGES_LIST,
@@ -46,6 +47,8 @@ from tests.e2e.cluster.layout import (
     LOGS,
     NODE_BRIDGE,
     NODES,
+    PAUSE_FALLBACK,
+    PAUSE_IMAGE,
     PKI,
     PROXY_HEALTHZ_PORT,
     ROOT,
@@ -121,9 +124,9 @@ def ensure_etcd(b: Binaries, log: Log) -> None:
 def images() -> dict[str, str]:
     """The scenarios' images: the testenv's mirror of registry.k8s.io when it lists them."""
     listed = E2E_IMAGES_LIST.read_text().split() if E2E_IMAGES_LIST.exists() else []
-    if AGNHOST in listed and BUSYBOX in listed:
-        return {"agnhost": AGNHOST, "busybox": BUSYBOX, "pause": "registry.k8s.io/pause:3.10.1"}
-    return {"agnhost": "", "busybox": "127.0.0.1:5000/busybox:1.36", "pause": "127.0.0.1:5000/pause:3.10"}
+    if AGNHOST in listed and BUSYBOX in listed and PAUSE_IMAGE in listed:
+        return {"agnhost": AGNHOST, "busybox": BUSYBOX, "pause": PAUSE_IMAGE}
+    return {"agnhost": "", "busybox": BUSYBOX_FALLBACK, "pause": PAUSE_FALLBACK}
 
 
 # ------------------------------------------------------------ waits
@@ -190,7 +193,7 @@ def _kubelet_binary(b: Binaries) -> str:
 
 def start_shim(n: NodeSpec, timeout: float = 60) -> None:
     n.dir.mkdir(parents=True, exist_ok=True)
-    procs.start(f"cri-shim-{n.handler}", configs.shim_argv(n), cwd=REPO)
+    procs.start(f"cri-shim-{n.handler}", configs.shim_argv(n, images()["pause"]), cwd=REPO)
     _wait_daemon(f"cri-shim-{n.handler}", lambda: shim_answers(n), timeout)
 
 
@@ -231,8 +234,8 @@ def _bring_cni_node(k: Kubectl, n: NodeSpec, timeout: float) -> dict[str, Any]:
 
     # Seen before the config is written: the kubelet reports the runtime's NetworkReady=false.
     before = wait_for(f"{n.name} NotReady for want of a network", not_ready, 60)
-    configs.write_conflist(n, cidr)
     written = time.time()
+    configs.write_conflist(n, cidr)
     wait_for(f"{n.name} Ready", lambda: node_ready(k.get("node", n.name) or {}), timeout)
     after = condition(k.get("node", n.name), "Ready")
     return {"pod_cidr": cidr, "before": before, "written_at": written, "ready": after}

@@ -19,7 +19,6 @@ from tests.e2e.cluster.layout import (
     NODE_CIDR_MASK,
     NODE_NET,
     NODES,
-    PAUSE_IMAGE,
     PKI,
     PROXY_HEALTHZ_PORT,
     PROXY_METRICS_PORT,
@@ -220,12 +219,12 @@ def kubelet_argv(n: NodeSpec, kubelet: str) -> list[str]:
     ]
 
 
-def shim_config(n: NodeSpec) -> str:
+def shim_config(n: NodeSpec, pause: str) -> str:
     lines = [
         "[server]",
         'transport = "grpcio"',
         "[images]",
-        f'pause_image = "{PAUSE_IMAGE}"',
+        f'pause_image = "{pause}"',
         "[streaming]",
         'address = "127.0.0.1"',
         "[nri]",
@@ -271,12 +270,12 @@ def shim_config(n: NodeSpec) -> str:
     return str(path)
 
 
-def shim_argv(n: NodeSpec) -> list[str]:
+def shim_argv(n: NodeSpec, pause: str) -> list[str]:
     return [
         *shim_command(),
         "serve",
         "--config",
-        shim_config(n),
+        shim_config(n, pause),
         "--listen",
         f"unix://{n.socket}",
         "--state-dir",

@@ -37,9 +37,11 @@ SCHEDULER_PORT = 11259
 PROXY_METRICS_PORT = 11249
 PROXY_HEALTHZ_PORT = 11256
 
-# The images the scenarios run: the testenv's TLS mirror of registry.k8s.io (agnhost built from the
-# tree), else the local registry's busybox.
+# The images the sandboxes and the scenarios run: the testenv's TLS mirror of registry.k8s.io
+# (agnhost built from the tree) when it lists them, else the local registry's busybox and pause.
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10.1"
+PAUSE_FALLBACK = "127.0.0.1:5000/pause:3.10"
+BUSYBOX_FALLBACK = "127.0.0.1:5000/busybox:1.36"
 AGNHOST = "registry.k8s.io/e2e-test-images/agnhost:2.56"
 BUSYBOX = "registry.k8s.io/e2e-test-images/busybox:1.37.0-1"
 E2E_IMAGES_LIST = Path("/etc/testenv/e2e-images.txt")
