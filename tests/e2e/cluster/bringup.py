@@ -311,6 +311,7 @@ def _up(b: Binaries, log: Log) -> dict[str, Any]:
     for n in NODES:
         start_kubelet(n, b)
     mark("kubelets")
+    procs.update(kube_proxy_started=True)  # down cleans its chains: ours, none other runs here
     procs.start("kube-proxy", configs.kube_proxy_argv(b))
     _wait_daemon("kube-proxy", lambda: _get_ok(f"http://127.0.0.1:{PROXY_HEALTHZ_PORT}/healthz"), 120)
     mark("kube-proxy")
@@ -369,7 +370,7 @@ def down(b: Binaries, log: Log = _log, keep_logs: bool = False) -> list[str]:
     t0 = time.monotonic()
     if procs.record("kube-proxy") is not None:
         log(procs.stop("kube-proxy"))
-    if b.bin_dir and os.access(b.path("kube-proxy"), os.X_OK):
+    if data.get("kube_proxy_started") and b.bin_dir and os.access(b.path("kube-proxy"), os.X_OK):
         _proxy_cleanup(b, log)
     for n in NODES:
         if procs.record(f"kubelet-{n.handler}") is not None:
