@@ -77,7 +77,10 @@ def process_spec(
         readonly_rootfs=sc.readonly_rootfs,
         no_new_privs=sc.no_new_privs,
         seccomp=_seccomp(sc),
-        pid_mode={pb.POD: "pod", pb.NODE: "node"}.get(sc.namespace_options.pid, "container"),
+        pid_mode={pb.POD: "pod", pb.NODE: "node", pb.TARGET: "target"}.get(
+            sc.namespace_options.pid, "container"
+        ),
+        pid_target=sc.namespace_options.target_id if sc.namespace_options.pid == pb.TARGET else "",
         masked_paths=list(sc.masked_paths),
         readonly_paths=list(sc.readonly_paths),
         add_caps=["CAP_" + c.upper().removeprefix("CAP_") for c in sc.capabilities.add_capabilities],

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from backends.contract import errors as contract_errors
 from backends.runv.backend import RunvBackend
 from cri_api import api_pb2 as pb
 from shim.cri import errors
@@ -48,6 +49,31 @@ async def test_pid_namespace_modes(
     assert info.exit_code in (137, 143)
     # The background sleep died with the container: its output closed, nothing outlives it.
     await asyncio.wait_for(sink.closed.wait(), 5)
+    await backend.remove_sandbox(sb)
+
+
+async def test_pid_namespace_target(runv: tuple[RunvBackend, Events]) -> None:
+    """TARGET (an ephemeral container's `kubectl debug --target`): the target container's namespace."""
+    backend, events = runv
+    sb = sandbox_record("target")
+    await backend.run_sandbox(sb)
+    main = container_record(sb, IMAGE, ["sleep", "7777"], name="main")
+    main.config.linux.security_context.namespace_options.pid = pb.CONTAINER
+    await backend.create_container(main, sb)
+    await events.start(backend, main, sb, MemorySink())
+    dbg = container_record(sb, IMAGE, ["sleep", "300"], name="dbg")
+    options = dbg.config.linux.security_context.namespace_options
+    options.pid, options.target_id = pb.TARGET, main.id
+    await backend.create_container(dbg, sb)
+    await events.start(backend, dbg, sb, MemorySink())
+    assert b"7777" in (await backend.exec_sync(dbg, ["cat", "/proc/1/cmdline"])).stdout
+    ps = (await backend.exec_sync(dbg, ["ps", "-o", "args"])).stdout
+    assert b"sleep 7777" in ps and b"sleep 300" in ps, ps
+    lost = container_record(sb, IMAGE, ["sleep", "300"], name="lost")
+    options = lost.config.linux.security_context.namespace_options
+    options.pid, options.target_id = pb.TARGET, "f" * 64
+    with pytest.raises(contract_errors.InvalidArgumentError, match=r"target container 'f+' .* not running"):
+        await backend.create_container(lost, sb)
     await backend.remove_sandbox(sb)
 
 

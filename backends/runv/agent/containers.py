@@ -121,6 +121,18 @@ async def _pod_pid_ns(g: Guest, spec: ContainerSpec) -> str:
     raise AgentError("failed", "the pod PID namespace did not come up")
 
 
+def _target_pid_ns(g: Guest, target_id: str) -> str:
+    """The PID namespace of another container of the pod, still running: what `kubectl debug
+    --target` asks for an ephemeral container (the CRI's NamespaceMode TARGET)."""
+    target = g.containers.get(target_id)
+    if target is None or not target.pid or target.exited.is_set():
+        raise AgentError("invalid", f"target container {target_id!r} of the PID namespace is not running")
+    path = f"/proc/{target.pid}/ns/pid"
+    if not os.path.exists(path):
+        raise AgentError("invalid", f"target container {target_id!r} of the PID namespace is not running")
+    return path
+
+
 def _write_id_maps(pid: int, spec: ContainerSpec) -> None:
     """Map the user namespace of ``pid`` (written once, from the VM's root namespace)."""
     for name, maps in (("uid_map", spec.uid_mappings), ("gid_map", spec.gid_mappings)):
@@ -163,7 +175,7 @@ async def create(g: Guest, req: CreateRequest) -> Created:
         pid_ns = await _pod_pid_ns(g, spec) if spec.pid_mode == "pod" or spec.uid_mappings else ""
         user_ns = f"/proc/{g.pod_init}/ns/user" if spec.uid_mappings else ""
         if spec.pid_mode != "pod":
-            pid_ns = ""
+            pid_ns = _target_pid_ns(g, spec.pid_target) if spec.pid_mode == "target" else ""
         config = oci.build_config(
             spec, rootfs, etc, f"{g.cgroup_parent}/{cid}", pid_ns_path=pid_ns, user_ns_path=user_ns
         )

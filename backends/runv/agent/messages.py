@@ -357,7 +357,8 @@ class ContainerSpec(Message):
     drop_caps: list[str] = dataclasses.field(default_factory=list)
     resources: Resources = Resources()
     mounts: list[Mount] = dataclasses.field(default_factory=list)
-    pid_mode: str = "container"  # container | pod | node
+    pid_mode: str = "container"  # container | pod | node | target
+    pid_target: str = ""  # target: the container whose PID namespace it joins (an ephemeral container's)
     masked_paths: list[str] = dataclasses.field(default_factory=list)  # empty: the defaults
     readonly_paths: list[str] = dataclasses.field(default_factory=list)
     seccomp: Seccomp | None = None  # None: unconfined

@@ -228,7 +228,8 @@ def build_config(
     pid_ns_path: str = "",
     user_ns_path: str = "",
 ) -> dict[str, Any]:
-    """config.json of ``spec``; ``pid_ns_path``: the pod's shared PID namespace (pid_mode pod);
+    """config.json of ``spec``; ``pid_ns_path``: the PID namespace to join (pid_mode pod: the pod's
+    shared one; target: the target container's);
     ``user_ns_path``: the pod's user namespace (made with the mappings of ``spec``)."""
     uid, gid, groups = identity(spec, rootfs)
     privileged = spec.privileged
@@ -302,7 +303,8 @@ def build_config(
         env.append("TERM=xterm")
     capset = {"bounding": caps, "effective": caps, "permitted": caps}
     # CONTAINER: a PID namespace of its own; POD: the pod's (pid_ns_path, made by the agent);
-    # NODE: the VM's (the "host" of a container in a VM is its guest).
+    # TARGET: another container's (pid_ns_path); NODE: the VM's (the "host" of a container in a VM
+    # is its guest).
     namespaces: list[dict[str, str]] = [{"type": "mount"}]
     if pid_ns_path:
         namespaces.insert(0, {"type": "pid", "path": pid_ns_path})

@@ -1,0 +1,335 @@
+"""The files and command lines of the cluster's components: etcd, the control plane, kube-proxy, and
+per node a kubelet and a cri-shim, the node's CNI network config and the RuntimeClasses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.cni import realnet
+from tests.e2e.cluster.layout import (
+    APISERVER_PORT,
+    CLUSTER_CIDR,
+    CONTROL_IP,
+    CONTROLLER_MANAGER_PORT,
+    DOCKER_INSTANCE,
+    ETCD_CLIENT_PORT,
+    ETCD_PEER_PORT,
+    NODE_CIDR_MASK,
+    NODE_NET,
+    NODES,
+    PKI,
+    PROXY_HEALTHZ_PORT,
+    PROXY_METRICS_PORT,
+    ROOT,
+    RUN,
+    RUNV_TAG,
+    SCHEDULER_PORT,
+    SERVICE_CIDR,
+    Binaries,
+    NodeSpec,
+)
+from tests.e2e.kubelet.config import shim_command
+
+ETCD_URL = f"https://127.0.0.1:{ETCD_CLIENT_PORT}"
+API_URL = f"https://{CONTROL_IP}:{APISERVER_PORT}"
+
+
+def _write(path: Path, data: dict[str, Any]) -> str:
+    """JSON is YAML: the components read either."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return str(path)
+
+
+def etcd_argv(b: Binaries) -> list[str]:
+    return [
+        b.etcd,
+        "--name=crishim-cluster",
+        f"--data-dir={ROOT / 'etcd'}",
+        f"--listen-client-urls={ETCD_URL}",
+        f"--advertise-client-urls={ETCD_URL}",
+        f"--listen-peer-urls=http://127.0.0.1:{ETCD_PEER_PORT}",
+        f"--initial-advertise-peer-urls=http://127.0.0.1:{ETCD_PEER_PORT}",
+        f"--initial-cluster=crishim-cluster=http://127.0.0.1:{ETCD_PEER_PORT}",
+        f"--cert-file={PKI / 'etcd-server.crt'}",
+        f"--key-file={PKI / 'etcd-server.key'}",
+        f"--trusted-ca-file={PKI / 'ca.crt'}",
+        "--client-cert-auth=true",
+        "--snapshot-count=10000",
+    ]
+
+
+def apiserver_argv(b: Binaries) -> list[str]:
+    """As kubeadm sets it up, less the aggregation layer (no extension API servers here)."""
+    return [
+        b.path("kube-apiserver"),
+        f"--advertise-address={CONTROL_IP}",
+        f"--bind-address={CONTROL_IP}",
+        f"--secure-port={APISERVER_PORT}",
+        f"--etcd-servers={ETCD_URL}",
+        f"--etcd-cafile={PKI / 'ca.crt'}",
+        f"--etcd-certfile={PKI / 'apiserver-etcd-client.crt'}",
+        f"--etcd-keyfile={PKI / 'apiserver-etcd-client.key'}",
+        f"--tls-cert-file={PKI / 'apiserver.crt'}",
+        f"--tls-private-key-file={PKI / 'apiserver.key'}",
+        f"--client-ca-file={PKI / 'ca.crt'}",
+        f"--kubelet-client-certificate={PKI / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={PKI / 'apiserver-kubelet-client.key'}",
+        "--kubelet-preferred-address-types=InternalIP",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        "--allow-privileged=true",
+        "--enable-bootstrap-token-auth=true",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={PKI / 'sa.pub'}",
+        f"--service-account-signing-key-file={PKI / 'sa.key'}",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def controller_manager_argv(b: Binaries) -> list[str]:
+    kubeconfig = str(PKI / "controller-manager.kubeconfig")
+    return [
+        b.path("kube-controller-manager"),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={CONTROLLER_MANAGER_PORT}",
+        "--allocate-node-cidrs=true",
+        f"--cluster-cidr={CLUSTER_CIDR}",
+        f"--node-cidr-mask-size={NODE_CIDR_MASK}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--cluster-signing-cert-file={PKI / 'ca.crt'}",
+        f"--cluster-signing-key-file={PKI / 'ca.key'}",
+        f"--root-ca-file={PKI / 'ca.crt'}",
+        f"--service-account-private-key-file={PKI / 'sa.key'}",
+        "--use-service-account-credentials=true",
+        "--controllers=*,bootstrapsigner,tokencleaner",
+        "--leader-elect=false",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def scheduler_argv(b: Binaries) -> list[str]:
+    kubeconfig = str(PKI / "scheduler.kubeconfig")
+    return [
+        b.path("kube-scheduler"),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={SCHEDULER_PORT}",
+        "--leader-elect=false",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def kube_proxy_config() -> str:
+    """iptables mode, leaving the host's conntrack and route_localnet settings alone."""
+    cfg = {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(PKI / "kube-proxy.kubeconfig")},
+        "mode": "iptables",
+        "clusterCIDR": CLUSTER_CIDR,
+        # One kube-proxy serves every node: they share the host's network namespace.
+        "hostnameOverride": NODES[0].name,
+        "bindAddress": "0.0.0.0",
+        "healthzBindAddress": f"127.0.0.1:{PROXY_HEALTHZ_PORT}",
+        "metricsBindAddress": f"127.0.0.1:{PROXY_METRICS_PORT}",
+        # NodePorts on the nodes' addresses only: the machine's own are other people's.
+        "nodePortAddresses": [NODE_NET],
+        # root lacks CAP_SYS_RESOURCE here: a negative oom_score_adj fails.
+        "oomScoreAdj": 0,
+        "iptables": {"localhostNodePorts": False, "syncPeriod": "30s", "minSyncPeriod": "1s"},
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": "0s",
+            "tcpCloseWaitTimeout": "0s",
+        },
+    }
+    return _write(ROOT / "kube-proxy.yaml", cfg)
+
+
+def kube_proxy_argv(b: Binaries) -> list[str]:
+    return [b.path("kube-proxy"), f"--config={kube_proxy_config()}", "--v=1"]
+
+
+def kubelet_config(n: NodeSpec) -> str:
+    cfg = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": n.ip,
+        "port": n.port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": n.healthz_port,
+        "containerRuntimeEndpoint": f"unix://{n.socket}",
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(PKI / "ca.crt")},
+        },
+        "authorization": {"mode": "Webhook"},
+        # No cluster DNS on this machine: pods get the host's resolv.conf.
+        "clusterDomain": "cluster.local",
+        "resolvConf": "/etc/resolv.conf",
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": n.cgroup_root,
+        "cgroupsPerQOS": True,
+        # This machine's cgroups are hybrid (v1 controllers): a 1.35 kubelet refuses v1 unless told.
+        "failCgroupV1": False,
+        # root lacks CAP_SYS_RESOURCE here: a negative oom_score_adj fails.
+        "oomScoreAdj": 0,
+        "failSwapOn": False,
+        "protectKernelDefaults": False,
+        # kube-proxy owns the host's iptables rules of the cluster.
+        "makeIPTablesUtilChains": False,
+        "podLogsDir": str(n.pod_logs),
+        "volumePluginDir": str(n.dir / "volume-plugins"),
+        "serializeImagePulls": False,
+        "rotateCertificates": False,
+        # A busy shared disk must not evict pods or garbage-collect the test images.
+        "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "localStorageCapacityIsolation": True,
+    }
+    return _write(n.dir / "kubelet.yaml", cfg)
+
+
+def kubelet_argv(n: NodeSpec, kubelet: str) -> list[str]:
+    return [
+        kubelet,
+        f"--config={kubelet_config(n)}",
+        f"--kubeconfig={PKI / f'node-{n.name}.kubeconfig'}",
+        f"--root-dir={n.kubelet_root}",
+        f"--hostname-override={n.name}",
+        f"--node-ip={n.ip}",
+        "--node-labels=" + ",".join(f"{k}={v}" for k, v in n.labels.items()),
+        "--v=2",
+    ]
+
+
+def shim_config(n: NodeSpec, pause: str) -> str:
+    lines = [
+        "[server]",
+        'transport = "grpcio"',
+        "[images]",
+        f'pause_image = "{pause}"',
+        "[streaming]",
+        'address = "127.0.0.1"',
+        "[nri]",
+        # One NRI socket per machine: the harness's nodes take none.
+        "enable = false",
+        "[logging]",
+        'level = "info"',
+    ]
+    if n.handler == "docker":
+        lines += [
+            "[handlers.docker]",
+            'type = "docker"',
+            'pod_network = "cni"',
+            f'instance = "{DOCKER_INSTANCE}"',
+        ]
+    elif n.handler == "runv":
+        tag = RUNV_TAG
+        lines += [
+            "[handlers.runv]",
+            'type = "runv"',
+            'pod_network = "cni"',
+            f'root = "{n.dir / "runv"}"',
+            f'run_dir = "{RUN / "rv"}"',  # short: agent socket paths must fit in sun_path
+            "[handlers.runv.network]",
+            # runv's own bridge serves no pod here (they are on CNI); named so that the clean-up finds it.
+            f'bridge = "rvk{tag}"',
+            'subnet = "10.94.250.0/24"',
+            f'ipam_dir = "{n.dir / "runv-ipam"}"',
+            f'hostport_chain = "CRISHIM-K-{tag}"',
+            "[handlers.runv.stub]",
+            f'cgroup_parent = "cri-shim-runv-e2e-{tag}"',
+        ]
+    else:
+        lines += ["[handlers.fake]", 'type = "fake"']
+    if n.cni:
+        lines += [
+            "[cni]",
+            f'conf_dir = "{n.cni_conf_dir}"',
+            f'bin_dirs = ["{realnet.PLUGIN_DIR}"]',
+        ]
+    path = n.dir / "cri-shim.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def shim_argv(n: NodeSpec, pause: str) -> list[str]:
+    return [
+        *shim_command(),
+        "serve",
+        "--config",
+        shim_config(n, pause),
+        "--listen",
+        f"unix://{n.socket}",
+        "--state-dir",
+        str(n.state_dir),
+        "--default-handler",
+        n.handler,
+    ]
+
+
+def conflist(n: NodeSpec, pod_cidr: str) -> dict[str, Any]:
+    """The node's network: its own bridge (the gateway of its pod CIDR: the host routes between the
+    nodes' bridges), host-local addresses from the node's podCIDR, portmap for host ports."""
+    gateway = pod_cidr.rsplit(".", 1)[0] + ".1"
+    return {
+        "cniVersion": "1.0.0",
+        "name": n.network,
+        "plugins": [
+            {"type": "loopback"},
+            {
+                "type": "bridge",
+                "bridge": n.bridge,
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": str(n.ipam_dir),
+                    "ranges": [[{"subnet": pod_cidr, "gateway": gateway}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }
+
+
+def write_conflist(n: NodeSpec, pod_cidr: str) -> None:
+    """Written whole or not at all: the shim reads the directory again when it changes."""
+    n.cni_conf_dir.mkdir(parents=True, exist_ok=True)
+    tmp = n.cni_conf_dir / ".conflist.tmp"
+    tmp.write_text(json.dumps(conflist(n, pod_cidr), indent=2) + "\n")
+    tmp.replace(n.conflist)
+
+
+def runtime_classes() -> list[dict[str, Any]]:
+    """A RuntimeClass per extra handler, scheduled onto the node whose shim serves it."""
+    return [
+        {
+            "apiVersion": "node.k8s.io/v1",
+            "kind": "RuntimeClass",
+            "metadata": {"name": n.handler},
+            "handler": n.handler,
+            "scheduling": {"nodeSelector": n.labels},
+        }
+        for n in NODES
+        if n.handler in ("runv", "fake")
+    ]

@@ -1,0 +1,194 @@
+"""Where the cluster lives on this machine: directories, addresses, ports, the three nodes, the binaries.
+
+Everything is private to the harness: a root under /var/lib and one under /run, addresses on a
+bridge of its own (172.30.0.0/24), ports that neither a default kubelet (10248, 10250, 10255) nor
+the node e2e suite's API server (6443) uses, a cgroup root per node, one CNI bridge per node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+ROOT = Path("/var/lib/cri-shim-cluster")
+RUN = Path("/run/cri-shim-cluster")
+STATE = RUN / "state.json"  # the processes started, their start times, what `up` observed
+PKI = ROOT / "pki"
+LOGS = ROOT / "logs"
+
+# The nodes' addresses (and the control plane's) are on this bridge: the kernel here has no dummy links.
+NODE_BRIDGE = "crishim-nodes"
+NODE_NET = "172.30.0.0/24"
+NODE_NET_PREFIX = 24
+CONTROL_IP = "172.30.0.10"
+SERVICE_CIDR = "10.96.0.0/16"
+KUBERNETES_SERVICE_IP = "10.96.0.1"  # the first address of SERVICE_CIDR: the `kubernetes` Service
+CLUSTER_CIDR = "10.244.0.0/16"
+NODE_CIDR_MASK = 24
+# FORWARD jumps here: traffic from and to the pod CIDRs crosses the host between the nodes' bridges.
+FORWARD_CHAIN = "CRISHIM-CLUSTER"
+
+ETCD_CLIENT_PORT = 12379
+ETCD_PEER_PORT = 12380
+APISERVER_PORT = 16443
+CONTROLLER_MANAGER_PORT = 11257
+SCHEDULER_PORT = 11259
+PROXY_METRICS_PORT = 11249
+PROXY_HEALTHZ_PORT = 11256
+
+# The images the sandboxes and the scenarios run: the testenv's TLS mirror of registry.k8s.io
+# (agnhost built from the tree) when it lists them, else the local registry's busybox and pause.
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10.1"
+PAUSE_FALLBACK = "127.0.0.1:5000/pause:3.10"
+BUSYBOX_FALLBACK = "127.0.0.1:5000/busybox:1.36"
+AGNHOST = "registry.k8s.io/e2e-test-images/agnhost:2.56"
+BUSYBOX = "registry.k8s.io/e2e-test-images/busybox:1.37.0-1"
+E2E_IMAGES_LIST = Path("/etc/testenv/e2e-images.txt")
+
+# runv's own network and cgroup parent, named like the kubelet harness's (host.remove_runv_network).
+RUNV_TAG = "clus"
+DOCKER_INSTANCE = "crishim-cluster"  # the docker handler's instance label: its containers are ours
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSpec:
+    """One node: a kubelet and its own cri-shim with one handler."""
+
+    index: int  # 1, 2, 3
+    handler: str  # docker, runv, fake
+
+    @property
+    def name(self) -> str:
+        return f"crishim-{self.handler}"
+
+    @property
+    def ip(self) -> str:
+        return f"172.30.0.{10 + self.index}"
+
+    @property
+    def port(self) -> int:  # the kubelet's API
+        return 11249 + self.index
+
+    @property
+    def healthz_port(self) -> int:
+        return 11260 + self.index
+
+    @property
+    def cni(self) -> bool:
+        """The node's pods are on a CNI network of its own (the fake's IPs are simulated)."""
+        return self.handler != "fake"
+
+    @property
+    def bridge(self) -> str:
+        return f"crishim-cni{self.index}"
+
+    @property
+    def network(self) -> str:  # the CNI network's name
+        return f"crishim-cluster-{self.index}"
+
+    @property
+    def dir(self) -> Path:
+        return ROOT / self.name
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.dir / "kubelet"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.dir / "shim"
+
+    @property
+    def cni_conf_dir(self) -> Path:
+        return self.dir / "net.d"
+
+    @property
+    def conflist(self) -> Path:
+        return self.cni_conf_dir / "10-crishim-cluster.conflist"
+
+    @property
+    def ipam_dir(self) -> Path:
+        return self.dir / "ipam"
+
+    @property
+    def pod_logs(self) -> Path:
+        return self.dir / "pod-logs"
+
+    @property
+    def socket(self) -> Path:
+        return RUN / f"{self.name}.sock"
+
+    @property
+    def cgroup_root(self) -> str:
+        """The kubelet's cgroupRoot (kubepods below it), made in every hierarchy by the harness."""
+        return f"/crishim-cluster-{self.handler}"
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"cri-shim.io/handler": self.handler}
+
+
+NODES = (NodeSpec(1, "docker"), NodeSpec(2, "runv"), NodeSpec(3, "fake"))
+
+
+def node(handler: str) -> NodeSpec:
+    for n in NODES:
+        if n.handler == handler:
+            return n
+    raise KeyError(handler)
+
+
+def ports() -> dict[str, int]:
+    """Every TCP port the cluster listens on, by who listens."""
+    out = {
+        "etcd": ETCD_CLIENT_PORT,
+        "etcd peer": ETCD_PEER_PORT,
+        "kube-apiserver": APISERVER_PORT,
+        "kube-controller-manager": CONTROLLER_MANAGER_PORT,
+        "kube-scheduler": SCHEDULER_PORT,
+        "kube-proxy metrics": PROXY_METRICS_PORT,
+        "kube-proxy healthz": PROXY_HEALTHZ_PORT,
+    }
+    for n in NODES:
+        out[f"kubelet {n.name}"] = n.port
+        out[f"kubelet {n.name} healthz"] = n.healthz_port
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Binaries:
+    """The programs the cluster runs: Kubernetes' from CRI_SHIM_K8S_BIN_DIR, etcd from Debian."""
+
+    bin_dir: str
+    kubelet: str
+    etcd: str
+
+    @classmethod
+    def from_env(cls) -> Binaries:
+        bin_dir = os.environ.get("CRI_SHIM_K8S_BIN_DIR", "")
+        kubelet = os.environ.get("CRI_SHIM_KUBELET", "")
+        if not kubelet and bin_dir:
+            # The tools build names it after its version; a plain `kubelet` is taken too.
+            kubelet = next(
+                (str(p) for p in (Path(bin_dir, "kubelet-1.35"), Path(bin_dir, "kubelet")) if p.exists()),
+                "",
+            )
+        return cls(bin_dir, kubelet, os.environ.get("CRI_SHIM_ETCD", "/usr/bin/etcd"))
+
+    def path(self, name: str) -> str:
+        return str(Path(self.bin_dir, name))
+
+    def problem(self) -> str | None:
+        """Why the cluster cannot run with these binaries, or None."""
+        if not self.bin_dir:
+            return "set CRI_SHIM_K8S_BIN_DIR to the directory of kube-apiserver, kubectl, ..."
+        names = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "kubectl")
+        for name in names:
+            if not os.access(self.path(name), os.X_OK):
+                return f"no {name} in {self.bin_dir} (CRI_SHIM_K8S_BIN_DIR)"
+        if not self.kubelet or not os.access(self.kubelet, os.X_OK):
+            return (
+                f"no kubelet at {self.kubelet!r} (CRI_SHIM_KUBELET, or kubelet-1.35 in CRI_SHIM_K8S_BIN_DIR)"
+            )
+        return None
