@@ -9,8 +9,12 @@ a few Conformance specs that pass on containerd here, on docker and runv.
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -104,3 +108,32 @@ def test_parallel_runs_go_through_the_ginkgo_cli_with_its_flags_bare(tmp_path: P
     assert parallel[sep + 1 :] == [a for a in serial[1:] if not a.startswith("--ginkgo.")]
     assert "failCgroupV1: false" in (tmp_path / "kubelet-config.yaml").read_text()
     assert node_e2e.Binaries("/x", "/y", str(config)).problem(procs=2) is not None
+
+
+def test_the_nmeter_stand_in_stamps_milliseconds_as_the_lifecycle_specs_read_them(tmp_path: Path) -> None:
+    """scripts/testenv/src/nmeter.c: `date -u +%FT$(nmeter -d0 '%3t' | head -n1)Z` must be RFC 3339."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("no gcc")
+    src = Path(__file__).resolve().parents[2] / "scripts/testenv/src/nmeter.c"
+    exe = tmp_path / "nmeter"
+    subprocess.run([gcc, "-O2", "-o", str(exe), str(src)], check=True)
+    line = subprocess.run(
+        f"{exe} -d0 '%3t' | head -n1", shell=True, capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+    assert re.fullmatch(r"\d\d:\d\d:\d\d\.\d{3}\n", line), line
+    stamp = subprocess.run(
+        ["sh", "-c", f"date -u +%FT$({exe} -d0 '%3t' | head -n1)Z"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    parsed = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    assert abs((parsed - datetime.datetime.now(datetime.UTC)).total_seconds()) < 60
+    # Text around the field is kept; a bad command line is an error, as nmeter's.
+    one = subprocess.run(
+        f"{exe} -d0 't=%1t!' | head -n1", shell=True, capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+    assert re.fullmatch(r"t=\d\d:\d\d:\d\d\.\d!\n", one), one
+    bad = subprocess.run([str(exe)], capture_output=True, text=True, timeout=5)
+    assert bad.returncode == 1 and "usage" in bad.stderr
