@@ -18,6 +18,7 @@ def resources(res: pb.LinuxContainerResources) -> m.Resources:
         cpu_period=res.cpu_period,
         cpu_shares=res.cpu_shares,
         memory=res.memory_limit_in_bytes,
+        oom_score_adj=res.oom_score_adj,
     )
 
 

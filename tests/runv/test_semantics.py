@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from backends.contract import errors as contract_errors
+from backends.runv.agent import oci
 from backends.runv.backend import RunvBackend
 from cri_api import api_pb2 as pb
 from shim.cri import errors
@@ -75,6 +76,32 @@ async def test_pid_namespace_target(runv: tuple[RunvBackend, Events]) -> None:
     with pytest.raises(contract_errors.InvalidArgumentError, match=r"target container 'f+' .* not running"):
         await backend.create_container(lost, sb)
     await backend.remove_sandbox(sb)
+
+
+async def test_a_containers_oom_score_adj_is_the_kubelets(runv: tuple[RunvBackend, Events]) -> None:
+    """The kubelet ranks containers for the OOM killer by QoS class (Burstable: 2..999, BestEffort 1000);
+    a lowering the agent may not make (no CAP_SYS_RESOURCE on the stub's host) starts at 0, not fails."""
+    backend, events = runv
+    sb = sandbox_record("oom")
+    await backend.run_sandbox(sb)
+    got = {}
+    for name, value in (("burstable", 999), ("guaranteed", -997)):
+        ct = container_record(sb, IMAGE, ["sleep", "300"], name=name)
+        ct.config.linux.security_context.namespace_options.pid = pb.CONTAINER  # as the kubelet asks
+        ct.config.linux.resources.oom_score_adj = value
+        await backend.create_container(ct, sb)
+        await events.start(backend, ct, sb, MemorySink())
+        got[name] = int((await backend.exec_sync(ct, ["cat", "/proc/1/oom_score_adj"])).stdout)
+    assert got["burstable"] == 999
+    assert got["guaranteed"] in (-997, 0)
+    await backend.remove_sandbox(sb)
+
+
+def test_oom_score_adj_without_cap_sys_resource_is_never_negative() -> None:
+    assert oci.oom_score_adj(-997, {"CAP_SYS_RESOURCE"}) == -997
+    assert oci.oom_score_adj(-997, set()) == 0
+    assert oci.oom_score_adj(999, set()) == 999
+    assert oci.oom_score_adj(5000, set()) == 1000
 
 
 async def test_drop_all_capabilities(runv: tuple[RunvBackend, Events]) -> None:

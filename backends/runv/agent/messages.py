@@ -279,6 +279,7 @@ class Resources(Message):
     cpu_period: int = 0  # 0: 100000
     cpu_shares: int = 0
     memory: int = 0  # bytes
+    oom_score_adj: int = 0  # the container's processes', -1000..1000 (the kubelet's by QoS class)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

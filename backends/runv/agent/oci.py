@@ -53,6 +53,27 @@ def available_caps() -> set[str]:
     return set(ALL_CAPS)
 
 
+def oom_score_adj(value: int, caps: set[str]) -> int:
+    """The oom_score_adj runc can give the container: lowering it below 0 needs CAP_SYS_RESOURCE,
+    which a VM's agent has and the stub's (a namespace of a host where root may lack it) may not;
+    without it a negative value is 0, as the docker backend does, rather than a failed start."""
+    value = max(-1000, min(1000, value))
+    return 0 if value < 0 and "CAP_SYS_RESOURCE" not in caps else value
+
+
+def effective_caps() -> set[str]:
+    """Capabilities this process has in effect now (CapEff)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    mask = int(line.split()[1], 16)
+                    return {c for i, c in enumerate(ALL_CAPS) if mask >> i & 1}
+    except (OSError, ValueError):
+        pass
+    return set(ALL_CAPS)
+
+
 DEFAULT_MASKED = ["/proc/kcore", "/proc/keys", "/proc/timer_list"]
 DEFAULT_READONLY = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys"]
 
@@ -340,6 +361,7 @@ def build_config(
             "cwd": spec.cwd or "/",
             "capabilities": capset,
             "noNewPrivileges": spec.no_new_privs,
+            "oomScoreAdj": oom_score_adj(spec.resources.oom_score_adj, effective_caps()),
         },
         "root": {"path": rootfs, "readonly": spec.readonly_rootfs},
         "mounts": mounts,
