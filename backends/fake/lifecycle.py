@@ -51,10 +51,10 @@ def own_pid_namespace(c: ContainerRecord) -> bool:
     return bool(c.config.linux.security_context.namespace_options.pid == pb.CONTAINER)
 
 
-def _kill_init(run: Running, sent: list[str], name: str) -> None:
+def _kill_init(run: Running, name: str) -> None:
     """An exec's `kill SIG 1`: the signal to the container's main shell, which is PID 1."""
-    if run.term is not None:
-        sent.append(name)
+    if run.term is not None and run.sent is not None:
+        run.sent.append(name)
         run.term.set()
 
 
@@ -220,7 +220,7 @@ class FakeLifecycle:
         io = environment.shell_io(c, sb, self.files_of(c), stdout, stderr, stdin, run is not None, network)
         io.pid = _EXEC_PID  # an exec is not its container's PID 1
         if run is not None and run.sent is not None:
-            io.kill_init = functools.partial(_kill_init, run, run.sent)
+            io.kill_init = functools.partial(_kill_init, run)
         return io
 
     async def create_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> None:
