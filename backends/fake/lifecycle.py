@@ -42,6 +42,21 @@ from backends.fake.ports import ContainerNetwork, PodPorts
 from backends.fake.program import OutputLine, Program, Programs
 from cri_api import api_pb2 as pb
 
+_EXEC_PID = 1000  # $$ of an exec's shell
+
+
+def own_pid_namespace(c: ContainerRecord) -> bool:
+    """Whether the container's command is PID 1 of a PID namespace of its own (CRI pid CONTAINER):
+    with POD the pause process is, with NODE the host's init, with TARGET the target's command."""
+    return bool(c.config.linux.security_context.namespace_options.pid == pb.CONTAINER)
+
+
+def _kill_init(run: Running, name: str) -> None:
+    """An exec's `kill SIG 1`: the signal to the container's main shell, which is PID 1."""
+    if run.term is not None and run.sent is not None:
+        run.sent.append(name)
+        run.term.set()
+
 
 @dataclasses.dataclass(slots=True)
 class Running:
@@ -51,6 +66,7 @@ class Running:
     started_mono: float
     task: asyncio.Task[None] | None = None
     term: asyncio.Event | None = None  # its stop signal to its shell
+    sent: list[str] | None = None  # signals an exec's `kill SIG 1` queues for its shell (PID 1)
     stdin: asyncio.Queue[bytes] | None = None  # its shell's stdin (config.stdin), fed by attach
     exited: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     pipe: ProcessPipe = dataclasses.field(default_factory=ProcessPipe)  # its output and exit, for the shim
@@ -200,8 +216,12 @@ class FakeLifecycle:
         sb = self.sandboxes.get(c.sandbox_id)
         ip = str(sb.backend_data.get("ip", "")) if sb else ""
         network = ContainerNetwork(self.ports, c.sandbox_id, c.id, ip)
-        running = c.id in self.running
-        return environment.shell_io(c, sb, self.files_of(c), stdout, stderr, stdin, running, network)
+        run = self.running.get(c.id)
+        io = environment.shell_io(c, sb, self.files_of(c), stdout, stderr, stdin, run is not None, network)
+        io.pid = _EXEC_PID  # an exec is not its container's PID 1
+        if run is not None and run.sent is not None:
+            io.kill_init = functools.partial(_kill_init, run)
+        return io
 
     async def create_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> None:
         image = container.config.image.image
@@ -262,6 +282,10 @@ class FakeLifecycle:
             lambda data: emit("stderr", data),
             read_stdin if run.stdin is not None else None,
         )
+        io.pid = 1
+        io.kill_init = None
+        io.init = own_pid_namespace(c)
+        run.sent = io.sent if io.init else None
         io.term = run.term
         io.term_signal = signal_name(recorded_stop_signal(c)).removeprefix("SIG")
         io.unknown_runs = True  # `sh -c "...; nginx"`: nginx runs until stopped
@@ -341,8 +365,9 @@ class FakeLifecycle:
         return info
 
     async def _stop_command(self, cid: str, run: Running, timeout: int) -> ExitInfo:
-        """The stop signal to the shell (its trap runs), KILL after ``timeout`` s: as a runtime stops
-        a process."""
+        """The stop signal to the shell (its trap runs; with no trap, as PID 1 of its own PID
+        namespace, it is ignored), KILL after ``timeout`` s of real time: as a runtime stops a
+        process. A test that wants a quick stop gives the shell a trap or a short timeout."""
         if timeout > 0 and run.term is not None:
             run.term.set()
             with contextlib.suppress(TimeoutError):

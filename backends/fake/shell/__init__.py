@@ -24,6 +24,11 @@ clears the event as it takes the signal (setting it again delivers another), run
 and continues after the interrupted command, or with no trap ends with 128 + its number (143 for
 TERM; one that by default does not end a process, such as WINCH, is then ignored). An ``exit`` in
 the trap ends the run with that code. Background jobs are not signalled; they are stopped when the run ends.
+With ``io.init`` the main shell is PID 1 of its PID namespace, as a container's command is: the
+kernel gives it only the signals it handles, so a signal with no trap (the stop signal included) is
+ignored, and its caller's KILL after the stop timeout ends it (137). ``kill`` follows the same rule:
+a job's ``kill $$``, and an exec's ``kill SIG 1`` (``io.kill_init``: its caller queues the signal
+in the main shell's ``io.sent`` and sets its ``io.term``).
 
 Known gaps, on purpose: no file-name globbing, ``[[``, arrays, aliases, ``getopts``, job control,
 ``sed``/``awk``/``cut``/``uniq``, networking tools but ``httpd`` (add them as extra commands),

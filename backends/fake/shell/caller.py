@@ -52,6 +52,13 @@ class ShellIO:
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep  # injectable, for tests
     commands: Mapping[str, Command] = dataclasses.field(default_factory=dict)
     pid: int = 1  # $$; `kill $$` (or `kill 1` when this is PID 1) signals the shell itself
+    # The main shell is PID 1 of its PID namespace (a container's own): a signal it has no trap for
+    # is ignored, but the caller's KILL (its stop timeout); False: the default actions apply.
+    init: bool = False
+    # Signals `kill` sent to the main shell, oldest first: its jobs' `kill $$`, and an exec's `kill 1`
+    # the caller queues here before setting ``term``.
+    sent: list[str] = dataclasses.field(default_factory=list)
+    kill_init: Callable[[str], None] | None = None  # `kill SIG 1` from this run (an exec): to PID 1
     processes: Callable[[], list[str]] | None = None  # command names, for pgrep and ps
     clock: Callable[[], float] = time.time  # seconds since the epoch, for date
     # A command not found runs, silently, until stopped (a container's own program the fake cannot

@@ -96,15 +96,27 @@ class Session:
     def __init__(self, io: ShellIO) -> None:
         self.io = io
         self.term = io.term if io.term is not None else asyncio.Event()  # also set by `kill $$`
-        # What setting ``term`` delivers: the caller's stop signal, or a job's `kill $$` (TERM).
+        # What setting ``term`` delivers: a signal `kill` sent (io.sent), else the caller's stop signal.
         self.stop_signal = signal_name(io.term_signal) or "TERM"
-        self.killed_by_job = False
         self.stdin = Reader(io.stdin)  # one reader: what a command left unread stays for the next
         self.jobs: dict[int, asyncio.Task[int]] = {}
         self.killed: dict[int, int] = {}  # status of jobs stopped by kill
         self.next_pid = io.pid
         self.ticks = 0
         self.owner: ShellProcess
+
+    def pending(self) -> tuple[str, bool]:
+        """The signal ``term`` delivers now, and whether a process of the container sent it."""
+        return (self.io.sent[0], True) if self.io.sent else (self.stop_signal, False)
+
+    def take(self) -> tuple[str, bool]:
+        """The pending signal, taken: ``term`` stays set while another one is queued."""
+        pending = self.pending()
+        if self.io.sent:
+            self.io.sent.pop(0)
+        if not self.io.sent:
+            self.term.clear()
+        return pending
 
     def add_job(self, task: asyncio.Task[int]) -> int:
         if len(self.jobs) > 64:  # forget finished jobs nobody waited for, in a loop that starts many
@@ -330,28 +342,36 @@ class ShellProcess(abc.ABC):
     # -- signals
 
     def pending_signal(self) -> str:
-        """The signal ``term`` delivers now: TERM from a job's `kill $$`, else the stop signal."""
-        return "TERM" if self.session.killed_by_job else self.session.stop_signal
+        """The signal ``term`` delivers now: one a `kill` sent, else the stop signal."""
+        return self.session.pending()[0]
+
+    def ignores(self, name: str, inside: bool) -> bool:
+        """Whether this shell (the signal owner) ignores signal `name`: trapped with '', harmless by
+        default, or it is PID 1 of its namespace (``io.init``) with no trap for it. The kernel gives a
+        namespace's init only the signals it handles, but KILL and STOP from an ancestor namespace
+        (the runtime's: ``inside`` false)."""
+        action = self.traps.get(name)
+        if action is not None:
+            return action == ""
+        if name in _HARMLESS:
+            return True
+        return self.io.init and (inside or name not in ("KILL", "STOP"))
 
     async def check_signals(self) -> None:
         """Takes a pending signal between commands: its trap runs here, or the run ends (143 for
-        TERM, 128 + its number for another)."""
-        term = self.session.term
-        if term.is_set() and not self.background:
-            name = self.pending_signal()
-            term.clear()
-            self.session.killed_by_job = False
-            await self.session.owner.signal(name)
+        TERM, 128 + its number for another), or nothing happens when the owner ignores it."""
+        if self.session.term.is_set() and not self.background:
+            name, inside = self.session.take()
+            await self.session.owner.signal(name, inside)
 
-    async def signal(self, name: str) -> None:
-        """What signal `name` does to this shell: its trap, nothing if ignored, else the end."""
+    async def signal(self, name: str, inside: bool = False) -> None:
+        """What signal `name` does to this shell: its trap, nothing if ignored, else the end.
+        ``inside``: a process of the container sent it (`kill`), not the runtime."""
+        if self.ignores(name, inside):
+            return
         action = self.traps.get(name)
         if action is None:
-            if name in _HARMLESS:
-                return
             raise Terminated(128 + SIGNALS[name])
-        if not action:
-            return
         saved = self.status
         try:
             await self.eval(action)
@@ -370,12 +390,10 @@ class ShellProcess(abc.ABC):
         try:
             while not task.done():
                 if term.is_set():
-                    name = self.pending_signal()
-                    action = self.session.owner.traps.get(name)
-                    if action != "" and not (action is None and name in _HARMLESS):
+                    if not self.session.owner.ignores(*self.session.pending()):
                         raise Interrupted
-                    term.clear()  # ignored: what was interrupted goes on
-                    self.session.killed_by_job = False
+                    self.session.take()  # ignored: what was interrupted goes on
+                    continue
                 waiter = asyncio.ensure_future(term.wait())
                 await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
@@ -389,13 +407,17 @@ class ShellProcess(abc.ABC):
         await self.block(asyncio.get_running_loop().create_future())
 
     async def kill(self, pid: int, name: str) -> None:
-        """kill: to this shell ($$) a background job delivers only TERM; a job of ours is stopped."""
+        """kill: to this shell ($$) a background job delivers only TERM; a job of ours is stopped;
+        PID 1 from an exec (``io.kill_init``) is the container's main process."""
         if pid == self.io.pid:
             if name == "TERM":
-                self.session.killed_by_job = True
+                self.io.sent.append(name)
                 self.session.term.set()
             elif not self.background:
-                await self.session.owner.signal(name)
+                await self.session.owner.signal(name, inside=True)
+            return
+        if pid == 1 and self.io.kill_init is not None:
+            self.io.kill_init(name)
             return
         job = self.session.jobs.get(pid)
         if job is not None and not job.done():
