@@ -78,6 +78,7 @@ POLLED = [
 ]
 FLOOR = "Version"
 THROUGHPUT = ["ListContainers", "ContainerStatus"]
+STATS = {"ListContainerStats", "ListPodSandboxStats"}
 # Pods started at once on one endpoint while filling it (the engine serializes most of it anyway).
 START_WORKERS = 4
 
@@ -152,8 +153,8 @@ class Endpoint:
             "PodSandboxStatus": lambda: rt.PodSandboxStatus(
                 pb.PodSandboxStatusRequest(pod_sandbox_id=rng.choice(self.pods)), timeout=60
             ),
-            "ListContainerStats": lambda: rt.ListContainerStats(req["ListContainerStats"], timeout=60),
-            "ListPodSandboxStats": lambda: rt.ListPodSandboxStats(req["ListPodSandboxStats"], timeout=60),
+            "ListContainerStats": lambda: rt.ListContainerStats(req["ListContainerStats"], timeout=600),
+            "ListPodSandboxStats": lambda: rt.ListPodSandboxStats(req["ListPodSandboxStats"], timeout=600),
             "ImageFsInfo": lambda: im.ImageFsInfo(pb.ImageFsInfoRequest(), timeout=60),
             "ListImages": lambda: im.ListImages(pb.ListImagesRequest(), timeout=60),
             FLOOR: lambda: rt.Version(pb.VersionRequest(), timeout=60),
@@ -243,8 +244,11 @@ def comm(pid: int) -> str:
 Samples = dict[str, list[float]]
 
 
-def latency(eps: list[Endpoint], samples: int, block: int, seed: int, unfiltered: bool) -> dict[str, Samples]:
-    """Sequential calls of every RPC on every endpoint, interleaved in rounds."""
+def latency(
+    eps: list[Endpoint], samples: int, stats_samples: int, block: int, seed: int, unfiltered: bool
+) -> dict[str, Samples]:
+    """Sequential calls of every RPC on every endpoint, interleaved in rounds; the two
+    *Stats RPCs ``stats_samples`` times, spread over the rounds (containerd's take seconds)."""
     res: dict[str, Samples] = {e.name: {} for e in eps}
     calls = {e.name: e.calls(random.Random(seed), unfiltered) for e in eps}
     for e in eps:  # first calls, untimed (connections, caches)
@@ -252,15 +256,16 @@ def latency(eps: list[Endpoint], samples: int, block: int, seed: int, unfiltered
             call()
     ops = [*POLLED, FLOOR]
     rounds = math.ceil(samples / block)
+    stats_block = max(1, math.ceil(stats_samples / rounds))
     for r in range(rounds):
         k = r % len(eps)
         order = eps[k:] + eps[:k]
-        n = min(block, samples - r * block)
         for op in ops:
+            want, size = (stats_samples, stats_block) if op in STATS else (samples, block)
             for e in order:
                 call = calls[e.name][op]
                 out = res[e.name].setdefault(op, [])
-                for _ in range(n):
+                for _ in range(min(size, want - len(out))):
                     t0 = time.perf_counter()
                     call()
                     out.append((time.perf_counter() - t0) * 1000)
@@ -338,7 +343,7 @@ def report(
     shims = [e.name for e in eps[:-1]]
     print(
         f"\n=== N = {n} pods, one running container each; ms, n={args.samples} sequential calls per RPC "
-        f"and endpoint, in rounds of {args.block}"
+        f"and endpoint ({args.stats_samples} for the two *Stats), in rounds of {args.block}"
     )
     head = f"{'RPC':<22}" + "".join(f" | {e.name + ' p50':>16} {'p99':>8}" for e in eps)
     head += "".join(f" | {s + '/ctrd p50':>17} {'p99':>6}" for s in shims)
@@ -386,6 +391,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pods", default="20,110", help="pod counts, ascending, comma-separated (20,110)")
     ap.add_argument("--samples", type=int, default=200, help="sequential calls per RPC and endpoint (200)")
+    ap.add_argument(
+        "--stats-samples",
+        type=int,
+        default=20,
+        help="calls of ListContainerStats and ListPodSandboxStats per endpoint (20): containerd's "
+        "ListPodSandboxStats takes seconds at 110 pods on a busy machine",
+    )
     ap.add_argument("--block", type=int, default=10, help="calls per RPC and endpoint in one round (10)")
     ap.add_argument("--seconds", type=float, default=5, help="seconds of each throughput phase (5)")
     ap.add_argument("--callers", type=int, default=8, help="concurrent callers for throughput (8)")
@@ -457,7 +469,7 @@ def main() -> int:
             for e in eps:
                 took = e.fill(n)
                 print(f"{e.name}: {n} pods in {took:.1f} s; {e.counts(args.unfiltered)}", flush=True)
-            lat = latency(eps, args.samples, args.block, seed, args.unfiltered)
+            lat = latency(eps, args.samples, args.stats_samples, args.block, seed, args.unfiltered)
             tput: dict[tuple[str, str], tuple[float, int]] = {}
             for k, op in enumerate(THROUGHPUT):
                 order = eps[k % len(eps) :] + eps[: k % len(eps)]
