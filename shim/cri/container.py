@@ -205,7 +205,7 @@ class ContainerService:
         return pb.RemoveContainerResponse()
 
     # ------------------------------------------------------------------ queries
-    def status(self, req: pb.ContainerStatusRequest) -> pb.ContainerStatusResponse:
+    async def status(self, req: pb.ContainerStatusRequest) -> pb.ContainerStatusResponse:
         c = self._get(req.container_id)
         resp = pb.ContainerStatusResponse(status=container_status_pb(c))
         if req.verbose:

@@ -134,7 +134,7 @@ class SandboxService:
             await shim.nri.remove_pod_sandbox(sb)
         return pb.RemovePodSandboxResponse()
 
-    def status(self, req: pb.PodSandboxStatusRequest) -> pb.PodSandboxStatusResponse:
+    async def status(self, req: pb.PodSandboxStatusRequest) -> pb.PodSandboxStatusResponse:
         sb = self.shim.store.sandboxes.resolve(req.pod_sandbox_id)
         resp = pb.PodSandboxStatusResponse(status=sandbox_status_pb(sb))
         if req.verbose:
