@@ -33,7 +33,7 @@ def test_phase_selects_by_label(phase: str, procs: str, labels: str, tmp_path: P
     assert procs in ginkgo and f"--label-filter={labels}" in ginkgo
     assert f"--json-report={tmp_path / phase / 'report.json'}" in ginkgo
     assert not any(f.startswith(("--focus", "--skip")) for f in ginkgo)  # none asked for
-    assert "--provider=skeleton" in suite
+    assert "--provider=skeleton" in suite and "--kubectl-path=/k8s/bin/kubectl" in suite
     # The fake node's taint must not make the suite wait for that node to be schedulable.
     taints = next(f for f in suite if f.startswith("--non-blocking-taints="))
     assert conformance.TAINT_KEY in taints.split("=", 1)[1].split(",")

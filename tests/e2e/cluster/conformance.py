@@ -71,6 +71,8 @@ def suite_argv(b: Binaries, opts: Options, phase: str) -> list[str]:
         "--",
         f"--kubeconfig={admin_kubeconfig()}",
         "--provider=skeleton",
+        # Else the kubectl on PATH: here the cloud SDK's v1.32 wrapper.
+        f"--kubectl-path={b.path('kubectl')}",
         f"--non-blocking-taints=node-role.kubernetes.io/control-plane,{TAINT_KEY}",
         f"--report-dir={out}",
     ]
