@@ -79,8 +79,7 @@ def suite_argv(b: Binaries, opts: Options, phase: str) -> list[str]:
 
 
 def run_phase(argv: list[str], out: Path, timeout: float) -> int:
-    """One phase in a session of its own (ginkgo and its processes): SIGINT after `timeout`, on
-    which ginkgo writes the report of what ran; SIGKILL two minutes later."""
+    """One phase in a session of its own (ginkgo and its processes), interrupted after `timeout`."""
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "suite.log", "ab") as fh:
         proc = subprocess.Popen(
@@ -98,16 +97,21 @@ def run_phase(argv: list[str], out: Path, timeout: float) -> int:
                 f"[conformance] over {timeout:.0f} s: interrupting the suite (pid {proc.pid})",
                 file=sys.stderr,
             )
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                return proc.wait(120)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                return proc.wait()
+            return _interrupt(proc)
         except BaseException:  # Ctrl-C of the harness: the suite stops with it
-            os.killpg(proc.pid, signal.SIGINT)
-            proc.wait(120)
+            _interrupt(proc)
             raise
+
+
+def _interrupt(proc: subprocess.Popen[bytes]) -> int:
+    """SIGINT to the suite's session (ginkgo then cleans up and writes its report), SIGKILL two
+    minutes later: a spec's clean-up can hang on a cluster in trouble."""
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        return proc.wait(120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
 
 
 def set_fake_taint(k: Kubectl, on: bool) -> None:
