@@ -1,8 +1,10 @@
-"""``python -m tests.e2e.cluster up|down|check [--keep]``, as root.
+"""``python -m tests.e2e.cluster up|down|check [--keep]``, ``... conformance [--focus RE] ...``, as root.
 
 up: exits 0 with the cluster running (the admin kubeconfig printed), 1 when the bring-up failed
 (what came up is taken down again unless --keep), 2 when it cannot run here. down: exits 0 when
 nothing is left, 1 otherwise (each leftover printed). check: lists what is left, exits 1 if any.
+conformance: the [Conformance] specs of e2e.test on the running cluster (``conformance`` module),
+printed as passed/failed/skipped with each failure's first line; exits 0 when none failed.
 """
 
 from __future__ import annotations
@@ -10,24 +12,41 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from pathlib import Path
 
 from tests.e2e import cluster
-from tests.e2e.cluster import bringup
+from tests.e2e.cluster import bringup, conformance
 from tests.e2e.cluster.layout import LOGS, Binaries
+from tests.e2e.node_e2e import report
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m tests.e2e.cluster", description=(cluster.__doc__ or "").split("\n")[0]
     )
-    p.add_argument("command", choices=("up", "down", "check"))
+    p.add_argument("command", choices=("up", "down", "check", "conformance"))
     p.add_argument(
         "--keep",
         action="store_true",
         help="up: keep what came up when the bring-up fails; down: keep the logs (copied to /tmp)",
     )
+    c = p.add_argument_group("conformance")
+    c.add_argument(
+        "--focus", default="", help="a regex narrowing the specs (default: every [Conformance] one)"
+    )
+    c.add_argument("--skip", default="", help="a regex of specs to leave out")
+    c.add_argument("--procs", type=int, default=3, help="processes for the specs that are not [Serial]")
+    c.add_argument(
+        "--phase", choices=("parallel", "serial", "both"), default="both", help="[Serial] ones apart"
+    )
+    c.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per phase before interrupting")
+    c.add_argument("--out", type=Path, help="logs, reports, results.txt (default: /tmp/...)")
+    c.add_argument("--baseline", type=Path, help="a results.txt of another run to compare with")
     args = p.parse_args(argv)
     b = Binaries.from_env()
+    if args.command == "conformance":
+        return _conformance(b, args)
     if args.command == "check":
         left = bringup.check()
         for line in left:
@@ -51,6 +70,27 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"timings": state.get("timings"), "cni": state.get("cni")}, indent=2))
     print(f"up in {state.get('up_seconds')} s; kubectl --kubeconfig={cluster.admin_kubeconfig()} get nodes")
     return 0
+
+
+def _conformance(b: Binaries, args: argparse.Namespace) -> int:
+    problem = b.problem() or conformance.suite_problem(b)
+    if problem or not bringup.is_up():
+        print(
+            f"cannot run: {problem or 'no cluster is up (python -m tests.e2e.cluster up)'}", file=sys.stderr
+        )
+        return 2
+    out = args.out or Path(f"/tmp/crishim-conformance-{time.strftime('%Y%m%dT%H%M%S')}")
+    phases = ("parallel", "serial") if args.phase == "both" else (args.phase,)
+    opts = conformance.Options(
+        out=out, procs=args.procs, focus=args.focus, skip=args.skip, phases=phases, timeout=args.timeout
+    )
+    codes, specs = conformance.run(b, opts)
+    report.write_lines(specs, out / "results.txt")
+    baseline = report.read_baseline(args.baseline) if args.baseline else None
+    title = f"conformance on the cri-shim cluster ({', '.join(phases)}), suite exits {codes}"
+    report.print_report(title, specs, baseline)
+    print(f"results: {out / 'results.txt'}; logs: {out}/PHASE/suite.log")
+    return 0 if report.counts(specs)["failed"] == 0 and not any(codes) else 1
 
 
 if __name__ == "__main__":

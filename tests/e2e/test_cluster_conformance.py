@@ -1,0 +1,54 @@
+"""The conformance runner's command lines (tests/e2e/cluster/conformance.py); no cluster needed.
+
+The run itself is opt-in (``python -m tests.e2e.cluster conformance`` on a cluster that ``up``
+left running) and takes an hour or more; its figures are in the README.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.cluster import conformance
+from tests.e2e.cluster.layout import Binaries
+
+
+def _flags(argv: list[str]) -> tuple[list[str], list[str]]:
+    """ginkgo's flags and the suite's (after ``--``)."""
+    split = argv.index("--")
+    return argv[:split], argv[split + 1 :]
+
+
+@pytest.mark.parametrize(
+    ("phase", "procs", "labels"),
+    [("parallel", "--procs=4", "Conformance && !Serial"), ("serial", "--procs=1", "Conformance && Serial")],
+    ids=["parallel", "serial"],
+)
+def test_phase_selects_by_label(phase: str, procs: str, labels: str, tmp_path: Path) -> None:
+    b = Binaries("/k8s/bin", "/k8s/bin/kubelet", "/usr/bin/etcd")
+    argv = conformance.suite_argv(b, conformance.Options(out=tmp_path, procs=4), phase)
+    ginkgo, suite = _flags(argv)
+    assert ginkgo[0] == "/k8s/bin/ginkgo" and ginkgo[-1] == "/k8s/bin/e2e.test"
+    assert procs in ginkgo and f"--label-filter={labels}" in ginkgo
+    assert f"--json-report={tmp_path / phase / 'report.json'}" in ginkgo
+    assert not any(f.startswith(("--focus", "--skip")) for f in ginkgo)  # none asked for
+    assert "--provider=skeleton" in suite and "--kubectl-path=/k8s/bin/kubectl" in suite
+    # The fake node's taint must not make the suite wait for that node to be schedulable.
+    taints = next(f for f in suite if f.startswith("--non-blocking-taints="))
+    assert conformance.TAINT_KEY in taints.split("=", 1)[1].split(",")
+
+
+def test_focus_and_skip_narrow_both_phases(tmp_path: Path) -> None:
+    b = Binaries("/k8s/bin", "/k8s/bin/kubelet", "/usr/bin/etcd")
+    opts = conformance.Options(out=tmp_path, focus="Pods", skip="DNS")
+    for phase in ("parallel", "serial"):
+        ginkgo, _ = _flags(conformance.suite_argv(b, opts, phase))
+        assert "--focus=Pods" in ginkgo and "--skip=DNS" in ginkgo
+
+
+def test_suite_problem_names_the_missing_binary(tmp_path: Path) -> None:
+    (tmp_path / "ginkgo").write_text("#!/bin/sh\n")
+    (tmp_path / "ginkgo").chmod(0o755)
+    problem = conformance.suite_problem(Binaries(str(tmp_path), "", ""))
+    assert problem is not None and "e2e.test" in problem
