@@ -54,6 +54,8 @@ def kubelet_config(h: Harness) -> str:
         "imageGCLowThresholdPercent": 99,
         "resolvConf": "/etc/resolv.conf",
     }
+    if h.pod_logs_dir is not None:
+        cfg["podLogsDir"] = str(h.pod_logs_dir)
     if h.cni is not None:
         # A standalone kubelet hands it to the runtime (UpdateRuntimeConfig) as it starts.
         cfg["podCIDR"] = str(h.cni.net.subnet)

@@ -30,6 +30,7 @@ SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/pa
 # The host's values before the first of (possibly concurrent) harness runs;
 # the run that stops while no other kubelet runs puts them back.
 SYSCTLS_SAVED = Path("/run/cri-shim-kubelet-harness.sysctls.json")
+POD_LOGS = Path("/var/log/pods")  # the kubelet's default podLogsDir
 
 
 def kubelet_binary() -> str:
@@ -145,9 +146,9 @@ def unmount_under(prefix: str) -> None:
         subprocess.run(["umount", "-l", point], capture_output=True, check=False)
 
 
-def remove_pod_logs(namespace: str, pod_uids: set[str]) -> None:
-    """What the kubelet left in /var/log/{pods,containers} of these pods (by UID: runs may overlap)."""
-    pods = Path("/var/log/pods")
+def remove_pod_logs(namespace: str, pod_uids: set[str], pods: Path = POD_LOGS) -> None:
+    """What the kubelet left in `pods` (its podLogsDir) and /var/log/containers of these pods (by UID:
+    runs may overlap)."""
     ours = [d for d in pods.glob(f"{namespace}_*_*") if d.name.rsplit("_", 1)[-1] in pod_uids]
     links = Path("/var/log/containers")
     for link in links.iterdir() if links.is_dir() else []:

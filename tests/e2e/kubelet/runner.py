@@ -92,6 +92,7 @@ class Harness:
         hollow: int = 0,
         cni: bool = False,
         pause: str = PAUSE,
+        private_pod_logs: bool = False,
     ) -> None:
         unsupported = host.cni_unsupported(handler) if cni else None
         if unsupported:
@@ -133,6 +134,10 @@ class Harness:
         # Scales the waits of the checks: a VM under emulation takes seconds where the stub takes ms.
         self.patience = 6.0 if driver == "qemu" else 1.0
         self.pod_uids: set[str] = set()  # seen in /pods: whose /var/log entries are ours
+        # The kubelet's podLogsDir (v1.29+) under the work directory instead of /var/log/pods, where
+        # every other kubelet of the host removes, within a minute, the directories of pods it does not
+        # know (its container GC): a run of hours beside other kubelets needs its own.
+        self.pod_logs_dir: Path | None = self.dir / "pod-logs" if private_pod_logs else None
         self.kubelet_error_counts: collections.Counter[str] | None = None
         self.shim_error_counts: collections.Counter[str] | None = None
 
@@ -285,7 +290,7 @@ class Harness:
                 self.cni.remove()
             # The kubelet's /var/log/{pods,containers} entries of our node (its
             # containers' logs stay in the shim's and kubelet's logs here).
-            host.remove_pod_logs(NAMESPACE, self.pod_uids)
+            host.remove_pod_logs(NAMESPACE, self.pod_uids, self.pod_logs_dir or host.POD_LOGS)
             # Read the logs before the work directory goes.
             self.kubelet_error_counts = klog_errors(self.kubelet_log)
             self.shim_error_counts = shim_problems(self.shim_log)
