@@ -103,8 +103,8 @@ def churn_manifest(name: str, token: str) -> dict[str, Any]:
     }
 
 
-def proc_status(pid: int) -> tuple[float, int, int]:
-    """RSS in MiB, threads and open fds of a process (OSError once it is gone)."""
+def proc_status(pid: int) -> tuple[float, int, int, float]:
+    """RSS in MiB, threads, open fds and user + system CPU seconds of a process (OSError once it is gone)."""
     rss, threads = math.nan, 0
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -112,7 +112,10 @@ def proc_status(pid: int) -> tuple[float, int, int]:
                 rss = int(line.split()[1]) / 1024
             elif line.startswith("Threads:"):
                 threads = int(line.split()[1])
-    return rss, threads, len(os.listdir(f"/proc/{pid}/fd"))
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # after the command, which may hold spaces
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return rss, threads, len(os.listdir(f"/proc/{pid}/fd")), cpu
 
 
 class Soak:
@@ -428,11 +431,11 @@ class Soak:
     def take_sample(self) -> Sample:
         h = self.h
         shim, kubelet = h.procs.get("cri-shim"), h.procs.get("kubelet")
-        rss = fds = threads = None
+        rss = fds = threads = cpu = None
         pid = shim.pid if shim is not None and not self.restarting.is_set() else None
         if pid is not None:
             try:
-                rss, threads, fds = proc_status(pid)
+                rss, threads, fds, cpu = proc_status(pid)
             except OSError:
                 pid = None  # killed just now
         kubelet_rss = None
@@ -450,7 +453,19 @@ class Soak:
             healthz, metrics = False, None
         self.watch()
         self.read_shim_log()
-        s = Sample(self.now(), time.time(), pid, rss, fds, threads, kubelet_rss, healthz, metrics)
+        s = Sample(
+            self.now(),
+            time.time(),
+            pid,
+            rss,
+            fds,
+            threads,
+            kubelet_rss,
+            healthz,
+            metrics,
+            os.getloadavg()[0],
+            cpu,
+        )
         with self.lock:
             self.samples.append(s)
             done = [c for c in self.cycles if not c.interrupted]
@@ -462,7 +477,7 @@ class Soak:
             f"shim pid={pid} rss={rss if rss is None else round(rss, 1)}MiB fds={fds} threads={threads} "
             f"healthz={'ok' if healthz else 'FAIL'}{pleg} churn={len(done) - failed}ok/{failed}failed "
             f"kills={len(self.kills)} restarts={len(self.restarts)} lost={len(self.lost)} "
-            f"shim_errors={len(self.shim_events)}"
+            f"shim_errors={len(self.shim_events)} cpu={cpu if cpu is None else round(cpu, 1)}s load={s.load:.1f}"
         )
         return s
 

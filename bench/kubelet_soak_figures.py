@@ -48,6 +48,8 @@ class Sample:
     kubelet_rss: float | None
     healthz: bool
     metrics: Metrics | None
+    load: float  # the host's 1-minute load average: other work on the machine
+    cpu: float | None = None  # the shim's user + system CPU seconds so far
 
 
 @dataclasses.dataclass
@@ -235,7 +237,8 @@ def report(soak: Soak, h: kh.Harness, args: argparse.Namespace, version: str) ->
             (
                 f"  shim life pid {pid}",
                 f"{(life[-1].t - life[0].t) / 60:.0f} min sampled: RSS {life[0].rss:.1f} -> {life[-1].rss:.1f} MiB, "
-                f"fds {life[0].fds} -> {life[-1].fds}, threads {life[0].threads} -> {life[-1].threads}",
+                f"fds {life[0].fds} -> {life[-1].fds}, threads {life[0].threads} -> {life[-1].threads}, "
+                f"CPU {_cpu_share(life)}",
             )
         )
     window = min(3600.0, duration / 2)
@@ -252,12 +255,14 @@ def report(soak: Soak, h: kh.Harness, args: argparse.Namespace, version: str) ->
             total = metric_total(b.metrics, "kubelet_pleg_relist_duration_seconds_sum") - metric_total(
                 a.metrics, "kubelet_pleg_relist_duration_seconds_sum"
             )
+            loads = [s.load for s in samples if a.t <= s.t <= b.t]
             rows.append(
                 (
                     f"PLEG relist p50 / p99 / mean, {label} {window / 60:.0f} min",
                     f"{_fmt(relist_quantile(a.metrics, b.metrics, 0.5) * 1000)} / "
                     f"{_fmt(relist_quantile(a.metrics, b.metrics, 0.99) * 1000)} / "
-                    f"{_fmt(total / n * 1000 if n else None)} ms ({n:.0f} relists, min {a.t / 60:.0f}-{b.t / 60:.0f})",
+                    f"{_fmt(total / n * 1000 if n else None)} ms ({n:.0f} relists, min {a.t / 60:.0f}-{b.t / 60:.0f}, "
+                    f"host load {sum(loads) / len(loads):.1f})",
                 )
             )
     ages = [
@@ -297,6 +302,15 @@ def report(soak: Soak, h: kh.Harness, args: argparse.Namespace, version: str) ->
             print(f"-- {title}")
             for item in items:
                 print(f"   {item}")
+
+
+def _cpu_share(life: list[Sample]) -> str:
+    """The shim's CPU use over one life's samples, in percent of one core."""
+    timed = [s for s in life if s.cpu is not None]
+    if len(timed) < 2 or timed[-1].t <= timed[0].t:
+        return "-"
+    assert timed[0].cpu is not None and timed[-1].cpu is not None
+    return f"{100 * (timed[-1].cpu - timed[0].cpu) / (timed[-1].t - timed[0].t):.1f}%"
 
 
 def _step_times(cycles: list[Cycle], step: str) -> str:
