@@ -77,6 +77,10 @@ def shim_config(h: Harness) -> str:
         'address = "127.0.0.1"',
         "[logging]",
         'level = "info"',
+        # The host's /var/run/nri/nri.sock is for the runtime of the host (or a test that dials it):
+        # NRI stays on, on a socket of the run's own.
+        "[nri]",
+        f'socket_path = "{h.dir}/nri.sock"',
     ]
     pod_network = ['pod_network = "cni"'] if h.cni is not None else []
     if h.handler == "runv":

@@ -32,6 +32,7 @@ SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/pa
 # The host's values before the first of (possibly concurrent) harness runs;
 # the run that stops while no other kubelet runs puts them back.
 SYSCTLS_SAVED = Path("/run/cri-shim-kubelet-harness.sysctls.json")
+POD_LOGS = Path("/var/log/pods")  # the kubelet's default podLogsDir
 
 
 def kubelet_binary() -> str:
@@ -165,7 +166,7 @@ def kubelet_minor(binary: str) -> int:
 POD_LOGS_DIR_SINCE = 29
 
 
-def remove_pod_logs(namespace: str, pod_uids: set[str], pods: Path = Path("/var/log/pods")) -> None:
+def remove_pod_logs(namespace: str, pod_uids: set[str], pods: Path = POD_LOGS) -> None:
     """What the kubelet left in its pod logs directory and /var/log/containers of these pods (by UID:
     runs may overlap)."""
     ours = [d for d in pods.glob(f"{namespace}_*_*") if d.name.rsplit("_", 1)[-1] in pod_uids]

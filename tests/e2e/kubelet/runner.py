@@ -123,7 +123,7 @@ class Harness:
         # (config.kubelet_config), else the shared default.
         self.kubelet_minor = host.kubelet_minor(self.kubelet_bin)
         self.pod_logs_dir = (
-            self.dir / "pod-logs" if self.kubelet_minor >= host.POD_LOGS_DIR_SINCE else Path("/var/log/pods")
+            self.dir / "pod-logs" if self.kubelet_minor >= host.POD_LOGS_DIR_SINCE else host.POD_LOGS
         )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._files: list[Any] = []
@@ -143,6 +143,9 @@ class Harness:
         # Scales the waits of the checks: a VM under emulation takes seconds where the stub takes ms.
         self.patience = 6.0 if driver == "qemu" else 1.0
         self.pod_uids: set[str] = set()  # seen in /pods: whose /var/log entries are ours
+        # The kubelet's podLogsDir (v1.29+) under the work directory instead of /var/log/pods, where
+        # every other kubelet of the host removes, within a minute, the directories of pods it does not
+        # know (its container GC): a run of hours beside other kubelets needs its own.
         self.kubelet_error_counts: collections.Counter[str] | None = None
         self.shim_error_counts: collections.Counter[str] | None = None
 
@@ -338,15 +341,36 @@ class Harness:
         if "cri-shim" not in self.procs or self.procs["cri-shim"].poll() is not None:
             return
         rt = self.cri()
-        try:
-            for c in rt.ListContainers(pb.ListContainersRequest(), timeout=10).containers:
-                rt.StopContainer(pb.StopContainerRequest(container_id=c.id, timeout=0), timeout=30)
-                rt.RemoveContainer(pb.RemoveContainerRequest(container_id=c.id), timeout=30)
-            for s in rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10).items:
-                rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=s.id), timeout=60)
-                rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=s.id), timeout=60)
-        except grpc.RpcError as exc:
-            self.log(f"removing leftovers failed: {exc.code()} {exc.details()}")
+        # A removal the kubelet began just before it stopped may still be under way in the shim
+        # (FAILED_PRECONDITION "already in progress"): go on with the rest, then look again.
+        errors: list[str] = []
+        for _ in range(5):
+            errors = []
+            try:
+                containers = rt.ListContainers(pb.ListContainersRequest(), timeout=10).containers
+                sandboxes = rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10).items
+            except grpc.RpcError as exc:
+                errors = [f"list: {exc.code()} {exc.details()}"]
+                time.sleep(2)
+                continue
+            if not containers and not sandboxes:
+                return
+            for c in containers:
+                try:
+                    rt.StopContainer(pb.StopContainerRequest(container_id=c.id, timeout=0), timeout=30)
+                    rt.RemoveContainer(pb.RemoveContainerRequest(container_id=c.id), timeout=30)
+                except grpc.RpcError as exc:
+                    errors.append(f"container {c.id[:12]}: {exc.code()} {exc.details()}")
+            for s in sandboxes:
+                try:
+                    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=s.id), timeout=60)
+                    rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=s.id), timeout=60)
+                except grpc.RpcError as exc:
+                    errors.append(f"sandbox {s.id[:12]}: {exc.code()} {exc.details()}")
+            if errors:
+                time.sleep(2)
+        if errors:
+            self.log(f"removing leftovers failed: {'; '.join(errors[:5])}")
 
     def _stop(self, name: str, grace: float) -> None:
         proc = self.procs.pop(name, None)
