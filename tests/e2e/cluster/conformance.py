@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +21,7 @@ from tests.e2e.cluster.kubectl import Kubectl
 from tests.e2e.cluster.layout import Binaries, node
 from tests.e2e.cluster.pki import admin_kubeconfig
 from tests.e2e.node_e2e import report
+from tests.e2e.node_e2e.suite import run_suite
 
 # The fake node carries this taint during the run; the suite is told not to wait for it.
 TAINT = "cri-shim.io/conformance=skip:NoSchedule"
@@ -78,42 +77,6 @@ def suite_argv(b: Binaries, opts: Options, phase: str) -> list[str]:
     ]
 
 
-def run_phase(argv: list[str], out: Path, timeout: float) -> int:
-    """One phase in a session of its own (ginkgo and its processes), interrupted after `timeout`."""
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "suite.log", "ab") as fh:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=out,
-        )
-        try:
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            print(
-                f"[conformance] over {timeout:.0f} s: interrupting the suite (pid {proc.pid})",
-                file=sys.stderr,
-            )
-            return _interrupt(proc)
-        except BaseException:  # Ctrl-C of the harness: the suite stops with it
-            _interrupt(proc)
-            raise
-
-
-def _interrupt(proc: subprocess.Popen[bytes]) -> int:
-    """SIGINT to the suite's session (ginkgo then cleans up and writes its report), SIGKILL two
-    minutes later: a spec's clean-up can hang on a cluster in trouble."""
-    os.killpg(proc.pid, signal.SIGINT)
-    try:
-        return proc.wait(120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        return proc.wait()
-
-
 def set_fake_taint(k: Kubectl, on: bool) -> None:
     name = node("fake").name
     if on:
@@ -133,7 +96,7 @@ def run(b: Binaries, opts: Options) -> tuple[list[int], list[report.Spec]]:
             started = time.monotonic()
             argv = suite_argv(b, opts, phase)
             print(f"[conformance] {phase}: {' '.join(argv)}", file=sys.stderr)
-            codes.append(run_phase(argv, opts.out / phase, opts.timeout))
+            codes.append(run_suite(argv, opts.out / phase, opts.timeout, who="conformance"))
             path = opts.out / phase / "report.json"
             got = report.load(path) if path.exists() else []
             print(

@@ -172,9 +172,11 @@ def suite_argv(
     return [b.suite, *suite_flags, *(f"--ginkgo.{f}" for f in ginkgo_flags)]
 
 
-def run_suite(argv: list[str], out: Path, timeout: float) -> int:
-    """The suite in a session of its own, so that a run over time stops with its kubelet; in `out`,
-    where it writes its kubeconfig, token file and kubelet config (into its working directory)."""
+def run_suite(argv: list[str], out: Path, timeout: float, who: str = "node-e2e") -> int:
+    """A ginkgo suite in a session of its own (ginkgo, its processes and what they start, such as the
+    kubelet), run in `out`, where the suite writes its kubeconfig, token file and kubelet config; after
+    `timeout` (or on Ctrl-C of ours) it is interrupted as ginkgo expects, which writes its report."""
+    out.mkdir(parents=True, exist_ok=True)
     with open(out / "suite.log", "ab") as fh:
         proc = subprocess.Popen(
             argv,
@@ -187,20 +189,22 @@ def run_suite(argv: list[str], out: Path, timeout: float) -> int:
         try:
             return proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            print(
-                f"[node-e2e] over {timeout:.0f} s: interrupting the suite (pid {proc.pid})", file=sys.stderr
-            )
-            # ginkgo writes its report on an interrupt; the group holds the kubelet it started.
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                return proc.wait(120)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                return proc.wait()
-        finally:
-            if proc.poll() is None:  # interrupted by us (Ctrl-C, an exception)
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            print(f"[{who}] over {timeout:.0f} s: interrupting the suite (pid {proc.pid})", file=sys.stderr)
+            return interrupt(proc)
+        except BaseException:  # Ctrl-C of the runner: the suite stops with it
+            interrupt(proc)
+            raise
+
+
+def interrupt(proc: subprocess.Popen[bytes]) -> int:
+    """SIGINT to the suite's session (ginkgo then cleans up and writes its report), SIGKILL two
+    minutes later: a spec's clean-up can hang."""
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        return proc.wait(120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
 
 
 def sandboxes(endpoint: str) -> list[pb.PodSandbox]:
