@@ -106,8 +106,11 @@ def shim_config(h: Harness) -> str:
                 lines.append(f'guest_dir = "{h.guest_dir}"')
         if h.warm:
             lines += ["[handlers.runv.pool]", f"size = {h.warm}"]
-    elif h.handler == "docker" and (h.warm or pod_network):
-        lines += ["[handlers.docker]", 'type = "docker"', *pod_network]
+    elif h.handler == "docker":
+        # An instance of the run's own: a docker shim's recovery removes the engine containers of its
+        # instance that its records do not claim, so two runs on the default instance ("docker")
+        # on one engine removed each other's pods whenever one restarted.
+        lines += ["[handlers.docker]", 'type = "docker"', f'instance = "e2e-{h.tag}"', *pod_network]
         if h.warm:
             # Warm pause containers serve the host-network pods (backends/docker/warm.py).
             lines += ["[handlers.docker.pool]", f"size = {h.warm}"]
