@@ -204,7 +204,8 @@ class DockerBackend:
     async def recover(
         self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
     ) -> tuple[dict[str, Observed], dict[str, Observed]]:
-        return await recovery.recover(self._shared, sandboxes, containers)
+        made = self.warm.made if self.warm is not None else set()  # live: read after the engine's list
+        return await recovery.recover(self._shared, sandboxes, containers, made)
 
     # ---------------------------------------------------------------- sandboxes
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import structlog
@@ -20,10 +20,17 @@ log = structlog.get_logger(__name__)
 
 
 async def recover(
-    shared: Shared, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
+    shared: Shared,
+    sandboxes: Sequence[SandboxRecord],
+    containers: Sequence[ContainerRecord],
+    pool_items: Collection[str] = (),
 ) -> tuple[dict[str, Observed], dict[str, Observed]]:
+    """``pool_items``: the IDs of the warm pause containers this shim's pool has made since it
+    started (before recovery runs): not leftovers."""
     rows = await shared.ours()
     by_id = {(r.get("Labels") or {}).get(lbl.ID, ""): r for r in rows}
+    for item in pool_items:
+        by_id.pop(item, None)
     records: dict[str, SandboxRecord | ContainerRecord] = {r.id: r for r in sandboxes}
     records.update((r.id, r) for r in containers)
     # A pod that took a warm pause container: its labels name the pool item, the record the pod.

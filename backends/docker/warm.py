@@ -120,6 +120,9 @@ class WarmPauses:
         self._shared = shared
         self.settings = settings
         self.starting = 0  # RunPodSandbox calls in progress: the refill waits for them
+        # IDs of the items this pool made and still holds (or is making): recovery, which runs
+        # after the pool started filling, must not take them for a dead shim's leftovers.
+        self.made: set[str] = set()
         self._cpu = CpuMeter()
         self._cfg = convert.sandbox_config(
             "",
@@ -152,16 +155,23 @@ class WarmPauses:
         warm_id = "warm-" + secrets.token_hex(16)
         cfg["Labels"] = {lbl.KIND: lbl.WARM, lbl.INSTANCE: shared.instance, lbl.ID: warm_id}
         cfg["HostConfig"]["CgroupParent"] = shared.cgroup_parent
-        await shared.images.ensure(str(cfg["Image"]))
-        eid = await shared.create(lbl.warm_name(warm_id), cfg, {})
+        self.made.add(warm_id)
+        try:
+            await shared.images.ensure(str(cfg["Image"]))
+            eid = await shared.create(lbl.warm_name(warm_id), cfg, {})
+        except BaseException:
+            self.made.discard(warm_id)
+            raise
         try:
             await shared.engine.start_container(eid)
         except BaseException:
             await asyncio.shield(shared.remove(eid))
+            self.made.discard(warm_id)
             raise
         return WarmPause(warm_id, eid, shape)
 
     async def _discard(self, item: WarmPause) -> None:
+        self.made.discard(item.warm_id)
         with contextlib.suppress(CriError):
             await self._shared.remove(item.engine_id)
 
@@ -205,4 +215,5 @@ class WarmPauses:
             self._drop(item)
             raise
         sandbox.backend_data[WARM_ID] = item.warm_id
+        self.made.discard(item.warm_id)  # the pod's now: its record claims it
         return info

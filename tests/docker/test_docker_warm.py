@@ -190,6 +190,36 @@ async def test_pool_items_are_reclaimed_after_a_crash_and_removed_at_stop(engine
     assert warm_rows(engine) == []
 
 
+async def test_recovery_keeps_the_items_its_own_pool_made_and_removes_a_dead_shims(
+    engine: docker.APIClient,
+) -> None:
+    """The server starts the backend (its pool begins filling) before it recovers: the items the
+    live pool made are its own, the dead shim's are leftovers."""
+    events, events2 = Events(), Events()
+    crashed = await pooled_backend(events, 1)
+    after = await pooled_backend(events2, 1)
+    try:
+        await until(ready(Harness(crashed, events, engine), 1), 30)
+        await until(ready(Harness(after, events2, engine), 1), 30)
+        assert crashed.warm is not None and after.warm is not None
+        mine = after.warm.pool.ready[0].engine_id
+        theirs = crashed.warm.pool.ready[0].engine_id
+        await after.recover([], [])
+        ids = {r["Id"] for r in warm_rows(engine)}
+        assert mine in ids and theirs not in ids
+        # The kept item serves a pod.
+        h = Harness(after, events2, engine)
+        sb = await h.run_sandbox(host_network_pod("afterwards"))
+        assert sb.backend_data["engine_id"] == mine
+        await h.cleanup()
+    finally:
+        await events.close()
+        await events2.close()
+        await crashed.close()
+        await after.close()
+    assert warm_rows(engine) == []
+
+
 @pytest.mark.parametrize(
     ("table", "why"),
     [
