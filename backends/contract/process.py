@@ -97,8 +97,18 @@ class ContainerProcess(Protocol):
 
         Iterated once, by the shim. It ends when the container's output is
         complete, which is after its exit; the shim stops waiting for that a
-        bounded time after the exit is set.
+        bounded time after the exit is set: once nothing has come for a while
+        (``DRAIN_WAIT``), unless the process says its output is sure to end
+        (``output_ends``, below), and after ``DRAIN_MAX`` in any case.
         """
+
+
+def output_ends(process: object) -> bool:
+    """Whether a process's output is sure to end on its own soon after its exit (a class
+    attribute ``output_ends = True``: a runtime's read that it closes when the output is all
+    out, such as an engine's log read). The shim then waits for that end, however long the
+    runtime is silent before it under load, rather than taking silence for the end."""
+    return bool(getattr(process, "output_ends", False))
 
 
 class ProcessPipe:

@@ -12,6 +12,7 @@ from backends.contract.errors import CriError, NotFoundError
 from .context import Shared, engine_time, parse_time
 from .state import ContainerState, LogFollow
 
+_READS_AFTER_EXIT = 3  # refused log reads after the exit before the output is taken as ended
 _RESUME_OVERLAP_NS = 2_000_000_000  # a resumed log read goes back this far (see DockerProcess.output)
 
 
@@ -20,7 +21,10 @@ class DockerProcess:
 
     The exit is set by the event watcher (an exit nobody asked for) or by a
     stop; setting it cuts the followed log stream short (:meth:`exited`).
+    The output is sure to end after the exit (the last read does not follow).
     """
+
+    output_ends = True
 
     def __init__(self, shared: Shared, st: ContainerState, tty: bool, after: LogMarks | None) -> None:
         self._shared = shared
@@ -60,6 +64,7 @@ class DockerProcess:
         resume = LogResume(self._after)
         follow = LogFollow(tty=tty, finishing=self.exit.info is not None and not tty)  # ended already
         st.follow = follow
+        failed = 0  # reads refused since the exit
         try:
             while True:
                 final = follow.finishing
@@ -74,6 +79,10 @@ class DockerProcess:
                 except NotFoundError:
                     return
                 except CriError:
+                    if self.exit.info is not None:
+                        failed += 1
+                        if failed >= _READS_AFTER_EXIT:
+                            return  # the engine will not serve the rest: the exit is not held up
                     await asyncio.sleep(1)
                     continue
                 follow.resp = None if final else resp

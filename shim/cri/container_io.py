@@ -29,13 +29,16 @@ from typing import Protocol
 import structlog
 
 from backends.contract import ContainerProcess, ExitInfo, LogMarks, Output, ProcessPipe
+from backends.contract.process import output_ends
 
 log = structlog.get_logger("io")
 
 MAX_RECORD = 16 * 1024  # content bytes per record before a line is split
 # After a process's end, its exit is reported once its output has ended, or when no more of it
-# has arrived for DRAIN_WAIT s, or after DRAIN_MAX s in all: the engine serves a flood of
-# 200,000 lines in over 10 s on a slow node, steadily; a short output takes milliseconds.
+# has arrived for DRAIN_WAIT s (not for a process whose output is sure to end: under load an
+# engine may answer the read of a container's last lines seconds after its exit), or after
+# DRAIN_MAX s in all: the engine serves a flood of 200,000 lines in over 10 s on a slow node,
+# steadily; a short output takes milliseconds.
 DRAIN_WAIT = 3.0
 DRAIN_MAX = 120.0
 
@@ -247,6 +250,7 @@ class _Followed:
     __slots__ = (
         "cid",
         "drained",
+        "ends",
         "io",
         "output_done",
         "process",
@@ -272,6 +276,7 @@ class _Followed:
         self.reported = False
         self.progress = 0  # outputs written so far: a drain waits on while this moves
         self.until = 0.0  # monotonic time at which a drain gives up whatever happens
+        self.ends = output_ends(process)  # silence is not the end: wait for the end itself
 
     def write(self, out: Output) -> None:
         self.progress += 1
@@ -282,7 +287,8 @@ class _Followed:
         """Whether to wait on: output is still arriving (``seen``: progress at the last look)."""
         if not self.until:
             self.until = time.monotonic() + self.io.drain_max
-        return not self.output_done and self.progress != seen and time.monotonic() < self.until
+        moving = self.ends or self.progress != seen
+        return not self.output_done and moving and time.monotonic() < self.until
 
     def output_ended(self) -> None:
         self.output_done = True

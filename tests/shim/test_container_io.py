@@ -134,6 +134,47 @@ async def test_output_that_never_ends_delays_the_exit_a_bounded_time() -> None:
     assert [(cid, info.exit_code) for cid, info, _ in exits.seen] == [("c1", 0)]
 
 
+class LateOutput(SlowOutput):
+    """An engine under load: nothing for a while after the exit, then the last lines."""
+
+    def __init__(self, lines: list[bytes], silence: float, ends: bool) -> None:
+        super().__init__(lines, lag=0)
+        self.silence = silence
+        self.output_ends = ends
+
+    async def output(self) -> AsyncIterator[Output]:
+        await self.exit.wait()
+        await asyncio.sleep(self.silence)
+        for line in self._lines:
+            yield Output("stdout", line)
+        self.finished = True
+
+
+@pytest.mark.parametrize("ends", [True, False])
+async def test_silence_after_the_exit_is_not_the_end_of_an_output_sure_to_end(ends: bool) -> None:
+    """A process whose output is sure to end (an engine's log read) is waited for through a
+    silence longer than DRAIN_WAIT; any other is reported once silent for DRAIN_WAIT."""
+    log = MemoryLog()
+    exits = Exits(log)
+    io = ContainerIO(exits, drain_wait=0.05)
+    proc = LateOutput([b"DONE"], silence=0.3, ends=ends)
+    io.follow("c1", proc, log)
+    proc.exit.set(ExitInfo(exit_code=1, finished_at=1))
+    for _ in range(100):
+        if exits.seen:
+            break
+        await asyncio.sleep(0.01)
+    assert [(cid, logged) for cid, _, logged in exits.seen] == [("c1", b"DONE" if ends else b"")]
+    drained = ContainerIO(Exits(MemoryLog()), drain_wait=0.05)
+    late = LateOutput([b"x\n"], silence=0.3, ends=ends)
+    drained.follow("c2", late, MemoryLog())
+    late.exit.set(ExitInfo(exit_code=0, finished_at=1))
+    await drained.drain("c2")  # what a stop awaits
+    assert late.finished is ends
+    await drained.aclose()
+    await io.aclose()
+
+
 async def test_a_pipe_is_followed_without_a_task_and_keeps_what_came_before() -> None:
     log = MemoryLog()
     exits = Exits(log)
