@@ -22,6 +22,7 @@ from backends.contract import (
     ExitInfo,
     SandboxRecord,
 )
+from backends.contract.values import STOP_SIGNAL
 from cri_api import api_pb2 as pb
 from shim.cri import stats_messages, validate
 from shim.cri.container_io import CriLogWriter, touch_log
@@ -34,7 +35,7 @@ from shim.cri.errors import (
     ResourceExhaustedError,
     UnimplementedError,
 )
-from shim.cri.list_cache import ListCache, labels_match
+from shim.cri.list_cache import ListCache, StatusCache, labels_match
 from shim.cri.messages import container_pb, container_status_pb
 from shim.cri.state import Shim
 from shim.cri.store import container_name, container_to_json
@@ -58,6 +59,7 @@ class ContainerService:
     def __init__(self, shim: Shim) -> None:
         self.shim = shim
         self._list_cache: ListCache[ContainerRecord] = ListCache(container_pb)
+        self._status_cache = StatusCache()
 
     # ------------------------------------------------------------------ lifecycle
     async def create(self, req: pb.CreateContainerRequest) -> pb.CreateContainerResponse:
@@ -205,8 +207,12 @@ class ContainerService:
         return pb.RemoveContainerResponse()
 
     # ------------------------------------------------------------------ queries
-    async def status(self, req: pb.ContainerStatusRequest) -> pb.ContainerStatusResponse:
+    async def status(self, req: pb.ContainerStatusRequest) -> pb.ContainerStatusResponse | bytes:
         c = self._get(req.container_id)
+        if not req.verbose:
+            data = c.backend_data
+            key = (c.status, c.resources, c.image_name, c.log_path, len(data), data.get(STOP_SIGNAL))
+            return self._status_cache.get(c.id, c, key, lambda: _status_bytes(c))
         resp = pb.ContainerStatusResponse(status=container_status_pb(c))
         if req.verbose:
             info: dict[str, Any] = container_to_json(c)
@@ -479,3 +485,7 @@ async def display_image(backend: Backend, spec: pb.ImageSpec) -> str:
         if info is not None and info.repo_tags:
             return info.repo_tags[0]
     return image
+
+
+def _status_bytes(c: ContainerRecord) -> bytes:
+    return pb.ContainerStatusResponse(status=container_status_pb(c)).SerializeToString()

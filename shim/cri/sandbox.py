@@ -29,7 +29,7 @@ from shim.cri.errors import (
     NotFoundError,
     UnimplementedError,
 )
-from shim.cri.list_cache import ListCache, labels_match
+from shim.cri.list_cache import ListCache, StatusCache, labels_match
 from shim.cri.messages import sandbox_pb, sandbox_status_pb
 from shim.cri.state import Shim
 from shim.cri.store import sandbox_name, sandbox_to_json
@@ -41,6 +41,7 @@ class SandboxService:
     def __init__(self, shim: Shim) -> None:
         self.shim = shim
         self._list_cache: ListCache[SandboxRecord] = ListCache(sandbox_pb)
+        self._status_cache = StatusCache()
 
     async def run(self, req: pb.RunPodSandboxRequest) -> pb.RunPodSandboxResponse:
         shim = self.shim
@@ -134,8 +135,10 @@ class SandboxService:
             await shim.nri.remove_pod_sandbox(sb)
         return pb.RemovePodSandboxResponse()
 
-    async def status(self, req: pb.PodSandboxStatusRequest) -> pb.PodSandboxStatusResponse:
+    async def status(self, req: pb.PodSandboxStatusRequest) -> pb.PodSandboxStatusResponse | bytes:
         sb = self.shim.store.sandboxes.resolve(req.pod_sandbox_id)
+        if not req.verbose:
+            return self._status_cache.get(sb.id, sb, (sb.status,), lambda: _status_bytes(sb))
         resp = pb.PodSandboxStatusResponse(status=sandbox_status_pb(sb))
         if req.verbose:
             info = sandbox_to_json(sb)
@@ -344,3 +347,7 @@ async def _undo_sandbox(shim: Shim, record: SandboxRecord) -> None:
 
     await asyncio.shield(undo())
     shim.store.drop_sandbox(record)
+
+
+def _status_bytes(sb: SandboxRecord) -> bytes:
+    return pb.PodSandboxStatusResponse(status=sandbox_status_pb(sb)).SerializeToString()

@@ -1,8 +1,14 @@
-"""Pre-encoded List responses decode to the same messages."""
+"""Pre-encoded List responses decode to the same messages; cached status responses follow every change."""
+
+from collections.abc import Callable
+
+import grpc
+import pytest
 
 from cri_api import api_pb2 as pb
-from shim.cri.list_cache import field1_entry, labels_match
+from shim.cri.list_cache import StatusCache, field1_entry, labels_match
 from shim.cri.servicer import _split_entries
+from tests.conftest import Running
 
 
 def test_concatenated_entries_are_a_valid_response() -> None:
@@ -16,3 +22,66 @@ def test_labels_match() -> None:
     assert labels_match({"a": "1", "b": "2"}, {"a": "1"})
     assert not labels_match({"a": "1"}, {"a": "2"})
     assert not labels_match({}, {"a": "1"})
+
+
+def test_status_cache_reuses_only_for_the_same_record_and_key() -> None:
+    cache = StatusCache(size=2)
+    built: list[str] = []
+
+    def build(tag: str) -> Callable[[], bytes]:
+        return lambda: built.append(tag) or tag.encode()
+
+    rec, status = object(), object()
+    assert cache.get("a", rec, (status, "x", 1), build("1")) == b"1"
+    assert cache.get("a", rec, (status, "x", 1), build("2")) == b"1"  # same objects and values
+    assert cache.get("a", rec, (object(), "x", 1), build("3")) == b"3"  # a new status object
+    same_values = ("x" * 2)[:1]  # an equal string that is another object
+    assert cache.get("a", rec, (status, same_values, 1), build("4")) == b"4"
+    assert cache.get("a", rec, (status, "x", 1), build("5")) == b"4"
+    assert cache.get("a", rec, (status, "x", 2), build("6")) == b"6"
+    assert cache.get("a", object(), (status, "x", 2), build("7")) == b"7"  # another record, same ID
+    cache.get("b", rec, (), build("8"))
+    cache.get("c", rec, (), build("9"))  # over the bound: the oldest entry goes
+    assert len(cache) == 2
+    assert cache.get("a", rec, (status, "x", 2), build("10")) == b"10"
+    assert built == ["1", "3", "4", "6", "7", "8", "9", "10"]
+
+
+async def test_cached_statuses_follow_every_change(running: Running) -> None:
+    """ContainerStatus and PodSandboxStatus, served from encoded bytes, show each change at once."""
+    rt = running.rt
+    sc = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="p", uid="u", namespace="n"))
+    pod = (await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc))).pod_sandbox_id
+    cc = pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name="c"), image=pb.ImageSpec(image="busybox"), command=["sleep", "60"]
+    )
+    await running.im.PullImage(pb.PullImageRequest(image=cc.image))
+    req = pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc)
+    cid = (await rt.CreateContainer(req)).container_id
+
+    async def state() -> tuple[int, int, int]:
+        st = (await rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid))).status
+        return st.state, st.resources.linux.cpu_shares, st.exit_code
+
+    async def pod_state() -> int:
+        return int((await rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod))).status.state)
+
+    assert await state() == (pb.CONTAINER_CREATED, 0, 0)
+    assert await state() == (pb.CONTAINER_CREATED, 0, 0)
+    await rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    assert (await state())[0] == pb.CONTAINER_RUNNING
+    res = pb.LinuxContainerResources(cpu_shares=512)
+    await rt.UpdateContainerResources(pb.UpdateContainerResourcesRequest(container_id=cid, linux=res))
+    assert await state() == (pb.CONTAINER_RUNNING, 512, 0)
+    assert await pod_state() == pb.SANDBOX_READY
+    await rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0))
+    st, _, code = await state()
+    assert st == pb.CONTAINER_EXITED and code != 0
+    await rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod))
+    assert await pod_state() == pb.SANDBOX_NOTREADY
+    verbose = await rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid, verbose=True))
+    assert verbose.status.state == pb.CONTAINER_EXITED and "info" in verbose.info
+    await rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
