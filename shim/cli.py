@@ -27,7 +27,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-format", choices=["json", "console"])
     serve.add_argument("--metrics-listen", help="host:port of the Prometheus /metrics endpoint")
     serve.add_argument(
-        "--transport", choices=["grpcio", "native"], help="how the CRI socket is served ([server] transport)"
+        "--transport",
+        choices=["native", "grpcio"],
+        help="how the CRI socket is served ([server] transport; default: native)",
     )
     hollow = sub.add_parser(
         "hollow",

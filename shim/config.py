@@ -36,7 +36,7 @@ class ServerConfig:
     metrics_listen: str = ""
     shutdown_grace: float = 10.0
     event_loop: str = "uvloop"
-    transport: str = "grpcio"
+    transport: str = "native"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,10 +142,10 @@ shutdown_grace = 10.0
 # uvloop (about 10% less time per RPC; asyncio is used when uvloop is not
 # installed) or asyncio.
 event_loop = "uvloop"
-# How the CRI socket is served: grpcio, or native (HTTP/2 on the event loop
-# itself, no threads: a fraction of grpcio's CPU per call; the default of
-# `cri-shim hollow`). Both serve every CRI RPC and grpc.health.v1 Check.
-transport = "grpcio"
+# How the CRI socket is served: native (HTTP/2 on the event loop itself, no
+# threads: a fraction of grpcio's CPU per call; the default) or grpcio (the
+# grpcio library's server). Both serve every CRI RPC and grpc.health.v1 Check.
+transport = "native"
 
 # One table per runtime handler (RuntimeClass handler name). `type` is one
 # of fake, docker, runv; the other keys are options of that backend.

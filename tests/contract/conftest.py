@@ -35,7 +35,7 @@ class Cri:
     channel: grpc.aio.Channel
     server: Server
     ids: str  # seed of the shim's ID factory
-    transport: str = "grpcio"  # [server] transport
+    transport: str = "native"  # [server] transport
 
     async def restart(self) -> None:
         """Stop the shim and start a new one, with a new backend of the same kind on the same
@@ -114,16 +114,16 @@ BACKENDS: dict[str, Callable[[str], tuple[Backend, str]]] = {
 }
 
 
-def _server(kind: str, backend: Backend, root: str, ids: str, transport: str = "grpcio") -> Server:
+def _server(kind: str, backend: Backend, root: str, ids: str, transport: str = "native") -> Server:
     cfg = dataclasses.replace(server_config(root, default_handler=kind, transport=transport), handlers={})
     return Server(cfg, backends={kind: backend}, id_factory=make_ids(ids))
 
 
-# Every backend behind grpcio, and the fake behind the native transport too.
-@pytest.fixture(params=[*sorted(BACKENDS), "fake-native"])
+# Every backend behind the native transport (the default), and the fake behind grpcio too.
+@pytest.fixture(params=[*sorted(BACKENDS), "fake-grpcio"])
 async def cri(request: Any, short_tmp: str) -> AsyncIterator[Cri]:
     kind, _, transport = request.param.partition("-")
-    transport = transport or "grpcio"
+    transport = transport or "native"
     backend, image = BACKENDS[kind](short_tmp)
     ids = f"contract-{os.getpid()}-{id(request)}"
     server = _server(kind, backend, short_tmp, ids, transport)

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--driver", choices=("stub", "qemu"), default="stub", help="runv: the hypervisor driver")
     p.add_argument(
-        "--transport", choices=("grpcio", "native"), default="grpcio", help="the shim's [server] transport"
+        "--transport", choices=("native", "grpcio"), default="native", help="the shim's [server] transport"
     )
     p.add_argument(
         "--hollow",

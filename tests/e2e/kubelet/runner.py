@@ -88,7 +88,7 @@ class Harness:
         warm: int = 0,
         driver: str = "stub",
         guest_dir: str = "",
-        transport: str = "grpcio",
+        transport: str = "native",
         hollow: int = 0,
         cni: bool = False,
         pause: str = PAUSE,

@@ -44,7 +44,7 @@ def run(
     warm: int = 0,
     driver: str = "stub",
     guest_dir: str = "",
-    transport: str = "grpcio",
+    transport: str = "native",
     hollow: int = 0,
     cni: bool = False,
 ) -> tuple[list[tuple[Check, Result, float]], Harness]:
