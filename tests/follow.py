@@ -29,7 +29,7 @@ class MemoryLog:
     def flush_partial(self) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, flush: bool = True) -> None:
         self.closed.set()
 
 

@@ -218,7 +218,7 @@ class RunvBackend:
     async def reattach(
         self, container: contract.ContainerRecord, after: contract.LogMarks | None
     ) -> VmProcess | None:
-        return await self._containers.reattach(container)
+        return await self._containers.reattach(container, after)
 
     async def stop_container(self, container: contract.ContainerRecord, timeout: int) -> contract.ExitInfo:
         return await self._containers.stop(container, timeout)

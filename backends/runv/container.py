@@ -137,16 +137,34 @@ class Containers:
         pod.containers.add(container.id)
         container.backend_data["vm"] = pod.vm.id
 
-    async def _subscribe(self, pod: Pod, cid: str) -> VmProcess:
-        """The container's output stream, subscribed before anything of it can be missed."""
+    async def _subscribe(
+        self, pod: Pod, cid: str, resume: bool = False, after: contract.LogMarks | None = None
+    ) -> VmProcess:
+        """The container's output stream, subscribed before anything of it can be missed.
+
+        An agent from version 2 stamps each piece with its time, which goes into the CRI log;
+        a re-subscription (``resume``) names the last time the log holds per stream (``after``;
+        none: the log has nothing) and gets the rest of what the agent keeps (1 MiB): also
+        what was in flight to a shim that went away.
+        """
         agent = self._shared.agent(pod)
+        stamped = pod.agent_version >= 2
+        marks = after or {}
+        req = m.OutputRequest(
+            id=cid,
+            stream=0,
+            stamped=stamped,
+            resume=stamped and resume,
+            after_stdout=marks.get("stdout", (0, 0))[0],
+            after_stderr=marks.get("stderr", (0, 0))[0],
+        )
         stream = agent.stream()
         try:
-            await agent.call(m.OutputRequest(id=cid, stream=stream.id))
+            await agent.call(dataclasses.replace(req, stream=stream.id))
         except BaseException:
             stream.forget()
             raise
-        proc = pod.procs[cid] = VmProcess(stream)
+        proc = pod.procs[cid] = VmProcess(stream, stamped)
         return proc
 
     async def start(
@@ -158,13 +176,15 @@ class Containers:
         state = await agent.call(m.StartRequest(id=container.id))
         return contract.Started(state.started_at or time.time_ns(), proc)
 
-    async def reattach(self, container: contract.ContainerRecord) -> VmProcess | None:
-        # The agent sends what it holds of the output (its backlog since the
-        # last reader), so nothing written while the shim was away is lost.
+    async def reattach(
+        self, container: contract.ContainerRecord, after: contract.LogMarks | None
+    ) -> VmProcess | None:
+        # The agent sends what the log is missing of what it holds (see _subscribe), so nothing
+        # written while the shim was away, or in flight when it went, is lost.
         pod = self._shared.pods.get(container.sandbox_id)
         if pod is None or pod.dead or container.id not in pod.containers:
             return None
-        proc = await self._subscribe(pod, container.id)
+        proc = await self._subscribe(pod, container.id, resume=after is not None, after=after)
         # An exit event that came before the subscription found no process to report to.
         state = await self._shared.agent(pod).call(m.StateRequest(id=container.id))
         if state.status == "exited":

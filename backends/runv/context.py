@@ -89,7 +89,8 @@ class Shared:
             # A VM whose agent refuses or has no socket left: that pod is down, not the backend.
             raise errors.UnavailableError(f"agent of VM {pod.vm.id} does not answer: {exc}") from exc
         pod.agent = AgentClient(reader, writer, lambda n, b: self._on_event(pod, n, b), self.agent_timeout)
-        await pod.agent.call(m.HelloRequest())
+        hello = await pod.agent.call(m.HelloRequest())
+        pod.agent_version = hello.version
 
     def _on_event(self, pod: Pod, name: str, body: dict[str, Any]) -> None:
         if name == m.EXIT_EVENT:

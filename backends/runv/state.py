@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from backends import contract
 from backends.runv.agent.client import AgentClient
-from backends.runv.agent.protocol import Ch, Stream
+from backends.runv.agent.protocol import STAMP, Ch, Stream
 from backends.runv.hypervisor import VM
 
 
@@ -18,6 +18,7 @@ class Pod:
     sandbox_id: str
     vm: VM
     agent: AgentClient | None = None
+    agent_version: int = 0  # of its operations (Hello): 2 and later stamp and replay output
     containers: set[str] = dataclasses.field(default_factory=set)
     stopping: bool = False
     dead: bool = False
@@ -36,14 +37,17 @@ class VmProcess:
     the channel goes (VM stopped or dead).
     """
 
-    def __init__(self, stream: Stream) -> None:
+    def __init__(self, stream: Stream, stamped: bool = False) -> None:
         self._stream = stream
+        self._stamped = stamped  # each frame starts with the agent's time of it (guest.STAMP)
         self.exit = contract.ExitLatch()
 
     async def output(self) -> AsyncIterator[contract.Output]:
         stream = self._stream
+        stamp = STAMP.size if self._stamped else 0
         try:
             async for ch, data in stream.received():
-                yield contract.Output("stderr" if ch == Ch.STDERR else "stdout", data)
+                at = STAMP.unpack_from(data)[0] if stamp and len(data) >= stamp else 0
+                yield contract.Output("stderr" if ch == Ch.STDERR else "stdout", data[stamp:], at)
         finally:
             stream.forget()

@@ -166,8 +166,12 @@ class CriLogWriter:
                 if self._file is None:
                     raise self._failing or OSError(errno.EIO, "cannot open the log file")
 
-    def close(self) -> None:
-        self.flush_partial()
+    def close(self, flush: bool = True) -> None:
+        """Close for good; ``flush=False`` (the shim shutting down) leaves an unterminated last
+        line out: a runtime that replays output (runv) sends it again after the restart, and a
+        partial record written now would be followed by that line whole."""
+        if flush:
+            self.flush_partial()
         with self._lock:
             self._closed = True
             if self._file is not None:
@@ -185,16 +189,44 @@ def touch_log(path: str) -> None:
 
 
 def last_log_marks(path: str) -> LogMarks | None:
-    """Where a CRI log file ends, per stream: (time of its last record, records at that time).
+    """Where a CRI log ends, per stream: (time of its last record, records at that time).
 
     Read from the last 64 KiB; handed to a backend re-attaching a running
     container after a restart, so that output already in the log is not
     written twice. A stream with no record there gets the time of the first
-    record read and a count of 0: it wrote nothing since. None without any
-    record.
+    record read and a count of 0: it wrote nothing since. A file with no
+    record that the kubelet has just rotated: the marks of the newest rotated
+    file (``PATH.TIMESTAMP``; older ones are compressed). A file with no
+    record and none rotated: (0, 0) for both streams, everything is missing.
+    None when there is no file (no log, or it cannot be read).
     """
     if not path:
         return None
+    marks = _file_marks(path)
+    if marks is not None:
+        return marks
+    if not os.path.exists(path):
+        return None
+    rotated = _newest_rotated(path)
+    if rotated:
+        marks = _file_marks(rotated)
+        if marks is not None:
+            return marks
+    return {stream: (0, 0) for stream in _STREAMS}
+
+
+def _newest_rotated(path: str) -> str:
+    """The kubelet's newest rotated file of a log (``PATH.YYYYMMDD-HHMMSS``, not compressed)."""
+    directory, name = os.path.split(path)
+    try:
+        names = os.listdir(directory or ".")
+    except OSError:
+        return ""
+    rotated = sorted(n for n in names if n.startswith(name + ".") and not n.endswith((".gz", ".tmp")))
+    return os.path.join(directory, rotated[-1]) if rotated else ""
+
+
+def _file_marks(path: str) -> LogMarks | None:
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -241,7 +273,7 @@ class LogWriter(Protocol):
 
     def flush_partial(self) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, flush: bool = True) -> None: ...
 
 
 class _Followed:
@@ -405,8 +437,9 @@ class ContainerIO:
         f = self._followed.get(container_id)
         return f.writer if f is not None else None
 
-    def close(self, container_id: str) -> None:
-        """Stop following a container (its exit is recorded, or it is removed); flush its log."""
+    def close(self, container_id: str, flush: bool = True) -> None:
+        """Stop following a container (its exit is recorded, or it is removed); flush its log
+        (not when the shim shuts down: see :meth:`CriLogWriter.close`)."""
         f = self._followed.pop(container_id, None)
         if f is None:
             return
@@ -420,14 +453,14 @@ class ContainerIO:
         if f.drained is not None:
             f.drained.set()
         if f.writer is not None:
-            f.writer.close()
+            f.writer.close(flush)
             self._dropped_before += getattr(f.writer, "bytes_dropped", 0)
 
     async def aclose(self) -> None:
         """Stop following everything (shutdown): the runtimes keep their containers."""
         tasks = [f.pump for f in self._followed.values() if f.pump is not None]
         for cid in list(self._followed):
-            self.close(cid)
+            self.close(cid, flush=False)
         await asyncio.gather(*tasks, return_exceptions=True)
 
 

@@ -3,18 +3,33 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
-from collections.abc import Coroutine
+import time
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from backends.linux import cgroups, procfs
 from backends.runv.agent import proc
 from backends.runv.agent.messages import ContainerState, Message
-from backends.runv.agent.protocol import AgentError, Ch, Channel, ConnectionLost, Stream
+from backends.runv.agent.protocol import STAMP, AgentError, Ch, Channel, ConnectionLost, Stream
 
-OUTPUT_BUFFER = 1024 * 1024  # output kept while no host is subscribed (shim restart)
+OUTPUT_BUFFER = 1024 * 1024  # the container's latest output, kept for a host that re-subscribes
+
+
+class Subscriber:
+    """A stream the container's output goes to; ``stamped``: each frame starts with its STAMP."""
+
+    __slots__ = ("stamped", "stream")
+
+    def __init__(self, stream: Stream, stamped: bool = False) -> None:
+        self.stream = stream
+        self.stamped = stamped
+
+    def send(self, ch: int, data: bytes, at: int) -> None:
+        spawn(self.stream.write(ch, STAMP.pack(at) + data if self.stamped else data))
 
 
 class Container:
@@ -31,9 +46,15 @@ class Container:
         self.stdin_w: int | None = None
         self.stdin_once = False
         self.tty_master: int | None = None
-        self.subscribers: list[Stream] = []
-        self.backlog: list[tuple[int, bytes]] = []
-        self.backlog_size = 0
+        self.subscribers: list[Subscriber] = []
+        # The latest output (up to OUTPUT_BUFFER bytes), each piece stamped with a time unique to
+        # it: a host that re-subscribes (a shim restarted) says what its log holds and gets the
+        # rest, also what was in flight to a host that went away. ``delivered``: the time of the
+        # last piece a host was sent (a host that says nothing gets only what came after it).
+        self.history: collections.deque[tuple[int, int, bytes]] = collections.deque()
+        self.history_size = 0
+        self.last_at = 0
+        self.delivered = 0
         self.open_outputs = 0
         self.exited = asyncio.Event()
         self.readers: list[proc.PipeReader] = []
@@ -54,20 +75,39 @@ class Container:
         if not data:
             self.open_outputs -= 1
             if self.open_outputs <= 0:
-                for st in self.subscribers:
-                    spawn(st.close(Ch.STDOUT))
+                for sub in self.subscribers:
+                    spawn(sub.stream.close(Ch.STDOUT))
                 self.subscribers.clear()
             return
-        live = [st for st in self.subscribers if not st.channel.closed.is_set()]
+        at = self.last_at = max(time.time_ns(), self.last_at + 1)
+        self.history.append((at, ch, data))
+        self.history_size += len(data)
+        while self.history_size > OUTPUT_BUFFER and len(self.history) > 1:
+            self.history_size -= len(self.history.popleft()[2])
+        live = [sub for sub in self.subscribers if not sub.stream.channel.closed.is_set()]
         self.subscribers = live
-        if not live:
-            self.backlog.append((ch, data))
-            self.backlog_size += len(data)
-            while self.backlog_size > OUTPUT_BUFFER and self.backlog:
-                self.backlog_size -= len(self.backlog.pop(0)[1])
-            return
-        for st in live:
-            spawn(st.write(ch, data))
+        if live:
+            self.delivered = at
+        for sub in live:
+            sub.send(ch, data, at)
+
+    def replay(self, after: Mapping[int, int] | None) -> list[tuple[int, int, bytes]]:
+        """What a host that re-subscribes is missing: with ``after`` (per channel, the time of
+        the last piece its log holds, 0 for none), every later piece, and of the piece at that
+        time what follows its last newline (a log record ends at a newline; the rest was still
+        pending in the host); without it, what no host was sent."""
+        if after is None:
+            return [piece for piece in self.history if piece[0] > self.delivered]
+        out = []
+        for at, ch, data in self.history:
+            mark = after.get(ch, 0)
+            if at > mark:
+                out.append((at, ch, data))
+            elif at == mark:
+                cut = data.rfind(b"\n")
+                if 0 <= cut < len(data) - 1:
+                    out.append((at, ch, data[cut + 1 :]))
+        return out
 
 
 _background: set[asyncio.Task[Any]] = set()

@@ -460,6 +460,11 @@ class OutputRequest(Request[Empty]):
     RESULT = Empty
     id: str
     stream: int
+    stamped: bool = False  # each frame starts with its time (guest.STAMP), which the host logs
+    # A host re-subscribing says what its log holds: per stream, the time of its last piece.
+    resume: bool = False
+    after_stdout: int = 0
+    after_stderr: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 VERSION = 1
+# A stamped output frame (`output` with `stamped`): the agent's time of the piece (ns), then its data.
+STAMP = struct.Struct(">Q")
 PREFIX = struct.Struct(">I")  # length of everything after the prefix
 HEAD = struct.Struct(">BBBxII")  # version, kind, channel, reserved, id, header length
 MAX_FRAME = 16 * 1024 * 1024

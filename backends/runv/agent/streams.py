@@ -15,7 +15,15 @@ from collections.abc import AsyncIterator
 
 from backends.linux import procfs
 from backends.runv.agent import proc
-from backends.runv.agent.guest import Container, Guest, as_exit_code, runc_log, spawn, write_all
+from backends.runv.agent.guest import (
+    Container,
+    Guest,
+    Subscriber,
+    as_exit_code,
+    runc_log,
+    spawn,
+    write_all,
+)
 from backends.runv.agent.messages import (
     AttachRequest,
     Empty,
@@ -26,29 +34,31 @@ from backends.runv.agent.messages import (
     PortForwardRequest,
     ResizeRequest,
 )
-from backends.runv.agent.protocol import AgentError, Ch, ConnectionLost, Stream
+from backends.runv.agent.protocol import STAMP, AgentError, Ch, ConnectionLost, Stream
 
 
 async def output(g: Guest, req: OutputRequest) -> Empty:
-    """Subscribe a stream to the container's output, backlog first."""
+    """Subscribe a stream to the container's output: first what the host is missing (see
+    ``Container.replay``), then as it comes; frames stamped when the host asks."""
     c = g.get(req.id)
     st = g.stream(req.stream)
-    for ch, data in c.backlog:
-        await st.write(ch, data)
-    c.backlog.clear()
-    c.backlog_size = 0
+    after = {int(Ch.STDOUT): req.after_stdout, int(Ch.STDERR): req.after_stderr} if req.resume else None
+    sub = Subscriber(st, req.stamped)
+    for at, ch, data in c.replay(after):
+        await st.write(ch, STAMP.pack(at) + data if req.stamped else data)
+        c.delivered = max(c.delivered, at)
     if c.open_outputs <= 0 and c.readers:
         await st.close(Ch.STDOUT)
     else:
-        c.subscribers.append(st)
+        c.subscribers.append(sub)
     return Empty()
 
 
 async def attach(g: Guest, req: AttachRequest) -> Empty:
-    """Output as ``output``; what arrives on STDIN goes to the container's stdin."""
+    """Output as ``output`` (from now on); what arrives on STDIN goes to the container's stdin."""
     c = g.get(req.id)
     st = g.stream(req.stream)
-    c.subscribers.append(st)
+    c.subscribers.append(Subscriber(st))
     target = c.tty_master if c.tty else c.stdin_w
     if target is not None and req.stdin:
         spawn(_pump_stdin(c, st, target))

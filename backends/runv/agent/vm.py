@@ -20,7 +20,7 @@ from backends.runv.agent.messages import (
 )
 from backends.runv.agent.protocol import AgentError
 
-VERSION = 1  # of the operations; the frame's version byte is protocol.VERSION
+VERSION = 2  # of the operations (2: stamped, resumable output); the frame's version byte is protocol.VERSION
 
 
 async def hello(g: Guest, req: HelloRequest) -> Hello:
