@@ -1,5 +1,5 @@
-"""The shell's awk (backends/fake/shell/tools/awk.py): the field-picking programs pods run, and a
-clear failure for the rest."""
+"""The shell's awk and hexdump (backends/fake/shell/tools/awk.py, dump.py): the field-picking
+programs pods run and the binary dump the ConfigMap spec reads, and a clear failure for the rest."""
 
 from __future__ import annotations
 
@@ -36,4 +36,40 @@ TABLE: list[Row] = [
 
 @script_table(TABLE)
 async def test_awk(script: str, stdin: str, stdout: str, stderr: str | None, code: int) -> None:
+    await check_script(script, stdin, stdout, stderr, code)
+
+
+HEXDUMP: list[Row] = [
+    # The ConfigMap binaryData spec's line (configmap_volume.go).
+    (
+        "printf '\\336\\312\\376\\272\\320\\376\\377' > /tmp/b; hexdump -C /tmp/b",
+        "",
+        "00000000  de ca fe ba d0 fe ff                              |.......|\n00000007\n",
+        None,
+        0,
+    ),
+    (
+        "printf '0123456789abcdefghij' | hexdump -C",
+        "",
+        "00000000  30 31 32 33 34 35 36 37  38 39 61 62 63 64 65 66  |0123456789abcdef|\n"
+        "00000010  67 68 69 6a                                       |ghij|\n00000014\n",
+        None,
+        0,
+    ),
+    (
+        "printf '%040d' 0 | hexdump -C",
+        "",
+        "00000000  30 30 30 30 30 30 30 30  30 30 30 30 30 30 30 30  |0000000000000000|\n*\n"
+        "00000020  30 30 30 30 30 30 30 30                           |00000000|\n00000028\n",
+        None,
+        0,
+    ),
+    ("printf '%032d' 0 | hexdump -Cv | wc -l; hexdump -C /data/empty", "", "3\n", None, 0),
+    ("hexdump /data/in.txt", "", "", "only -C", 1),
+    ("hexdump -C /nope; echo $?", "", "1\n", "hexdump: /nope: No such file or directory", 0),
+]
+
+
+@script_table(HEXDUMP)
+async def test_hexdump(script: str, stdin: str, stdout: str, stderr: str | None, code: int) -> None:
     await check_script(script, stdin, stdout, stderr, code)
