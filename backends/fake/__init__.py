@@ -29,6 +29,7 @@ SCHEMA: Schema = {
     "pull_seconds": Kind.NUMBER,
     "images": Kind.TABLE,
     "missing_images": Kind.STRINGS,
+    "available_images": Kind.STRINGS,  # when given, the only images a pull finds (patterns)
     "programs": Kind.TABLE,
     "exec": Kind.LIST,
     "port_responses": Kind.TABLE,

@@ -12,7 +12,7 @@ use to check their pod's settings.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from backends.contract import ContainerRecord, SandboxRecord
 from backends.fake.files import ContainerFiles, Mount
@@ -57,8 +57,13 @@ def container_files(
     return files
 
 
-def command_of(c: ContainerRecord) -> list[str]:
-    return list(c.config.command) + list(c.config.args)
+def command_of(c: ContainerRecord, entrypoint: Sequence[str] = (), cmd: Sequence[str] = ()) -> list[str]:
+    """What the container runs, as Kubernetes combines its config with its image's ENTRYPOINT and
+    CMD: its command replaces both; with no command, its args (else the CMD) follow the ENTRYPOINT."""
+    command, args = list(c.config.command), list(c.config.args)
+    if not command:
+        command, args = list(entrypoint), args or list(cmd)
+    return command + args
 
 
 def shell_io(
@@ -70,11 +75,13 @@ def shell_io(
     stdin: Callable[[], Awaitable[bytes]] | None = None,
     running: bool = True,
     network: Network | None = None,
+    argv: Sequence[str] | None = None,
 ) -> ShellIO:
-    """How the shell runs in container ``c``: for its command, or for an exec in it."""
+    """How the shell runs in container ``c``: for its command (``argv``, with its image's defaults;
+    else its config's), or for an exec in it."""
     env = {"PATH": _PATH, "HOSTNAME": hostname_of(c, sb), "HOME": "/root"}
     env.update({kv.key: kv.value.decode(errors="replace") for kv in c.config.envs})
-    argv = command_of(c)
+    argv = list(argv) if argv is not None else command_of(c)
     processes = [os.path.basename(argv[0])] if argv and running else []
 
     async def sysctl(args: list[str], io: ShellIO) -> int:

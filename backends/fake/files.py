@@ -18,12 +18,30 @@ reach the node's files through a volume.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import errno
 import os
 import posixpath
+import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from backends.fake.shell import MemoryFs
+from backends.fake.shell.fs import FileStat
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def statfs_type(path: str) -> int:
+    """statfs(2)'s f_type of the host file system holding ``path`` (a tmpfs emptyDir is TMPFS_MAGIC):
+    Python has no statfs, and its f_type is what agnhost's mounttest prints. f_type is the struct's
+    first field, a C long."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
+    if _libc.statfs(os.fsencode(path), buf) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    size = ctypes.sizeof(ctypes.c_long)
+    return int.from_bytes(buf.raw[:size], sys.byteorder, signed=True)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -60,13 +78,13 @@ class ContainerFiles:
             if path != mp and not path.startswith(mp.rstrip("/") + "/"):
                 continue
             if writing and m.readonly:
-                raise PermissionError(f"{path}: read-only file system")
+                raise PermissionError(errno.EROFS, "Read-only file system", path)
             rel = posixpath.relpath(path, mp)
             real = m.host_path if rel == "." else os.path.join(m.host_path, rel)
             root = os.path.realpath(m.host_path)
             resolved = os.path.realpath(real)
             if resolved != root and not resolved.startswith(root.rstrip("/") + "/"):
-                raise PermissionError(f"{path}: outside its volume")
+                raise PermissionError(errno.EACCES, "Permission denied (outside its volume)", path)
             return real
         return None
 
@@ -111,6 +129,24 @@ class ContainerFiles:
             os.makedirs(host, exist_ok=True)
         else:
             os.mkdir(host)
+
+    def stat(self, path: str) -> FileStat:
+        host = self._host(path)
+        if host is None:
+            return self.memory.stat(path)
+        st = os.stat(host)
+        return FileStat(st.st_mode, st.st_uid, st.st_gid)
+
+    def chmod(self, path: str, mode: int) -> None:
+        host = self._host(path, writing=True)
+        if host is None:
+            self.memory.chmod(path, mode)
+        else:
+            os.chmod(host, mode & 0o7777)
+
+    def fs_type(self, path: str) -> int:
+        host = self._host(path)
+        return self.memory.fs_type(path) if host is None else statfs_type(host)
 
     def remove(self, path: str) -> None:
         host = self._host(path, writing=True)

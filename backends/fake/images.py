@@ -6,14 +6,23 @@ every registry (a mirror such as k8s.gcr.io/pause serves
 registry.k8s.io/pause), except the pinned sandbox image; the ``images`` rules
 (by ``REPO`` or ``REPO:TAG``) may give ``id``, ``size``, ``uid``,
 ``username``, ``stop_signal`` (its STOPSIGNAL: what its containers are stopped
-with unless their config names one) or ``files`` (path = text: what its
-containers' file systems start with); ``missing_images`` patterns make pulls fail with NOT_FOUND.
+with unless their config names one), ``files`` (path = text: what its
+containers' file systems start with), ``entrypoint`` and ``cmd`` (its ENTRYPOINT
+and CMD: what a container runs when its config gives no command, or no command
+and no args, as Kubernetes combines them). Built-in rules, under the configured
+ones, give the Kubernetes e2e images theirs (agnhost: ``/agnhost`` ``pause``),
+on any registry. ``missing_images`` patterns make pulls fail with NOT_FOUND;
+a non-empty ``available_images`` list makes every pull it does not match (by
+full name, ``registry.k8s.io/pause:3.10.1``, or as written) fail with NOT_FOUND
+too, as a registry that has only those images (the pinned sandbox image is
+always there).
 Every pull is recorded in ``pulls`` with the auth it carried.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import fnmatch
 import hashlib
@@ -26,6 +35,12 @@ from typing import Any
 from backends.contract import ImageInfo, errors
 from backends.reference import BadReference, Reference, parse
 from cri_api import api_pb2 as pb
+
+# The ENTRYPOINT and CMD of images the Kubernetes e2e suites run, by repository path (any registry,
+# any tag): their containers name only a subcommand (agnhost's ``mounttest``...), or nothing.
+BUILTIN_RULES: dict[str, dict[str, Any]] = {
+    "e2e-test-images/agnhost": {"entrypoint": ["/agnhost"], "cmd": ["pause"]},
+}
 
 
 @dataclasses.dataclass(slots=True)
@@ -69,7 +84,12 @@ class ImageStore:
                 isinstance(k, str) and k.startswith("/") and isinstance(v, str) for k, v in files.items()
             ):
                 raise ValueError(f"images.{name}.files must be a table of absolute path = text")
+            for key in ("entrypoint", "cmd"):
+                value = rule.get(key, [])
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise ValueError(f"images.{name}.{key} must be a list of strings")
         self._missing = [str(p) for p in options.get("missing_images", [])]
+        self._available = [str(p) for p in options.get("available_images", [])]
 
     def load(self) -> None:
         """Reload the persisted store and pin the sandbox image (at backend start)."""
@@ -99,6 +119,11 @@ class ImageStore:
             raise errors.InvalidArgumentError(str(exc)) from None
         if any(fnmatch.fnmatch(ref.name, p) or fnmatch.fnmatch(image.image, p) for p in self._missing):
             raise errors.NotFoundError(f"image {image.image!r} not found in the (fake) registry")
+        if not self.available(ref, image.image):
+            raise errors.NotFoundError(
+                f"image {image.image!r} not found: the (fake) registry has only the images of its "
+                "available_images list"
+            )
         img = self._add(ref)
         self._save()
         return img.id
@@ -187,18 +212,47 @@ class ImageStore:
             return "sha256:" + hashlib.sha256(ref.tagged.encode()).hexdigest()
         return "sha256:" + hashlib.sha256(ref.path.encode()).hexdigest()
 
+    def available(self, ref: Reference, written: str) -> bool:
+        """Whether a pull of ``ref`` (written as ``written``) finds it under ``available_images``."""
+        if not self._available or (ref.tagged and ref.tagged == self._pause_ref):
+            return True
+        return any(fnmatch.fnmatch(ref.name, p) or fnmatch.fnmatch(written, p) for p in self._available)
+
     def files_for(self, image: str) -> dict[str, bytes]:
         """The files a rule gives the image named ``image`` (its containers start with them)."""
-        rule = self._rules.get(image)  # as the pod spec writes it ("busybox:1.36")
-        if rule is None:
-            try:
-                rule = self._rule(parse(image))  # or by the full reference, tagged or not
-            except BadReference:
-                return {}
+        rule = self._rule_for(image)
         return {path: text.encode() for path, text in dict(rule.get("files", {})).items()}
 
+    def process_for(self, image: str) -> tuple[list[str], list[str]]:
+        """The ENTRYPOINT and CMD a rule gives the image named ``image`` (empty: none)."""
+        rule = self._rule_for(image)
+        return [str(a) for a in rule.get("entrypoint", [])], [str(a) for a in rule.get("cmd", [])]
+
+    def _rule_for(self, image: str) -> dict[str, Any]:
+        """The rule of an image as a container names it: as the pod spec writes it ("busybox:1.36"),
+        by its full reference, or by its ID (as the kubelet creates containers), through its tags."""
+        rule = self._rules.get(image)
+        if rule is not None:
+            return rule
+        with contextlib.suppress(BadReference):
+            rule = self._rule(parse(image))
+            if rule:
+                return rule
+        found = self.find(image)
+        for tag in found.repo_tags if found is not None else []:
+            with contextlib.suppress(BadReference):
+                rule = self._rule(parse(tag))
+                if rule:
+                    return rule
+        return {}
+
     def _rule(self, ref: Reference) -> dict[str, Any]:
-        return self._rules.get(ref.tagged) or self._rules.get(ref.repository) or {}
+        return (
+            self._rules.get(ref.tagged)
+            or self._rules.get(ref.repository)
+            or BUILTIN_RULES.get(ref.path)
+            or {}
+        )
 
     def _add(self, ref: Reference) -> FakeImage:
         iid = self._image_id(ref)

@@ -217,7 +217,10 @@ class FakeLifecycle:
         ip = str(sb.backend_data.get("ip", "")) if sb else ""
         network = ContainerNetwork(self.ports, c.sandbox_id, c.id, ip)
         run = self.running.get(c.id)
-        io = environment.shell_io(c, sb, self.files_of(c), stdout, stderr, stdin, run is not None, network)
+        argv = environment.command_of(c, *self.images.process_for(c.config.image.image))
+        io = environment.shell_io(
+            c, sb, self.files_of(c), stdout, stderr, stdin, run is not None, network, argv
+        )
         io.pid = _EXEC_PID  # an exec is not its container's PID 1
         if run is not None and run.sent is not None:
             io.kill_init = functools.partial(_kill_init, run)
@@ -242,7 +245,7 @@ class FakeLifecycle:
         if container.id not in self.containers:
             raise errors.NotFoundError(f"container {container.id} does not exist in the fake runtime")
         program = self.programs.program_for(container)
-        argv = environment.command_of(container)
+        argv = environment.command_of(container, *self.images.process_for(container.config.image.image))
         if program is None and not (argv and shell.knows(argv[0])):
             program = Program()  # a command the shell does not know: it runs, silently, until stopped
         run = Running(program, time.monotonic())

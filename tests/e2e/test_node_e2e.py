@@ -15,11 +15,16 @@ import json
 import re
 import shutil
 import subprocess
+import types
+import typing
 from pathlib import Path
 
 import pytest
 
+import shim.config
 from tests.e2e import node_e2e
+from tests.e2e.kubelet.config import shim_config
+from tests.e2e.kubelet.runner import Harness
 from tests.e2e.node_e2e import suite
 
 
@@ -137,3 +142,20 @@ def test_the_nmeter_stand_in_stamps_milliseconds_as_the_lifecycle_specs_read_the
     assert re.fullmatch(r"t=\d\d:\d\d:\d\d\.\d!\n", one), one
     bad = subprocess.run([str(exe)], capture_output=True, text=True, timeout=5)
     assert bad.returncode == 1 and "usage" in bad.stderr
+
+
+def test_a_fake_shim_finds_only_the_images_of_the_mirrors_list(tmp_path: Path) -> None:
+    agnhost = "registry.k8s.io/e2e-test-images/agnhost:2.56"
+    listing = tmp_path / "e2e-images.txt"
+    listing.write_text(f"# node e2e stand-ins\n{agnhost}\n\n{suite.PAUSE}  \n# not provided: perl\n")
+    images = suite.available_images(listing)
+    assert images == [agnhost, suite.PAUSE, suite.BUSYBOX]
+    assert suite.available_images(tmp_path / "absent") is None
+
+    h = types.SimpleNamespace(
+        transport="grpcio", pause=suite.PAUSE, dir=tmp_path, cni=None, handler="fake", available_images=images
+    )
+    config = shim.config.load(shim_config(typing.cast(Harness, h)))
+    assert config.handlers["fake"].options["available_images"] == images
+    h.available_images = None  # no list: the fake's defaults, every image found
+    assert "available_images" not in Path(shim_config(typing.cast(Harness, h))).read_text()

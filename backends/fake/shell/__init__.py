@@ -31,7 +31,9 @@ a job's ``kill $$``, and an exec's ``kill SIG 1`` (``io.kill_init``: its caller 
 in the main shell's ``io.sent`` and sets its ``io.term``).
 
 Known gaps, on purpose: no file-name globbing, ``[[``, arrays, aliases, ``getopts``, job control,
-``sed``/``awk``/``cut``/``uniq``, networking tools but ``httpd`` (add them as extra commands),
+``sed``/``cut``/``uniq`` (``awk`` prints fields, no more), networking tools but ``httpd`` and the
+servers of ``agnhost`` (the Kubernetes e2e image's tool, :mod:`.tools.agnhost`; add others as extra
+commands),
 ``tail -f`` following (it prints, then waits), ``$LINENO``, ``${x/a/b}``. ``set -u``, ``-f``, ``-v``
 and ``-n`` are accepted and ignored; ERR/DEBUG traps are accepted and never run; ``kill`` from a
 background job only delivers SIGTERM to the shell.

@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import posixpath
+import stat
 import sys
 from collections.abc import Iterable, Mapping
 from typing import Protocol
+
+OVERLAYFS_MAGIC = 0x794C7630  # statfs(2)'s f_type of a container's own root, as runtimes mount it
+TMPFS_MAGIC = 0x01021994
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FileStat:
+    """What stat(2) tells of a file that tools print (agnhost's mounttest): st_mode, owner, group."""
+
+    mode: int  # file type and permission bits, as st_mode
+    uid: int = 0
+    gid: int = 0
 
 
 class Fs(Protocol):
@@ -25,6 +39,18 @@ class Fs(Protocol):
     def mkdir(self, path: str, parents: bool = False) -> None: ...
 
     def remove(self, path: str) -> None: ...
+
+    def stat(self, path: str) -> FileStat:
+        """Its mode and owners, following symbolic links; raises OSError."""
+        ...
+
+    def chmod(self, path: str, mode: int) -> None:
+        """Sets its permission bits (mode & 0o7777); raises OSError."""
+        ...
+
+    def fs_type(self, path: str) -> int:
+        """The f_type statfs(2) gives for the file system holding it (TMPFS_MAGIC...); raises OSError."""
+        ...
 
 
 def norm(path: str) -> str:
@@ -46,6 +72,7 @@ class MemoryFs:
     def __init__(self, files: Mapping[str, bytes | str] | None = None, read_only: Iterable[str] = ()) -> None:
         self.files: dict[str, bytes] = {}
         self.dirs: set[str] = {"/"}
+        self.modes: dict[str, int] = {}  # permission bits set by chmod; else 0644 files, 0755 dirs
         self._read_only: tuple[str, ...] = ()
         for path, data in (files or {}).items():
             full = norm(path)
@@ -120,6 +147,7 @@ class MemoryFs:
         self._check_writable(p)
         if p in self.files:
             del self.files[p]
+            self.modes.pop(p, None)
             return
         if p not in self.dirs:
             raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
@@ -128,3 +156,24 @@ class MemoryFs:
         if self.listdir(p):
             raise OSError(errno.ENOTEMPTY, "Directory not empty", path)
         self.dirs.remove(p)
+        self.modes.pop(p, None)
+
+    def stat(self, path: str) -> FileStat:
+        p = norm(path)
+        if p in self.dirs:
+            return FileStat(stat.S_IFDIR | self.modes.get(p, 0o755))
+        if p in self.files:
+            return FileStat(stat.S_IFREG | self.modes.get(p, 0o644))
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+
+    def chmod(self, path: str, mode: int) -> None:
+        p = norm(path)
+        self._check_writable(p)
+        if p not in self.dirs and p not in self.files:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        self.modes[p] = mode & 0o7777
+
+    def fs_type(self, path: str) -> int:
+        if not self.exists(path):
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+        return OVERLAYFS_MAGIC

@@ -23,15 +23,18 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
 REASONS = {
     200: "OK",
+    201: "Created",
     301: "Moved Permanently",
     302: "Found",
     400: "Bad Request",
     403: "Forbidden",
     404: "Not Found",
+    412: "Precondition Failed",
     405: "Method Not Allowed",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     501: "Not Implemented",
+    503: "Service Unavailable",
 }
 
 

@@ -106,6 +106,8 @@ def shim_config(h: Harness) -> str:
                 lines.append(f'guest_dir = "{h.guest_dir}"')
         if h.warm:
             lines += ["[handlers.runv.pool]", f"size = {h.warm}"]
+    elif h.handler == "fake" and h.available_images is not None:
+        lines += ["[handlers.fake]", 'type = "fake"', f"available_images = {json.dumps(h.available_images)}"]
     elif h.handler == "docker":
         # An instance of the run's own: a docker shim's recovery removes the engine containers of its
         # instance that its records do not claim, so two runs on the default instance ("docker")

@@ -92,12 +92,15 @@ class Harness:
         hollow: int = 0,
         cni: bool = False,
         pause: str = PAUSE,
+        available_images: list[str] | None = None,
     ) -> None:
         unsupported = host.cni_unsupported(handler) if cni else None
         if unsupported:
             raise ValueError(unsupported)
         self.handler = handler
         self.pause = pause  # the shim's pause image
+        # fake: the only images its pulls find (None: every image), as a registry that has only those
+        self.available_images = available_images
         self.transport = transport  # the shim's [server] transport
         self.hollow = hollow  # fake: serve this many hollow nodes; the kubelet runs on the last
         self.warm = warm  # runv: warm VMs; docker: warm pause containers (0: every pod starts cold)

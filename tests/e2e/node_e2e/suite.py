@@ -24,6 +24,11 @@ from tests.e2e.kubelet.runner import Harness
 
 # The suite's images expect this sandbox image (registry.k8s.io resolves to the testenv mirror).
 PAUSE = "registry.k8s.io/pause:3.10.1"
+# The testenv mirror's node e2e images (../shared/testenv/e2e-images writes it): one reference a
+# line, comments after "#". The fake's pulls find these alone, as the other runtimes' pulls from the
+# mirror do: the specs that expect a pull to fail (a nonexistent image, a private registry) see it fail.
+E2E_IMAGES = Path("/etc/testenv/e2e-images.txt")
+BUSYBOX = "registry.k8s.io/e2e-test-images/busybox:1.37.0-1"  # scripts/testenv/node-e2e-images' own
 # The kubelet's healthz, API and read-only ports and the suite's API server.
 PORTS = (10248, 10250, 10255, 6443)
 KUBELET_ROOT = "/var/lib/kubelet"  # fixed in the suite (services/kubelet.go)
@@ -250,6 +255,18 @@ class RunOptions:
     driver: str = "stub"  # runv: the hypervisor driver ("qemu": real VMs)
 
 
+def available_images(listing: Path = E2E_IMAGES) -> list[str] | None:
+    """The images the mirror has, for a fake shim (with the sandbox and busybox images the run
+    itself uses); None when the list is absent: then the fake finds every image."""
+    try:
+        text = listing.read_text()
+    except FileNotFoundError:
+        return None
+    images = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    listed = [image.split()[0] for image in images if image]
+    return list(dict.fromkeys([*listed, PAUSE, BUSYBOX]))
+
+
 def run(
     handler: str | None,
     b: Binaries,
@@ -276,7 +293,17 @@ def run(
             remove_sandboxes(endpoint, [s.id for s in new])
             host.restore_sysctls()
         return rc, [s.metadata for s in new]
-    h = Harness(handler, kubelet=b.kubelet, node=f"node-e2e-{handler}", pause=PAUSE, driver=opts.driver)
+    images = available_images() if handler == "fake" else None
+    if handler == "fake" and images is None:
+        print(f"[node-e2e] no {E2E_IMAGES}: the fake's pulls find every image", file=sys.stderr)
+    h = Harness(
+        handler,
+        kubelet=b.kubelet,
+        node=f"node-e2e-{handler}",
+        pause=PAUSE,
+        driver=opts.driver,
+        available_images=images,
+    )
     h.shim_log = out / "shim.log"  # kept with the results; the harness removes its own directory
     left: list[pb.PodSandboxMetadata] = []
     rc = -1

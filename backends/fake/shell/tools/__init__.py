@@ -4,7 +4,7 @@ container's files and streams. Each module gives its own; this table holds them 
 from __future__ import annotations
 
 from backends.fake.shell.evaluation import Builtin
-from backends.fake.shell.tools import conditions, files, httpd, printing, sh, system, text
+from backends.fake.shell.tools import agnhost, awk, conditions, dump, files, httpd, printing, sh, system, text
 
 COMMANDS: dict[str, Builtin] = {
     **printing.COMMANDS,
@@ -14,4 +14,7 @@ COMMANDS: dict[str, Builtin] = {
     **files.COMMANDS,
     **sh.COMMANDS,
     **httpd.COMMANDS,
+    **agnhost.COMMANDS,
+    **awk.COMMANDS,
+    **dump.COMMANDS,
 }
