@@ -61,7 +61,7 @@ class Sink:
     def flush_partial(self) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, flush: bool = True) -> None:
         self.closed += 1
 
 
