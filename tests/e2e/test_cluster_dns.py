@@ -5,14 +5,27 @@ truncation, forwarding and its failures, the sync from a lister."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.server
+import ipaddress
+import json
+import shutil
+import socket
+import ssl
 import struct
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from tests.e2e.cluster import dnsserver, dnszone
+from tests.e2e.cluster import configs, dnsserver, dnszone, layout, pki
 from tests.e2e.cluster import dnswire as w
+from tests.e2e.kubelet.config import REPO
 
 NS = "dns-ns"
 DOMAIN = "cluster.local"
@@ -416,3 +429,81 @@ def test_upstreams_from_resolv_conf(tmp_path: Any) -> None:
     )
     assert dnsserver.upstreams_from(conf, "172.30.0.10") == [("10.255.255.53", 53), ("fe80::1", 53)]
     assert dnsserver.upstreams_from(tmp_path / "missing", "") == []
+
+
+# ------------------------------------------------------------ the harness's pieces
+def test_kube_dns_service_and_kubelet_config(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    svc, eps = configs.kube_dns()
+    assert ipaddress.ip_address(svc["spec"]["clusterIP"]) in ipaddress.ip_network(layout.SERVICE_CIDR)
+    assert "selector" not in svc["spec"]  # kube-proxy takes the endpoints from our slice
+    assert eps["metadata"]["labels"]["kubernetes.io/service-name"] == svc["metadata"]["name"]
+    assert {(p["name"], p["protocol"], p["port"]) for p in svc["spec"]["ports"]} == {
+        (p["name"], p["protocol"], p["port"]) for p in eps["ports"]
+    }
+    assert eps["endpoints"][0]["addresses"] == [layout.CONTROL_IP]
+    argv = configs.dns_argv()
+    assert f"--listen={layout.CONTROL_IP}:53" in argv
+    monkeypatch.setattr(layout.NodeSpec, "dir", property(lambda n: tmp_path / n.name))
+    cfg = json.loads(Path(configs.kubelet_config(layout.NODES[0])).read_text())
+    assert cfg["clusterDNS"] == [svc["spec"]["clusterIP"]] and cfg["clusterDomain"] == DOMAIN
+
+
+class _FakeApi(http.server.BaseHTTPRequestHandler):
+    objects: dict[str, list[dict[str, Any]]] = {}
+
+    def do_GET(self) -> None:
+        path, _, query_string = self.path.partition("?")
+        kind = next((k for k, p in dnsserver.LISTS.items() if p == path), None)
+        if kind is None or query_string != "resourceVersion=0":
+            self.send_error(404)
+            return
+        body = json.dumps({"metadata": {"resourceVersion": "7"}, "items": self.objects[kind]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl to make certificates")
+def test_process_lists_a_tls_api_server_with_a_client_certificate(tmp_path: Path) -> None:
+    """`python -m tests.e2e.cluster.dnsserver` as the harness runs it, against an HTTPS API server
+    that asks for the kubeconfig's client certificate."""
+    pki.make_ca(tmp_path)
+    pki.make_cert(tmp_path, pki.Identity("api", "api", usage=(pki.SERVER,), ips=("127.0.0.1",)))
+    pki.make_cert(tmp_path, pki.Identity("admin", "admin", ("system:masters",)))
+    _FakeApi.objects = {"services": [service("web")], "endpointslices": [], "pods": []}
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeApi)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(tmp_path / "ca.crt"))
+    ctx.load_cert_chain(str(tmp_path / "api.crt"), str(tmp_path / "api.key"))
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    kubeconfig = json.loads(pki.kubeconfig(tmp_path, "admin", "admin").read_text())
+    kubeconfig["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{httpd.server_address[1]}"
+    (tmp_path / "kc.json").write_text(json.dumps(kubeconfig))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "tests.e2e.cluster.dnsserver", f"--listen=127.0.0.1:{port}"]
+    argv += [f"--kubeconfig={tmp_path / 'kc.json'}", f"--resolv-conf={tmp_path / 'none'}"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        got: list[object] = []
+        for _ in range(100):
+            with contextlib.suppress(OSError, w.WireError):
+                got = data(dnsserver.ask("127.0.0.1", port, f"web.{NS}.svc.{DOMAIN}", w.A, tcp=True))
+            if got or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert got == ["10.96.0.20"]
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+        httpd.shutdown()
+        httpd.server_close()
+    assert proc.returncode == 0, out.decode()
+    assert b"stopped" in out
