@@ -369,7 +369,11 @@ async def test_server_forwards_other_names_and_chases_external_names(upstream: t
             (w.CNAME, "foo.example.com"),
             (w.A, "192.0.2.53"),
         ]
-        assert upstream[0].asked == ["www.example.org", "foo.example.com"]
+        # over TCP: the upstream takes no TCP (as this machine's does not): asked over UDP instead
+        by_tcp = await ask(port, "tcp.example.org", w.A, tcp=True)
+        assert data(by_tcp) == ["192.0.2.53"] and by_tcp.rcode == w.NOERROR
+        assert upstream[0].asked == ["www.example.org", "foo.example.com", "tcp.example.org"]
+        assert server.counts["forwarded"] == 2 and server.counts["forward_failed"] == 0
     finally:
         await stop(handles)
 

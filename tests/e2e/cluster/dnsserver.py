@@ -5,7 +5,7 @@
 It lists Services, EndpointSlices and Pods from the API server every `--interval` seconds (from
 the API server's watch cache: ``resourceVersion=0``) and swaps in a new zone when any list changed.
 Names of the zone are answered from it; other names are sent on to the nameservers of the host's
-resolv.conf (UDP for UDP askers, TCP for TCP ones, 2 s each) and their answer relayed; SERVFAIL when
+resolv.conf (UDP for UDP askers, TCP then UDP for TCP ones, 2 s each) and their answer relayed; SERVFAIL when
 none answers, REFUSED when there is none. An A/AAAA question whose answer is a CNAME out of the zone
 (an ExternalName Service) gets the target's records from upstream too, as a recursive server's
 would. UDP answers larger than the asker takes (512 bytes, or its EDNS size) are cut and flagged TC.
@@ -171,13 +171,15 @@ class DnsServer:
         return got
 
     async def _ask_upstreams(self, raw: bytes, tcp: bool) -> bytes | None:
+        """The first answer of an upstream; a TCP question goes on over UDP to one that closes TCP
+        (this machine's nameserver does)."""
         for host, port in self.upstreams:
-            try:
-                ask = _ask_tcp if tcp else _ask_udp
-                return await asyncio.wait_for(ask(host, port, raw), UPSTREAM_TIMEOUT)
-            except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
-                if self.verbose:
-                    _log(f"upstream {host}:{port}: {exc!r}")
+            for ask in (_ask_tcp, _ask_udp) if tcp else (_ask_udp,):
+                try:
+                    return await asyncio.wait_for(ask(host, port, raw), UPSTREAM_TIMEOUT)
+                except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+                    if self.verbose:
+                        _log(f"upstream {host}:{port} ({ask.__name__}): {exc!r}")
         return None
 
     # ---------------------------------------------------------------- transports
