@@ -511,3 +511,75 @@ def test_process_lists_a_tls_api_server_with_a_client_certificate(tmp_path: Path
         httpd.server_close()
     assert proc.returncode == 0, out.decode()
     assert b"stopped" in out
+
+
+JESSIE = "registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7"
+
+
+def _have_image(ref: str) -> bool:
+    if shutil.which("docker") is None:
+        return False
+    proc = subprocess.run(["docker", "image", "inspect", ref], capture_output=True, timeout=60, check=False)
+    return proc.returncode == 0
+
+
+@pytest.mark.skipif(
+    not _have_image(JESSIE), reason="no jessie-dnsutils image (scripts/testenv/cluster-images)"
+)
+async def test_bind_dig_reads_our_answers(tmp_path: Path) -> None:
+    """BIND's dig, in the stand-in image the DNS specs run, as the specs ask: UDP and TCP, +search
+    through a pod's resolv.conf, SRV, PTR, and a truncated UDP answer taken again over TCP."""
+    many = [ep(f"10.244.{i // 200}.{i % 200 + 1}") for i in range(60)]
+    server = dnsserver.DnsServer(DOMAIN, CIDRS, [])
+    objects = lists(
+        [service("web"), service("headless", "None"), service("many", "None")],
+        [endpoint_slice("headless", ep("10.244.2.6", hostname="pod-b")), endpoint_slice("many", *many)],
+        [],
+    )
+    server.load(objects)
+    port, handles = await serving(server)
+    (tmp_path / "resolv.conf").write_text(
+        f"search {NS}.svc.{DOMAIN} svc.{DOMAIN} {DOMAIN}\nnameserver 127.0.0.1\noptions ndots:5\n"
+    )
+    at = f"@127.0.0.1 -p {port}"
+    script = " ; echo --- ; ".join(
+        [
+            f"dig {at} +notcp +noall +answer +search web A",
+            f"dig {at} +tcp +noall +answer +search web.{NS} A",
+            f"dig {at} +short _http._tcp.headless.{NS}.svc.{DOMAIN} SRV",
+            f"dig {at} +short -x 10.96.0.20",
+            f"dig {at} +noedns +short many.{NS}.svc.{DOMAIN} | wc -l",
+            f"dig {at} nothing.{NS}.svc.{DOMAIN} | grep -c 'status: NXDOMAIN'",
+        ]
+    )
+    argv = [
+        "docker",
+        "run",
+        "--rm",
+        "--network",
+        "host",
+        "-v",
+        f"{tmp_path / 'resolv.conf'}:/etc/resolv.conf:ro",
+    ]
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            JESSIE,
+            "sh",
+            "-c",
+            script,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 90)
+    finally:
+        await stop(handles)
+    parts = [p.strip() for p in out.decode().split("---")]
+    assert len(parts) == 6, out.decode()
+    assert parts[0].split() == [f"web.{NS}.svc.{DOMAIN}.", "5", "IN", "A", "10.96.0.20"]
+    assert parts[1].split()[-1] == "10.96.0.20"
+    assert parts[2] == f"0 100 8080 pod-b.headless.{NS}.svc.{DOMAIN}."
+    assert parts[3] == f"web.{NS}.svc.{DOMAIN}."
+    assert parts[4].splitlines()[-1] == "60"  # after ";; Truncated, retrying in TCP mode."
+    assert parts[5] == "1"
+    assert server.counts["truncated"] >= 1 and server.counts["tcp"] >= 2
