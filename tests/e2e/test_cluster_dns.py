@@ -202,6 +202,12 @@ def test_headless_service_a_records_are_its_ready_endpoints() -> None:
     assert data(answer(f"everyone.{NS}.svc.{DOMAIN}", w.A)) == ["10.244.1.8", "10.244.1.9"]
 
 
+def test_several_addresses_come_in_varying_order() -> None:
+    z = zone()
+    firsts = {z.answer(query(f"headless.{NS}.svc.{DOMAIN}", w.A)).answers[0].data for _ in range(60)}
+    assert firsts == {"10.244.1.5", "10.244.2.6"}  # both first at times (chance of failing: 2**-59)
+
+
 def test_headless_endpoint_with_hostname() -> None:
     name = f"pod-b.headless.{NS}.svc.{DOMAIN}"
     assert data(answer(name, w.A)) == ["10.244.2.6"]

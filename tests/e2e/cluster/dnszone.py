@@ -13,6 +13,7 @@ For a zone `cluster.local`:
   endpoint's name as target, its address in the additional section;
 - an ExternalName Service: ``svc.ns.svc.cluster.local`` CNAME → the external name;
 - a pod: ``a-b-c-d.ns.pod.cluster.local`` A → a.b.c.d, while a pod of that namespace has that IP;
+- several records of a name come in a random order (clients that take the first spread);
 - a name in the zone that exists with no record of the type asked: NOERROR, no answer, the SOA;
   one that does not exist: NXDOMAIN and the SOA. TTLs are 5 s, as CoreDNS's, negative ones too.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import random
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -157,6 +159,8 @@ class Zone:
                     name = target
                     continue
                 return reply  # the server may chase a name outside the zone
+            if len(found) > 1:  # each answer in another order, as CoreDNS's loadbalance plugin does
+                random.shuffle(found)
             reply.answers += [w.Record(owner, t, TTL, d) for t, d in found]
             break
         if not reply.answers:
