@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 from tests.e2e import cluster as cl
-from tests.e2e.cluster import dnsserver, dnswire
+from tests.e2e.cluster import dnswire
 from tests.e2e.cluster import workloads as w
 from tests.e2e.cluster.kubectl import condition, node_ready
 from tests.e2e.cluster.layout import CLUSTER_CIDR, CLUSTER_DOMAIN, CONTROL_IP, DNS_SERVICE_IP, NODES
@@ -272,7 +272,7 @@ def test_cluster_dns_from_pods_and_the_host(cluster: Env, web: Web) -> None:
     svc_ip = k.get("service", "web", web.ns)["spec"]["clusterIP"]
 
     def answers(server: str) -> list[object] | None:
-        m = dnsserver.ask(server, 53, fqdn, dnswire.A, tcp=server == DNS_SERVICE_IP)
+        m = dnswire.ask(server, 53, fqdn, dnswire.A, tcp=server == DNS_SERVICE_IP)
         return [r.data for r in m.answers] or None
 
     for server in (CONTROL_IP, DNS_SERVICE_IP):

@@ -327,7 +327,7 @@ def lists(services: list[Any], slices: list[Any], pods: list[Any], rv: str = "1"
 
 
 async def ask(port: int, name: str, qtype: int, tcp: bool = False, edns: int = 0) -> w.Message:
-    return await asyncio.to_thread(dnsserver.ask, "127.0.0.1", port, name, qtype, tcp, 5.0, edns)
+    return await asyncio.to_thread(w.ask, "127.0.0.1", port, name, qtype, tcp, 5.0, edns)
 
 
 async def test_server_answers_over_udp_and_tcp(upstream: tuple[Upstream, int]) -> None:
@@ -505,7 +505,7 @@ def test_process_lists_a_tls_api_server_with_a_client_certificate(tmp_path: Path
         got: list[object] = []
         for _ in range(100):
             with contextlib.suppress(OSError, w.WireError):
-                got = data(dnsserver.ask("127.0.0.1", port, f"web.{NS}.svc.{DOMAIN}", w.A, tcp=True))
+                got = data(w.ask("127.0.0.1", port, f"web.{NS}.svc.{DOMAIN}", w.A, tcp=True))
             if got or proc.poll() is not None:
                 break
             time.sleep(0.1)

@@ -35,7 +35,7 @@ import grpc
 from cri_api import api_pb2 as pb
 from cri_api.api_pb2_grpc import RuntimeServiceStub
 from tests.cni import realnet
-from tests.e2e.cluster import configs, dnsserver, dnswire, hostnet, pki, procs
+from tests.e2e.cluster import configs, dnswire, hostnet, pki, procs
 from tests.e2e.cluster.kubectl import Kubectl, condition, node_ready, wait_for
 from tests.e2e.cluster.layout import (
     AGNHOST,
@@ -175,7 +175,7 @@ def tail(path: Path, n: int = 15) -> str:
 def dns_answers() -> bool:
     """The cluster DNS has listed the API server: it knows the `kubernetes` Service."""
     try:
-        m = dnsserver.ask(
+        m = dnswire.ask(
             CONTROL_IP, DNS_PORT, f"kubernetes.default.svc.{CLUSTER_DOMAIN}", dnswire.A, timeout=2
         )
     except (OSError, dnswire.WireError):

@@ -20,7 +20,6 @@ import contextlib
 import json
 import secrets
 import signal
-import socket
 import ssl
 import struct
 import sys
@@ -236,7 +235,7 @@ class _Udp(asyncio.DatagramProtocol):
             self.transport.sendto(out, addr)
 
 
-# ------------------------------------------------------------ clients (upstream, and tests)
+# ------------------------------------------------------------ asking upstream
 class _UdpOnce(asyncio.DatagramProtocol):
     def __init__(self, mid: bytes) -> None:
         self.mid = mid
@@ -274,36 +273,6 @@ async def _ask_tcp(host: str, port: int, raw: bytes) -> bytes:
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
-
-
-def ask(
-    host: str, port: int, name: str, qtype: int, tcp: bool = False, timeout: float = 2.0, edns: int = 0
-) -> w.Message:
-    """One query, blocking (the harness's readiness check and the tests): the decoded answer."""
-    q = w.Message(0x4B1D, w.RD, [w.Question(name, qtype)])
-    if edns:
-        q.additional.append(w.opt_record(edns))
-    raw = w.encode(q)
-    kind = socket.SOCK_STREAM if tcp else socket.SOCK_DGRAM
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, kind) as s:
-        s.settimeout(timeout)
-        s.connect((host, port))
-        if tcp:
-            s.sendall(struct.pack("!H", len(raw)) + raw)
-            head = _recv_exactly(s, 2)
-            return w.decode(_recv_exactly(s, struct.unpack("!H", head)[0]))
-        s.send(raw)
-        return w.decode(s.recv(65535))
-
-
-def _recv_exactly(s: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise OSError("connection closed mid-message")
-        buf += chunk
-    return buf
 
 
 # ------------------------------------------------------------ the process

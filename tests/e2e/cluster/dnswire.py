@@ -1,5 +1,6 @@
 """The DNS wire format (RFC 1035 section 4, SRV from RFC 2782, AAAA from RFC 3596, EDNS's OPT from
-RFC 6891): the messages the cluster's DNS server reads and writes, nothing more.
+RFC 6891): the messages the cluster's DNS server reads and writes, and `ask`, one blocking query
+(the harness's readiness check and the tests; kept out of ``dnsserver``, which runs as ``-m``).
 
 Written here rather than taken from a package: the server needs a dozen record types and one
 message layout, and the harness's venv stays what the project's is. Decoding follows compression
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import socket
 import struct
 
 # Record types and classes used here.
@@ -310,3 +312,34 @@ def address_of_reverse(name: str) -> str | None:
         except ValueError:
             return None
     return None
+
+
+# ------------------------------------------------------------ a client
+def ask(
+    host: str, port: int, name: str, qtype: int, tcp: bool = False, timeout: float = 2.0, edns: int = 0
+) -> Message:
+    """One query, blocking (the harness's readiness check and the tests): the decoded answer."""
+    q = Message(0x4B1D, RD, [Question(name, qtype)])
+    if edns:
+        q.additional.append(opt_record(edns))
+    raw = encode(q)
+    kind = socket.SOCK_STREAM if tcp else socket.SOCK_DGRAM
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, kind) as s:
+        s.settimeout(timeout)
+        s.connect((host, port))
+        if tcp:
+            s.sendall(struct.pack("!H", len(raw)) + raw)
+            head = _recv_exactly(s, 2)
+            return decode(_recv_exactly(s, struct.unpack("!H", head)[0]))
+        s.send(raw)
+        return decode(s.recv(65535))
+
+
+def _recv_exactly(s: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise OSError("connection closed mid-message")
+        buf += chunk
+    return buf
