@@ -34,9 +34,10 @@ from typing import Any
 import pytest
 
 from tests.e2e import cluster as cl
+from tests.e2e.cluster import dnswire
 from tests.e2e.cluster import workloads as w
 from tests.e2e.cluster.kubectl import condition, node_ready
-from tests.e2e.cluster.layout import CLUSTER_CIDR, NODES
+from tests.e2e.cluster.layout import CLUSTER_CIDR, CLUSTER_DOMAIN, CONTROL_IP, DNS_SERVICE_IP, NODES
 
 HANDLERS = [n.handler for n in NODES]
 REAL = ["docker", "runv"]  # real processes and a real pod network
@@ -254,6 +255,42 @@ def test_cluster_ip_and_node_port_answer_from_every_node_and_pod(cluster: Env, w
             f'curl -sS -m 10 --cacert {token}/ca.crt -H "Authorization: Bearer $(cat {token}/token)" '
             f"https://kubernetes.default.svc.cluster.local:443/api --resolve "
             f"kubernetes.default.svc.cluster.local:443:10.96.0.1",
+        )  # fmt: skip
+        assert json.loads(out)["kind"] == "APIVersions", out
+
+
+@pytest.mark.timeout(600)
+def test_cluster_dns_from_pods_and_the_host(cluster: Env, web: Web) -> None:
+    """The harness's DNS through the kube-dns Service: names of Services (ClusterIP, headless, by the
+    search path), the API server by name with the pod's token, from each real node's pods; from the
+    host both at the server's own address and at the Service's."""
+    k = cluster.k
+    headless = w.service("web-pods", {"app": "web"}, 8080, 8080, node_port=False)
+    headless["spec"]["clusterIP"] = "None"
+    k.apply(headless, namespace=web.ns)
+    fqdn = f"web.{web.ns}.svc.{CLUSTER_DOMAIN}"
+    svc_ip = k.get("service", "web", web.ns)["spec"]["clusterIP"]
+
+    def answers(server: str) -> list[object] | None:
+        m = dnswire.ask(server, 53, fqdn, dnswire.A, tcp=server == DNS_SERVICE_IP)
+        return [r.data for r in m.answers] or None
+
+    for server in (CONTROL_IP, DNS_SERVICE_IP):
+        assert cl.wait_for(f"{fqdn} from {server}", lambda server=server: answers(server), 60) == [svc_ip]
+    expected = set(web.pods)
+    token = "/var/run/secrets/kubernetes.io/serviceaccount"
+    for pod in web.pods:
+        resolv = sh(cluster, web.ns, pod, "cat /etc/resolv.conf")
+        assert f"nameserver {DNS_SERVICE_IP}" in resolv and f"{web.ns}.svc.{CLUSTER_DOMAIN}" in resolv, resolv
+        for url in (f"http://{fqdn}:80/hostname", "http://web/hostname"):
+            got = backends_seen(lambda pod=pod, url=url: curl(cluster, web.ns, pod, url), expected)
+            assert got == expected, f"from {pod}: {url}"
+        # The headless Service's name is the pods' addresses (which one a client takes is its own choice).
+        assert curl(cluster, web.ns, pod, f"http://web-pods.{web.ns}:8080/hostname") in expected
+        out = sh(
+            cluster, web.ns, pod,
+            f'curl -sS -m 10 --cacert {token}/ca.crt -H "Authorization: Bearer $(cat {token}/token)" '
+            "https://kubernetes.default.svc/api",
         )  # fmt: skip
         assert json.loads(out)["kind"] == "APIVersions", out
 

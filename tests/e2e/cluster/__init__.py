@@ -13,7 +13,8 @@ kubelet (default: ``kubelet-1.35`` or ``kubelet`` in that directory); etcd is De
 What runs: etcd (TLS, client certificates), kube-apiserver (TLS, a service-account issuer and keys,
 Node,RBAC authorization, NodeRestriction, client certificates for the admin, the components and the
 kubelets), kube-controller-manager (allocating each node a /24 of 10.244.0.0/16), kube-scheduler,
-kube-proxy (iptables; one for the host, since the nodes share its network namespace), and three
+kube-proxy (iptables; one for the host, since the nodes share its network namespace), a cluster
+DNS server of the harness's behind the kube-dns Service at 10.96.0.10, and three
 nodes, each a kubelet v1.35 with its own cri-shim: ``crishim-docker`` (docker), ``crishim-runv``
 (runv, stub driver), ``crishim-fake`` (fake). docker and runv pods are on a CNI network per node
 (bridge + host-local over the node's podCIDR + portmap), whose config the harness writes once the
@@ -23,7 +24,8 @@ node has its podCIDR; the host routes between the nodes' bridges. RuntimeClasses
 Modules: ``layout`` (paths, addresses, ports, nodes, binaries), ``pki`` (CA, certificates,
 kubeconfigs), ``configs`` (each component's files and command line), ``procs`` (the daemons and the
 state file), ``hostnet`` (bridges, iptables, cgroups, mounts on the host; what is left),
-``kubectl`` (the admin's kubectl and waits), ``bringup`` (up, down, check), ``__main__``.
+``kubectl`` (the admin's kubectl and waits), ``bringup`` (up, down, check), ``dnswire``,
+``dnszone``, ``dnsserver`` (the cluster's DNS: wire format, records, the server process), ``__main__``.
 """
 
 from tests.e2e.cluster.bringup import (

@@ -1,14 +1,15 @@
 """up, down and check: the cluster brought up in order, taken down leaving nothing, and what is left.
 
 `up` order: PKI → the nodes' bridge and FORWARD chain → cgroup roots → etcd → kube-apiserver →
-kube-controller-manager, kube-scheduler → RuntimeClasses → per node its cri-shim, then its kubelet →
+kube-controller-manager, kube-scheduler → RuntimeClasses → the cluster DNS (dnsserver.py, answering
+the `kubernetes` Service's name) and its kube-dns Service → per node its cri-shim, then its kubelet →
 kube-proxy → per CNI node: wait for the podCIDR the controller-manager allocates, see the node
 NotReady (its runtime's network is not ready: no config yet), write the node's conflist with that
 CIDR, wait for Ready. Every step is timed (state.json `timings`).
 
 `down` order: kube-proxy (then ``kube-proxy --cleanup``) → kubelets → every pod and container
 removed through each node's CRI (a shim that is not running is started again for it: its recovery
-finds what it left) → shims → control plane → etcd → the host's network, mounts, cgroups, log
+finds what it left) → shims → the cluster DNS → control plane → etcd → the host's network, mounts, cgroups, log
 links → the directories. Only the PIDs in the state file are signalled.
 """
 
@@ -34,14 +35,16 @@ import grpc
 from cri_api import api_pb2 as pb
 from cri_api.api_pb2_grpc import RuntimeServiceStub
 from tests.cni import realnet
-from tests.e2e.cluster import configs, hostnet, pki, procs
+from tests.e2e.cluster import configs, dnswire, hostnet, pki, procs
 from tests.e2e.cluster.kubectl import Kubectl, condition, node_ready, wait_for
 from tests.e2e.cluster.layout import (
     AGNHOST,
     BUSYBOX,
     BUSYBOX_FALLBACK,
+    CLUSTER_DOMAIN,
     CONTROL_IP,
     CONTROLLER_MANAGER_PORT,
+    DNS_PORT,
     E2E_IMAGES_LIST,
     ETCD_CLIENT_PORT,
     LOGS,
@@ -167,6 +170,24 @@ def tail(path: Path, n: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
     except OSError:
         return ""
+
+
+def dns_answers() -> bool:
+    """The cluster DNS has listed the API server: it knows the `kubernetes` Service."""
+    try:
+        m = dnswire.ask(
+            CONTROL_IP, DNS_PORT, f"kubernetes.default.svc.{CLUSTER_DOMAIN}", dnswire.A, timeout=2
+        )
+    except (OSError, dnswire.WireError):
+        return False
+    return any(r.rtype == dnswire.A for r in m.answers)
+
+
+def start_dns(k: Kubectl, timeout: float = 60) -> None:
+    """The DNS server, then the kube-dns Service and EndpointSlice (kube-system may not exist yet)."""
+    procs.start("cluster-dns", configs.dns_argv(), cwd=REPO)
+    _wait_daemon("cluster-dns", dns_answers, timeout)
+    wait_for("the kube-dns Service", lambda: k.apply(*configs.kube_dns()) or True, timeout)
 
 
 def shim_answers(n: NodeSpec) -> bool:
@@ -304,6 +325,8 @@ def _up(b: Binaries, log: Log) -> dict[str, Any]:
     mark("controller-manager and scheduler")
     k = Kubectl(b)
     k.apply(*configs.runtime_classes())
+    start_dns(k)
+    mark("cluster DNS")
 
     for n in NODES:
         start_shim(n)
@@ -385,7 +408,7 @@ def down(b: Binaries, log: Log = _log, keep_logs: bool = False) -> list[str]:
             _remove_runtime_objects(n, log)
         if procs.record(name) is not None:
             log(procs.stop(name, grace=30))
-    for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+    for name in ("cluster-dns", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
         if procs.record(name) is not None:
             log(procs.stop(name))
     for name in list(procs.load()["procs"]):  # anything else the harness started

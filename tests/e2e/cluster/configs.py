@@ -4,6 +4,7 @@ per node a kubelet and a cri-shim, the node's CNI network config and the Runtime
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,11 @@ from tests.cni import realnet
 from tests.e2e.cluster.layout import (
     APISERVER_PORT,
     CLUSTER_CIDR,
+    CLUSTER_DOMAIN,
     CONTROL_IP,
     CONTROLLER_MANAGER_PORT,
+    DNS_PORT,
+    DNS_SERVICE_IP,
     DOCKER_INSTANCE,
     ETCD_CLIENT_PORT,
     ETCD_PEER_PORT,
@@ -179,8 +183,10 @@ def kubelet_config(n: NodeSpec) -> str:
             "x509": {"clientCAFile": str(PKI / "ca.crt")},
         },
         "authorization": {"mode": "Webhook"},
-        # No cluster DNS on this machine: pods get the host's resolv.conf.
-        "clusterDomain": "cluster.local",
+        # The harness's DNS (dnsserver.py) behind the kube-dns Service; the host's resolv.conf
+        # gives the search domains pods get after the cluster's and what ClusterFirst falls back on.
+        "clusterDNS": [DNS_SERVICE_IP],
+        "clusterDomain": CLUSTER_DOMAIN,
         "resolvConf": "/etc/resolv.conf",
         "cgroupDriver": "cgroupfs",
         "cgroupRoot": n.cgroup_root,
@@ -204,6 +210,59 @@ def kubelet_config(n: NodeSpec) -> str:
         "localStorageCapacityIsolation": True,
     }
     return _write(n.dir / "kubelet.yaml", cfg)
+
+
+def dns_argv() -> list[str]:
+    """The cluster's DNS server on the control plane's address, reading the API server as the admin
+    (it lists every namespace's Services, EndpointSlices and Pods; no RBAC role is made for it)."""
+    return [
+        sys.executable,
+        "-m",
+        "tests.e2e.cluster.dnsserver",
+        f"--listen={CONTROL_IP}:{DNS_PORT}",
+        f"--kubeconfig={PKI / 'admin.kubeconfig'}",
+        f"--domain={CLUSTER_DOMAIN}",
+        f"--reverse-cidr={SERVICE_CIDR}",
+        f"--reverse-cidr={CLUSTER_CIDR}",
+    ]
+
+
+def kube_dns() -> list[dict[str, Any]]:
+    """Service kube-system/kube-dns at DNS_SERVICE_IP, selector-less, and the EndpointSlice that
+    points it at the DNS server on the control plane's address (kube-proxy routes it from there)."""
+    ports = [("dns", "UDP"), ("dns-tcp", "TCP")]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": "kube-dns",
+                "namespace": "kube-system",
+                "labels": {"k8s-app": "kube-dns"},
+            },
+            "spec": {
+                "clusterIP": DNS_SERVICE_IP,
+                "ports": [
+                    {"name": n, "protocol": p, "port": DNS_PORT, "targetPort": DNS_PORT} for n, p in ports
+                ],
+            },
+        },
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "kube-dns-harness",
+                "namespace": "kube-system",
+                "labels": {
+                    "kubernetes.io/service-name": "kube-dns",
+                    "endpointslice.kubernetes.io/managed-by": "cri-shim-cluster-harness",
+                },
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [CONTROL_IP], "conditions": {"ready": True}}],
+            "ports": [{"name": n, "protocol": p, "port": DNS_PORT} for n, p in ports],
+        },
+    ]
 
 
 def kubelet_argv(n: NodeSpec, kubelet: str) -> list[str]:

@@ -24,6 +24,11 @@ NODE_NET_PREFIX = 24
 CONTROL_IP = "172.30.0.10"
 SERVICE_CIDR = "10.96.0.0/16"
 KUBERNETES_SERVICE_IP = "10.96.0.1"  # the first address of SERVICE_CIDR: the `kubernetes` Service
+# The cluster's DNS (dnsserver.py) listens on the control plane's address; pods ask the kube-dns
+# Service's ClusterIP, which kube-proxy sends there (a selector-less Service with our EndpointSlice).
+CLUSTER_DOMAIN = "cluster.local"
+DNS_SERVICE_IP = "10.96.0.10"
+DNS_PORT = 53
 CLUSTER_CIDR = "10.244.0.0/16"
 NODE_CIDR_MASK = 24
 # FORWARD jumps here: traffic from and to the pod CIDRs crosses the host between the nodes' bridges.
