@@ -281,7 +281,7 @@ def kubelet_argv(n: NodeSpec, kubelet: str) -> list[str]:
 def shim_config(n: NodeSpec, pause: str) -> str:
     lines = [
         "[server]",
-        'transport = "grpcio"',
+        'transport = "native"',  # the default of serve, as the nodes users run
         "[images]",
         f'pause_image = "{pause}"',
         "[streaming]",
