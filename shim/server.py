@@ -18,7 +18,7 @@ import signal
 import socket
 import stat
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -31,8 +31,10 @@ from shim.cri.servicer import CriServicer, RpcObserver
 from shim.cri.state import Shim
 from shim.cri.store import StateDir, Store, new_id
 from shim.cri.streaming_runtime import StreamTarget
-from shim.transport.grpcio import GrpcioServer, relay_from_fd
 from shim.transport.native import NativeServer, listen_socket
+
+if TYPE_CHECKING:
+    from shim.transport.grpcio import GrpcioServer
 
 log = structlog.get_logger("server")
 
@@ -260,6 +262,9 @@ class Server:
             sd_notify("READY=1")
 
     async def _start_grpcio(self, servicer: CriServicer, kind: str, path: str, fds: list[int]) -> None:
+        # Imported here only: grpc costs about 21 MiB of memory, which the native transport does without.
+        from shim.transport.grpcio import GrpcioServer, relay_from_fd
+
         cfg = self.config.server
         server = GrpcioServer(servicer, cfg.max_message_bytes)
         if kind == "unix":

@@ -1,8 +1,10 @@
 """The gRPC edge: one table of RPCs, condition → status code mapping, one log event per RPC.
 
-This is the only module that knows about gRPC servicers. Every RPC of
-RuntimeService and ImageService is registered here, by name, with the
-service method that answers it. Each call:
+Every RPC of RuntimeService and ImageService is registered here, by name,
+with the service method that answers it; each transport serves this one
+table (grpcio's generic handlers are built from it in
+:mod:`shim.transport.grpcio`). Codes are :class:`shim.cri.codes.Code`, so
+that this module needs no grpc. Each call:
 
 - is decoded leniently: a request that is not valid protobuf (bad wire
   data, non-UTF-8 strings) becomes INVALID_ARGUMENT, not INTERNAL;
@@ -21,14 +23,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from typing import Any, Protocol
 
-import grpc
 import structlog
 from google.protobuf.message import DecodeError, Message
 
 from cri_api import api_pb2 as pb
+from shim.cri.codes import Code
 from shim.cri.container import ContainerService
 from shim.cri.errors import CriError, InvalidArgumentError, status_code
 from shim.cri.image import ImageService
@@ -47,7 +49,16 @@ _ID_FIELDS = ("pod_sandbox_id", "container_id")
 
 RpcObserver = Callable[[str, str, float], None]
 # How a unary call ended: its code, the error's detail ("" if none), its response.
-Settled = tuple[grpc.StatusCode, str, Any]
+Settled = tuple[Code, str, Any]
+
+
+class AbortContext(Protocol):
+    """What a stream handler needs of its call: a way to end it with a status (the transport's)."""
+
+    async def abort(self, code: Code, details: str = "") -> None: ...
+
+
+StreamHandler = Callable[[Any, AbortContext], AsyncGenerator[Any, None]]
 
 
 class BadRequest:
@@ -72,7 +83,7 @@ def _require_valid(rpc: Rpc, req: Message | BadRequest) -> None:
         raise InvalidArgumentError(f"malformed {rpc.name} request: {req.error}")
 
 
-def _serialize(resp: Message | bytes) -> bytes:
+def serialize(resp: Message | bytes) -> bytes:
     return resp if isinstance(resp, bytes) else resp.SerializeToString()
 
 
@@ -104,7 +115,7 @@ class Outcome:
     __slots__ = ("code", "detail", "response")
 
     def __init__(self) -> None:
-        self.code = grpc.StatusCode.OK
+        self.code = Code.OK
         self.detail = ""
         self.response: Any = None
 
@@ -178,30 +189,6 @@ class CriServicer:
             Rpc("StreamImages", pb.ListImagesRequest, im.list_, True, stream=True),
         ]
 
-    # ------------------------------------------------------------------ registration
-    def handlers(self) -> list[grpc.GenericRpcHandler]:
-        return [
-            grpc.method_handlers_generic_handler(RUNTIME_SERVICE, self._table(self.runtime_rpcs)),
-            grpc.method_handlers_generic_handler(IMAGE_SERVICE, self._table(self.image_rpcs)),
-        ]
-
-    def _table(self, rpcs: list[Rpc]) -> dict[str, grpc.RpcMethodHandler]:
-        table = {}
-        for rpc in rpcs:
-            if rpc.stream:
-                table[rpc.name] = grpc.unary_stream_rpc_method_handler(
-                    self.stream_handler(rpc),
-                    request_deserializer=rpc.decode,
-                    response_serializer=_serialize,
-                )
-            else:
-                table[rpc.name] = grpc.unary_unary_rpc_method_handler(
-                    self._unary_handler(rpc),
-                    request_deserializer=rpc.decode,
-                    response_serializer=_serialize,
-                )
-        return table
-
     # ------------------------------------------------------------------ calls
     @contextlib.contextmanager
     def _outcome(self, rpc: Rpc, req: Message | BadRequest) -> Iterator[Outcome]:
@@ -222,7 +209,7 @@ class CriServicer:
     def begin(self, rpc: Rpc, req: Message | BadRequest) -> Settled | Awaitable[Settled]:
         """Starts one unary call: its (code, detail, response) at once, or an awaitable of them.
 
-        Both transports call this (grpcio through ``_unary_handler``, the
+        Both transports call this (grpcio through its unary handler, the
         native one directly, so that a call answered without waiting needs
         no task). Every outcome is logged once, here.
         """
@@ -252,32 +239,22 @@ class CriServicer:
         self, rpc: Rpc, req: Message | BadRequest, resp: Any, exc: BaseException | None, t0: float
     ) -> Settled:
         """The call's code and detail from how it ended (called inside the ``except`` that caught ``exc``)."""
-        code, detail = grpc.StatusCode.OK, ""
+        code, detail = Code.OK, ""
         if isinstance(exc, CriError):
             code, detail = status_code(exc), exc.message
         elif isinstance(exc, asyncio.CancelledError):
-            code = grpc.StatusCode.CANCELLED
+            code = Code.CANCELLED
         elif exc is not None:
-            code = grpc.StatusCode.UNKNOWN
+            code = Code.UNKNOWN
             detail = f"{rpc.name} failed: {type(exc).__name__}: {exc}"
             log.exception("rpc.bug", method=rpc.name)
         self._log(rpc, req, resp, code, detail, time.perf_counter() - t0)
         return code, detail, resp
 
-    def _unary_handler(self, rpc: Rpc) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-        async def handle(req: Message | BadRequest, context: grpc.aio.ServicerContext) -> Any:
-            outcome = self.begin(rpc, req)
-            code, detail, resp = outcome if type(outcome) is tuple else await outcome  # type: ignore[misc]
-            if code == grpc.StatusCode.OK:
-                return resp
-            await context.abort(code, detail)
-
-        return handle
-
-    def stream_handler(self, rpc: Rpc) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
+    def stream_handler(self, rpc: Rpc) -> StreamHandler:
         """The server-streaming call ``rpc``: an async generator of (request, context); both transports."""
 
-        async def handle(req: Message | BadRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def handle(req: Message | BadRequest, context: AbortContext) -> AsyncGenerator[Any, None]:
             with self._outcome(rpc, req) as out:
                 _require_valid(rpc, req)
                 if rpc.name == "GetContainerEvents":
@@ -289,7 +266,7 @@ class CriServicer:
                     result = await result
                 chunk: list[bytes] = []
                 size = 0
-                for entry in _split_entries(_serialize(result)):
+                for entry in _split_entries(serialize(result)):
                     if chunk and size + len(entry) > STREAM_CHUNK_BYTES:
                         yield b"".join(chunk)
                         chunk, size = [], 0
@@ -297,7 +274,7 @@ class CriServicer:
                     size += len(entry)
                 if chunk:
                     yield b"".join(chunk)
-            if out.code != grpc.StatusCode.OK:
+            if out.code != Code.OK:
                 await context.abort(out.code, out.detail)
 
         return handle
@@ -306,10 +283,10 @@ class CriServicer:
         # Served directly by the stream handler; present so the table is complete.
         return None
 
-    def _log(self, rpc: Rpc, req: Any, resp: Any, code: grpc.StatusCode, detail: str, seconds: float) -> None:
+    def _log(self, rpc: Rpc, req: Any, resp: Any, code: Code, detail: str, seconds: float) -> None:
         if self.observer is not None:
             self.observer(rpc.name, code.name, seconds)
-        polled = rpc.polled and code == grpc.StatusCode.OK
+        polled = rpc.polled and code == Code.OK
         if polled and not debug_enabled():
             return  # its line would be filtered out: do not build it
         logger = log.debug if polled else (log.info if code in _EXPECTED else log.warning)
@@ -329,4 +306,4 @@ class CriServicer:
         logger("rpc", **fields)
 
 
-_EXPECTED = frozenset({grpc.StatusCode.OK, grpc.StatusCode.NOT_FOUND})
+_EXPECTED = frozenset({Code.OK, Code.NOT_FOUND})

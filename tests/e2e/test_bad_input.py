@@ -135,6 +135,19 @@ async def test_malformed_bytes(running: Running, raw: bytes) -> None:
     await assert_nothing_created(running)
 
 
+async def test_malformed_bytes_on_a_streaming_rpc(running: Running) -> None:
+    call = running.channel.unary_stream(
+        "/runtime.v1.RuntimeService/StreamContainers",
+        request_serializer=lambda b: b,
+        response_deserializer=lambda b: b,
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in call(b"\xff\xff\xff"):
+            pass
+    err = info.value
+    assert err.code() == IA and "malformed StreamContainers request" in (err.details() or "")
+
+
 async def test_unknown_method_is_unimplemented(running: Running) -> None:
     call = running.channel.unary_unary("/runtime.v1.RuntimeService/NoSuchThing")
     err = await error_of(call(b""))

@@ -84,6 +84,24 @@ async def test_update_runtime_config_keeps_pod_cidr(running: Running) -> None:
     assert "10.244.2.0/24,fd00:1::/64" in st.info["config"]
 
 
+async def _subscribers_become(running: Running, n: int) -> int:
+    """The event hub's subscriber count once it is ``n``, or as it is after about 5 s."""
+    assert running.server.shim is not None
+    hub = running.server.shim.events
+    for _ in range(500):
+        if hub.subscriber_count == n:
+            break
+        await asyncio.sleep(0.01)
+    return hub.subscriber_count
+
+
+async def test_a_cancelled_event_stream_ends_its_subscription(running: Running) -> None:
+    call = running.rt.GetContainerEvents(pb.GetEventsRequest())
+    assert await _subscribers_become(running, 1) == 1
+    call.cancel()
+    assert await _subscribers_become(running, 0) == 0
+
+
 async def test_full_lifecycle_and_events(running: Running, short_tmp: str) -> None:
     r = running
     events = r.rt.GetContainerEvents(pb.GetEventsRequest())

@@ -1,5 +1,8 @@
 """Imports run one way: a backend never imports ``shim`` nor another backend; the contract knows no gRPC.
 
+Nor do the CRI logic and the native transport: grpc is imported only by the grpcio transport
+(it costs about 21 MiB of memory; tests/transport/test_no_grpc.py checks a running server).
+
 ``cri_api`` <- ``backends.contract`` (and the shared ``backends.linux``,
 ``backends.cni``, ``backends.reference``) <- each backend; ``shim`` uses the
 contract and the registry. Inside ``shim``, the CRI logic and the transports
@@ -58,14 +61,16 @@ def _offenders(package: str, forbidden: tuple[str, ...]) -> list[str]:
         ("backends/contract", ("shim", "grpc", "backends.docker", "backends.runv", "backends.fake")),
         ("cri_api", ("shim", "backends")),
         ("shim/transport", PROCESS),
-        ("shim/cri", (*PROCESS, "shim.transport")),
+        ("shim/cri", (*PROCESS, "shim.transport", "grpc", "cri_api.api_pb2_grpc")),
+        ("shim/transport/native", ("grpc", "cri_api.api_pb2_grpc", "shim.transport.grpcio")),
     ],
     ids=[
         "backends-never-import-shim",
         "contract-knows-no-grpc",
         "schema-imports-nothing-of-ours",
         "transports-know-no-process",
-        "cri-logic-knows-no-transport-or-process",
+        "cri-logic-knows-no-transport-or-process-or-grpc",
+        "native-transport-knows-no-grpc",
     ],
 )
 def test_imports_run_one_way(package: str, forbidden: tuple[str, ...]) -> None:

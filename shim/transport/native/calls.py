@@ -14,9 +14,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
 
-import grpc
 from grpc_health.v1 import health_pb2
 
+from shim.cri.codes import Code
 from shim.cri.servicer import IMAGE_SERVICE, RUNTIME_SERVICE, CriServicer, Rpc
 from shim.transport.native.frames import hpack_int, literal_header
 
@@ -46,8 +46,8 @@ def percent(detail: str) -> bytes:
     return bytes(out)
 
 
-def status_block(code: grpc.StatusCode, detail: str) -> bytes:
-    block = literal_header(b"grpc-status", str(code.value[0]).encode())
+def status_block(code: Code, detail: str) -> bytes:
+    block = literal_header(b"grpc-status", b"%d" % code)
     if detail:
         block += literal_header(b"grpc-message", percent(detail))
     return block
@@ -69,13 +69,13 @@ def frame_message(message: bytes) -> bytes:
 def request_message(body: bytearray) -> bytes:
     """The one message of a unary or server-streaming request's whole body; Abort if it is not one."""
     if len(body) < 5:
-        raise Abort(grpc.StatusCode.INTERNAL, "request without a complete gRPC message")
+        raise Abort(Code.INTERNAL, "request without a complete gRPC message")
     compressed = body[0]
     length = int.from_bytes(body[1:5], "big")
     if compressed:
-        raise Abort(grpc.StatusCode.UNIMPLEMENTED, "compressed messages are not supported")
+        raise Abort(Code.UNIMPLEMENTED, "compressed messages are not supported")
     if len(body) != 5 + length:
-        raise Abort(grpc.StatusCode.INTERNAL, "a unary request must carry exactly one whole message")
+        raise Abort(Code.INTERNAL, "a unary request must carry exactly one whole message")
     return bytes(body[5:])
 
 
@@ -92,18 +92,18 @@ def cancel(task: asyncio.Task[None]) -> None:
 class Abort(Exception):
     """The call ends with ``code`` and ``detail``."""
 
-    def __init__(self, code: grpc.StatusCode, detail: str) -> None:
+    def __init__(self, code: Code, detail: str) -> None:
         super().__init__(detail)
         self.code = code
         self.detail = detail
 
 
 class _Context:
-    """What the servicer's stream handlers use of grpc.aio.ServicerContext."""
+    """The servicer's stream handlers' context (:class:`shim.cri.servicer.AbortContext`)."""
 
     __slots__ = ()
 
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+    async def abort(self, code: Code, details: str = "") -> None:
         raise Abort(code, details)
 
 
@@ -130,7 +130,7 @@ class Calls:
             if st.method == HEALTH_CHECK:
                 self._health(conn, st, message, out)
                 return
-            conn.trailers_only(st, grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {st.method}", out)
+            conn.trailers_only(st, Code.UNIMPLEMENTED, f"Method not found: {st.method}", out)
             return
         req = rpc.decode(message)
         if rpc.stream:
@@ -144,12 +144,12 @@ class Calls:
 
     def _reply(self, conn: Connection, st: Stream, outcome: Any, out: list[bytes] | None) -> None:
         code, detail, resp = outcome
-        if code == grpc.StatusCode.OK:
+        if code == Code.OK:
             data = _serialized(resp)
             if len(data) > self.max_message_bytes:
                 conn.finish(
                     st,
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    Code.RESOURCE_EXHAUSTED,
                     f"response of {len(data)} bytes is larger than the maximum ({self.max_message_bytes})",
                     out,
                 )
@@ -177,7 +177,7 @@ class Calls:
     def _settle_cancelled(conn: Connection, st: Stream) -> None:
         """The call's task was cancelled: by its deadline (say so), or with its stream (nothing to say)."""
         if st.timed_out:
-            conn.finish(st, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            conn.finish(st, Code.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
     async def _run_unary(self, conn: Connection, st: Stream, pending: Awaitable[Any]) -> None:
         try:
@@ -208,16 +208,16 @@ class Calls:
                     await aclose()
                 except (Exception, asyncio.CancelledError):
                     pass
-        conn.finish(st, grpc.StatusCode.OK, "")
+        conn.finish(st, Code.OK, "")
 
     def _health(self, conn: Connection, st: Stream, message: bytes, out: list[bytes]) -> None:
         try:
             service = health_pb2.HealthCheckRequest.FromString(message).service
         except Exception:
-            conn.trailers_only(st, grpc.StatusCode.INVALID_ARGUMENT, "malformed HealthCheckRequest", out)
+            conn.trailers_only(st, Code.INVALID_ARGUMENT, "malformed HealthCheckRequest", out)
             return
         if service not in _HEALTHY:
-            conn.trailers_only(st, grpc.StatusCode.NOT_FOUND, f"unknown service {service!r}", out)
+            conn.trailers_only(st, Code.NOT_FOUND, f"unknown service {service!r}", out)
             return
         status = (
             health_pb2.HealthCheckResponse.NOT_SERVING
@@ -225,4 +225,4 @@ class Calls:
             else health_pb2.HealthCheckResponse.SERVING
         )
         conn.send_message(st, health_pb2.HealthCheckResponse(status=status).SerializeToString(), out)
-        conn.finish(st, grpc.StatusCode.OK, "", out)
+        conn.finish(st, Code.OK, "", out)

@@ -14,10 +14,10 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, cast
 
-import grpc
 import structlog
 from hpack import Decoder, HPACKError
 
+from shim.cri.codes import Code
 from shim.transport.native.calls import (
     OK_TRAILERS,
     RESPONSE_HEADERS,
@@ -393,21 +393,19 @@ class Connection(asyncio.Protocol):
         if method != b"POST":
             self.trailers_only(
                 st,
-                grpc.StatusCode.UNIMPLEMENTED,
+                Code.UNIMPLEMENTED,
                 f"method {method.decode('latin-1')!r}: gRPC needs POST",
                 out,
             )
             return
         if not ctype.startswith(b"application/grpc"):
-            self.trailers_only(
-                st, grpc.StatusCode.UNKNOWN, f"content-type {ctype.decode('latin-1')!r} is not gRPC", out
-            )
+            self.trailers_only(st, Code.UNKNOWN, f"content-type {ctype.decode('latin-1')!r} is not gRPC", out)
             return
         if grpc_timeout:
             seconds = timeout(grpc_timeout)
             if seconds is None:
                 why = f"malformed grpc-timeout {grpc_timeout.decode('latin-1')!r}"
-                self.trailers_only(st, grpc.StatusCode.INTERNAL, why, out)
+                self.trailers_only(st, Code.INTERNAL, why, out)
                 return
             st.deadline = time.monotonic() + seconds
         if flags & END_STREAM:
@@ -428,11 +426,11 @@ class Connection(asyncio.Protocol):
         st.received += len(data)
         if st.received > self.server.calls.max_message_bytes + 5:
             why = f"received a message larger than the maximum ({self.server.calls.max_message_bytes} bytes)"
-            self.trailers_only(st, grpc.StatusCode.RESOURCE_EXHAUSTED, why, out)
+            self.trailers_only(st, Code.RESOURCE_EXHAUSTED, why, out)
             return
         if self.buffered + len(data) > CONN_BUFFER_MAX:
             why = f"more than {CONN_BUFFER_MAX >> 20} MiB of unfinished requests on this connection"
-            self.trailers_only(st, grpc.StatusCode.RESOURCE_EXHAUSTED, why, out)
+            self.trailers_only(st, Code.RESOURCE_EXHAUSTED, why, out)
             return
         st.body += data
         self.buffered += len(data)
@@ -489,7 +487,7 @@ class Connection(asyncio.Protocol):
         if len(self.reset_sids) > RESET_MEMORY:
             del self.reset_sids[next(iter(self.reset_sids))]
 
-    def trailers_only(self, st: Stream, code: grpc.StatusCode, detail: str, out: list[bytes]) -> None:
+    def trailers_only(self, st: Stream, code: Code, detail: str, out: list[bytes]) -> None:
         """Answer ``st`` with its status alone (gRPC's Trailers-Only: one HEADERS, END_STREAM)."""
         block = RESPONSE_HEADERS + status_block(code, detail)
         out.append(self._headers(END_HEADERS | END_STREAM, st.sid, block))
@@ -519,7 +517,7 @@ class Connection(asyncio.Protocol):
         if own:
             self.write(frames)
 
-    def finish(self, st: Stream, code: grpc.StatusCode, detail: str, out: list[bytes] | None = None) -> None:
+    def finish(self, st: Stream, code: Code, detail: str, out: list[bytes] | None = None) -> None:
         """End ``st`` with its status, after any data still waiting for window."""
         if st.sid not in self.streams or st.trailers is not None:
             return
@@ -527,7 +525,7 @@ class Connection(asyncio.Protocol):
         if not st.headers_sent:
             self.trailers_only(st, code, detail, frames)
         else:
-            st.trailers = OK_TRAILERS if code == grpc.StatusCode.OK else status_block(code, detail)
+            st.trailers = OK_TRAILERS if code == Code.OK else status_block(code, detail)
             self._flush(st, frames)
         if out is None:
             self.write(frames)
