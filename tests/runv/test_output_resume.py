@@ -132,3 +132,16 @@ async def test_a_restart_gets_what_the_log_is_missing(
         for pod in list(second._shared.pods.values()):
             await second.hv.destroy(pod.vm)
         await second.close()
+
+
+def test_a_read_longer_than_a_frame_is_cut_into_pieces_of_one_frame() -> None:
+    from backends.runv.agent import guest
+    from backends.runv.agent.protocol import MAX_CHUNK, STAMP
+
+    c = Container("c", "/nowhere", tty=False)
+    data = bytes(range(256)) * (MAX_CHUNK // 256 + 3)
+    c.output(Ch.STDOUT, data)
+    pieces = list(c.history)
+    assert all(len(d) + STAMP.size <= MAX_CHUNK for _, _, d in pieces) and len(pieces) == 2
+    assert b"".join(d for _, _, d in pieces) == data and pieces[0][0] < pieces[1][0]
+    assert guest.PIECE == MAX_CHUNK - STAMP.size

@@ -14,9 +14,10 @@ from typing import Any
 from backends.linux import cgroups, procfs
 from backends.runv.agent import proc
 from backends.runv.agent.messages import ContainerState, Message
-from backends.runv.agent.protocol import STAMP, AgentError, Ch, Channel, ConnectionLost, Stream
+from backends.runv.agent.protocol import MAX_CHUNK, STAMP, AgentError, Ch, Channel, ConnectionLost, Stream
 
 OUTPUT_BUFFER = 1024 * 1024  # the container's latest output, kept for a host that re-subscribes
+PIECE = MAX_CHUNK - STAMP.size  # the most output in one piece: a stamped piece fills one frame
 
 
 class Subscriber:
@@ -78,6 +79,12 @@ class Container:
                 for sub in self.subscribers:
                     spawn(sub.stream.close(Ch.STDOUT))
                 self.subscribers.clear()
+            return
+        if len(data) > PIECE:
+            # One frame a piece, stamp included: a piece split over frames would lose its order
+            # against the next one (each frame takes the channel's lock anew).
+            for off in range(0, len(data), PIECE):
+                self.output(ch, data[off : off + PIECE])
             return
         at = self.last_at = max(time.time_ns(), self.last_at + 1)
         self.history.append((at, ch, data))
