@@ -99,6 +99,7 @@ class Containers:
     async def start(self, container: ContainerRecord) -> Started:
         shared = self._shared
         eid = engine_id(container)
+        shared.states.container(container.id, eid).died = False
         await shared.engine.start_container(eid)
         info = await shared.engine.inspect_container(eid)
         state = info["State"]
@@ -121,8 +122,9 @@ class Containers:
         st.tty = bool(info["Config"].get("Tty"))
         process = st.process = DockerProcess(shared, st, st.tty, None)
         st.watched = True
-        if not state.get("Running") and parse_time(state.get("FinishedAt")):
-            # Exited before we looked: the die event may have come before we watched it.
+        if st.died or (not state.get("Running") and parse_time(state.get("FinishedAt"))):
+            # Exited before we watched it: its die event was heard then (or came before we looked).
+            st.died = False
             shared.spawn(self._events.report_exit(st))
         return Started(started, process)
 

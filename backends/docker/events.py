@@ -63,6 +63,8 @@ class EventWatcher:
                             st.oom = True
                     elif not st.stopping and st.watched:
                         shared.spawn(self.report_exit(st, died=True))
+                    elif not st.stopping:
+                        st.died = True  # its start has yet to watch it: the start looks at this
             finally:
                 resp.close()
                 shared.images.mirror.disconnected()

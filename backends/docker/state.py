@@ -37,6 +37,7 @@ class Tracked:
     stopping: bool = False  # being stopped on request: its exit is not an event
     reporting: bool = False  # its exit is being looked into
     retrying: bool = False  # to be looked at again once the engine answers
+    died: bool = False  # the engine said it died while it was not watched yet (a start in progress)
 
 
 @dataclasses.dataclass(eq=False)

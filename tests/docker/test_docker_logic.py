@@ -6,6 +6,7 @@ import asyncio
 import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -365,3 +366,28 @@ async def test_cgroup_driver_is_the_engines_and_parents_must_match_it(
     finally:
         await events.close()
         await backend.close()
+
+
+async def test_a_death_heard_during_the_start_is_reported(kit: Kit) -> None:
+    """The container dies between the start's inspect (which says Running) and the moment the
+    backend watches it: its die event, heard meanwhile, is not lost."""
+    sb = await kit.pod()
+    ct = container_record(sb, ["true"])
+    await kit.backend.create_container(ct, sb)
+    ct.committed = True
+    eid = ct.backend_data["engine_id"]
+    engine = kit.engine
+    plain = engine.inspect_container
+
+    async def inspect_then_die(engine_id: str) -> dict[str, Any]:
+        info = await plain(engine_id)
+        if engine_id == eid and info["State"]["Running"]:
+            engine.exit(eid, 0)
+            await asyncio.sleep(0.1)  # the event watcher hears the die before the start watches
+        return info
+
+    engine.inspect_container = inspect_then_die  # type: ignore[method-assign]
+    await kit.events.start(kit.backend, ct, sb, Sink())
+    engine.inspect_container = plain  # type: ignore[method-assign]
+    info = await kit.events.exit_of(ct.id, timeout=5)
+    assert info.exit_code == 0
