@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.cluster import conformance
+from tests.e2e.cluster import configs, conformance
 from tests.e2e.cluster.layout import Binaries
 
 
@@ -52,3 +52,13 @@ def test_suite_problem_names_the_missing_binary(tmp_path: Path) -> None:
     (tmp_path / "ginkgo").chmod(0o755)
     problem = conformance.suite_problem(Binaries(str(tmp_path), "", ""))
     assert problem is not None and "e2e.test" in problem
+
+
+def test_etcd_reports_progress_within_the_watch_cache_wait() -> None:
+    """Else a watch from a resourceVersion the cache has not seen fails with "Too large resource
+    version" after 3 s (Watchers, RuntimeClass and CRD field-selector specs, 2026-12-02)."""
+    argv = configs.etcd_argv(Binaries("/k8s/bin", "/k8s/bin/kubelet", "/usr/bin/etcd"))
+    flag = next(a for a in argv if a.startswith("--experimental-watch-progress-notify-interval="))
+    value = flag.split("=", 1)[1]
+    assert value.endswith("s") and not value.endswith("ms")
+    assert 0 < float(value[:-1]) < configs.WATCH_CACHE_WAIT_SECONDS
