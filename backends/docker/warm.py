@@ -51,7 +51,7 @@ from cri_api import api_pb2 as pb
 
 from . import convert
 from . import labels as lbl
-from .context import Shared
+from .context import ENGINE_ID, Shared
 
 log = structlog.get_logger("docker.warm")
 
@@ -156,10 +156,16 @@ class WarmPauses:
         cfg["Labels"] = {lbl.KIND: lbl.WARM, lbl.INSTANCE: shared.instance, lbl.ID: warm_id}
         cfg["HostConfig"]["CgroupParent"] = shared.cgroup_parent
         self.made.add(warm_id)
+        data: dict[str, Any] = {}
         try:
             await shared.images.ensure(str(cfg["Image"]))
-            eid = await shared.create(lbl.warm_name(warm_id), cfg, {})
+            eid = await shared.create(lbl.warm_name(warm_id), cfg, data)
         except BaseException:
+            # Cancelled mid-create (the pool closes): the engine finished the create all the
+            # same and ``data`` holds its ID; the item must not outlive the pool.
+            if data.get(ENGINE_ID):
+                with contextlib.suppress(CriError):
+                    await asyncio.shield(shared.remove(str(data[ENGINE_ID])))
             self.made.discard(warm_id)
             raise
         try:

@@ -391,3 +391,33 @@ async def test_a_death_heard_during_the_start_is_reported(kit: Kit) -> None:
     engine.inspect_container = plain  # type: ignore[method-assign]
     info = await kit.events.exit_of(ct.id, timeout=5)
     assert info.exit_code == 0
+
+
+async def test_a_pool_closed_while_the_engine_creates_an_item_leaves_no_container() -> None:
+    """The engine finishes a create it has received even when the pool's refill is cancelled:
+    the item it made must go with the pool, not stay behind as a created pause container."""
+    from backends.docker.warm import PoolSettings
+
+    class SlowCreate(FakeEngine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.creating = asyncio.Event()
+            self.release = asyncio.Event()
+
+        async def create_container(self, name: str, config: dict[str, Any]) -> str:
+            self.creating.set()
+            await asyncio.shield(self.release.wait())  # the engine does not stop when the caller does
+            return await super().create_container(name, config)
+
+    engine = SlowCreate()
+    engine.add_image(PAUSE)
+    events = Events()
+    backend = DockerBackend("docker", engine=engine, pause_image=PAUSE, instance="logic", pool=PoolSettings(size=1))
+    await backend.start(events)
+    await asyncio.wait_for(engine.creating.wait(), 5)
+    closing = asyncio.ensure_future(backend.close())
+    await asyncio.sleep(0.05)
+    engine.release.set()
+    await asyncio.wait_for(closing, 5)
+    await events.close()
+    assert [c.name for c in engine.containers.values()] == []
