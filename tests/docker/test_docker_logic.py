@@ -412,7 +412,9 @@ async def test_a_pool_closed_while_the_engine_creates_an_item_leaves_no_containe
     engine = SlowCreate()
     engine.add_image(PAUSE)
     events = Events()
-    backend = DockerBackend("docker", engine=engine, pause_image=PAUSE, instance="logic", pool=PoolSettings(size=1))
+    backend = DockerBackend(
+        "docker", engine=engine, pause_image=PAUSE, instance="logic", pool=PoolSettings(size=1)
+    )
     await backend.start(events)
     await asyncio.wait_for(engine.creating.wait(), 5)
     closing = asyncio.ensure_future(backend.close())
