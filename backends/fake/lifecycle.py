@@ -58,6 +58,19 @@ def _kill_init(run: Running, name: str) -> None:
         run.term.set()
 
 
+async def _emit(run: Running, stream: str, data: bytes) -> None:
+    """Output of the container's main process: to its log and to attached sessions."""
+    run.pipe.put(stream, data)
+    for io in list(run.attached):
+        await send(io, stream, data)
+
+
+def _init_output(run: Running, fd: int) -> Callable[[bytes], Awaitable[None]] | None:
+    """/proc/1/fd/1 and 2 as an exec or a hook opens them: the main process's log streams."""
+    stream = {1: "stdout", 2: "stderr"}.get(fd)
+    return functools.partial(_emit, run, stream) if stream is not None else None
+
+
 @dataclasses.dataclass(slots=True)
 class Running:
     """Live state of one started container."""
@@ -224,6 +237,8 @@ class FakeLifecycle:
         io.pid = _EXEC_PID  # an exec is not its container's PID 1
         if run is not None and run.sent is not None:
             io.kill_init = functools.partial(_kill_init, run)
+        if run is not None:
+            io.init_output = functools.partial(_init_output, run)
         return io
 
     async def create_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> None:
@@ -270,19 +285,14 @@ class FakeLifecycle:
     async def _run_command(self, c: ContainerRecord, run: Running, argv: list[str]) -> None:
         """The container's command in the built-in shell; its output to the log and to attached sessions."""
 
-        async def emit(stream: str, data: bytes) -> None:
-            run.pipe.put(stream, data)
-            for io in list(run.attached):
-                await send(io, stream, data)
-
         async def read_stdin() -> bytes:
             assert run.stdin is not None
             return await run.stdin.get()
 
         io = self.shell_io(
             c,
-            lambda data: emit("stdout", data),
-            lambda data: emit("stderr", data),
+            functools.partial(_emit, run, "stdout"),
+            functools.partial(_emit, run, "stderr"),
             read_stdin if run.stdin is not None else None,
         )
         io.pid = 1

@@ -142,3 +142,21 @@ async def test_an_execs_kill_1_signals_the_main_process_as_pid_one() -> None:
     assert trapped.id not in life.running
     assert run.pipe.exit.info is not None and run.pipe.exit.info.exit_code == 7  # its trap ran
     await life.close()
+
+
+async def test_proc_1_fd_1_and_2_are_the_main_processes_log_to_an_exec_and_to_itself() -> None:
+    """Lifecycle hooks write `echo ... > /proc/1/fd/1` to reach the container's log (the node
+    e2e lifecycle specs read their timestamps from it); other descriptors of PID 1 cannot be opened."""
+    images, programs, life = parts({"pull_seconds": 0})
+    execs = FakeExec({}, life, programs)
+    await images.pull_image(pb.ImageSpec(image="busybox:1"), None, None)
+    c = container("d" * 64, command=["sh", "-c", "echo own > /proc/1/fd/2; sleep 1800"])
+    await _running(life, c)
+    got: list[tuple[str, bytes]] = []
+    life.running[c.id].pipe.connect(lambda out: got.append((out.stream, out.data)), lambda: None)
+    hook = await execs.exec_sync(c, ["sh", "-c", "echo from-hook > /proc/1/fd/1; echo to-exec"])
+    assert (hook.exit_code, hook.stdout) == (0, b"to-exec\n")
+    bad = await execs.exec_sync(c, ["sh", "-c", "echo x > /proc/1/fd/7"])
+    assert bad.exit_code == 1 and b"can't create /proc/1/fd/7" in bad.stderr
+    assert got == [("stderr", b"own\n"), ("stdout", b"from-hook\n")]
+    await life.close()

@@ -59,6 +59,9 @@ class ShellIO:
     # the caller queues here before setting ``term``.
     sent: list[str] = dataclasses.field(default_factory=list)
     kill_init: Callable[[str], None] | None = None  # `kill SIG 1` from this run (an exec): to PID 1
+    # PID 1's stdout and stderr (the container's log), which /proc/1/fd/1 and 2 name: lifecycle
+    # hooks and execs write `echo ... > /proc/1/fd/1` to reach the log. None: no such process.
+    init_output: Callable[[int], Callable[[bytes], Awaitable[None]] | None] | None = None
     processes: Callable[[], list[str]] | None = None  # command names, for pgrep and ps
     clock: Callable[[], float] = time.time  # seconds since the epoch, for date
     # A command not found runs, silently, until stopped (a container's own program the fake cannot

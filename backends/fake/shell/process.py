@@ -7,6 +7,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import copy
+import errno
 import functools
 import posixpath
 import random
@@ -26,7 +27,7 @@ from backends.fake.shell.control import (
 from backends.fake.shell.fs import norm
 from backends.fake.shell.lexer import NAME, ParseError
 from backends.fake.shell.parser import parse
-from backends.fake.shell.streams import NULL, Fd, FileWriter, Reader, Writer, dec, enc
+from backends.fake.shell.streams import NULL, CallbackWriter, Fd, FileWriter, Reader, Writer, dec, enc
 from backends.fake.shell.syntax import Node
 
 _T = TypeVar("_T")
@@ -460,9 +461,19 @@ class ShellProcess(abc.ABC):
             and path.rsplit("/", 1)[1].isdecimal()
         ):
             fd = int(path.rsplit("/", 1)[1])
+        if fd is None and path.startswith("/proc/1/fd/") and path.rsplit("/", 1)[1].isdecimal():
+            return self._init_fd(int(path.rsplit("/", 1)[1]), reading)
         if fd is None:
             return None
         return self.fds.get(fd) or (Reader() if reading else NULL)
+
+    def _init_fd(self, fd: int, reading: bool) -> Fd:
+        """/proc/1/fd/N: PID 1's stdout or stderr, which is the container's log; an exec reaches
+        it as much as the main process. Anything else there cannot be opened here."""
+        send = self.io.init_output(fd) if self.io.init_output is not None and not reading else None
+        if send is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+        return CallbackWriter(send)
 
     def open_input(self, name: str) -> Reader:
         """A file operand of cat, head, grep...: "-" is stdin; raises OSError."""
