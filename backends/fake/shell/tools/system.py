@@ -97,15 +97,38 @@ async def _t_date(sh: Shell, argv: list[str]) -> int:
     return 0
 
 
+def _resolve(sh: Shell, name: str) -> tuple[str, list[str]]:
+    """The canonical name and addresses of ``name`` as the resolver finds them in /etc/hosts (the
+    kubelet's has ``IP  FQDN  SHORTNAME`` for a pod with a subdomain): the line's first name is the
+    canonical one. Not found there: the name itself, and no address."""
+    try:
+        hosts = sh.io.fs.read("/etc/hosts").decode(errors="replace")
+    except OSError:
+        hosts = ""
+    canonical, addresses = "", []
+    for line in hosts.splitlines():
+        fields = line.partition("#")[0].split()
+        if len(fields) > 1 and name in fields[1:]:
+            canonical = canonical or fields[1]
+            addresses.append(fields[0])
+    return canonical or name, addresses
+
+
 async def _t_hostname(sh: Shell, argv: list[str]) -> int:
-    opts, rest = getopt(argv, "sfd")
+    """hostname [-s|-f|-d|-i]: the short name, or the canonical name, its domain or its addresses
+    as /etc/hosts resolves the host name (busybox resolves it with gethostbyname)."""
+    opts, rest = getopt(argv, "sfdi")
     if rest:
         raise ToolError("sethostname: Operation not permitted")
     name = sh.io.hostname
     if "s" in opts:
         name = name.split(".")[0]
+    elif "f" in opts:
+        name = _resolve(sh, name)[0]
     elif "d" in opts:
-        name = name.partition(".")[2]
+        name = _resolve(sh, name)[0].partition(".")[2]
+    elif "i" in opts:
+        name = " ".join(_resolve(sh, name)[1])
     await sh.out(name + "\n")
     return 0
 
