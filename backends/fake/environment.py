@@ -11,7 +11,6 @@ use to check their pod's settings.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from backends.contract import ContainerRecord, SandboxRecord
@@ -73,16 +72,13 @@ def shell_io(
     stdout: Write,
     stderr: Write,
     stdin: Callable[[], Awaitable[bytes]] | None = None,
-    running: bool = True,
+    processes: Callable[[], list[tuple[int, str]]] | None = None,
     network: Network | None = None,
-    argv: Sequence[str] | None = None,
 ) -> ShellIO:
-    """How the shell runs in container ``c``: for its command (``argv``, with its image's defaults;
-    else its config's), or for an exec in it."""
+    """How the shell runs in container ``c``, for its command or for an exec in it; ``processes``
+    are those of its PID namespace (:mod:`backends.fake.pids`)."""
     env = {"PATH": _PATH, "HOSTNAME": hostname_of(c, sb), "HOME": "/root"}
     env.update({kv.key: kv.value.decode(errors="replace") for kv in c.config.envs})
-    argv = list(argv) if argv is not None else command_of(c)
-    processes = [os.path.basename(argv[0])] if argv and running else []
 
     async def sysctl(args: list[str], io: ShellIO) -> int:
         """``sysctl [-n] KEY``: the pod's value, from /proc/sys."""
@@ -108,6 +104,6 @@ def shell_io(
         stdout=stdout,
         stderr=stderr,
         commands={"sysctl": sysctl},
-        processes=lambda: list(processes),
+        processes=processes,
         network=network,
     )

@@ -38,6 +38,7 @@ from backends.contract import (
 from backends.fake import environment, servers, shell
 from backends.fake.files import ContainerFiles
 from backends.fake.images import ImageStore
+from backends.fake.pids import PidNamespaces
 from backends.fake.ports import ContainerNetwork, PodPorts
 from backends.fake.program import OutputLine, Program, Programs
 from cri_api import api_pb2 as pb
@@ -115,6 +116,7 @@ class FakeLifecycle:
         self.files: dict[str, ContainerFiles] = {}  # created containers' own files and volumes
         self.ports = PodPorts()  # what the running containers' servers listen on
         self.running: dict[str, Running] = {}
+        self.pids = PidNamespaces()  # the running containers' main processes, for ps and pidof
         self._cgroup_driver = str(options.get("cgroup_driver", "cgroupfs"))
         self._network = ipaddress.ip_network(str(options.get("pod_cidr", "10.88.0.0/16")))
         self._next_ip = 2  # offset in the pod network of the next address to try
@@ -162,6 +164,7 @@ class FakeLifecycle:
             running = c.status.state == pb.CONTAINER_RUNNING
             if running and c.id not in self.running:
                 self.running[c.id] = Running(Program(), time.monotonic())
+                self.pids.start(c, environment.command_of(c, *self.images.process_for(c.config.image.image)))
                 # Its scripted servers still serve; what its command had started is gone with the shell.
                 with contextlib.suppress(errors.InvalidArgumentError):
                     self._bind_scripted(c)
@@ -230,10 +233,8 @@ class FakeLifecycle:
         ip = str(sb.backend_data.get("ip", "")) if sb else ""
         network = ContainerNetwork(self.ports, c.sandbox_id, c.id, ip)
         run = self.running.get(c.id)
-        argv = environment.command_of(c, *self.images.process_for(c.config.image.image))
-        io = environment.shell_io(
-            c, sb, self.files_of(c), stdout, stderr, stdin, run is not None, network, argv
-        )
+        processes = functools.partial(self.pids.seen_from, c.id)
+        io = environment.shell_io(c, sb, self.files_of(c), stdout, stderr, stdin, processes, network)
         io.pid = _EXEC_PID  # an exec is not its container's PID 1
         if run is not None and run.sent is not None:
             io.kill_init = functools.partial(_kill_init, run)
@@ -265,6 +266,7 @@ class FakeLifecycle:
             program = Program()  # a command the shell does not know: it runs, silently, until stopped
         run = Running(program, time.monotonic())
         self.running[container.id] = run
+        self.pids.start(container, argv)
         self._bind_scripted(container)
         started = self.clock()
         loop = asyncio.get_running_loop()
@@ -344,6 +346,7 @@ class FakeLifecycle:
         run = self.running.pop(cid, None)
         if run is None:
             return
+        self.pids.stop(cid)
         self.ports.release(cid)  # its servers, and those its command had started, go with it
         run.exited.set()
         run.pipe.end()  # everything it wrote is in the pipe already
@@ -399,6 +402,7 @@ class FakeLifecycle:
             if run.task is not None:
                 run.task.cancel()
             run.pipe.end()
+        self.pids.stop(container.id)
         self.ports.release(container.id)
         self.containers.discard(container.id)
         self.files.pop(container.id, None)

@@ -48,7 +48,7 @@ class Harness:
             stderr=self._err,
             term=self.term,
             sleep=sleep or self._sleep,
-            processes=lambda: ["sh", "nginx"],
+            processes=lambda: [(1, "sh"), (7, "nginx")],
             clock=lambda: NOW,
         )
 

@@ -158,7 +158,7 @@ async def test_exec_reads_stdin_and_sees_the_containers_files(tmp_path: Path) ->
     assert await streams.exec(c, ["head", "-n1"], session) == 0
     assert bytes(session.out) == b"ping\n"
     res = await streams.exec_sync(c, ["sh", "-c", "echo x > /data/f; cat /etc/hostname; pgrep sleep"])
-    assert (res.exit_code, res.stdout) == (0, b"web\n1\n")
+    assert (res.exit_code, res.stdout) == (0, b"web\n2\n")  # in the pod's PID namespace: pause is 1
     assert (tmp_path / "f").read_text() == "x\n"
     await follower.stop(life, c, 0)
 

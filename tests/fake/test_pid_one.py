@@ -160,3 +160,39 @@ async def test_proc_1_fd_1_and_2_are_the_main_processes_log_to_an_exec_and_to_it
     assert bad.exit_code == 1 and b"can't create /proc/1/fd/7" in bad.stderr
     assert got == [("stderr", b"own\n"), ("stdout", b"from-hook\n")]
     await life.close()
+
+
+# ---------------------------------------------------------------------- the processes an exec sees
+
+
+async def test_pidof_sees_its_pid_namespace() -> None:
+    """The node e2e PID namespace specs: `/bin/pidof top` and `pidof sleep` print 1 in containers of
+    their own PID namespace; with the pod's namespace shared both containers see `top` at one PID."""
+    images, programs, life = parts({"pull_seconds": 0})
+    execs = FakeExec({}, life, programs)
+    await images.pull_image(pb.ImageSpec(image="busybox:1"), None, None)
+    top = _own_pid(container("a" * 64, command=["/bin/top"]))
+    sleep = _own_pid(container("b" * 64, command=["/bin/sleep", "10000"]))
+    shared_top = _own_pid(container("c" * 64, command=["/bin/top"]), pb.POD)
+    shared_sleep = _own_pid(container("d" * 64, command=["/bin/sleep", "10000"]), pb.POD)
+    await _running(life, top, sleep, shared_top, shared_sleep)
+
+    async def run(c: ContainerRecord, *cmd: str) -> tuple[int, bytes]:
+        result = await execs.exec_sync(c, list(cmd))
+        return result.exit_code, result.stdout
+
+    assert await run(top, "/bin/pidof", "top") == (0, b"1\n")
+    assert await run(sleep, "/bin/pidof", "sleep") == (0, b"1\n")
+    assert await run(sleep, "/bin/pidof", "top") == (1, b"")  # the other container's own namespace
+    seen = await run(shared_top, "/bin/pidof", "top")
+    assert seen[0] == 0 and seen[1] not in (b"1\n", b"")
+    assert await run(shared_sleep, "/bin/pidof", "top") == seen
+    code, ps = await run(shared_sleep, "ps")
+    assert code == 0 and [line.split()[-1] for line in ps.decode().splitlines()[1:]] == [
+        "pause",
+        "top",
+        "sleep",
+    ]
+    await life.stop_container(shared_top, 0)
+    assert await run(shared_sleep, "pidof", "top") == (1, b"")  # gone with its container
+    await life.close()

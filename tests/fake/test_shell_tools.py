@@ -158,7 +158,7 @@ TABLE: list[Row] = [
     ("kill 999; echo $?", "", "0\n", None, 0),
     ("sh -c 'echo $0:$1; exit 4' me arg; echo $?", "", "me:arg\n4\n", None, 0),
     ("X=outer; export E=exp; sh -c 'echo [$X][$E]; X=inner'; echo $X", "", "[][exp]\nouter\n", None, 0),
-    ("pgrep nginx; pgrep nope; echo $?", "", "2\n1\n", None, 0),
+    ("pgrep nginx; pgrep nope; echo $?", "", "7\n1\n", None, 0),
     (
         "printf 'b\\na\\nb\\n' | sort -u; printf '10\\n9\\n' | sort -n; env | sort | head -n 1",
         "",

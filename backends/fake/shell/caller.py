@@ -62,7 +62,8 @@ class ShellIO:
     # PID 1's stdout and stderr (the container's log), which /proc/1/fd/1 and 2 name: lifecycle
     # hooks and execs write `echo ... > /proc/1/fd/1` to reach the log. None: no such process.
     init_output: Callable[[int], Callable[[bytes], Awaitable[None]] | None] | None = None
-    processes: Callable[[], list[str]] | None = None  # command names, for pgrep and ps
+    # (PID, command name) of the processes its PID namespace holds, for ps, pgrep and pidof.
+    processes: Callable[[], list[tuple[int, str]]] | None = None
     clock: Callable[[], float] = time.time  # seconds since the epoch, for date
     # A command not found runs, silently, until stopped (a container's own program the fake cannot
     # run: `sh -c "prepare; nginx"`), instead of failing with 127 as an exec's does.

@@ -225,7 +225,7 @@ class ShellProcess(abc.ABC):
     def environ(self) -> dict[str, str]:
         return {name: value for name, value in self.vars.items() if name in self.exported}
 
-    def processes(self) -> list[str]:
+    def processes(self) -> list[tuple[int, str]]:
         return self.io.processes() if self.io.processes is not None else []
 
     async def main(self, make: Callable[[], Awaitable[int]]) -> int:

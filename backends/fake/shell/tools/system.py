@@ -1,5 +1,5 @@
 """Tools that tell or change the system around the shell: true, false, sleep, date, hostname, env,
-printenv, id, whoami, uname, kill, pgrep, ps, which."""
+printenv, id, whoami, uname, kill, pgrep, pidof, ps, which."""
 
 from __future__ import annotations
 
@@ -218,7 +218,7 @@ async def _t_kill(sh: Shell, argv: list[str]) -> int:
 
 
 async def _t_pgrep(sh: Shell, argv: list[str]) -> int:
-    """pgrep [-flx] PATTERN over io.processes (PIDs are their positions from 1)."""
+    """pgrep [-flx] PATTERN over the processes of the container's PID namespace (io.processes)."""
     opts, patterns = getopt(argv, "flxa")
     if len(patterns) != 1:
         raise ToolError("usage: pgrep [-flx] PATTERN", 2)
@@ -227,13 +227,26 @@ async def _t_pgrep(sh: Shell, argv: list[str]) -> int:
     except re.error as exc:
         raise ToolError(f"bad regex: {exc}", 2) from None
     match = regex.fullmatch if "x" in opts else regex.search
-    hits = [(pid, name) for pid, name in enumerate(sh.processes(), 1) if match(name)]
+    hits = [(pid, name) for pid, name in sh.processes() if match(name)]
     await sh.out("".join(f"{pid} {name}\n" if "l" in opts else f"{pid}\n" for pid, name in hits))
     return 0 if hits else 1
 
 
+async def _t_pidof(sh: Shell, argv: list[str]) -> int:
+    """pidof [-s] [-o PID] NAME...: the PIDs of the processes named so, newest first, on one line."""
+    opts, names = getopt(argv, "s", "o")
+    omit = {integer(p, "pid") for p in opts.get("o", "").split("\n") if p and p != "%PPID"}
+    wanted = {name.rsplit("/", 1)[-1] for name in names}
+    pids = [pid for pid, name in reversed(sh.processes()) if name in wanted and pid not in omit]
+    if "s" in opts:
+        pids = pids[:1]
+    if pids:
+        await sh.out(" ".join(map(str, pids)) + "\n")
+    return 0 if pids else 1
+
+
 async def _t_ps(sh: Shell, argv: list[str]) -> int:
-    rows = "".join(f"{pid:>5} root      0:00 {name}\n" for pid, name in enumerate(sh.processes(), 1))
+    rows = "".join(f"{pid:>5} root      0:00 {name}\n" for pid, name in sh.processes())
     await sh.out("  PID USER     TIME  COMMAND\n" + rows)
     return 0
 
@@ -262,6 +275,7 @@ COMMANDS: dict[str, Builtin] = {
     "uname": _t_uname,
     "kill": _t_kill,
     "pgrep": _t_pgrep,
+    "pidof": _t_pidof,
     "ps": _t_ps,
     "which": _t_which,
 }

@@ -1,0 +1,71 @@
+"""The fake's PID namespaces: which processes a container's ``ps``, ``pgrep`` and ``pidof`` see.
+
+A running container's main process is one entry here, in the namespace its CRI config names: its
+own (it is PID 1), the pod's (shared with the pod's other containers; the pause process is PID 1),
+the node's, or its target's (an ephemeral container's). Nothing else runs: the fake has no processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from collections.abc import Sequence
+
+from backends.contract import ContainerRecord
+from cri_api import api_pb2 as pb
+
+# What is PID 1 of a namespace the container's main process does not head.
+_INIT = {"pod": "pause", "node": "init"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Process:
+    namespace: str  # the container's ID for its own; "pod:SANDBOX", "node"
+    pid: int
+    name: str  # its command's name, as /proc/PID/comm has it
+
+
+class PidNamespaces:
+    """The main processes of the running containers, by container ID, with their PIDs."""
+
+    def __init__(self) -> None:
+        self._processes: dict[str, _Process] = {}
+        self._last_pid: dict[str, int] = {}  # per shared namespace
+
+    def start(self, c: ContainerRecord, argv: Sequence[str]) -> int:
+        """Records ``c``'s main process, running ``argv``; returns its PID in its namespace."""
+        options = c.config.linux.security_context.namespace_options
+        target = self._processes.get(options.target_id) if options.target_id else None
+        if options.pid == pb.TARGET and target is not None:
+            namespace = target.namespace
+        elif options.pid == pb.NODE:
+            namespace = "node"
+        elif options.pid == pb.POD:
+            namespace = "pod:" + c.sandbox_id
+        else:
+            namespace = c.id
+        if namespace == c.id:
+            pid = 1
+        else:  # PID 1 is the namespace's init, or its target's main process
+            pid = max([self._last_pid.get(namespace, 1), *(p.pid for p in self._in(namespace))]) + 1
+            self._last_pid[namespace] = pid
+        name = posixpath.basename(argv[0])[:15] if argv else ""
+        self._processes[c.id] = _Process(namespace, pid, name)
+        return pid
+
+    def stop(self, cid: str) -> None:
+        self._processes.pop(cid, None)
+
+    def _in(self, namespace: str) -> list[_Process]:
+        return [p for p in self._processes.values() if p.namespace == namespace]
+
+    def seen_from(self, cid: str) -> list[tuple[int, str]]:
+        """(PID, name) of the processes container ``cid`` sees, by PID; none when it is not running."""
+        own = self._processes.get(cid)
+        if own is None:
+            return []
+        seen = [(p.pid, p.name) for p in self._in(own.namespace)]
+        init = _INIT.get(own.namespace.partition(":")[0])
+        if init is not None:
+            seen.append((1, init))
+        return sorted(seen)
