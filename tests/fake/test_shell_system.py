@@ -27,3 +27,19 @@ async def test_hostname_resolves_through_etc_hosts(hosts: str | None, script: st
     h.io.hostname = "web"
     result = await h.run(["sh", "-c", script])
     assert (result.stdout.decode(), result.stderr, result.code) == (stdout, b"", 0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "stderr"),
+    [
+        (["/bin/sh", "-c", "echo test > /file"], b"/bin/sh: can't create /file: Read-only file system\n"),
+        (["sh", "-c", "echo test > /file"], b"sh: can't create /file: Read-only file system\n"),
+        (["sh", "-c", "nope", "named"], b"named: nope: not found\n"),  # $0 given after the script
+    ],
+    ids=["bin-sh", "sh", "dollar-zero"],
+)
+async def test_the_shells_errors_name_it_as_invoked(argv: list[str], stderr: bytes) -> None:
+    """The node e2e spec 'a read only busybox container should not write to root filesystem' reads
+    exactly `/bin/sh: can't create /file: Read-only file system` from the log."""
+    result = await Harness(fs=MemoryFs({}, read_only=["/"])).run(argv)
+    assert (result.stderr, result.code) == (stderr, 127 if "nope" in argv else 1)

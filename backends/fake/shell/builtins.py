@@ -26,7 +26,7 @@ async def _s_exit(sh: Shell, argv: list[str]) -> int:
         raise Exit(sh.status)
     code = arith_number(argv[1])
     if code is None:
-        await sh.err(f"sh: exit: Illegal number: {argv[1]}")
+        await sh.err(f"{sh.arg0}: exit: Illegal number: {argv[1]}")
         raise Exit(2)
     raise Exit(code & 255)
 
@@ -188,7 +188,7 @@ async def _s_trap(sh: Shell, argv: list[str]) -> int:
     for text in names:
         name = signal_name(text) or (text.upper() if text.upper() in ("ERR", "DEBUG", "RETURN") else None)
         if name is None or name in ("KILL", "STOP"):
-            await sh.err(f"sh: trap: {text}: bad trap")
+            await sh.err(f"{sh.arg0}: trap: {text}: bad trap")
             status = 1
         elif action == "-":
             sh.traps.pop(name, None)
@@ -292,7 +292,7 @@ async def _s_type(sh: Shell, argv: list[str]) -> int:
     for name in argv[1:]:
         found = sh.describe(name)
         if found is None:
-            await sh.err(f"sh: type: {name}: not found")
+            await sh.err(f"{sh.arg0}: type: {name}: not found")
             status = 1
         else:
             await sh.out(_type_line(name, *found) + "\n")

@@ -281,7 +281,7 @@ class Shell(ShellProcess):
         """Runs a command by name: a special builtin, a function, or what `external` finds."""
         special = SPECIAL.get(argv[0])
         if special is not None:
-            return await self._builtin(special, argv, "sh: " + argv[0])
+            return await self._builtin(special, argv, f"{self.arg0}: " + argv[0])
         body = self.functions.get(argv[0]) if functions else None
         if body is not None:
             return await self._call_function(body, argv)
@@ -304,7 +304,7 @@ class Shell(ShellProcess):
         if self.io.unknown_runs:
             await self.sleep_forever()  # SIGTERM ends it as it ends a sleep
             return 0
-        await self.err(f"sh: {name}: not found")
+        await self.err(f"{self.arg0}: {name}: not found")
         return 127
 
     def _extra(self, name: str) -> Command | None:
@@ -361,11 +361,11 @@ class Shell(ShellProcess):
         try:
             text = dec(self.io.fs.read(path))
         except OSError as exc:
-            await self.err(f"sh: {argv[0]}: {reason(exc)}")
+            await self.err(f"{self.arg0}: {argv[0]}: {reason(exc)}")
             return 126
         interpreter = _shebang(text)
         if interpreter not in _SHELLS:
-            await self.err(f"sh: {argv[0]}: cannot run a {interpreter} script here")
+            await self.err(f"{self.arg0}: {argv[0]}: cannot run a {interpreter} script here")
             return 126
         child = self.program(argv[0], argv[1:])
         return await self.run_program(child, functools.partial(child.run_text, text))

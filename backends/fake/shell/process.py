@@ -243,7 +243,7 @@ class ShellProcess(abc.ABC):
         except (Exit, Return) as exc:
             status = exc.code
         except ShellError as exc:
-            await self.err(f"sh: {exc}")
+            await self.err(f"{self.arg0}: {exc}")
             status = exc.code
         except BrokenPipe:
             status = 128 + SIGNALS["PIPE"]
@@ -263,7 +263,7 @@ class ShellProcess(abc.ABC):
         except Exit as exc:
             return exc.code & 255
         except ShellError as exc:
-            await self.err(f"sh: {exc}")
+            await self.err(f"{self.arg0}: {exc}")
             return exc.code
         return status
 
@@ -286,7 +286,7 @@ class ShellProcess(abc.ABC):
         try:
             return parse(text)
         except ParseError as exc:
-            await self.err(f"sh: syntax error: {exc}")
+            await self.err(f"{self.arg0}: syntax error: {exc}")
             return None
 
     async def run_text(self, text: str) -> int:
@@ -335,7 +335,7 @@ class ShellProcess(abc.ABC):
             except ParseError as exc:
                 if line and exc.incomplete:
                     continue
-                await self.err(f"sh: syntax error: {exc}")
+                await self.err(f"{self.arg0}: syntax error: {exc}")
                 return 2
             pending = ""
             await self.run(node)

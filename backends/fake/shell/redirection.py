@@ -21,7 +21,7 @@ async def redirect(sh: ShellProcess, redirs: Sequence[Redir]) -> dict[int, Fd] |
     try:
         return await _apply(sh, redirs)
     except _RedirError as exc:
-        await sh.err(f"sh: {exc}")
+        await sh.err(f"{sh.arg0}: {exc}")
         return None
 
 
