@@ -40,6 +40,7 @@ from cri_api import api_pb2 as pb
 # any tag): their containers name only a subcommand (agnhost's ``mounttest``...), or nothing.
 BUILTIN_RULES: dict[str, dict[str, Any]] = {
     "e2e-test-images/agnhost": {"entrypoint": ["/agnhost"], "cmd": ["pause"]},
+    "e2e-test-images/nonewprivs": {"cmd": ["nnp"]},  # its setuid program, a tool of the shell
 }
 
 

@@ -234,7 +234,9 @@ class FakeLifecycle:
         network = ContainerNetwork(self.ports, c.sandbox_id, c.id, ip)
         run = self.running.get(c.id)
         processes = functools.partial(self.pids.seen_from, c.id)
-        io = environment.shell_io(c, sb, self.files_of(c), stdout, stderr, stdin, processes, network)
+        image = self.images.find(c.image_ref or c.config.image.image)
+        uid = image.uid if image is not None else None
+        io = environment.shell_io(c, sb, self.files_of(c), stdout, stderr, stdin, processes, network, uid)
         io.pid = _EXEC_PID  # an exec is not its container's PID 1
         if run is not None and run.sent is not None:
             io.kill_init = functools.partial(_kill_init, run)

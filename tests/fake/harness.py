@@ -75,6 +75,8 @@ def default_fs() -> MemoryFs:
     fs = MemoryFs(
         {
             "/etc/hostname": "pod-1\n",
+            "/etc/passwd": "root:x:0:0:root:/root:/bin/sh\n",
+            "/etc/group": "root:x:0:\n",
             "/data/in.txt": "one\ntwo\nthree\n",
             "/data/empty": "",
             "/data/lib.sh": "LIBVAR=from-lib\nlibf() { echo libf $1; }\n",

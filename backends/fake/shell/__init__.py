@@ -9,7 +9,8 @@ produced and an idle ``while true; do sleep 1; done`` is one sleeping coroutine.
 The caller provides, in :class:`ShellIO`: the container's files (an ``Fs``; :class:`MemoryFs` is a
 ready one), its environment, stdin/stdout/stderr callables, an :class:`asyncio.Event` that delivers
 the container's stop signal (``term_signal``, TERM unless told), an injectable ``sleep`` and
-``clock``, a ``Network`` whose ports ``httpd`` listens on (none: it cannot), and extra commands. An
+``clock``, a ``Network`` whose ports ``httpd`` listens on (none: it cannot), the ``Privileges`` its
+processes have (uid, capabilities), and extra commands. An
 extra command is a ``Command``: ``async def cmd(argv: list[str], io: ShellIO) -> int``, where
 ``argv[0]`` is the name as invoked and ``io`` is a copy of the caller's ShellIO bound to the
 command's (redirected) stdin, stdout and stderr, its environment (exported variables and ``X=1 cmd``
@@ -53,8 +54,18 @@ The package, one module a part, each importing only modules listed before it:
   and tools, which the evaluator cannot import.
 """
 
-from backends.fake.shell.caller import Connection, Network, Serve, ShellIO
+from backends.fake.shell.caller import Connection, Network, Privileges, Serve, ShellIO
 from backends.fake.shell.entry import knows, run, run_script
 from backends.fake.shell.fs import MemoryFs
 
-__all__ = ["Connection", "MemoryFs", "Network", "Serve", "ShellIO", "knows", "run", "run_script"]
+__all__ = [
+    "Connection",
+    "MemoryFs",
+    "Network",
+    "Privileges",
+    "Serve",
+    "ShellIO",
+    "knows",
+    "run",
+    "run_script",
+]

@@ -36,6 +36,29 @@ class Network(Protocol):
         ...
 
 
+# Linux capabilities a container's processes get unless privileged or told otherwise: the
+# runtimes' (containerd's, CRI-O's) default set, without the CAP_ prefix.
+DEFAULT_CAPABILITIES = frozenset(
+    "CHOWN DAC_OVERRIDE FSETID FOWNER MKNOD NET_RAW SETGID SETUID SETFCAP SETPCAP NET_BIND_SERVICE"
+    " SYS_CHROOT KILL AUDIT_WRITE".split()
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Privileges:
+    """Who a container's processes run as and what its security context lets them do: what `id`,
+    a setuid program (nonewprivs' ``nnp``) and a privileged command (``ip link add``) depend on."""
+
+    uid: int = 0
+    gid: int = 0
+    groups: tuple[int, ...] = ()  # supplementary
+    capabilities: frozenset[str] = DEFAULT_CAPABILITIES  # "ALL" in it: every one (privileged)
+    no_new_privs: bool = False  # a setuid program keeps the caller's uid
+
+    def can(self, capability: str) -> bool:
+        return "ALL" in self.capabilities or capability in self.capabilities
+
+
 @dataclasses.dataclass
 class ShellIO:
     """Everything a shell run touches of its container; the shell itself has no other way out."""
@@ -69,3 +92,4 @@ class ShellIO:
     # run: `sh -c "prepare; nginx"`), instead of failing with 127 as an exec's does.
     unknown_runs: bool = False
     network: Network | None = None  # None: no network (a server cannot listen)
+    privileges: Privileges = Privileges()  # root with the default capabilities

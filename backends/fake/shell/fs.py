@@ -74,13 +74,22 @@ class MemoryFs:
         self.dirs: set[str] = {"/"}
         self.modes: dict[str, int] = {}  # permission bits set by chmod; else 0644 files, 0755 dirs
         self._read_only: tuple[str, ...] = ()
+        self._writable: tuple[str, ...] = ()  # mounts of their own under a read-only path
         for path, data in (files or {}).items():
             full = norm(path)
             self.mkdir(posixpath.dirname(full), parents=True)
             self.files[full] = data.encode() if isinstance(data, str) else bytes(data)
         self._read_only = tuple(norm(p) for p in read_only)
 
+    def read_only_root(self, writable: Iterable[str] = ()) -> None:
+        """From now on the whole tree refuses changes but under ``writable`` (a read-only root file
+        system, as readOnlyRootFilesystem makes it; /dev and /proc are mounts of their own)."""
+        self._read_only = ("/",)
+        self._writable = tuple(norm(p) for p in writable)
+
     def _check_writable(self, path: str) -> None:
+        if any(path == top or path.startswith(top + "/") for top in self._writable):
+            return
         for top in self._read_only:
             if path == top or path.startswith(top.rstrip("/") + "/"):
                 raise PermissionError(errno.EROFS, "Read-only file system", path)

@@ -1,5 +1,5 @@
 """Tools that tell or change the system around the shell: true, false, sleep, date, hostname, env,
-printenv, id, whoami, uname, kill, pgrep, pidof, ps, which."""
+printenv, uname, kill, pgrep, pidof, ps, which."""
 
 from __future__ import annotations
 
@@ -168,21 +168,6 @@ async def _t_printenv(sh: Shell, argv: list[str]) -> int:
     return 0 if len(values) == len(argv) - 1 else 1
 
 
-async def _t_id(sh: Shell, argv: list[str]) -> int:
-    """id: root (an extra command named id can tell the image's user instead)."""
-    opts, _ = getopt(argv, "ugGnr")
-    if {"u", "g", "G"} & set(opts):
-        await sh.out("root\n" if "n" in opts else "0\n")
-    else:
-        await sh.out("uid=0(root) gid=0(root) groups=0(root)\n")
-    return 0
-
-
-async def _t_whoami(sh: Shell, argv: list[str]) -> int:
-    await sh.out("root\n")
-    return 0
-
-
 _UNAME = {"s": "Linux", "r": "6.6.0-fake", "v": "#1 SMP PREEMPT_DYNAMIC", "m": "x86_64", "p": "unknown"}
 _UNAME |= {"i": "unknown", "o": "GNU/Linux"}
 
@@ -270,8 +255,6 @@ COMMANDS: dict[str, Builtin] = {
     "hostname": _t_hostname,
     "env": _t_env,
     "printenv": _t_printenv,
-    "id": _t_id,
-    "whoami": _t_whoami,
     "uname": _t_uname,
     "kill": _t_kill,
     "pgrep": _t_pgrep,
