@@ -1,8 +1,9 @@
-"""Tools that tell or change the system around the shell: true, false, sleep, date, hostname, env,
+"""Tools that tell or change the system around the shell: true, false, sleep, date, nmeter, hostname, env,
 printenv, uname, kill, pgrep, pidof, ps, which."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import re
 
@@ -112,6 +113,36 @@ def _resolve(sh: Shell, name: str) -> tuple[str, list[str]]:
             canonical = canonical or fields[1]
             addresses.append(fields[0])
     return canonical or name, addresses
+
+
+_NMETER = re.compile(r"%(\d?)([a-z%])")
+
+
+async def _t_nmeter(sh: Shell, argv: list[str]) -> int:
+    """nmeter [-d MSEC] FORMAT: a line of FORMAT every MSEC (default 1000), until its reader goes.
+    Only ``%t`` (the time of day, ``%3t`` with milliseconds: what the node e2e specs' timestamps
+    are made of) and ``%%``; the system figures (``%c``, ``%m``...) the fake has none of print 0."""
+    opts, rest = getopt(argv, "", "d")
+    if len(rest) != 1:
+        raise ToolError("usage: nmeter [-d MSEC] FORMAT", 1)
+    delay = integer(opts.get("d", "1000"), "delay")
+
+    def one(m: re.Match[str]) -> str:
+        if m[2] == "%":
+            return "%"
+        if m[2] != "t":
+            return "0"
+        moment = datetime.datetime.fromtimestamp(sh.io.clock(), datetime.UTC)
+        digits = int(m[1] or 0)
+        fraction = f".{moment.microsecond:06d}"[: digits + 1] if digits else ""
+        return moment.strftime("%H:%M:%S") + fraction
+
+    while True:
+        await sh.out(_NMETER.sub(one, rest[0]) + "\n")
+        if delay > 0:
+            await sh.block(sh.io.sleep(delay / 1000))
+        else:
+            await asyncio.sleep(0)  # a reader that never makes us wait must not starve the loop
 
 
 async def _t_hostname(sh: Shell, argv: list[str]) -> int:
@@ -252,6 +283,7 @@ COMMANDS: dict[str, Builtin] = {
     "false": _t_false,
     "sleep": _t_sleep,
     "date": _t_date,
+    "nmeter": _t_nmeter,
     "hostname": _t_hostname,
     "env": _t_env,
     "printenv": _t_printenv,
