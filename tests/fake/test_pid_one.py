@@ -11,6 +11,7 @@ import pytest
 from backends.contract import ContainerRecord, SandboxRecord
 from backends.fake.exec import FakeExec
 from backends.fake.lifecycle import FakeLifecycle
+from backends.fake.pids import PidNamespaces
 from cri_api import api_pb2 as pb
 from tests.fake.harness import Harness, blocked_forever, settle
 from tests.fake.test_parts import container, parts, sandbox
@@ -196,3 +197,21 @@ async def test_pidof_sees_its_pid_namespace() -> None:
     await life.stop_container(shared_top, 0)
     assert await run(shared_sleep, "pidof", "top") == (1, b"")  # gone with its container
     await life.close()
+
+
+def test_pid_namespaces_of_a_target_and_the_node() -> None:
+    spaces = PidNamespaces()
+    app = _own_pid(container("a" * 64, command=["nginx"]))
+    debug = _own_pid(container("b" * 64, command=["sh"]), pb.TARGET)
+    debug.config.linux.security_context.namespace_options.target_id = app.id
+    host = _own_pid(container("c" * 64, command=["/usr/bin/agent"]), pb.NODE)
+    assert (spaces.start(app, ["nginx"]), spaces.start(debug, ["sh"]), spaces.start(host, ["agent"])) == (
+        1,
+        2,
+        2,
+    )
+    assert spaces.seen_from(debug.id) == spaces.seen_from(app.id) == [(1, "nginx"), (2, "sh")]
+    assert spaces.seen_from(host.id) == [(1, "init"), (2, "agent")]
+    spaces.stop(app.id)
+    spaces.stop(debug.id)
+    assert spaces.seen_from(debug.id) == [] and spaces.start(app, ["nginx"]) == 1  # a new namespace
