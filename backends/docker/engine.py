@@ -23,14 +23,11 @@ import contextlib
 import functools
 import json
 import os
+import sys
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
-
-import docker
-import docker.errors
-import requests.exceptions
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from backends.contract.errors import (
     AlreadyExistsError,
@@ -43,6 +40,10 @@ from backends.contract.errors import (
     UnavailableError,
 )
 
+if TYPE_CHECKING:
+    import docker
+    import docker.errors
+
 API_VERSION = "1.41"  # Docker 20.10; newer engines still accept it
 T = TypeVar("T")
 
@@ -51,17 +52,33 @@ def translate(exc: BaseException) -> CriError:
     """One engine/transport error as the CRI condition it means."""
     if isinstance(exc, CriError):
         return exc
+    if "docker.errors" in sys.modules:  # else no SDK call ran: the error cannot be one of its
+        sdk_error = _translate_sdk(exc)
+        if sdk_error is not None:
+            return sdk_error
+    if isinstance(exc, TimeoutError):
+        return DeadlineExceededError(f"docker engine did not answer in time: {exc}")
+    if isinstance(exc, ConnectionError | FileNotFoundError | OSError):
+        return UnavailableError(f"docker engine unreachable: {exc}")
+    return InternalError(f"{type(exc).__name__}: {exc}")
+
+
+def _translate_sdk(exc: BaseException) -> CriError | None:
+    """An error of the docker SDK (or of requests under it) as its CRI condition; None if not one."""
+    import docker.errors
+    import requests.exceptions
+
     if isinstance(exc, docker.errors.NotFound):
         return NotFoundError(_explain(exc))
     if isinstance(exc, docker.errors.APIError):
         return status_error(exc.status_code or 0, _explain(exc))
-    if isinstance(exc, requests.exceptions.Timeout | TimeoutError):
+    if isinstance(exc, requests.exceptions.Timeout):
         return DeadlineExceededError(f"docker engine did not answer in time: {exc}")
-    if isinstance(exc, requests.exceptions.ConnectionError | ConnectionError | FileNotFoundError | OSError):
+    if isinstance(exc, requests.exceptions.ConnectionError):
         return UnavailableError(f"docker engine unreachable: {exc}")
     if isinstance(exc, docker.errors.DockerException):
         return InternalError(str(exc))
-    return InternalError(f"{type(exc).__name__}: {exc}")
+    return None
 
 
 def status_error(status: int, message: str) -> CriError:
@@ -127,11 +144,8 @@ class EngineClient:
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="docker-api")
         url = urllib.parse.urlsplit(endpoint)
         self._socket_path = url.path if url.scheme in ("unix", "http+unix") else ""
-        # Constructing APIClient with a fixed version makes no request, so the
-        # backend can start while dockerd is down.
-        self.api = docker.APIClient(
-            base_url=endpoint, version=API_VERSION, timeout=int(call_timeout), max_pool_size=workers
-        )
+        self._workers = workers
+        self._api: docker.APIClient | None = None  # the SDK's client, made at its first use
         # Kept-alive connections, the most recently used last, with when each was put back.
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
         self._sweep: asyncio.TimerHandle | None = None
@@ -140,6 +154,25 @@ class EngineClient:
         # threads): a burst of kubelet calls must not become a burst of
         # hundreds of engine connections.
         self._slots = asyncio.Semaphore(workers)
+
+    @property
+    def api(self) -> docker.APIClient:
+        """The docker SDK's client, for the rare calls (a resource update, an image removal).
+
+        Imported and made at the first such call: the SDK and requests under it
+        cost a shim that never makes one about 10 MiB of memory. Constructing it
+        with a fixed version makes no request.
+        """
+        if self._api is None:
+            import docker
+
+            self._api = docker.APIClient(
+                base_url=self.endpoint,
+                version=API_VERSION,
+                timeout=int(self.call_timeout),
+                max_pool_size=self._workers,
+            )
+        return self._api
 
     # ---------------------------------------------------------------- short calls, on the loop
 
@@ -289,7 +322,8 @@ class EngineClient:
         for _reader, writer, _since in idle:
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
-        self.api.close()
+        if self._api is not None:
+            self._api.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # ---------------------------------------------------------------- typed operations (EngineAPI)
@@ -298,11 +332,11 @@ class EngineClient:
         await self.request("GET", "/_ping", deadline=deadline)
 
     async def info(self, deadline: float | None = None) -> dict[str, Any]:
-        result: dict[str, Any] = await self.call(self.api.info, deadline=deadline)
+        result: dict[str, Any] = await self.request("GET", "/info", deadline=deadline)
         return result
 
     async def df(self) -> dict[str, Any]:
-        result: dict[str, Any] = await self.call(self.api.df, deadline=120)
+        result: dict[str, Any] = await self.request("GET", "/system/df", deadline=120)
         return result
 
     async def events(self, filters: dict[str, list[str]], since: str | None) -> RawResponse:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -268,3 +270,50 @@ async def test_connections_kept_alive_after_a_burst_are_closed_once_unused(
         assert engine.connections == 7
     finally:
         await client.close()
+
+
+async def test_info_and_df_are_short_calls_of_the_http_client(engine: Engine) -> None:
+    engine.reply = lambda m, t, b: answer(200, {"path": t})
+    client = await client_for(engine)
+    try:
+        assert (await client.info())["path"] == "/v1.41/info"
+        assert (await client.df())["path"] == "/v1.41/system/df"
+    finally:
+        await client.close()
+
+
+def test_the_docker_sdk_is_loaded_only_by_a_call_that_needs_it(tmp_path: Path) -> None:
+    """The SDK, and requests under it, cost about 10 MiB: a shim whose calls are all short ones
+    (info and df included) does not import it; an image removal does."""
+    script = """
+import asyncio, json, sys
+from backends.docker.engine import EngineClient
+from backends.docker import DockerBackend  # the backend's own imports
+
+async def main(path):
+    client = EngineClient("unix://" + path, call_timeout=2)
+    for call in (client.info, client.df):
+        try:
+            await call()
+        except Exception as exc:
+            print(type(exc).__name__, file=sys.stderr)
+    before = "docker" in sys.modules or "requests" in sys.modules
+    try:
+        await client.image_remove("sha256:absent")
+    except Exception as exc:
+        print(type(exc).__name__, file=sys.stderr)
+    await client.close()
+    print(json.dumps([before, "docker" in sys.modules]))
+
+asyncio.run(main(sys.argv[1]))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "absent.sock")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [False, True]
+    assert out.stderr.split() == ["UnavailableError"] * 3  # each says the engine is not there
