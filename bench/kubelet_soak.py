@@ -96,7 +96,7 @@ def churn_manifest(name: str, token: str) -> dict[str, Any]:
                     "name": "main",
                     "image": kh.BUSYBOX,
                     "imagePullPolicy": "IfNotPresent",
-                    "command": ["sh", "-c", f"echo start-{token}; sleep 3600"],
+                    "command": ["sh", "-c", f"echo start-{token}; sleep {kh.LONG}"],
                 }
             ],
         },

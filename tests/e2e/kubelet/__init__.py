@@ -32,7 +32,7 @@ The modules, each on one concern:
 
 from tests.e2e.kubelet.checks import CHECKS, Check, CheckFailed, Result, applicable
 from tests.e2e.kubelet.host import cni_unsupported, environment_problem, kubelet_binary
-from tests.e2e.kubelet.pods import BUSYBOX, NAMESPACE, PAUSE
+from tests.e2e.kubelet.pods import BUSYBOX, LONG, NAMESPACE, PAUSE
 from tests.e2e.kubelet.runner import HANDLERS, Harness, free_port
 from tests.e2e.kubelet.session import report, run
 
@@ -40,6 +40,7 @@ __all__ = [
     "BUSYBOX",
     "CHECKS",
     "HANDLERS",
+    "LONG",
     "NAMESPACE",
     "PAUSE",
     "Check",

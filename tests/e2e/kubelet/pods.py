@@ -11,6 +11,9 @@ PORT_FORWARD_PORT = 8080  # the `two` pod's httpd, which the port-forward check 
 PORT_FORWARD_BODY = "hello-through-port-forward"
 WEB_PORT = 8080  # the `web` pod's server (--cni), published on the host by its hostPort
 WEB_BODY = "hello-from-web"
+# How long the long-running containers sleep: longer than any soak (bench/kubelet_soak.py), whose
+# "unexpected restarts" would otherwise be these commands ending after an hour, as they once were.
+LONG = "864000"
 # Waiting reasons of a container on its way up; any other one is an error.
 STARTING = {"", "ContainerCreating", "PodInitializing"}
 
@@ -34,8 +37,8 @@ def manifests(hostdir: str, host_port: int = 0, stop_signals: bool = False) -> d
     `lifecycle.stopSignal` and one without.
     """
     pods: dict[str, dict[str, Any]] = {
-        "net": {"containers": [_container("main", _sh("echo line-one; echo line-two; sleep 3600"))]},
-        "hostnet": {"hostNetwork": True, "containers": [_container("main", ["sleep", "3600"])]},
+        "net": {"containers": [_container("main", _sh(f"echo line-one; echo line-two; sleep {LONG}"))]},
+        "hostnet": {"hostNetwork": True, "containers": [_container("main", ["sleep", LONG])]},
         "init": {
             "initContainers": [
                 _container(
@@ -47,14 +50,14 @@ def manifests(hostdir: str, host_port: int = 0, stop_signals: bool = False) -> d
             "containers": [
                 _container(
                     "app",
-                    _sh("cat /data/marker; sleep 3600"),
+                    _sh(f"cat /data/marker; sleep {LONG}"),
                     volumeMounts=[{"name": "data", "mountPath": "/data"}],
                 )
             ],
             "volumes": [{"name": "data", "emptyDir": {}}],
         },
         "crash": {"containers": [_container("main", _sh("echo crashing; exit 3"))]},
-        "etchosts": {"containers": [_container("main", _sh("cat /etc/hosts; sleep 3600"))]},
+        "etchosts": {"containers": [_container("main", _sh(f"cat /etc/hosts; sleep {LONG}"))]},
         "termmsg": {
             "restartPolicy": "Never",
             "containers": [_container("main", _sh("printf bye-from-termlog > /dev/termination-log; exit 0"))],
@@ -72,7 +75,7 @@ def manifests(hostdir: str, host_port: int = 0, stop_signals: bool = False) -> d
             "containers": [
                 _container(
                     "main",
-                    _sh("cat /host/hello.txt; sleep 3600"),
+                    _sh(f"cat /host/hello.txt; sleep {LONG}"),
                     volumeMounts=[{"name": "host", "mountPath": "/host", "readOnly": True}],
                 )
             ],
@@ -80,7 +83,7 @@ def manifests(hostdir: str, host_port: int = 0, stop_signals: bool = False) -> d
         },
         "two": {
             "containers": [
-                _container("sleeper", ["sleep", "3600"]),
+                _container("sleeper", ["sleep", LONG]),
                 _container(
                     "httpd",
                     _sh(
@@ -91,7 +94,7 @@ def manifests(hostdir: str, host_port: int = 0, stop_signals: bool = False) -> d
                 ),
             ]
         },
-        "gone": {"containers": [_container("main", ["sleep", "3600"])]},
+        "gone": {"containers": [_container("main", ["sleep", LONG])]},
     }
     if host_port:
         serve = f"echo {WEB_BODY} > /tmp/index.html; exec httpd -f -p {WEB_PORT} -h /tmp"
@@ -105,7 +108,7 @@ def manifests(hostdir: str, host_port: int = 0, stop_signals: bool = False) -> d
             ]
         }
     if stop_signals:
-        traps = "trap 'echo got-usr1; exit 0' USR1; trap 'echo got-term; exit 0' TERM; sleep 3600 & wait"
+        traps = f"trap 'echo got-usr1; exit 0' USR1; trap 'echo got-term; exit 0' TERM; sleep {LONG} & wait"
         pods["stopsig"] = {
             "os": {"name": "linux"},  # what the API asks of a pod with a stop signal
             "containers": [
