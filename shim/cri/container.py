@@ -207,7 +207,9 @@ class ContainerService:
         return pb.RemoveContainerResponse()
 
     # ------------------------------------------------------------------ queries
-    async def status(self, req: pb.ContainerStatusRequest) -> pb.ContainerStatusResponse | bytes:
+    # Plain, not async: nothing here waits, so the call settles inside begin() and the
+    # native transport answers it without a task (a kubelet's PLEG asks this per change).
+    def status(self, req: pb.ContainerStatusRequest) -> pb.ContainerStatusResponse | bytes:
         c = self._get(req.container_id)
         if not req.verbose:
             data = c.backend_data

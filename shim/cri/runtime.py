@@ -22,7 +22,7 @@ class RuntimeService:
     def __init__(self, shim: Shim) -> None:
         self.shim = shim
 
-    async def version(self, req: pb.VersionRequest) -> pb.VersionResponse:
+    def version(self, req: pb.VersionRequest) -> pb.VersionResponse:
         return pb.VersionResponse(
             version=KUBELET_API_VERSION,
             runtime_name=RUNTIME_NAME,

@@ -135,7 +135,8 @@ class SandboxService:
             await shim.nri.remove_pod_sandbox(sb)
         return pb.RemovePodSandboxResponse()
 
-    async def status(self, req: pb.PodSandboxStatusRequest) -> pb.PodSandboxStatusResponse | bytes:
+    # Plain, not async: settled inside begin(), no task (as ContainerService.status).
+    def status(self, req: pb.PodSandboxStatusRequest) -> pb.PodSandboxStatusResponse | bytes:
         sb = self.shim.store.sandboxes.resolve(req.pod_sandbox_id)
         if not req.verbose:
             return self._status_cache.get(sb.id, sb, (sb.status,), lambda: _status_bytes(sb))

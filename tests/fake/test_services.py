@@ -72,6 +72,31 @@ async def test_deterministic_ids_and_clock(scripted: Running, short_tmp: str) ->
     assert cid == hashlib.sha256(b"s-2").hexdigest()  # the pod took s-1
 
 
+async def test_polled_queries_are_answered_without_waiting(scripted: Running, short_tmp: str) -> None:
+    """The kubelet's per-object polls settle inside ``begin``: no coroutine, so the native
+    transport answers them without a task (found and missing objects alike, verbose too)."""
+    from shim.cri.codes import Code
+    from shim.cri.servicer import CriServicer
+
+    cid = await make(scripted, short_tmp)
+    sandbox_id = (await scripted.rt.ListPodSandbox(pb.ListPodSandboxRequest())).items[0].id
+    servicer = CriServicer(scripted.server.shim)
+    rpcs = {rpc.name: rpc for rpc in servicer.runtime_rpcs}
+    cases = [
+        ("ContainerStatus", pb.ContainerStatusRequest(container_id=cid), Code.OK),
+        ("ContainerStatus", pb.ContainerStatusRequest(container_id=cid, verbose=True), Code.OK),
+        ("ContainerStatus", pb.ContainerStatusRequest(container_id="f" * 64), Code.NOT_FOUND),
+        ("PodSandboxStatus", pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id), Code.OK),
+        ("PodSandboxStatus", pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id, verbose=True), Code.OK),
+        ("PodSandboxStatus", pb.PodSandboxStatusRequest(pod_sandbox_id="f" * 64), Code.NOT_FOUND),
+        ("Version", pb.VersionRequest(), Code.OK),
+    ]
+    for name, req, want in cases:
+        outcome = servicer.begin(rpcs[name], req)
+        assert isinstance(outcome, tuple), name
+        assert outcome[0] == want, (name, outcome)
+
+
 async def test_program_output_over_time_and_exit(scripted: Running, short_tmp: str) -> None:
     prog = {
         "output": ["first", {"after": 0.2, "stream": "stderr", "line": "later"}],
