@@ -184,6 +184,17 @@ class Images(Protocol):
 
 
 @runtime_checkable
+class ImagesNow(Protocol):
+    """A store that can often answer from memory (optional): the answer without waiting,
+    or None when only the coroutine of ``Images`` can give it. The image service asks this
+    first, so that a call answered from memory settles without a task."""
+
+    def list_images_now(self) -> list[ImageInfo] | None: ...
+
+    def image_fs_info_now(self) -> pb.ImageFsInfoResponse | None: ...
+
+
+@runtime_checkable
 class Exec(Protocol):
     """Commands in a running container, and streams to it (EXEC_SYNC, EXEC, ATTACH, PORT_FORWARD)."""
 

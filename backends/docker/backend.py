@@ -311,6 +311,12 @@ class DockerBackend:
     async def list_images(self) -> list[ImageInfo]:
         return await self.images.list()
 
+    def list_images_now(self) -> list[ImageInfo] | None:
+        return self.images.list_now()
+
+    def image_fs_info_now(self) -> pb.ImageFsInfoResponse | None:
+        return self._store_usage.fs_info_now()
+
     async def image_status(self, image: pb.ImageSpec) -> ImageInfo | None:
         return await self.images.status(image.image)
 

@@ -80,9 +80,17 @@ class StoreUsage:
                     await self._measure()
             await asyncio.sleep(_DF_EVERY if self._path == "" else _WALK_EVERY)
 
+    def fs_info_now(self) -> pb.ImageFsInfoResponse | None:
+        """The last figure's answer; None before the first figure (``fs_info`` waits for it)."""
+        self._asked = True
+        return None if self._figure is None else self._response(self._figure)
+
     async def fs_info(self) -> pb.ImageFsInfoResponse:
         self._asked = True
-        images, writable = self._figure or await self._measure()
+        return self._response(self._figure or await self._measure())
+
+    def _response(self, figure: Figures) -> pb.ImageFsInfoResponse:
+        images, writable = figure
         now = time.time_ns()
         mountpoint = pb.FilesystemIdentifier(mountpoint=self._path or "/var/lib/docker")
         out = []

@@ -160,6 +160,13 @@ class ImageMirror:
             return None
         return [image.info for image in self._images.values()]
 
+    def current_now(self) -> list[ImageInfo] | None:
+        """What ``current`` answers when it need not wait: None while a heard change is not
+        applied yet, or the mirror cannot say."""
+        if not self._synced or self._applied < self._heard:
+            return None
+        return [image.info for image in self._images.values()]
+
     async def from_engine(self) -> list[ImageInfo]:
         """The images as the engine lists them now (what ``current`` cannot say)."""
         images, _pause_id = await self._read()

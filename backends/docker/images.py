@@ -176,6 +176,9 @@ class Images:
 
     # ---------------------------------------------------------------- queries
 
+    def list_now(self) -> list[ImageInfo] | None:
+        return self.mirror.current_now()
+
     async def list(self) -> list[ImageInfo]:
         images = await self.mirror.current()
         return images if images is not None else await self.mirror.from_engine()

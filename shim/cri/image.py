@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
+from typing import Any
 
 import structlog
 
-from backends.contract import Backend, Capability, ImageInfo
+from backends.contract import Backend, Capability, ImageInfo, ImagesNow
 from cri_api import api_pb2 as pb
 from shim.cri.errors import InvalidArgumentError
 from shim.cri.list_cache import field1_entry
@@ -29,6 +30,7 @@ class ImageService:
         self.shim = shim
         self._pulls: dict[tuple[str, str, str], asyncio.Task[str]] = {}
         self._encoded = _EncodedImages()
+        self._answers_now: dict[str, bool] = {}  # by backend name: answers from memory
 
     def _backend(self, spec: pb.ImageSpec) -> Backend:
         try:
@@ -65,7 +67,27 @@ class ImageService:
         ref = await asyncio.shield(task)
         return pb.PullImageResponse(image_ref=ref)
 
-    async def list_(self, req: pb.ListImagesRequest) -> pb.ListImagesResponse | bytes:
+    def _now(self, backend: Backend) -> ImagesNow | None:
+        """``backend`` as a store that can answer from memory, if it is one."""
+        known = self._answers_now.get(backend.name)
+        if known is None:
+            known = self._answers_now[backend.name] = isinstance(backend, ImagesNow)
+        return backend if known else None  # type: ignore[return-value]
+
+    def list_(self, req: pb.ListImagesRequest) -> bytes | Coroutine[Any, Any, pb.ListImagesResponse | bytes]:
+        """Plain, not async: a store that has its list in memory (docker's mirror) is
+        answered at once, and the call settles without a task; else the coroutine."""
+        want = req.filter.image.image if req.HasField("filter") and req.filter.HasField("image") else ""
+        backends = [b for b in self.shim.registry if b.capabilities & Capability.IMAGES]
+        store = self._now(backends[0]) if len(backends) == 1 and not want else None
+        infos = store.list_images_now() if store is not None else None
+        if infos is not None:
+            encoded = self._encoded.encode(infos)
+            if encoded is not None:
+                return encoded
+        return self._list(req)
+
+    async def _list(self, req: pb.ListImagesRequest) -> pb.ListImagesResponse | bytes:
         want = req.filter.image.image if req.HasField("filter") and req.filter.HasField("image") else ""
         merged: dict[str, pb.Image] = {}
         backends = [b for b in self.shim.registry if b.capabilities & Capability.IMAGES]
@@ -113,16 +135,26 @@ class ImageService:
         await self._backend(req.image).remove_image(req.image)
         return pb.RemoveImageResponse()
 
-    async def fs_info(self, req: pb.ImageFsInfoRequest) -> pb.ImageFsInfoResponse:
+    def fs_info(
+        self, req: pb.ImageFsInfoRequest
+    ) -> pb.ImageFsInfoResponse | Coroutine[Any, Any, pb.ImageFsInfoResponse]:
         """Every handler's stores, the default handler's first: the kubelet reads entry 0 of
         each list for its image GC and imagefs eviction signals. A filesystem named by two
-        handlers (one engine behind both) is listed once."""
+        handlers (one engine behind both) is listed once. Plain, not async: one store with
+        its figures in memory is answered at once, without a task."""
         registry = self.shim.registry
         names = [registry.default, *(n for n in registry.names() if n != registry.default)]
         stores = [b for b in (registry.get(n) for n in names) if b.capabilities & Capability.IMAGES]
+        store = self._now(stores[0]) if len(stores) == 1 else None
+        info = store.image_fs_info_now() if store is not None else None
+        if info is not None and _distinct_all(info):
+            return info
+        return self._fs_info(stores)
+
+    async def _fs_info(self, stores: list[Backend]) -> pb.ImageFsInfoResponse:
         if len(stores) == 1:
             info = await stores[0].image_fs_info()
-            if all(_distinct(fs) for fs in (info.image_filesystems, info.container_filesystems)):
+            if _distinct_all(info):
                 return info
             infos = [info]
         else:
@@ -139,6 +171,10 @@ class ImageService:
                         have.add(fs.fs_id.mountpoint)
                         out.append(fs)
         return resp
+
+
+def _distinct_all(info: pb.ImageFsInfoResponse) -> bool:
+    return all(_distinct(fs) for fs in (info.image_filesystems, info.container_filesystems))
 
 
 def _distinct(filesystems: Iterable[pb.FilesystemUsage]) -> bool:

@@ -105,6 +105,27 @@ async def test_a_caller_after_an_event_waits_for_the_read_it_started(kit: Kit) -
     assert new in by_id(await listing)
 
 
+async def test_the_list_without_waiting_only_while_nothing_heard_is_pending(kit: Kit) -> None:
+    """list_images_now answers what list_images would, or None when list_images would have
+    to wait (a heard change not read yet) or ask the engine (stream down)."""
+    engine, backend, mirror = kit.engine, kit.backend, kit.backend.images.mirror
+    assert backend.list_images_now() == await backend.list_images()
+    gate = engine.gates["image_list"] = asyncio.Event()
+    reads = engine.count("image_list")
+    new = engine.add_image("example.com/pending:1")
+    await until(lambda: engine.count("image_list") > reads)  # heard, its read hangs
+    assert backend.list_images_now() is None
+    gate.set()
+    await until(lambda: backend.list_images_now() is not None)
+    now = backend.list_images_now()
+    assert now is not None and new in by_id(now)
+    engine.fail("events", UnavailableError("docker engine unreachable"))
+    engine.break_events()
+    await until(lambda: not mirror.synced)
+    assert backend.list_images_now() is None
+    await until(lambda: mirror.synced, seconds=10)
+
+
 async def test_a_broken_stream_falls_back_to_the_engine_until_read_again(kit: Kit) -> None:
     engine, mirror = kit.engine, kit.backend.images.mirror
     engine.fail("events", UnavailableError("docker engine unreachable"))  # the first reconnect fails
@@ -188,7 +209,9 @@ async def test_image_fs_info_from_memory(kit: Kit) -> None:
     calls = len(engine.calls)
     for _ in range(5):
         again = await kit.backend.image_fs_info()
+    now = kit.backend.image_fs_info_now()
     assert len(engine.calls) == calls
+    assert now is not None and now.image_filesystems[0].used_bytes == first.image_filesystems[0].used_bytes
     assert again.image_filesystems[0].timestamp > first.image_filesystems[0].timestamp
 
 
@@ -249,6 +272,7 @@ async def test_image_fs_info_before_any_figure_asks_the_engine() -> None:
     engine.down = True
     k = await new_kit(engine)
     try:
+        assert k.backend.image_fs_info_now() is None  # nothing measured: only the coroutine can say
         with pytest.raises(UnavailableError):
             await k.backend.image_fs_info()
         engine.down = False

@@ -3,8 +3,11 @@ with the same answers as the general merge of several stores."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any, cast
+
+import pytest
 
 from backends.contract import Capability, ImageInfo
 from cri_api import api_pb2 as pb
@@ -27,6 +30,24 @@ class Store:
 
     async def image_fs_info(self) -> pb.ImageFsInfoResponse:
         return self.fs
+
+
+class NowStore(Store):
+    """A store that can answer from memory, while ``ready`` says so."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ready = True
+
+    def list_images_now(self) -> list[ImageInfo] | None:
+        return list(self.images) if self.ready else None
+
+    def image_fs_info_now(self) -> pb.ImageFsInfoResponse | None:
+        return self.fs if self.ready else None
+
+
+async def settled(answer: Any) -> Any:
+    return await answer if asyncio.iscoroutine(answer) else answer
 
 
 class Registry:
@@ -63,7 +84,7 @@ async def listed(svc: ImageService, want: str = "") -> list[pb.Image]:
     req = pb.ListImagesRequest()
     if want:
         req.filter.image.image = want
-    resp = await svc.list_(req)
+    resp = await settled(svc.list_(req))
     return list((pb.ListImagesResponse.FromString(resp) if isinstance(resp, bytes) else resp).images)
 
 
@@ -71,7 +92,7 @@ async def test_one_store_is_answered_encoded_as_the_messages_would_be() -> None:
     store = Store()
     store.images = list(IMAGES)
     svc = service(store)
-    assert isinstance(await svc.list_(pb.ListImagesRequest()), bytes)
+    assert isinstance(await settled(svc.list_(pb.ListImagesRequest())), bytes)
     assert await listed(svc) == [image_pb(i) for i in IMAGES]
     assert await listed(svc) == [image_pb(i) for i in IMAGES]  # entries reused
 
@@ -109,8 +130,36 @@ async def test_image_fs_info_of_one_store() -> None:
         image_filesystems=[usage("/i", 1)], container_filesystems=[usage("/i", 1)]
     )
     svc = service(store)
-    assert await svc.fs_info(pb.ImageFsInfoRequest()) == store.fs
+    assert await settled(svc.fs_info(pb.ImageFsInfoRequest())) == store.fs
     # A mountpoint twice in one list is named once, as when several stores share it.
     store.fs = pb.ImageFsInfoResponse(image_filesystems=[usage("/i", 1), usage("/i", 2), usage("/j", 3)])
-    got = await svc.fs_info(pb.ImageFsInfoRequest())
+    got = await settled(svc.fs_info(pb.ImageFsInfoRequest()))
     assert [(f.fs_id.mountpoint, f.used_bytes.value) for f in got.image_filesystems] == [("/i", 1), ("/j", 3)]
+
+
+@pytest.mark.parametrize("ready", [True, False])
+async def test_a_store_answering_from_memory_is_answered_without_a_coroutine(ready: bool) -> None:
+    """What the store has in memory settles the call at once (no task on the native
+    transport); when it has not, the coroutine gives the same answer."""
+    store = NowStore()
+    store.images = list(IMAGES)
+    store.fs = pb.ImageFsInfoResponse(
+        image_filesystems=[usage("/i", 1)], container_filesystems=[usage("/c", 2)]
+    )
+    store.ready = ready
+    svc = service(store)
+    images = svc.list_(pb.ListImagesRequest())
+    fs = svc.fs_info(pb.ImageFsInfoRequest())
+    assert asyncio.iscoroutine(images) is (not ready) and asyncio.iscoroutine(fs) is (not ready)
+    assert await listed(svc) == [image_pb(i) for i in IMAGES]
+    assert await settled(images) == await settled(svc.list_(pb.ListImagesRequest()))
+    assert await settled(fs) == store.fs
+    # A filter, or a mountpoint named twice, takes the general way even from memory.
+    store.ready = True
+    filtered = svc.list_(pb.ListImagesRequest(filter=pb.ImageFilter(image=pb.ImageSpec(image="a:2"))))
+    assert asyncio.iscoroutine(filtered)
+    assert [i.id for i in (await filtered).images] == [IMAGES[0].id]
+    store.fs = pb.ImageFsInfoResponse(image_filesystems=[usage("/i", 1), usage("/i", 2)])
+    twice = svc.fs_info(pb.ImageFsInfoRequest())
+    assert asyncio.iscoroutine(twice)
+    assert [f.used_bytes.value for f in (await twice).image_filesystems] == [1]
