@@ -6,7 +6,13 @@ is idle (and, for warm runv, until the pool holds its VMs), then drops N static
 pod manifests (busybox `sleep 3600`, one container each) into its staticPodPath
 at once and polls the runtime over CRI until N containers are RUNNING. It prints,
 per target, the time from the drop to the first and to the last pod running and
-the p50 in between. Targets:
+the p50 in between, and the kubelet's own view of the burst from its /metrics:
+`kubelet_pod_start_duration_seconds` (from the kubelet first seeing a pod to its
+running) and `kubelet_pleg_relist_duration_seconds` (each PLEG relist: the
+runtime's List and Status calls), read just before the drop and again 5 s after
+the last pod ran, so that only the burst's observations count (p50/p90/p99
+interpolated in the histogram's buckets as Prometheus' histogram_quantile does,
+count and mean). Targets:
 
 - `runv-warm`: cri-shim, runv handler, a pool of N warm VMs (`--warm`, default N);
 - `runv`: cri-shim, runv handler, every VM booted cold;
@@ -28,7 +34,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -84,9 +93,9 @@ class Burst(kh.Harness):
         if target == "containerd":
             self.socket = Path(containerd)
 
-    def _start_shim(self) -> None:
+    def start_shim(self) -> None:
         if self.target != "containerd":
-            super()._start_shim()
+            super().start_shim()
 
     def _remove_leftovers(self) -> None:
         if self.target != "containerd":
@@ -106,7 +115,7 @@ class Burst(kh.Harness):
         """Runtime and kubelet up, no pod yet; then ``settle`` s for the node (and a pool) to fill."""
         self.manifest_dir.mkdir()
         self.hostdir.mkdir()
-        self._start_shim()
+        self.start_shim()
         try:
             self._start_kubelet()
         except RuntimeError as exc:
@@ -176,16 +185,91 @@ class Burst(kh.Harness):
         wanted = {self.full(n) for n in self.pods}
         while len(seen) < len(wanted) and time.monotonic() - t0 < timeout:
             now = time.monotonic() - t0
-            for pod in self.running():
-                if pod in wanted and pod not in seen:
-                    seen[pod] = now
+            for running in self.running():
+                if running in wanted and running not in seen:
+                    seen[running] = now
             time.sleep(0.05)
         return seen
 
 
+HISTOGRAMS = ("kubelet_pod_start_duration_seconds", "kubelet_pleg_relist_duration_seconds")
+# One bucket line of the Prometheus text format: name_bucket{...le="0.5"...} 12
+_BUCKET = re.compile(r'^(\w+)_bucket\{[^}]*le="([^"]+)"[^}]*\}\s+(\S+)')
+_TOTAL = re.compile(r"^(\w+)_(sum|count)(?:\{[^}]*\})?\s+(\S+)")
+
+# A histogram: its cumulative bucket counts by upper bound, its sum and count.
+Histogram = tuple[dict[float, float], float, float]
+
+
+def histograms(text: str, names: tuple[str, ...] = HISTOGRAMS) -> dict[str, Histogram]:
+    """The named histograms of a /metrics page (label sets of one name added together)."""
+    out: dict[str, Histogram] = {}
+    for line in text.splitlines():
+        m = _BUCKET.match(line)
+        if m and m.group(1) in names:
+            buckets, s, c = out.setdefault(m.group(1), ({}, 0.0, 0.0))
+            le = math.inf if m.group(2) == "+Inf" else float(m.group(2))
+            buckets[le] = buckets.get(le, 0.0) + float(m.group(3))
+            continue
+        m = _TOTAL.match(line)
+        if m and m.group(1) in names:
+            buckets, s, c = out.setdefault(m.group(1), ({}, 0.0, 0.0))
+            value = float(m.group(3))
+            out[m.group(1)] = (buckets, s + value, c) if m.group(2) == "sum" else (buckets, s, c + value)
+    return out
+
+
+def minus(after: Histogram, before: Histogram | None) -> Histogram:
+    """The observations made between two readings of one histogram."""
+    if before is None:
+        return after
+    buckets = {le: n - before[0].get(le, 0.0) for le, n in after[0].items()}
+    return buckets, after[1] - before[1], after[2] - before[2]
+
+
+def quantile(h: Histogram, q: float) -> float:
+    """histogram_quantile: linear within the bucket holding the q-th observation."""
+    buckets = sorted(h[0].items())
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return math.nan
+    rank, lower, below = q * total, 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if math.isinf(le):
+                return lower  # past the last bound: its lower edge, as Prometheus does
+            return lower + (le - lower) * ((rank - below) / (count - below) if count > below else 0.0)
+        lower, below = le, count
+    return lower
+
+
+def kubelet_version() -> str:
+    try:
+        out = subprocess.run([kh.kubelet_binary(), "--version"], capture_output=True, text=True, timeout=30)
+        return out.stdout.strip() or "kubelet (version unknown)"
+    except (OSError, subprocess.SubprocessError):
+        return "kubelet (version unknown)"
+
+
+class Outcome:
+    """One target's burst: seconds to each pod running, and the kubelet's histograms of it."""
+
+    def __init__(self, seen: dict[str, float], metrics: dict[str, Histogram]) -> None:
+        self.seen = seen
+        self.metrics = metrics
+
+
+def read_histograms(b: Burst) -> dict[str, Histogram]:
+    try:
+        return histograms(b.api_ok("GET", "/metrics", timeout=20).decode(errors="replace"))
+    except (kh.CheckFailed, OSError) as exc:
+        print(f"{b.target}: /metrics unreadable: {exc}", flush=True)
+        return {}
+
+
 def measure(
     target: str, n: int, warm: int, containerd: str, settle: float, timeout: float, host_network: bool
-) -> dict[str, float] | str:
+) -> Outcome | str:
     b = Burst(target, n, warm, containerd, host_network)
     try:
         if target == "containerd" and not os.path.exists(containerd):
@@ -194,7 +278,11 @@ def measure(
         if b.warm:
             held = b.wait_pool(b.warm, 120)
             print(f"{target}: {held} warm items ready before the drop", flush=True)
-        return b.drop(timeout)
+        before = read_histograms(b)
+        seen = b.drop(timeout)
+        time.sleep(5.0)  # the kubelet's status manager observes a start after the runtime reports it
+        after = read_histograms(b)
+        return Outcome(seen, {name: minus(h, before.get(name)) for name, h in after.items()})
     finally:
         b.stop()
 
@@ -229,9 +317,10 @@ def main() -> int:
         return 2
     kind = "host-network " if args.host_network else ""
     print(
-        f"{args.pods} {kind}static pods dropped at once into a standalone kubelet v1.26; {os.cpu_count()} CPUs"
+        f"{args.pods} {kind}static pods dropped at once into a standalone {kubelet_version()}; "
+        f"{os.cpu_count()} CPUs; load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
-    results: dict[str, dict[str, float] | str] = {}
+    results: dict[str, Outcome | str] = {}
     for target in targets:
         results[target] = measure(
             target, args.pods, warm, args.containerd, args.settle, args.timeout, args.host_network
@@ -239,7 +328,9 @@ def main() -> int:
         res = results[target]
         if not isinstance(res, str):
             print(
-                f"{target}: {len(res)}/{args.pods} running, the last after {max(res.values(), default=0):.1f} s"
+                f"{target}: {len(res.seen)}/{args.pods} running, "
+                f"the last after {max(res.seen.values(), default=0):.1f} s",
+                flush=True,
             )
     print()
     head = f"{'target':<12} | {'all running':>11} | {'first':>7} | {'p50':>7} | {'running':>8}"
@@ -249,12 +340,30 @@ def main() -> int:
         if isinstance(res, str):
             print(f"{target:<12} | {res}")
             continue
-        times = sorted(res.values())
+        times = sorted(res.seen.values())
         last = f"{times[-1]:.1f} s" if len(times) == args.pods else "never"
         print(
             f"{target:<12} | {last:>11} | {pct(times, 0.0):6.1f}s | {pct(times, 0.5):6.1f}s | "
             f"{len(times):>4}/{args.pods}"
         )
+    print()
+    print(
+        "The kubelet's histograms of the burst (observations between the drop and 5 s after the last pod ran):"
+    )
+    head = f"{'target':<12} | {'histogram':<38} | {'count':>6} | {'mean':>8} | {'p50':>8} | {'p90':>8} | {'p99':>8}"
+    print(head)
+    print("-" * len(head))
+    for target, res in results.items():
+        if isinstance(res, str):
+            continue
+        for name in HISTOGRAMS:
+            h = res.metrics.get(name)
+            if h is None:
+                print(f"{target:<12} | {name:<38} | not exposed")
+                continue
+            mean = h[1] / h[2] if h[2] else math.nan
+            qs = " | ".join(f"{quantile(h, q):7.3f}s" for q in (0.5, 0.9, 0.99))
+            print(f"{target:<12} | {name:<38} | {h[2]:>6.0f} | {mean:7.3f}s | {qs}")
     return 0
 
 
