@@ -94,6 +94,8 @@ async def test_cloned_vm_is_what_unshare_made(stub: StubHypervisor) -> None:
     st = procfs.stat(vm.pid)
     assert st is not None and st.ppid == stub.template.pid
     assert (_comm(vm.pid), _comm(agent)) == ("runv-vm", "runv-agent")
+    with open(f"/proc/{agent}/cmdline", "rb") as fh:
+        assert fh.read().startswith(b"python\0-m\0backends.runv.agent\0--socket\0"), "ps shows the agent"
     for kind in NAMESPACES:
         assert _ns(agent, kind) != _ns(os.getpid(), kind), kind
         assert _ns(agent, kind) != _ns(stub.template.pid, kind), kind

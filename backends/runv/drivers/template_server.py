@@ -76,9 +76,21 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int) -> No
     _check(_libc.mount(src, target.encode(), kind, flags, None), f"mount {target}")
 
 
-def _set_name(name: bytes) -> None:
-    """The process's name in ps (its comm): a clone otherwise looks like the template."""
+def _set_name(name: bytes, argv: list[str]) -> None:
+    """What ps shows of a clone, which otherwise looks like the template: its name (comm) and
+    ``argv`` in place of its command line, cut to the room the template's command line had
+    (changing that room needs CAP_SYS_RESOURCE, which a node's root may lack)."""
     _libc.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+    try:
+        with open("/proc/self/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48 and 49)
+    except (OSError, IndexError, ValueError):
+        return
+    room = end - start
+    if room > 1:
+        text = b"\0".join(a.encode() for a in argv)[: room - 1]
+        ctypes.memmove(start, text.ljust(room, b"\0"), room)
 
 
 def vm_flags(own_net: bool) -> int:
@@ -128,7 +140,7 @@ def _vm(req: dict[str, Any]) -> NoReturn:
         os.close(alive_w)
         _agent(req["argv"], alive_r)
     os.close(alive_r)
-    _set_name(b"runv-vm")
+    _set_name(b"runv-vm", ["runv-vm", req["console"]])
     _, status = os.waitpid(agent, 0)
     code = os.waitstatus_to_exitcode(status)
     if code < 0:  # die of the agent's signal, as unshare does
@@ -150,7 +162,7 @@ def _agent(argv: list[str], alive_r: int) -> NoReturn:
         mount("none", "/proc", None, MS_PRIVATE | MS_REC)
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NOEXEC | MS_NODEV)
         random.seed()  # no two VMs draw the same numbers
-        _set_name(b"runv-agent")
+        _set_name(b"runv-agent", ["python", "-m", "backends.runv.agent", *argv])
         sys.argv = ["runv-agent", *argv]
         code = server.main(argv)
     except SystemExit as exc:  # argparse
