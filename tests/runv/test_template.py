@@ -248,3 +248,16 @@ async def test_falls_back_when_the_template_cannot_start(runv_config: dict[str, 
     finally:
         await hv.close()
         hv.tidy()
+
+
+async def test_backend_start_brings_the_template_up_and_close_ends_it(runv_config: dict[str, Any]) -> None:
+    backend = RunvBackend("runv", runv_config)
+    await backend.start(Events())
+    hv = backend.hv
+    assert isinstance(hv, StubHypervisor) and hv.template is not None and hv._preparing is not None
+    await hv._preparing
+    pid = hv.template.pid
+    assert pid > 0 and _comm(pid).startswith("python")
+    await backend.close()
+    assert hv.template.pid == 0
+    assert await _gone(pid)

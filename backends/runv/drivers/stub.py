@@ -58,6 +58,7 @@ class StubHypervisor(ProcessVMs):
         self.template: Template | None = (
             Template(self.python, template_env(package_root())) if config.get("template", True) else None
         )
+        self._preparing: asyncio.Task[None] | None = None
 
     # ---- helpers
     def _agent_pid(self, vm: VM) -> int:
@@ -65,6 +66,16 @@ class StubHypervisor(ProcessVMs):
         return kids[0] if kids else 0
 
     # ---- lifecycle
+    def prepare(self) -> None:
+        """Start the VM template in the background, so that the first boot finds it up."""
+        if self.template is not None and self._preparing is None:
+            self._preparing = asyncio.get_running_loop().create_task(self._start_template(self.template))
+
+    @staticmethod
+    async def _start_template(template: Template) -> None:
+        with contextlib.suppress(TemplateError):  # the first boot tries again, and falls back
+            await template.start()
+
     def _own_netns(self, spec: VMSpec) -> bool:
         return not spec.host_network  # unshare --net: the guest's namespace is the VM process's
 
@@ -189,6 +200,10 @@ class StubHypervisor(ProcessVMs):
 
     async def close(self) -> None:
         await super().close()
+        if self._preparing is not None:
+            self._preparing.cancel()
+            await asyncio.gather(self._preparing, return_exceptions=True)
+            self._preparing = None
         if self.template is not None:
             await self.template.close()
 

@@ -14,6 +14,8 @@ import json
 import os
 from typing import Any
 
+from backends.linux import procfs
+
 
 class TemplateError(Exception):
     """The template could not clone a VM; ``started`` says whether it had ever come up."""
@@ -61,9 +63,10 @@ class Template:
             await self._running()
 
     async def _running(self) -> asyncio.subprocess.Process:
-        if self._proc is not None and self._proc.returncode is None:
+        if self._proc is not None and self._proc.returncode is None and _lives(self._proc.pid):
             return self._proc
-        self._proc = None
+        if self._proc is not None:
+            await self.close()
         self.pid = 0
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -77,14 +80,14 @@ class Template:
             )
         except OSError as exc:
             raise TemplateError(f"cannot start the template: {exc}", False) from exc
+        self._proc = proc  # from here, close() ends it, also while it is getting ready
         try:
             ready = await self._line(proc, self.START_TIMEOUT)
         except TimeoutError:
             ready = {"error": f"not ready within {self.START_TIMEOUT:g}s"}
         if not isinstance(ready.get("ready"), int):
-            await _end(proc)
+            await self.close()
             raise TemplateError(f"the template cannot start: {ready.get('error', 'it exited')}", False)
-        self._proc = proc
         self.pid = proc.pid
         return proc
 
@@ -106,6 +109,13 @@ class Template:
         self.pid = 0
         if proc is not None:
             await _end(proc)
+
+
+def _lives(pid: int) -> bool:
+    """Whether the template process is still there: asyncio sets its returncode a little after
+    it is reaped, and a request sent to it meanwhile would be lost."""
+    st = procfs.stat(pid)
+    return st is not None and st.state not in ("Z", "X")
 
 
 async def _end(proc: asyncio.subprocess.Process) -> None:
