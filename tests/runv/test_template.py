@@ -58,8 +58,8 @@ def _fd_targets(pid: int) -> set[str]:
 
 
 async def _gone(pid: int) -> bool:
-    """Whether ``pid`` leaves /proc altogether (reaped, not a zombie), within a few seconds."""
-    for _ in range(200):
+    """Whether ``pid`` leaves /proc altogether (reaped, not a zombie), within 10 s (a busy node)."""
+    for _ in range(500):
         if not os.path.exists(f"/proc/{pid}"):
             return True
         await asyncio.sleep(0.02)
