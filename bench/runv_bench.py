@@ -12,9 +12,13 @@ In one run it measures
   plus one sleeping container, and agent alone), and the pod density reached
   before RESOURCE_EXHAUSTED (pods are booted until the node refuses one);
 - through gRPC, against one ``cri-shim serve`` child process configured with
-  both a runv and a docker handler: RunPodSandbox + CreateContainer +
-  StartContainer with ``runtime_handler`` "runv" vs "docker", alternating,
-  so machine noise (this machine is shared) falls on both alike.
+  runv handlers and a docker handler: RunPodSandbox + CreateContainer +
+  StartContainer with ``runtime_handler`` "runv" (cold VMs cloned from the
+  stub's VM template), "runv-untemplated" (cold VMs booted by unshare and a new
+  interpreter, ``template = false``), "runv-warm" (a pool), "docker" and, when
+  its socket answers, containerd's CRI plugin, alternating, so machine noise
+  (this machine is shared) falls on all alike; then the idle cost of the warm
+  pool and of the template processes.
 
 It prints p50/p90 per step and the ratio runv/docker. Figures only: nothing is
 asserted. Everything it creates (pods, VMs, cgroups, run directories, the
@@ -49,6 +53,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from backends import contract  # noqa: E402
+from backends.linux import procfs  # noqa: E402
 from backends.linux.cgroups import Cgroup  # noqa: E402
 from backends.runv.backend import RunvBackend  # noqa: E402
 from backends.runv.hypervisor import MIB, VM, VMSpec  # noqa: E402
@@ -73,8 +78,9 @@ from docker_bench import (  # noqa: E402
 
 STEPS = ["RunPodSandbox", "CreateContainer", "StartContainer", "total"]
 WARM = "runv-warm"
+UNTEMPLATED = "runv-untemplated"  # every VM booted by unshare and a new interpreter ([stub] template = false)
 POOL_SIZE = 2
-HANDLERS = ("runv", WARM, "docker")
+HANDLERS = ("runv", UNTEMPLATED, WARM, "docker")
 
 
 def ms(seconds: list[float]) -> list[float]:
@@ -288,7 +294,9 @@ class DualShim(Shim):
                 f"agent_timeout = {cfg['agent_timeout']}\n"
                 f"\n[handlers.{handler}.stub]\n"
                 f'cgroup_parent = "{stub["cgroup_parent"]}"\n'
-                f"\n[handlers.{handler}.network]\n" + "".join(f'{k} = "{v}"\n' for k, v in net.items())
+                + ("" if stub.get("template", True) else "template = false\n")
+                + f"\n[handlers.{handler}.network]\n"
+                + "".join(f'{k} = "{v}"\n' for k, v in net.items())
             )
             if cfg.get("pool"):
                 text += f"\n[handlers.{handler}.pool]\n" + "".join(
@@ -366,29 +374,56 @@ def was_warm(client: Client, pod: str) -> bool:
     return bool(json.loads(resp.info.get("info", "{}")).get("backend_data", {}).get("warm"))
 
 
+def _memory_and_ticks(pids: list[int]) -> tuple[int, int, int]:
+    """PSS (shared pages split), RSS and CPU ticks of ``pids`` together."""
+    pss = rss = ticks = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{pid}/smaps_rollup") as fh:
+                for line in fh:
+                    if line.startswith("Pss:"):
+                        pss += int(line.split()[1]) * 1024
+                    elif line.startswith("Rss:"):
+                        rss += int(line.split()[1]) * 1024
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return pss, rss, ticks
+
+
 def pool_idle_cost(cgroup_parent: str, seconds: float = 10.0) -> None:
     """RSS and CPU of the warm VMs' processes (agents) while nothing happens."""
-
-    def sample() -> tuple[int, int, int]:
-        rss = ticks = 0
-        pids = sorted(set(Cgroup(cgroup_parent).pids()))  # v1: each controller lists them
-        for pid in pids:
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                with open(f"/proc/{pid}/smaps_rollup") as fh:  # proportional: shared pages split
-                    rss += sum(int(line.split()[1]) * 1024 for line in fh if line.startswith("Pss:"))
-                with open(f"/proc/{pid}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-                ticks += int(fields[11]) + int(fields[12])
-        return len(pids), rss, ticks
-
-    _, _, t0 = sample()
+    pids = sorted(set(Cgroup(cgroup_parent).pids()))  # v1: each controller lists them
+    _, _, t0 = _memory_and_ticks(pids)
     time.sleep(seconds)
-    n1, rss1, t1 = sample()
+    pids = sorted(set(Cgroup(cgroup_parent).pids()))
+    pss, _, t1 = _memory_and_ticks(pids)
     hz = os.sysconf("SC_CLK_TCK")
     cpu_pct = (t1 - t0) / hz / seconds * 100
     print(
-        f"idle cost of the pool ({POOL_SIZE} warm VMs, {n1} processes): PSS {rss1 / MIB:.1f} MiB "
-        f"({rss1 / MIB / POOL_SIZE:.1f} MiB a VM), "
+        f"idle cost of the pool ({POOL_SIZE} warm VMs, {len(pids)} processes): PSS {pss / MIB:.1f} MiB "
+        f"({pss / MIB / POOL_SIZE:.1f} MiB a VM), "
+        f"CPU {cpu_pct:.2f} % of one core over {seconds:g} s"
+    )
+
+
+def template_idle_cost(shim_pid: int, seconds: float = 10.0) -> None:
+    """Memory and CPU of the shim's VM template processes (one per templated handler) at rest."""
+    pids = []
+    for pid in procfs.children(shim_pid):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as fh:
+            if b"backends.runv.drivers.template_server" in fh.read():
+                pids.append(pid)
+    if not pids:
+        print("idle cost of the VM template: no template process found")
+        return
+    _, _, t0 = _memory_and_ticks(pids)
+    time.sleep(seconds)
+    pss, rss, t1 = _memory_and_ticks(pids)
+    cpu_pct = (t1 - t0) / os.sysconf("SC_CLK_TCK") / seconds * 100
+    print(
+        f"idle cost of the VM template ({len(pids)} processes, one per templated handler): "
+        f"PSS {pss / MIB / len(pids):.1f} MiB, RSS {rss / MIB / len(pids):.1f} MiB each, "
         f"CPU {cpu_pct:.2f} % of one core over {seconds:g} s"
     )
 
@@ -426,7 +461,8 @@ def side_by_side(client: Client, n: int, ctrd: Cri | None, refill_wait: float) -
             ctrd.cleanup()
     print(
         f"\nPod + container start through gRPC, ms (n={n}; {WARM}: a pool of {POOL_SIZE} warm VMs, "
-        f"{warm_hits}/{n} pods got one; runv: cold boots)"
+        f"{warm_hits}/{n} pods got one; runv: cold boots from the VM template; "
+        f"{UNTEMPLATED}: cold boots by unshare)"
     )
     head = f"{'step':<16} |" + "".join(f" {h + ' p50':>15} {'p99':>8} |" for h in names)
     print(head)
@@ -438,9 +474,17 @@ def side_by_side(client: Client, n: int, ctrd: Cri | None, refill_wait: float) -
             row += f" {pct(v, 0.5):15.1f} {pct(v, 0.99):8.1f} |"
         print(row)
     rsb = {h: pct(res[h].get("RunPodSandbox", []), 0.5) for h in names}
-    print(f"RunPodSandbox p50, warm/cold runv: {rsb[WARM] / rsb['runv']:.2f}x", end="")
+    print(
+        f"RunPodSandbox p50, warm/cold runv: {rsb[WARM] / rsb['runv']:.2f}x; "
+        f"cold runv templated/untemplated: {rsb['runv'] / rsb[UNTEMPLATED]:.2f}x",
+        end="",
+    )
     if ctrd is not None:
-        print(f"; warm runv/containerd: {rsb[WARM] / rsb['containerd']:.2f}x", end="")
+        print(
+            f"; templated runv/containerd: {rsb['runv'] / rsb['containerd']:.2f}x"
+            f"; warm runv/containerd: {rsb[WARM] / rsb['containerd']:.2f}x",
+            end="",
+        )
     print()
 
 
@@ -509,6 +553,8 @@ def main() -> int:
     child = runv_config(tmp, f"{run_id}b", net)
     warm = runv_config(tmp, f"{run_id}c", net)
     warm["pool"] = {"size": POOL_SIZE, "max_cpu": 0}
+    untemplated = runv_config(tmp, f"{run_id}u", net)
+    untemplated["stub"]["template"] = False
     shim: DualShim | None = None
     ctrd: Cri | None = None
     client: Client | None = None
@@ -530,7 +576,7 @@ def main() -> int:
             return 0
 
         print()
-        shim = DualShim(tmp, run_id, {"runv": child, WARM: warm})
+        shim = DualShim(tmp, run_id, {"runv": child, UNTEMPLATED: untemplated, WARM: warm})
         client = Client(shim.sock, run_id, f"{tmp}/pod-logs")
         try:
             client.wait_ready(60)
@@ -545,6 +591,7 @@ def main() -> int:
         side_by_side(client, args.iterations, ctrd, args.refill_wait)
         time.sleep(args.refill_wait)
         pool_idle_cost(warm["stub"]["cgroup_parent"])
+        template_idle_cost(shim.proc.pid)
     except KeyboardInterrupt:
         failed = True
         print("interrupted; cleaning up", file=sys.stderr)
@@ -561,7 +608,7 @@ def main() -> int:
         if shim is not None:
             shim.stop()
             shim.remove_engine_leftovers()
-        remove_leftovers([local, child, warm, qemu_config(tmp, f"{run_id}q", net, "")])
+        remove_leftovers([local, child, untemplated, warm, qemu_config(tmp, f"{run_id}q", net, "")])
         if args.keep_tmp:
             print(f"kept {tmp}", file=sys.stderr)
         else:

@@ -136,6 +136,8 @@ class RunvBackend:
     async def start(self, events: contract.EventSink) -> None:
         self._shared.events = events
         os.makedirs(self._shared.containers_dir, exist_ok=True)
+        if isinstance(self.hv, StubHypervisor):
+            self.hv.prepare()  # its VM template comes up while the shim does
 
     async def close(self) -> None:
         # Warm VMs belong to no pod: they go. Pods' VMs keep running (recovered on the

@@ -13,7 +13,7 @@ from typing import Any
 from backends.contract import options
 from backends.contract.options import Kind, Schema
 
-STR, NUMBER, INT, STRINGS = Kind.STR, Kind.NUMBER, Kind.INT, Kind.STRINGS
+STR, NUMBER, INT, STRINGS, BOOL = Kind.STR, Kind.NUMBER, Kind.INT, Kind.STRINGS, Kind.BOOL
 
 TOP: dict[str, Kind] = {
     "root": STR,
@@ -39,6 +39,7 @@ STUB: dict[str, Kind] = {
     "capacity_vcpus": INT,
     "capacity_memory": INT,
     "cpu_overcommit": INT,
+    "template": BOOL,  # VMs cloned from a template process (default true; drivers/template.py)
 }
 
 # The qemu driver (backends/runv/drivers/qemu.py).

@@ -24,7 +24,12 @@ def _valid(tmp_path: Path) -> dict[str, Any]:
         "overhead_vcpus": 0.5,
         "overhead_memory_mib": 32,
         "insecure_registries": ["127.0.0.1:5000"],
-        "stub": {"cgroup_parent": "cri-shim-runv-cfgtest", "capacity_vcpus": 4, "boot_timeout": 20},
+        "stub": {
+            "cgroup_parent": "cri-shim-runv-cfgtest",
+            "capacity_vcpus": 4,
+            "boot_timeout": 20,
+            "template": False,
+        },
         "network": {"bridge": "rvcfg0", "subnet": "10.95.0.0/24", "mtu": 1400, "ipam_dir": str(tmp_path)},
     }
 
@@ -45,6 +50,7 @@ def test_a_valid_config_creates_the_backend(tmp_path: Path) -> None:
         ({"roots": "/x"}, r"\[handlers.vm\] unknown key 'roots' \(known: .*root.*\)"),
         ({"stub": {"capacity_cpus": 4}}, r"\[handlers.vm.stub\] unknown key 'capacity_cpus'"),
         ({"network": {"bridg": "x"}}, r"\[handlers.vm.network\] unknown key 'bridg'"),
+        ({"stub": {"template": "yes"}}, r"\[handlers.vm.stub\] template: expected true or false, got 'yes'"),
         ({"agent_timeout": "10"}, r"\[handlers.vm\] agent_timeout: expected a non-negative number, got '10'"),
         ({"agent_timeout": True}, r"\[handlers.vm\] agent_timeout: expected a non-negative number, got True"),
         (
@@ -72,6 +78,7 @@ def test_a_valid_config_creates_the_backend(tmp_path: Path) -> None:
         "unknown-top",
         "unknown-stub",
         "unknown-network",
+        "string-for-bool",
         "string-for-number",
         "bool-for-number",
         "negative",

@@ -9,6 +9,12 @@ it, and the VM's mounts (container rootfs overlays) vanish with its mount
 namespace. Its size is enforced with a cgroup on the VM process, which the
 containers' cgroups nest under. The agent channel is a unix socket in the
 VM's state directory (the stub's virtio-serial port).
+
+By default a VM is not booted by ``unshare`` but cloned from the VM template
+(``template.py``, ``template_server.py``): a process that has imported the agent
+once forks a VM process with the same namespaces, cgroup and process tree, and
+the agent's main runs in it without a new interpreter. ``template = false``, or a
+template that cannot start on this node, boots with ``unshare`` as above.
 """
 
 from __future__ import annotations
@@ -20,12 +26,17 @@ import signal
 import time
 from typing import Any
 
+import structlog
+
 from backends.contract.errors import DeadlineExceededError, FailedPreconditionError, InvalidArgumentError
 from backends.linux import procfs
 from backends.linux.cgroups import Cgroup, HugetlbError
 from backends.runv import host
 from backends.runv.drivers.base import ProcessVMs, package_root, process_start, shares_dir
+from backends.runv.drivers.template import Template, TemplateError, template_env
 from backends.runv.hypervisor import MIB, VM, BootError, Fault, PodLimits, VMSpec
+
+log = structlog.get_logger(__name__)
 
 
 class StubHypervisor(ProcessVMs):
@@ -42,6 +53,12 @@ class StubHypervisor(ProcessVMs):
         self.runc = str(config.get("runc", "runc"))
         self.unshare = str(config.get("unshare", "unshare"))
         self.ip = str(config.get("ip", "ip"))
+        # VMs cloned from a template process that has imported the agent already (template.py);
+        # None once it cannot be used (then every VM is booted by unshare, as with false).
+        self.template: Template | None = (
+            Template(self.python, template_env(package_root())) if config.get("template", True) else None
+        )
+        self._preparing: asyncio.Task[None] | None = None
 
     # ---- helpers
     def _agent_pid(self, vm: VM) -> int:
@@ -49,6 +66,16 @@ class StubHypervisor(ProcessVMs):
         return kids[0] if kids else 0
 
     # ---- lifecycle
+    def prepare(self) -> None:
+        """Start the VM template in the background, so that the first boot finds it up."""
+        if self.template is not None and self._preparing is None:
+            self._preparing = asyncio.get_running_loop().create_task(self._start_template(self.template))
+
+    @staticmethod
+    async def _start_template(template: Template) -> None:
+        with contextlib.suppress(TemplateError):  # the first boot tries again, and falls back
+            await template.start()
+
     def _own_netns(self, spec: VMSpec) -> bool:
         return not spec.host_network  # unshare --net: the guest's namespace is the VM process's
 
@@ -67,26 +94,11 @@ class StubHypervisor(ProcessVMs):
             await asyncio.sleep(self.boot_latency)  # firmware + kernel boot
         fail = Fault.BOOT_FAILURE in self._faults
         self._faults.discard(Fault.BOOT_FAILURE)
-        agent = [self.python, "-m", "backends.runv.agent", "--socket", vm.channel, "--state", vm.state_dir]
-        agent += ["--cgroup-parent", f"/{cg.rel}", "--runc", self.runc]
-        if fail:
-            agent.append("--fail-boot")
-        argv = [
-            self.unshare,
-            "--pid",
-            "--fork",
-            "--mount",
-            "--uts",
-            "--ipc",
-        ]
-        if not vm.host_network:
-            argv.append("--net")
-        # A slave of the host's mounts: what the host mounts under a shared directory later
-        # shows in the VM (as virtio-fs would), and nothing the VM mounts leaks out.
-        argv += ["--propagation", "slave", "--mount-proc", "--kill-child", *agent]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root(), env.get("PYTHONPATH", "")) if p)
-        self._spawn_in_cgroup(vm, argv, cg, os.path.join(vm.state_dir, "console.log"), env)
+        args = ["--socket", vm.channel, "--state", vm.state_dir, "--cgroup-parent", f"/{cg.rel}"]
+        args += ["--runc", self.runc, *(["--fail-boot"] if fail else [])]
+        console = os.path.join(vm.state_dir, "console.log")
+        if not await self._clone(vm, cg, console, args):
+            self._unshare(vm, cg, console, args)
         deadline = time.monotonic() + self.boot_timeout
         while True:
             if not self.alive(vm):
@@ -105,7 +117,44 @@ class StubHypervisor(ProcessVMs):
                 raise DeadlineExceededError(
                     f"VM {vm.id} did not boot within {self.boot_timeout}s: {self.console(vm)[-500:].strip()}"
                 )
-            await asyncio.sleep(0.02)
+            # A cloned agent is up some 20-40 ms after the request: a coarser poll would be
+            # a good part of the boot. A poll is a stat and, once the socket is there, a connect.
+            await asyncio.sleep(0.005)
+
+    def _unshare(self, vm: VM, cg: Cgroup, console: str, args: list[str]) -> None:
+        """Boot with a new interpreter: ``unshare ... python -m backends.runv.agent``."""
+        argv = [self.unshare, "--pid", "--fork", "--mount", "--uts", "--ipc"]
+        if not vm.host_network:
+            argv.append("--net")
+        # A slave of the host's mounts: what the host mounts under a shared directory later
+        # shows in the VM (as virtio-fs would), and nothing the VM mounts leaks out.
+        argv += ["--propagation", "slave", "--mount-proc", "--kill-child"]
+        argv += [self.python, "-m", "backends.runv.agent", *args]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root(), env.get("PYTHONPATH", "")) if p)
+        self._spawn_in_cgroup(vm, argv, cg, console, env)
+
+    async def _clone(self, vm: VM, cg: Cgroup, console: str, args: list[str]) -> bool:
+        """Boot from the template: False if there is none to use (then the caller boots with unshare)."""
+        if self.template is None:
+            return False
+        try:
+            vm.pid = await self.template.clone(cg.procs_files(), console, not vm.host_network, args)
+        except TemplateError as exc:
+            if not exc.started:
+                # It will not come up on this node (no unshare for it, say): stop trying.
+                log.warning("runv.stub.template_unavailable", error=str(exc), fallback="unshare")
+                self.template = None
+                return False
+            # It died under this request: a VM process it may have forked is in the VM's
+            # cgroup, and goes; this VM boots the old way, the next ones from a new template.
+            log.warning("runv.stub.template_failed", vm=vm.id, error=str(exc), fallback="unshare")
+            for pid in set(cg.pids()):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            return False
+        vm.started_at = process_start(vm.pid)
+        return True
 
     async def stop(self, vm: VM, timeout: float) -> None:
         if self.shutdown_latency:
@@ -150,6 +199,15 @@ class StubHypervisor(ProcessVMs):
                 vm.started_at = process_start(pid)
             out.append(vm)
         return out
+
+    async def close(self) -> None:
+        await super().close()
+        if self._preparing is not None:
+            self._preparing.cancel()
+            await asyncio.gather(self._preparing, return_exceptions=True)
+            self._preparing = None
+        if self.template is not None:
+            await self.template.close()
 
     def tidy(self) -> None:
         self._tidy_cgroups()
