@@ -414,29 +414,29 @@ def table(result: Mapping[str, Any]) -> str:
     )
     lines.append("| --- " * (1 + 2 * len(names)) + "|")
     for comp in COMPONENTS:
-        cells = [_fmt(ph[p]["components"].get(comp, {}).get("cpu")) for p in names]
-        cells += [_fmt(ph[p]["components"].get(comp, {}).get("rss_max"), 0) for p in names]
+        cells = [fmt(ph[p]["components"].get(comp, {}).get("cpu")) for p in names]
+        cells += [fmt(ph[p]["components"].get(comp, {}).get("rss_max"), 0) for p in names]
         lines.append(f"| {comp} | " + " | ".join(cells) + " |")
     for label, cpu_key, rss_key in (
         ("kubelets, sum", "cpu_sum", "rss_sum"),
         ("one kubelet, mean", "cpu_mean", "rss_mean"),
         ("one kubelet, max", "cpu_max", "rss_max"),
     ):
-        cells = [_fmt((ph[p]["kubelets"] or {}).get(cpu_key)) for p in names]
-        cells += [_fmt((ph[p]["kubelets"] or {}).get(rss_key), 0) for p in names]
+        cells = [fmt((ph[p]["kubelets"] or {}).get(cpu_key)) for p in names]
+        cells += [fmt((ph[p]["kubelets"] or {}).get(rss_key), 0) for p in names]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     host = [ph[p]["host"] or {} for p in names]
     lines.append(
         "| host busy / steal, % of all CPUs | "
-        + " | ".join(f"{_fmt(h.get('busy'))} / {_fmt(h.get('steal'))}" for h in host)
+        + " | ".join(f"{fmt(h.get('busy'))} / {fmt(h.get('steal'))}" for h in host)
         + " | "
-        + " | ".join(f"avail {_fmt(h.get('mem_available_min'), 0)}" for h in host)
+        + " | ".join(f"avail {fmt(h.get('mem_available_min'), 0)}" for h in host)
         + " |"
     )
     return "\n".join(lines)
 
 
-def _fmt(v: float | None, digits: int = 1) -> str:
+def fmt(v: float | None, digits: int = 1) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
