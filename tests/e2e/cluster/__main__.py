@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--keep",
         action="store_true",
-        help="up: keep what came up when the bring-up fails; down: keep the logs (copied to /tmp)",
+        help="up: keep what came up when the bring-up fails; down: keep the logs (copied to /tmp); "
+        "scale: leave the cluster up after the figures",
     )
     c = p.add_argument_group("conformance")
     c.add_argument(
