@@ -235,6 +235,7 @@ def test_pod_latencies_from_their_conditions() -> None:
     assert got["to_scheduled"]["max"] == 2 and got["to_scheduled"]["p50"] == 1
     assert got["to_ready"] == {"p50": 4.0, "p90": 10.0, "p99": 10.0, "max": 10.0}
     assert got["pods_per_node"] == {"min": 1, "max": 2} and got["unscheduled"] == 0
+    assert got["creation_span"] == 1
 
 
 def test_the_deployment_spreads_tokenless_pods_over_the_hollow_nodes_only() -> None:

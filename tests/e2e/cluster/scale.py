@@ -256,10 +256,11 @@ def percentiles(values: list[float]) -> dict[str, float]:
 def pod_latencies(pods: list[dict[str, Any]]) -> dict[str, Any]:
     """From each pod's own record: seconds from its creation to scheduled and to Ready (the API
     keeps whole seconds), and how many pods each node got."""
-    scheduled, ready = [], []
+    scheduled, ready, creations = [], [], []
     per_node: collections.Counter[str] = collections.Counter()
     for p in pods:
         created = rfc3339(p["metadata"]["creationTimestamp"])
+        creations.append(created)
         per_node[p.get("spec", {}).get("nodeName") or "<none>"] += 1
         for c in p.get("status", {}).get("conditions") or []:
             if c.get("status") != "True" or not c.get("lastTransitionTime"):
@@ -274,6 +275,8 @@ def pod_latencies(pods: list[dict[str, Any]]) -> dict[str, Any]:
         "to_ready": percentiles(ready),
         "pods_per_node": {"min": min(counts), "max": max(counts)} if counts else {},
         "unscheduled": per_node.get("<none>", 0),
+        # From the first pod's creation to the last's: how fast the ReplicaSet controller made them.
+        "creation_span": max(creations) - min(creations) if creations else None,
     }
 
 
@@ -398,7 +401,8 @@ def table(result: Mapping[str, Any]) -> str:
         f"90 % {ro.get('p90_running')} s, all Running {ro.get('all_running')} s"
         + (" (TIMED OUT)" if ro.get("timed_out") else ""),
         f"per pod, creation -> Ready (s): {_pcts(pp.get('to_ready', {}))}; -> scheduled: "
-        f"{_pcts(pp.get('to_scheduled', {}))}; pods per node {pp.get('pods_per_node')}",
+        f"{_pcts(pp.get('to_scheduled', {}))}; pods per node {pp.get('pods_per_node')}; "
+        f"first to last pod created {pp.get('creation_span')} s",
     ]
     ph = r.get("phases", {})
     if not ph:
