@@ -6,7 +6,9 @@ Deployment of N x P pods (default 30 per node), samples every process's CPU and 
 that run's table and takes everything down before the next. It stops at the first step where a
 kubelet does not become Ready within --ready-timeout, not every pod runs within
 --running-timeout, the time to all Running grows more than --explode times faster than N did
-since the previous step, or the machine's available memory falls under --min-available MiB.
+since the previous step, the cluster's own processes take more than --max-busy % of all the
+machine's CPUs in the steady phase (every pod Running, nothing changing: the machine cannot hold
+N at rest), or the machine's available memory falls under --min-available MiB.
 At the end, one summary table over the steps and what stopped the sweep. Figures only.
 
 Run as root from the repository root, with the binaries (README "A cluster of cri-shim nodes"):
@@ -42,6 +44,10 @@ def verdict(prev: dict[str, Any] | None, r: dict[str, Any], args: argparse.Names
     avail = min((p["host"]["mem_available_min"] for p in r["phases"].values() if p.get("host")), default=None)
     if avail is not None and avail < args.min_available:
         return f"N={r['nodes']}: available memory down to {avail:.0f} MiB"
+    steady = r["phases"]["steady"]
+    ours = sum(c["cpu"] for c in steady["components"].values()) + (steady["kubelets"] or {}).get("cpu_sum", 0)
+    if ours > args.max_busy * (r.get("ncpu") or 1):
+        return f"N={r['nodes']}: the cluster's processes take {ours:.0f} % of a core with every pod at rest"
     if prev is not None and "error" not in prev and prev["rollout"].get("all_running"):
         growth = r["rollout"]["all_running"] / max(prev["rollout"]["all_running"], 0.1)
         if growth > args.explode * r["nodes"] / prev["nodes"]:
@@ -60,6 +66,9 @@ def main() -> int:
     p.add_argument("--ready-timeout", type=float, default=300)
     p.add_argument("--running-timeout", type=float, default=900)
     p.add_argument("--explode", type=float, default=3.0, help="growth of the time to Running over N's")
+    p.add_argument(
+        "--max-busy", type=float, default=90, help="% of all CPUs the cluster may take at rest (steady)"
+    )
     p.add_argument("--min-available", type=float, default=2048, help="MiB of MemAvailable to keep")
     p.add_argument("--json", type=Path, help="every run's figures")
     args = p.parse_args()
