@@ -9,6 +9,7 @@ kubelet (default: ``kubelet-1.35`` or ``kubelet`` in that directory); etcd is De
     python -m tests.e2e.cluster up       # leaves the cluster running; prints the admin kubeconfig
     python -m tests.e2e.cluster check    # what of the cluster is on the machine (nothing after down)
     python -m tests.e2e.cluster down [--keep]   # takes everything away (--keep: the logs, to /tmp)
+    python -m tests.e2e.cluster scale --nodes N  # N kubelets on one `cri-shim hollow`: figures, then down
 
 What runs: etcd (TLS, client certificates), kube-apiserver (TLS, a service-account issuer and keys,
 Node,RBAC authorization, NodeRestriction, client certificates for the admin, the components and the
@@ -25,7 +26,9 @@ Modules: ``layout`` (paths, addresses, ports, nodes, binaries), ``pki`` (CA, cer
 kubeconfigs), ``configs`` (each component's files and command line), ``procs`` (the daemons and the
 state file), ``hostnet`` (bridges, iptables, cgroups, mounts on the host; what is left),
 ``kubectl`` (the admin's kubectl and waits), ``bringup`` (up, down, check), ``dnswire``,
-``dnszone``, ``dnsserver`` (the cluster's DNS: wire format, records, the server process), ``__main__``.
+``dnszone``, ``dnsserver`` (the cluster's DNS: wire format, records, the server process), ``scale``
+and ``sampling`` (the scale mode: N real kubelets on hollow nodes, the processes' CPU and memory),
+``__main__``.
 """
 
 from tests.e2e.cluster.bringup import (

@@ -1,10 +1,14 @@
-"""``python -m tests.e2e.cluster up|down|check [--keep]``, ``... conformance [--focus RE] ...``, as root.
+"""``python -m tests.e2e.cluster up|down|check [--keep]``, ``... conformance [--focus RE] ...``,
+``... scale --nodes N [--pods-per-node 30]``, as root.
 
 up: exits 0 with the cluster running (the admin kubeconfig printed), 1 when the bring-up failed
 (what came up is taken down again unless --keep), 2 when it cannot run here. down: exits 0 when
 nothing is left, 1 otherwise (each leftover printed). check: lists what is left, exits 1 if any.
 conformance: the [Conformance] specs of e2e.test on the running cluster (``conformance`` module),
 printed as passed/failed/skipped with each failure's first line; exits 0 when none failed.
+scale: the control plane, one ``cri-shim hollow`` and N kubelets, a Deployment of P pods per node,
+the figures printed (``scale`` module), then everything taken down (--keep: left up); exits 0 when
+every pod ran and nothing was left, 1 otherwise, 2 when it cannot run here.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import time
 from pathlib import Path
 
 from tests.e2e import cluster
-from tests.e2e.cluster import bringup, conformance
+from tests.e2e.cluster import bringup, conformance, scale
 from tests.e2e.cluster.layout import LOGS, Binaries
 from tests.e2e.node_e2e import report
 
@@ -25,11 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m tests.e2e.cluster", description=(cluster.__doc__ or "").split("\n")[0]
     )
-    p.add_argument("command", choices=("up", "down", "check", "conformance"))
+    p.add_argument("command", choices=("up", "down", "check", "conformance", "scale"))
     p.add_argument(
         "--keep",
         action="store_true",
-        help="up: keep what came up when the bring-up fails; down: keep the logs (copied to /tmp)",
+        help="up: keep what came up when the bring-up fails; down: keep the logs (copied to /tmp); "
+        "scale: leave the cluster up after the figures",
     )
     c = p.add_argument_group("conformance")
     c.add_argument(
@@ -43,8 +48,17 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per phase before interrupting")
     c.add_argument("--out", type=Path, help="logs, reports, results.txt (default: /tmp/...)")
     c.add_argument("--baseline", type=Path, help="a results.txt of another run to compare with")
+    s = p.add_argument_group("scale")
+    s.add_argument("--nodes", type=int, default=5, help="hollow nodes, each with a real kubelet")
+    s.add_argument("--pods-per-node", type=int, default=30, help="the Deployment's pods per node")
+    s.add_argument("--rest", type=float, default=30, help="seconds sampled before and after the rollout")
+    s.add_argument("--ready-timeout", type=float, default=300, help="seconds for every node to be Ready")
+    s.add_argument("--running-timeout", type=float, default=900, help="seconds for every pod to run")
+    s.add_argument("--json", type=Path, help="write the figures there too")
     args = p.parse_args(argv)
     b = Binaries.from_env()
+    if args.command == "scale":
+        return _scale(b, args)
     if args.command == "conformance":
         return _conformance(b, args)
     if args.command == "check":
@@ -70,6 +84,32 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"timings": state.get("timings"), "cni": state.get("cni")}, indent=2))
     print(f"up in {state.get('up_seconds')} s; kubectl --kubeconfig={cluster.admin_kubeconfig()} get nodes")
     return 0
+
+
+def _scale(b: Binaries, args: argparse.Namespace) -> int:
+    opts = scale.Options(
+        nodes=args.nodes,
+        pods_per_node=args.pods_per_node,
+        rest=args.rest,
+        ready_timeout=args.ready_timeout,
+        running_timeout=args.running_timeout,
+    )
+    problem = scale.environment_problem(b, opts)
+    if problem:
+        print(f"cannot run: {problem}", file=sys.stderr)
+        return 2
+    try:
+        result = scale.run(b, opts, keep=args.keep)
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"scale run failed: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(scale.table(result))
+    left = result.get("left_after_down", [])
+    for line in left:
+        print(f"left: {line}")
+    return 1 if left or result.get("rollout", {}).get("timed_out") else 0
 
 
 def _conformance(b: Binaries, args: argparse.Namespace) -> int:

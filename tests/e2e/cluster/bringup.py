@@ -7,10 +7,12 @@ kube-proxy → per CNI node: wait for the podCIDR the controller-manager allocat
 NotReady (its runtime's network is not ready: no config yet), write the node's conflist with that
 CIDR, wait for Ready. Every step is timed (state.json `timings`).
 
-`down` order: kube-proxy (then ``kube-proxy --cleanup``) → kubelets → every pod and container
-removed through each node's CRI (a shim that is not running is started again for it: its recovery
-finds what it left) → shims → the cluster DNS → control plane → etcd → the host's network, mounts, cgroups, log
-links → the directories. Only the PIDs in the state file are signalled.
+`down` order: kube-proxy (then ``kube-proxy --cleanup``) → kubelets (the three nodes' and the scale
+mode's hollow ones, all signalled at once) → every pod and container removed through each node's
+CRI (a shim that is not running is started again for it: its recovery finds what it left) → shims,
+the hollow process (its pods are records in it, nothing on the host) → the cluster DNS → control
+plane → etcd → the host's network, mounts, cgroups, log links, the inotify limit the scale mode
+raised → the directories. Only the PIDs in the state file are signalled.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ from tests.e2e.cluster.layout import (
     DNS_PORT,
     E2E_IMAGES_LIST,
     ETCD_CLIENT_PORT,
+    HOLLOW_KUBELET_PREFIX,
+    HOLLOW_NAME,
     LOGS,
     NODE_BRIDGE,
     NODES,
@@ -59,6 +63,7 @@ from tests.e2e.cluster.layout import (
     RUNV_TAG,
     SCHEDULER_PORT,
     Binaries,
+    HollowNode,
     NodeSpec,
     ports,
 )
@@ -133,7 +138,7 @@ def images() -> dict[str, str]:
 
 
 # ------------------------------------------------------------ waits
-def _tls(client: str | None = None, verify: bool = True) -> ssl.SSLContext:
+def tls(client: str | None = None, verify: bool = True) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=str(PKI / "ca.crt"))
     if client:
         ctx.load_cert_chain(str(PKI / f"{client}.crt"), str(PKI / f"{client}.key"))
@@ -143,7 +148,7 @@ def _tls(client: str | None = None, verify: bool = True) -> ssl.SSLContext:
     return ctx
 
 
-def _get_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
+def get_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=5, context=ctx) as resp:
             return bool(resp.status == 200)
@@ -151,7 +156,7 @@ def _get_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
         return False
 
 
-def _wait_daemon(name: str, ready: Callable[[], bool], timeout: float) -> None:
+def wait_daemon(name: str, ready: Callable[[], bool], timeout: float) -> None:
     def probe() -> bool:
         code = procs.exited(name)
         if code is not None:
@@ -186,11 +191,11 @@ def dns_answers() -> bool:
 def start_dns(k: Kubectl, timeout: float = 60) -> None:
     """The DNS server, then the kube-dns Service and EndpointSlice (kube-system may not exist yet)."""
     procs.start("cluster-dns", configs.dns_argv(), cwd=REPO)
-    _wait_daemon("cluster-dns", dns_answers, timeout)
+    wait_daemon("cluster-dns", dns_answers, timeout)
     wait_for("the kube-dns Service", lambda: k.apply(*configs.kube_dns()) or True, timeout)
 
 
-def shim_answers(n: NodeSpec) -> bool:
+def shim_answers(n: NodeSpec | HollowNode) -> bool:
     if not n.socket.exists():
         return False
     with grpc.insecure_channel(f"unix://{n.socket}") as channel:
@@ -215,7 +220,7 @@ def _kubelet_binary(b: Binaries) -> str:
 def start_shim(n: NodeSpec, timeout: float = 60) -> None:
     n.dir.mkdir(parents=True, exist_ok=True)
     procs.start(f"cri-shim-{n.handler}", configs.shim_argv(n, images()["pause"]), cwd=REPO)
-    _wait_daemon(f"cri-shim-{n.handler}", lambda: shim_answers(n), timeout)
+    wait_daemon(f"cri-shim-{n.handler}", lambda: shim_answers(n), timeout)
 
 
 def start_kubelet(n: NodeSpec, b: Binaries, timeout: float = 120) -> None:
@@ -223,7 +228,7 @@ def start_kubelet(n: NodeSpec, b: Binaries, timeout: float = 120) -> None:
         d.mkdir(parents=True, exist_ok=True)
     procs.start(f"kubelet-{n.handler}", configs.kubelet_argv(n, _kubelet_binary(b)))
     url = f"http://127.0.0.1:{n.healthz_port}/healthz"
-    _wait_daemon(f"kubelet-{n.handler}", lambda: _get_ok(url), timeout)
+    wait_daemon(f"kubelet-{n.handler}", lambda: get_ok(url), timeout)
 
 
 def restart_shim(n: NodeSpec, sig: int = signal.SIGKILL) -> str:
@@ -260,6 +265,27 @@ def _bring_cni_node(k: Kubectl, n: NodeSpec, timeout: float) -> dict[str, Any]:
     wait_for(f"{n.name} Ready", lambda: node_ready(k.get("node", n.name) or {}), timeout)
     after = condition(k.get("node", n.name), "Ready")
     return {"pod_cidr": cidr, "before": before, "written_at": written, "ready": after}
+
+
+def start_control_plane(b: Binaries, mark: Log) -> None:
+    """etcd, kube-apiserver, then kube-controller-manager and kube-scheduler, each waited for."""
+    procs.start("etcd", configs.etcd_argv(b))
+    etcd_ctx = tls("apiserver-etcd-client")
+    wait_daemon("etcd", lambda: get_ok(f"https://127.0.0.1:{ETCD_CLIENT_PORT}/health", etcd_ctx), 60)
+    mark("etcd")
+    procs.start("kube-apiserver", configs.apiserver_argv(b))
+    admin = tls("admin")
+    wait_daemon("kube-apiserver", lambda: get_ok(f"https://{CONTROL_IP}:16443/readyz", admin), 180)
+    mark("kube-apiserver")
+    procs.start("kube-controller-manager", configs.controller_manager_argv(b))
+    procs.start("kube-scheduler", configs.scheduler_argv(b))
+    insecure = tls(verify=False)
+    for name, port in (
+        ("kube-controller-manager", CONTROLLER_MANAGER_PORT),
+        ("kube-scheduler", SCHEDULER_PORT),
+    ):
+        wait_daemon(name, lambda port=port: get_ok(f"https://127.0.0.1:{port}/healthz", insecure), 120)
+    mark("controller-manager and scheduler")
 
 
 def up(b: Binaries, log: Log = _log, keep_on_failure: bool = False) -> dict[str, Any]:
@@ -306,23 +332,7 @@ def _up(b: Binaries, log: Log) -> dict[str, Any]:
     hostnet.make_cgroup_roots()
     mark("host network and cgroup roots")
 
-    procs.start("etcd", configs.etcd_argv(b))
-    etcd_ctx = _tls("apiserver-etcd-client")
-    _wait_daemon("etcd", lambda: _get_ok(f"https://127.0.0.1:{ETCD_CLIENT_PORT}/health", etcd_ctx), 60)
-    mark("etcd")
-    procs.start("kube-apiserver", configs.apiserver_argv(b))
-    admin = _tls("admin")
-    _wait_daemon("kube-apiserver", lambda: _get_ok(f"https://{CONTROL_IP}:16443/readyz", admin), 180)
-    mark("kube-apiserver")
-    procs.start("kube-controller-manager", configs.controller_manager_argv(b))
-    procs.start("kube-scheduler", configs.scheduler_argv(b))
-    insecure = _tls(verify=False)
-    for name, port in (
-        ("kube-controller-manager", CONTROLLER_MANAGER_PORT),
-        ("kube-scheduler", SCHEDULER_PORT),
-    ):
-        _wait_daemon(name, lambda port=port: _get_ok(f"https://127.0.0.1:{port}/healthz", insecure), 120)
-    mark("controller-manager and scheduler")
+    start_control_plane(b, mark)
     k = Kubectl(b)
     k.apply(*configs.runtime_classes())
     start_dns(k)
@@ -336,7 +346,7 @@ def _up(b: Binaries, log: Log) -> dict[str, Any]:
     mark("kubelets")
     procs.update(kube_proxy_started=True)  # down cleans its chains: ours, none other runs here
     procs.start("kube-proxy", configs.kube_proxy_argv(b))
-    _wait_daemon("kube-proxy", lambda: _get_ok(f"http://127.0.0.1:{PROXY_HEALTHZ_PORT}/healthz"), 120)
+    wait_daemon("kube-proxy", lambda: get_ok(f"http://127.0.0.1:{PROXY_HEALTHZ_PORT}/healthz"), 120)
     mark("kube-proxy")
 
     cni: dict[str, Any] = {}
@@ -395,9 +405,11 @@ def down(b: Binaries, log: Log = _log, keep_logs: bool = False) -> list[str]:
         log(procs.stop("kube-proxy"))
     if data.get("kube_proxy_started") and b.bin_dir and os.access(b.path("kube-proxy"), os.X_OK):
         _proxy_cleanup(b, log)
-    for n in NODES:
-        if procs.record(f"kubelet-{n.handler}") is not None:
-            log(procs.stop(f"kubelet-{n.handler}", grace=30))
+    kubelets = [f"kubelet-{n.handler}" for n in NODES] + [
+        name for name in data["procs"] if name.startswith(HOLLOW_KUBELET_PREFIX)
+    ]
+    for line in procs.stop_all([k for k in kubelets if procs.record(k) is not None], grace=30):
+        log(line)
     for n in NODES:
         name = f"cri-shim-{n.handler}"
         if not procs.alive(name) and n.state_dir.exists():
@@ -408,6 +420,9 @@ def down(b: Binaries, log: Log = _log, keep_logs: bool = False) -> list[str]:
             _remove_runtime_objects(n, log)
         if procs.record(name) is not None:
             log(procs.stop(name, grace=30))
+    # The hollow nodes' pods are records of the fake in the process: nothing of them is on the host.
+    if procs.record(HOLLOW_NAME) is not None:
+        log(procs.stop(HOLLOW_NAME, grace=30))
     for name in ("cluster-dns", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
         if procs.record(name) is not None:
             log(procs.stop(name))
@@ -424,6 +439,7 @@ def down(b: Binaries, log: Log = _log, keep_logs: bool = False) -> list[str]:
     for link in hostnet.container_log_links():
         link.unlink(missing_ok=True)
     kubelet_host.restore_sysctls()
+    hostnet.restore_inotify_instances(data.get("inotify_instances"))
     if keep_logs and LOGS.is_dir():
         kept = Path(f"/tmp/cri-shim-cluster-logs.{time.strftime('%Y%m%d-%H%M%S')}")
         shutil.copytree(LOGS, kept)

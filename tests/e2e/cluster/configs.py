@@ -20,6 +20,8 @@ from tests.e2e.cluster.layout import (
     DOCKER_INSTANCE,
     ETCD_CLIENT_PORT,
     ETCD_PEER_PORT,
+    HOLLOW_DIR,
+    HOLLOW_SOCKET_TEMPLATE,
     NODE_CIDR_MASK,
     NODE_NET,
     NODES,
@@ -32,6 +34,7 @@ from tests.e2e.cluster.layout import (
     SCHEDULER_PORT,
     SERVICE_CIDR,
     Binaries,
+    HollowNode,
     NodeSpec,
 )
 from tests.e2e.kubelet.config import shim_command
@@ -178,7 +181,7 @@ def kube_proxy_argv(b: Binaries) -> list[str]:
     return [b.path("kube-proxy"), f"--config={kube_proxy_config()}", "--v=1"]
 
 
-def kubelet_config(n: NodeSpec) -> str:
+def kubelet_config(n: NodeSpec | HollowNode) -> str:
     cfg = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -276,7 +279,7 @@ def kube_dns() -> list[dict[str, Any]]:
     ]
 
 
-def kubelet_argv(n: NodeSpec, kubelet: str) -> list[str]:
+def kubelet_argv(n: NodeSpec | HollowNode, kubelet: str) -> list[str]:
     return [
         kubelet,
         f"--config={kubelet_config(n)}",
@@ -352,6 +355,43 @@ def shim_argv(n: NodeSpec, pause: str) -> list[str]:
         str(n.state_dir),
         "--default-handler",
         n.handler,
+    ]
+
+
+def hollow_shim_config(pause: str) -> str:
+    """One fake handler, copied per node by `cri-shim hollow`; NRI off (no `{i}` in a socket path)."""
+    lines = [
+        "[server]",
+        'transport = "native"',
+        "[images]",
+        f'pause_image = "{pause}"',
+        "[streaming]",
+        'address = "127.0.0.1"',
+        "[nri]",
+        "enable = false",
+        "[logging]",
+        'level = "info"',  # mutating RPCs only: the kubelets' polls log at debug
+        "[handlers.fake]",
+        'type = "fake"',
+    ]
+    path = HOLLOW_DIR / "cri-shim.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def hollow_shim_argv(count: int, pause: str) -> list[str]:
+    return [
+        *shim_command(),
+        "hollow",
+        "--nodes",
+        str(count),
+        "--config",
+        hollow_shim_config(pause),
+        "--socket-template",
+        HOLLOW_SOCKET_TEMPLATE,
+        "--state-root",
+        str(HOLLOW_DIR / "shim"),
     ]
 
 

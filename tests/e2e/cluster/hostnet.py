@@ -25,11 +25,13 @@ from tests.e2e.cluster.layout import (
     CONTROL_IP,
     DOCKER_INSTANCE,
     FORWARD_CHAIN,
+    HOLLOW_CGROUP,
     NODE_BRIDGE,
     NODE_NET_PREFIX,
     NODES,
     ROOT,
     RUNV_TAG,
+    HollowNode,
 )
 
 CGROUP_FS = Path("/sys/fs/cgroup")
@@ -61,6 +63,12 @@ def make_node_bridge() -> None:
     run("ip", "link", "set", NODE_BRIDGE, "up")
 
 
+def add_node_addresses(ips: list[str]) -> None:
+    """More node addresses on the bridge (the hollow nodes' kubelets'); they go with it at `down`."""
+    for ip in ips:
+        run("ip", "addr", "add", f"{ip}/{NODE_NET_PREFIX}", "dev", NODE_BRIDGE)
+
+
 def open_forward() -> None:
     run("iptables", "-w", "5", "-N", FORWARD_CHAIN)
     run("iptables", "-w", "5", "-A", FORWARD_CHAIN, "-s", CLUSTER_CIDR, "-j", "ACCEPT")
@@ -84,14 +92,21 @@ def hierarchies() -> list[Path]:
     return sorted({Path(p) for p in points if p.startswith(str(CGROUP_FS) + "/")})
 
 
-def make_cgroup_roots() -> None:
+def make_cgroup_roots(hollow: list[HollowNode] | None = None) -> None:
+    """The three nodes' cgroup roots in every hierarchy; with `hollow`, those nodes' instead (below
+    one parent of theirs, made first)."""
+    roots = (
+        [n.cgroup_root for n in NODES]
+        if hollow is None
+        else [HOLLOW_CGROUP] + [n.cgroup_root for n in hollow]
+    )
     for h in hierarchies():
-        for n in NODES:
-            d = h / n.cgroup_root.strip("/")
+        for root in roots:
+            d = h / root.strip("/")
             d.mkdir(exist_ok=True)
             if (h / "cpuset.cpus").exists():  # a new v1 cpuset starts empty: no task could join it
                 for f in ("cpuset.cpus", "cpuset.mems"):
-                    (d / f).write_text((h / f).read_text())
+                    (d / f).write_text((d.parent / f).read_text())
 
 
 def _rmdir_tree(top: Path) -> None:
@@ -105,7 +120,7 @@ def _rmdir_tree(top: Path) -> None:
 
 
 def cgroup_dirs() -> list[Path]:
-    names = [n.cgroup_root.strip("/") for n in NODES] + [RUNV_CGROUP]
+    names = [n.cgroup_root.strip("/") for n in NODES] + [RUNV_CGROUP, HOLLOW_CGROUP]
     return [h / name for h in hierarchies() for name in names if (h / name).exists()]
 
 
@@ -224,3 +239,30 @@ def links_left() -> list[str]:
             ports = run("ip", "-o", "link", "show", "master", name, check=False).stdout.splitlines()
             out += [f"link {line.split(':')[1].strip()} on {name}" for line in ports]
     return out
+
+
+# ------------------------------------------------------------ inotify instances (scale mode)
+INOTIFY_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
+
+
+def raise_inotify_instances(want: int) -> dict[str, int] | None:
+    """Raise the per-user inotify instance limit to `want` when it is lower; return what to restore.
+
+    Every kubelet holds several inotify instances (cAdvisor's, its file watches), and all run as
+    root: the default 128 would stop tens of kubelets before CPU or memory does (kind documents
+    the same "too many open files"). Raising a limit takes nothing from anyone else.
+    """
+    before = int(INOTIFY_INSTANCES.read_text())
+    if before >= want:
+        return None
+    INOTIFY_INSTANCES.write_text(str(want))
+    return {"before": before, "set": want}
+
+
+def restore_inotify_instances(saved: dict[str, int] | None) -> None:
+    """Put the limit back, unless someone changed it since we set it."""
+    if not saved:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        if int(INOTIFY_INSTANCES.read_text()) == saved["set"]:
+            INOTIFY_INSTANCES.write_text(str(saved["before"]))

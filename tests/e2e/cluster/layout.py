@@ -197,3 +197,90 @@ class Binaries:
                 f"no kubelet at {self.kubelet!r} (CRI_SHIM_KUBELET, or kubelet-1.35 in CRI_SHIM_K8S_BIN_DIR)"
             )
         return None
+
+
+# ------------------------------------------------------------ scale mode: hollow nodes
+# `python -m tests.e2e.cluster scale` runs the control plane without the three nodes above and N real
+# kubelets, each on a hollow node of one `cri-shim hollow` process (scale.py).
+HOLLOW_NAME = "cri-shim-hollow"  # the hollow process's name in the state file
+HOLLOW_KUBELET_PREFIX = "kubelet-hollow-"
+HOLLOW_DIR = ROOT / "hollow"
+HOLLOW_SOCKET_TEMPLATE = str(RUN / "hollow-{i}.sock")
+HOLLOW_CGROUP = "crishim-cluster-hollow"  # the kubelets' cgroup roots are below it, in every hierarchy
+HOLLOW_IP_BASE = 100  # node i at 172.30.0.(100 + i)
+HOLLOW_PORT_BASE = 14000  # node i's kubelet API at 14000 + i, its healthz at 15000 + i
+HOLLOW_HEALTHZ_BASE = 15000
+HOLLOW_MAX = 150  # what the /24 holds above HOLLOW_IP_BASE
+HOLLOW_LABELS = {"cri-shim.io/hollow": "true"}
+
+
+@dataclasses.dataclass(frozen=True)
+class HollowNode:
+    """Node i of the hollow process: its socket, a kubelet of its own, its directories and ports.
+
+    It has the attributes of a NodeSpec that the kubelet's configuration reads (configs.kubelet_config),
+    so one function writes every kubelet's files.
+    """
+
+    index: int  # 0 .. N-1, as `cri-shim hollow` numbers its nodes
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < HOLLOW_MAX:
+            raise ValueError(f"hollow node index {self.index} outside 0..{HOLLOW_MAX - 1}")
+
+    @property
+    def name(self) -> str:
+        return f"hollow-{self.index}"
+
+    @property
+    def proc_name(self) -> str:  # its kubelet's name in the state file
+        return f"{HOLLOW_KUBELET_PREFIX}{self.index}"
+
+    @property
+    def ip(self) -> str:
+        return f"172.30.0.{HOLLOW_IP_BASE + self.index}"
+
+    @property
+    def port(self) -> int:
+        return HOLLOW_PORT_BASE + self.index
+
+    @property
+    def healthz_port(self) -> int:
+        return HOLLOW_HEALTHZ_BASE + self.index
+
+    @property
+    def dir(self) -> Path:
+        return HOLLOW_DIR / self.name
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.dir / "kubelet"
+
+    @property
+    def pod_logs(self) -> Path:
+        return self.dir / "pod-logs"
+
+    @property
+    def socket(self) -> Path:
+        return Path(HOLLOW_SOCKET_TEMPLATE.format(i=self.index))
+
+    @property
+    def cgroup_root(self) -> str:
+        return f"/{HOLLOW_CGROUP}/{self.name}"
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(HOLLOW_LABELS)
+
+
+def hollow_nodes(count: int) -> list[HollowNode]:
+    return [HollowNode(i) for i in range(count)]
+
+
+def hollow_ports(count: int) -> dict[str, int]:
+    """The TCP ports N hollow nodes' kubelets listen on, by who listens."""
+    out: dict[str, int] = {}
+    for n in hollow_nodes(count):
+        out[f"kubelet {n.name}"] = n.port
+        out[f"kubelet {n.name} healthz"] = n.healthz_port
+    return out

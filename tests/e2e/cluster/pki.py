@@ -175,5 +175,13 @@ def make_all(d: Path = PKI) -> None:
     (d / "sa.key").chmod(0o600)
 
 
+def make_node_identities(names: list[str], d: Path = PKI) -> None:
+    """A client certificate and kubeconfig per extra node (the hollow nodes' kubelets), signed by the
+    CA that `make_all` made in `d`."""
+    for name in names:
+        make_cert(d, Identity(f"node-{name}", f"system:node:{name}", ("system:nodes",)))
+        kubeconfig(d, f"node-{name}", f"system:node:{name}")
+
+
 def admin_kubeconfig(d: Path = PKI) -> Path:
     return d / "admin.kubeconfig"
