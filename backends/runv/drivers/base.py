@@ -50,6 +50,20 @@ def process_start(pid: int) -> int:
     return st.start_time
 
 
+async def end_helper(proc: asyncio.subprocess.Process) -> None:
+    """End a helper that serves requests on its stdin: its input closes, which ends it; killed
+    if it has not gone 5 s later."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        async with asyncio.timeout(5):
+            await proc.wait()
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+
 class Injector:
     """The share helper (inject.py), one long-lived process answering requests in turn.
 
@@ -115,17 +129,8 @@ class Injector:
 
     async def close(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.stdin is not None:
-            proc.stdin.close()
-        try:
-            async with asyncio.timeout(5):
-                await proc.wait()
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+        if proc is not None:
+            await end_helper(proc)
 
 
 class ProcessVMs(abc.ABC):

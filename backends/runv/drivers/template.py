@@ -9,12 +9,12 @@ a few milliseconds, so boots still overlap.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 from typing import Any
 
 from backends.linux import procfs
+from backends.runv.drivers.base import end_helper
 
 
 class TemplateError(Exception):
@@ -108,7 +108,7 @@ class Template:
         proc, self._proc = self._proc, None
         self.pid = 0
         if proc is not None:
-            await _end(proc)
+            await end_helper(proc)
 
 
 def _lives(pid: int) -> bool:
@@ -116,18 +116,6 @@ def _lives(pid: int) -> bool:
     it is reaped, and a request sent to it meanwhile would be lost."""
     st = procfs.stat(pid)
     return st is not None and st.state not in ("Z", "X")
-
-
-async def _end(proc: asyncio.subprocess.Process) -> None:
-    if proc.stdin is not None:
-        proc.stdin.close()
-    try:
-        async with asyncio.timeout(5):
-            await proc.wait()
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
 
 
 def template_env(package_root: str) -> dict[str, str]:
