@@ -14,6 +14,7 @@ import asyncio
 import calendar
 import dataclasses
 import itertools
+import random
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -420,8 +421,11 @@ class FakeEngine:
     async def image_list(self) -> list[dict[str, Any]]:
         self._enter("image_list")
         rows = []
-        # The engine's order: the newest first (ties as they come).
-        for info in sorted(self.images.values(), key=lambda i: -_seconds(i["Created"])):
+        # The engine's order: the newest first, and images of the same second in an order
+        # that changes from call to call (dockerd sorts them out of a Go map).
+        shuffled = list(self.images.values())
+        random.shuffle(shuffled)
+        for info in sorted(shuffled, key=lambda i: -_seconds(i["Created"])):
             tags, digests = list(info["RepoTags"]), list(info["RepoDigests"])
             if not tags and not digests:
                 tags, digests = ["<none>:<none>"], ["<none>@<none>"]

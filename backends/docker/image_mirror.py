@@ -48,12 +48,17 @@ class _Image:
     created: int  # s: the engine lists the newest first
     info: ImageInfo
 
+    def order(self) -> tuple[int, str]:
+        # Newest first as the engine lists them; the engine orders images created in the
+        # same second differently from call to call, so ties go by ID: one answer, not many.
+        return (-self.created, self.info.id)
+
 
 class ImageMirror:
     def __init__(self, engine: EngineAPI, pause_image: str) -> None:
         self._engine = engine
         self._pause_image = pause_image
-        self._images: dict[str, _Image] = {}  # by ID, in the engine's order
+        self._images: dict[str, _Image] = {}  # by ID, newest first (``_Image.order``)
         self._pause_id = ""
         self._users: dict[str, tuple[int | None, str]] = {}  # image ID -> (uid, name); IDs are immutable
         self._stop_signals: dict[str, str] = {}  # image ID -> its config's StopSignal ("" for none)
@@ -181,13 +186,13 @@ class ImageMirror:
         ):
             if isinstance(inspected, dict):
                 self._remember_user(inspected)
-        images = {}
+        read = []
         for r in rows:
             image_id = str(r["Id"])
             tags, digests = r.get("RepoTags") or [], r.get("RepoDigests") or []
             info = self._info(image_id, tags, digests, int(r.get("Size") or 0), pause_id)
-            images[image_id] = _Image(int(r.get("Created") or 0), info)
-        return images, pause_id
+            read.append(_Image(int(r.get("Created") or 0), info))
+        return {i.info.id: i for i in sorted(read, key=_Image.order)}, pause_id
 
     async def pause_id(self) -> str:
         """The pause image's ID ("" when it is absent)."""
@@ -260,7 +265,7 @@ class ImageMirror:
                     other.created, dataclasses.replace(other.info, repo_tags=tags)
                 )
         self._images[image.info.id] = image
-        ordered = sorted(self._images.values(), key=lambda i: -i.created)  # stable: ties keep their places
+        ordered = sorted(self._images.values(), key=_Image.order)
         self._images = {i.info.id: i for i in ordered}
         self._pin(image.info.id if is_pause else self._pause_id)
 

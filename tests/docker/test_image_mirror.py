@@ -71,6 +71,25 @@ async def test_changes_on_the_host_show_in_the_list(kit: Kit) -> None:
     assert await matches_engine(kit)
 
 
+async def test_images_of_the_same_second_are_listed_in_one_order(kit: Kit) -> None:
+    """The engine lists images created in the same second in a new order each call; the
+    mirror answers one order (newest first, then by ID), whether from memory or the engine."""
+    engine, backend = kit.engine, kit.backend
+    made = [engine.add_image(f"example.com/tie:{n}") for n in range(6)]
+    same = next(iter(engine.images.values()))["Created"]
+    for image_id in made:
+        engine.images[image_id]["Created"] = same
+    engine.add_image("example.com/tie:last")  # an event after the edit: the mirror reads again
+    await until(lambda: _listed(kit, made[0]))
+    await until(lambda: matches_engine(kit))
+    first = await backend.list_images()
+    for _ in range(10):
+        assert await backend.list_images() == first
+        assert await backend.images.mirror.from_engine() == first
+    tied = [i.id for i in first if i.id in made]
+    assert tied == sorted(made)
+
+
 async def _listed(kit: Kit, image_id: str) -> bool:
     return image_id in by_id(await kit.backend.list_images())
 
