@@ -6,11 +6,12 @@ left running) and takes an hour or more; its figures are in the README.
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.cluster import configs, conformance
+from tests.e2e.cluster import configs, conformance, layout
 from tests.e2e.cluster.layout import Binaries
 
 
@@ -62,3 +63,37 @@ def test_etcd_reports_progress_within_the_watch_cache_wait() -> None:
     value = flag.split("=", 1)[1]
     assert value.endswith("s") and not value.endswith("ms")
     assert 0 < float(value[:-1]) < configs.WATCH_CACHE_WAIT_SECONDS
+
+
+def test_containerd_nodes_are_private_and_apart_from_the_shims() -> None:
+    """The comparison's nodes: each its own name, socket, root, state, cgroup root and processes,
+    none shared with another containerd node or with a cri-shim node's runtime."""
+    ctrd = layout.CONTAINERD_NODES
+    assert len(ctrd) == 2 and all(n.runtime == "containerd" for n in ctrd)
+    for attr in ("name", "socket", "state_dir", "cgroup_root", "runtime_proc", "kubelet_proc", "dir"):
+        values = [getattr(n, attr) for n in layout.ALL_NODES]
+        assert len(set(values)) == len(values), attr
+    # The cri-shim nodes keep the names the scenarios and the state files know.
+    docker = layout.node("docker")
+    assert (docker.name, docker.runtime_proc, docker.kubelet_proc) == (
+        "crishim-docker",
+        "cri-shim-docker",
+        "kubelet-docker",
+    )
+
+
+def test_containerd_config_is_the_nodes_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    n = layout.CONTAINERD_NODES[1]
+    monkeypatch.setattr(layout, "ROOT", tmp_path)  # NodeSpec.dir reads ROOT when asked
+    text = Path(configs.containerd_config(n, "registry.k8s.io/pause:3.10.1")).read_text()
+    cfg = tomllib.loads(text)
+    assert cfg["grpc"]["address"] == str(n.socket)
+    assert cfg["root"] == str(n.state_dir) and cfg["state"] == str(layout.RUN / n.name)
+    cri = cfg["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["sandbox_image"] == "registry.k8s.io/pause:3.10.1"
+    assert cri["cni"]["conf_dir"] == str(n.cni_conf_dir)  # where write_conflist puts the node's network
+    assert cri["netns_mounts_under_state_dir"] is True  # not the host's /run/netns
+    runc = cri["containerd"]["runtimes"]["runc"]["options"]
+    assert runc["Root"].startswith(str(layout.RUN / n.name)) and runc["SystemdCgroup"] is False
+    hosts = Path(cri["registry"]["config_path"], "127.0.0.1:5000", "hosts.toml").read_text()
+    assert 'server = "http://127.0.0.1:5000"' in hosts

@@ -7,6 +7,7 @@ kubelet (default: ``kubelet-1.35`` or ``kubelet`` in that directory); etcd is De
 ``etcd-server`` (installed when missing).
 
     python -m tests.e2e.cluster up       # leaves the cluster running; prints the admin kubeconfig
+    python -m tests.e2e.cluster up --runtime containerd   # the comparison: two containerd nodes
     python -m tests.e2e.cluster check    # what of the cluster is on the machine (nothing after down)
     python -m tests.e2e.cluster down [--keep]   # takes everything away (--keep: the logs, to /tmp)
     python -m tests.e2e.cluster scale --nodes N  # N kubelets on one `cri-shim hollow`: figures, then down
@@ -21,6 +22,11 @@ nodes, each a kubelet v1.35 with its own cri-shim: ``crishim-docker`` (docker), 
 (bridge + host-local over the node's podCIDR + portmap), whose config the harness writes once the
 node has its podCIDR; the host routes between the nodes' bridges. RuntimeClasses ``runv`` and
 ``fake`` schedule onto their nodes. ``layout`` says where everything lives.
+
+``up --runtime containerd`` brings up the same control plane, DNS and kube-proxy with two nodes
+``ctrd-1`` and ``ctrd-2`` instead, each a kubelet v1.35 on a containerd of its own (Debian's 1.6,
+its CRI plugin doing the CNI calls with the same per-node conflist): the conformance suite's
+comparison on the same harness.
 
 Modules: ``layout`` (paths, addresses, ports, nodes, binaries), ``pki`` (CA, certificates,
 kubeconfigs), ``configs`` (each component's files and command line), ``procs`` (the daemons and the

@@ -1,4 +1,4 @@
-"""``python -m tests.e2e.cluster up|down|check [--keep]``, ``... conformance [--focus RE] ...``,
+"""``python -m tests.e2e.cluster up [--runtime cri-shim|containerd]|down|check [--keep]``, ``... conformance [--focus RE] ...``,
 ``... scale --nodes N [--pods-per-node 30]``, as root.
 
 up: exits 0 with the cluster running (the admin kubeconfig printed), 1 when the bring-up failed
@@ -36,6 +36,13 @@ def main(argv: list[str] | None = None) -> int:
         help="up: keep what came up when the bring-up fails; down: keep the logs (copied to /tmp); "
         "scale: leave the cluster up after the figures",
     )
+    p.add_argument(
+        "--runtime",
+        choices=("cri-shim", "containerd"),
+        default="cri-shim",
+        help="up: the nodes' runtime: cri-shim (docker, runv and fake nodes) or, as the comparison, "
+        "containerd (two nodes, each on a containerd of its own)",
+    )
     c = p.add_argument_group("conformance")
     c.add_argument(
         "--focus", default="", help="a regex narrowing the specs (default: every [Conformance] one)"
@@ -71,12 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         for line in left:
             print(f"left: {line}")
         return 1 if left else 0
-    problem = bringup.environment_problem(b)
+    problem = bringup.environment_problem(b, args.runtime)
     if problem:
         print(f"cannot run: {problem}", file=sys.stderr)
         return 2
     try:
-        state = bringup.up(b, keep_on_failure=args.keep)
+        state = bringup.up(b, keep_on_failure=args.keep, runtime=args.runtime)
     except (RuntimeError, TimeoutError) as exc:
         where = f"\nlogs: {LOGS}" if args.keep else ""  # else copied to /tmp by the take-down
         print(f"bring-up failed: {exc}{where}", file=sys.stderr)
@@ -127,7 +134,8 @@ def _conformance(b: Binaries, args: argparse.Namespace) -> int:
     codes, specs = conformance.run(b, opts)
     report.write_lines(specs, out / "results.txt")
     baseline = report.read_baseline(args.baseline) if args.baseline else None
-    title = f"conformance on the cri-shim cluster ({', '.join(phases)}), suite exits {codes}"
+    runtime = bringup.state().get("runtime") or "cri-shim"
+    title = f"conformance on the {runtime} cluster ({', '.join(phases)}), suite exits {codes}"
     report.print_report(title, specs, baseline)
     print(f"results: {out / 'results.txt'}; logs: {out}/PHASE/suite.log")
     return 0 if report.counts(specs)["failed"] == 0 and not any(codes) else 1

@@ -2,7 +2,8 @@
 
 `up` order: PKI → the nodes' bridge and FORWARD chain → cgroup roots → etcd → kube-apiserver →
 kube-controller-manager, kube-scheduler → RuntimeClasses → the cluster DNS (dnsserver.py, answering
-the `kubernetes` Service's name) and its kube-dns Service → per node its cri-shim, then its kubelet →
+the `kubernetes` Service's name) and its kube-dns Service → per node its cri-shim (or, with
+``runtime="containerd"``, its containerd), then its kubelet →
 kube-proxy → per CNI node: wait for the podCIDR the controller-manager allocates, see the node
 NotReady (its runtime's network is not ready: no config yet), write the node's conflist with that
 CIDR, wait for Ready. Every step is timed (state.json `timings`).
@@ -41,9 +42,11 @@ from tests.e2e.cluster import configs, dnswire, hostnet, pki, procs
 from tests.e2e.cluster.kubectl import Kubectl, condition, node_ready, wait_for
 from tests.e2e.cluster.layout import (
     AGNHOST,
+    ALL_NODES,
     BUSYBOX,
     BUSYBOX_FALLBACK,
     CLUSTER_DOMAIN,
+    CONTAINERD,
     CONTROL_IP,
     CONTROLLER_MANAGER_PORT,
     DNS_PORT,
@@ -53,7 +56,7 @@ from tests.e2e.cluster.layout import (
     HOLLOW_NAME,
     LOGS,
     NODE_BRIDGE,
-    NODES,
+    NODE_SETS,
     PAUSE_FALLBACK,
     PAUSE_IMAGE,
     PKI,
@@ -88,14 +91,17 @@ def _port_taken(port: int, address: str = "") -> bool:
     return False
 
 
-def environment_problem(b: Binaries) -> str | None:
+def environment_problem(b: Binaries, runtime: str = "cri-shim") -> str | None:
     """Why the cluster cannot come up here now (a reason to skip), or None."""
     if os.geteuid() != 0:
         return "the cluster harness needs root"
     problem = b.problem()
     if problem:
         return problem
-    if not Path("/var/run/docker.sock").exists():
+    if runtime == "containerd":
+        if not os.access(CONTAINERD, os.X_OK):
+            return f"no containerd at {CONTAINERD} (scripts/testenv/containerd-up installs Debian's)"
+    elif not Path("/var/run/docker.sock").exists():
         return "no Docker engine at /var/run/docker.sock (the docker node); run scripts/testenv/up"
     for tool in ("runc", "unshare", "ip", "iptables", "iptables-save", "openssl"):
         if shutil.which(tool) is None:
@@ -218,30 +224,40 @@ def _kubelet_binary(b: Binaries) -> str:
 
 
 def start_shim(n: NodeSpec, timeout: float = 60) -> None:
+    """The node's runtime: its cri-shim, or on a containerd node its containerd; waited for on its CRI."""
     n.dir.mkdir(parents=True, exist_ok=True)
-    procs.start(f"cri-shim-{n.handler}", configs.shim_argv(n, images()["pause"]), cwd=REPO)
-    wait_daemon(f"cri-shim-{n.handler}", lambda: shim_answers(n), timeout)
+    pause = images()["pause"]
+    if n.runtime == "containerd":
+        procs.start(n.runtime_proc, configs.containerd_argv(n, pause, CONTAINERD))
+    else:
+        procs.start(n.runtime_proc, configs.shim_argv(n, pause), cwd=REPO)
+    wait_daemon(n.runtime_proc, lambda: shim_answers(n), timeout)
 
 
 def start_kubelet(n: NodeSpec, b: Binaries, timeout: float = 120) -> None:
     for d in (n.kubelet_root, n.pod_logs):
         d.mkdir(parents=True, exist_ok=True)
-    procs.start(f"kubelet-{n.handler}", configs.kubelet_argv(n, _kubelet_binary(b)))
+    procs.start(n.kubelet_proc, configs.kubelet_argv(n, _kubelet_binary(b)))
     url = f"http://127.0.0.1:{n.healthz_port}/healthz"
-    wait_daemon(f"kubelet-{n.handler}", lambda: get_ok(url), timeout)
+    wait_daemon(n.kubelet_proc, lambda: get_ok(url), timeout)
 
 
 def restart_shim(n: NodeSpec, sig: int = signal.SIGKILL) -> str:
     """Stop the node's shim by `sig` (SIGKILL: no clean-up of its own) and start it again."""
-    how = procs.stop(f"cri-shim-{n.handler}", grace=30, sig=sig)
+    how = procs.stop(n.runtime_proc, grace=30, sig=sig)
     start_shim(n)
     return how
 
 
 def restart_kubelet(n: NodeSpec, b: Binaries) -> str:
-    how = procs.stop(f"kubelet-{n.handler}", grace=30)
+    how = procs.stop(n.kubelet_proc, grace=30)
     start_kubelet(n, b)
     return how
+
+
+def nodes() -> tuple[NodeSpec, ...]:
+    """The nodes of the cluster that is up: cri-shim's three, or the containerd comparison's."""
+    return NODE_SETS[str(procs.load().get("runtime") or "cri-shim")]
 
 
 def _bring_cni_node(k: Kubectl, n: NodeSpec, timeout: float) -> dict[str, Any]:
@@ -288,9 +304,14 @@ def start_control_plane(b: Binaries, mark: Log) -> None:
     mark("controller-manager and scheduler")
 
 
-def up(b: Binaries, log: Log = _log, keep_on_failure: bool = False) -> dict[str, Any]:
-    """Bring the whole cluster up; on a failure take down what came up (unless `keep_on_failure`)."""
-    problem = environment_problem(b)
+def up(
+    b: Binaries, log: Log = _log, keep_on_failure: bool = False, runtime: str = "cri-shim"
+) -> dict[str, Any]:
+    """Bring the whole cluster up; on a failure take down what came up (unless `keep_on_failure`).
+    `runtime` "containerd": the comparison, two nodes each on a containerd of its own."""
+    if runtime not in NODE_SETS:
+        raise ValueError(f"runtime {runtime!r}: one of {', '.join(NODE_SETS)}")
+    problem = environment_problem(b, runtime)
     if problem:
         raise RuntimeError(f"cannot bring the cluster up: {problem}")
     leftovers = check()
@@ -298,7 +319,7 @@ def up(b: Binaries, log: Log = _log, keep_on_failure: bool = False) -> dict[str,
         raise RuntimeError("leftovers of an earlier cluster (run `down`):\n  " + "\n  ".join(leftovers))
     ensure_etcd(b, log)
     try:
-        return _up(b, log)
+        return _up(b, log, NODE_SETS[runtime], runtime)
     except BaseException:
         if keep_on_failure:
             log(f"bring-up failed: keeping what came up (logs in {LOGS}); `down` takes it away")
@@ -308,7 +329,7 @@ def up(b: Binaries, log: Log = _log, keep_on_failure: bool = False) -> dict[str,
         raise
 
 
-def _up(b: Binaries, log: Log) -> dict[str, Any]:
+def _up(b: Binaries, log: Log, nodes: tuple[NodeSpec, ...], runtime: str) -> dict[str, Any]:
     t0 = time.monotonic()
     timings: dict[str, float] = {}
 
@@ -320,6 +341,7 @@ def _up(b: Binaries, log: Log) -> dict[str, Any]:
         d.mkdir(parents=True, exist_ok=True)
     imgs = images()
     procs.update(
+        runtime=runtime,
         started_at=time.time(),
         images=imgs,
         shared_cni_chains_before=hostnet.shared_cni_chains_exist(),
@@ -329,32 +351,34 @@ def _up(b: Binaries, log: Log) -> dict[str, Any]:
     mark("certificates")
     hostnet.make_node_bridge()
     hostnet.open_forward()
-    hostnet.make_cgroup_roots()
+    hostnet.make_cgroup_roots(nodes=nodes)
     mark("host network and cgroup roots")
 
     start_control_plane(b, mark)
     k = Kubectl(b)
-    k.apply(*configs.runtime_classes())
+    classes = configs.runtime_classes(nodes)
+    if classes:
+        k.apply(*classes)
     start_dns(k)
     mark("cluster DNS")
 
-    for n in NODES:
+    for n in nodes:
         start_shim(n)
-    mark("cri-shims")
-    for n in NODES:
+    mark("cri-shims" if runtime == "cri-shim" else "containerds")
+    for n in nodes:
         start_kubelet(n, b)
     mark("kubelets")
     procs.update(kube_proxy_started=True)  # down cleans its chains: ours, none other runs here
-    procs.start("kube-proxy", configs.kube_proxy_argv(b))
+    procs.start("kube-proxy", configs.kube_proxy_argv(b, nodes[0].name))
     wait_daemon("kube-proxy", lambda: get_ok(f"http://127.0.0.1:{PROXY_HEALTHZ_PORT}/healthz"), 120)
     mark("kube-proxy")
 
     cni: dict[str, Any] = {}
-    for n in NODES:
+    for n in nodes:
         if n.cni:
             cni[n.name] = _bring_cni_node(k, n, 240)
             mark(f"{n.name} Ready")
-    for n in NODES:
+    for n in nodes:
         if not n.cni:
             wait_for(f"{n.name} Ready", lambda n=n: node_ready(k.get("node", n.name) or {}), 240)
             mark(f"{n.name} Ready")
@@ -405,13 +429,13 @@ def down(b: Binaries, log: Log = _log, keep_logs: bool = False) -> list[str]:
         log(procs.stop("kube-proxy"))
     if data.get("kube_proxy_started") and b.bin_dir and os.access(b.path("kube-proxy"), os.X_OK):
         _proxy_cleanup(b, log)
-    kubelets = [f"kubelet-{n.handler}" for n in NODES] + [
+    kubelets = [n.kubelet_proc for n in ALL_NODES] + [
         name for name in data["procs"] if name.startswith(HOLLOW_KUBELET_PREFIX)
     ]
     for line in procs.stop_all([k for k in kubelets if procs.record(k) is not None], grace=30):
         log(line)
-    for n in NODES:
-        name = f"cri-shim-{n.handler}"
+    for n in ALL_NODES:
+        name = n.runtime_proc
         if not procs.alive(name) and n.state_dir.exists():
             with contextlib.suppress(RuntimeError):
                 procs.stop(name)

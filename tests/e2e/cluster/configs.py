@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,6 @@ from tests.e2e.cluster.layout import (
     HOLLOW_SOCKET_TEMPLATE,
     NODE_CIDR_MASK,
     NODE_NET,
-    NODES,
     PKI,
     PROXY_HEALTHZ_PORT,
     PROXY_METRICS_PORT,
@@ -149,7 +149,7 @@ def scheduler_argv(b: Binaries) -> list[str]:
     ]
 
 
-def kube_proxy_config() -> str:
+def kube_proxy_config(hostname: str) -> str:
     """iptables mode, leaving the host's conntrack and route_localnet settings alone."""
     cfg = {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
@@ -158,7 +158,7 @@ def kube_proxy_config() -> str:
         "mode": "iptables",
         "clusterCIDR": CLUSTER_CIDR,
         # One kube-proxy serves every node: they share the host's network namespace.
-        "hostnameOverride": NODES[0].name,
+        "hostnameOverride": hostname,
         "bindAddress": "0.0.0.0",
         "healthzBindAddress": f"127.0.0.1:{PROXY_HEALTHZ_PORT}",
         "metricsBindAddress": f"127.0.0.1:{PROXY_METRICS_PORT}",
@@ -177,8 +177,8 @@ def kube_proxy_config() -> str:
     return _write(ROOT / "kube-proxy.yaml", cfg)
 
 
-def kube_proxy_argv(b: Binaries) -> list[str]:
-    return [b.path("kube-proxy"), f"--config={kube_proxy_config()}", "--v=1"]
+def kube_proxy_argv(b: Binaries, hostname: str) -> list[str]:
+    return [b.path("kube-proxy"), f"--config={kube_proxy_config(hostname)}", "--v=1"]
 
 
 def kubelet_config(n: NodeSpec | HollowNode) -> str:
@@ -430,7 +430,7 @@ def write_conflist(n: NodeSpec, pod_cidr: str) -> None:
     tmp.replace(n.conflist)
 
 
-def runtime_classes() -> list[dict[str, Any]]:
+def runtime_classes(nodes: Sequence[NodeSpec]) -> list[dict[str, Any]]:
     """A RuntimeClass per extra handler, scheduled onto the node whose shim serves it."""
     return [
         {
@@ -440,6 +440,67 @@ def runtime_classes() -> list[dict[str, Any]]:
             "handler": n.handler,
             "scheduling": {"nodeSelector": n.labels},
         }
-        for n in NODES
+        for n in nodes
         if n.handler in ("runv", "fake")
     ]
+
+
+# ------------------------------------------------------------ a containerd node (the comparison)
+def containerd_config(n: NodeSpec, pause: str) -> str:
+    """containerd 1.6 with its CRI plugin, private to the node: its socket, root and state, runc's
+    state, the network namespaces, the node's CNI directory (the same conflist a cri-shim node gets),
+    the local registry over plain HTTP (the TLS mirror of registry.k8s.io is in the system's CA store)."""
+    certs = n.dir / "certs.d"
+    hosts = certs / "127.0.0.1:5000" / "hosts.toml"
+    hosts.parent.mkdir(parents=True, exist_ok=True)
+    hosts.write_text(
+        'server = "http://127.0.0.1:5000"\n[host."http://127.0.0.1:5000"]\n'
+        '  capabilities = ["pull", "resolve", "push"]\n'
+    )
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    runc = f"{cri}.containerd.runtimes.runc"
+    text = f"""version = 2
+root = "{n.state_dir}"
+state = "{RUN / n.name}"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+[grpc]
+  address = "{n.socket}"
+[ttrpc]
+  address = "{n.socket}.ttrpc"
+[{cri}]
+  sandbox_image = "{pause}"
+  # root lacks CAP_SYS_RESOURCE here: runc cannot set the negative scores the plugin asks for.
+  restrict_oom_score_adj = {"false" if _has_sys_resource() else "true"}
+  enable_selinux = false
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  netns_mounts_under_state_dir = true
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [{runc}]
+      runtime_type = "io.containerd.runc.v2"
+      [{runc}.options]
+        SystemdCgroup = false
+        Root = "{RUN / n.name / "runc"}"
+  [{cri}.cni]
+    bin_dir = "{realnet.PLUGIN_DIR}"
+    conf_dir = "{n.cni_conf_dir}"
+    max_conf_num = 1
+  [{cri}.registry]
+    config_path = "{certs}"
+"""
+    path = n.dir / "containerd.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def _has_sys_resource() -> bool:
+    with open("/proc/self/status") as fh:
+        eff = next(int(line.split()[1], 16) for line in fh if line.startswith("CapEff:"))
+    return bool(eff >> 24 & 1)
+
+
+def containerd_argv(n: NodeSpec, pause: str, containerd: str) -> list[str]:
+    return [containerd, "--config", containerd_config(n, pause), "--log-level", "info"]

@@ -17,10 +17,12 @@ import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from tests.cni import realnet
 from tests.e2e.cluster.layout import (
+    ALL_NODES,
     CLUSTER_CIDR,
     CONTROL_IP,
     DOCKER_INSTANCE,
@@ -28,10 +30,10 @@ from tests.e2e.cluster.layout import (
     HOLLOW_CGROUP,
     NODE_BRIDGE,
     NODE_NET_PREFIX,
-    NODES,
     ROOT,
     RUNV_TAG,
     HollowNode,
+    NodeSpec,
 )
 
 CGROUP_FS = Path("/sys/fs/cgroup")
@@ -58,7 +60,7 @@ def link_exists(name: str) -> bool:
 # ------------------------------------------------------------ the nodes' addresses
 def make_node_bridge() -> None:
     run("ip", "link", "add", NODE_BRIDGE, "type", "bridge")
-    for ip in (CONTROL_IP, *(n.ip for n in NODES)):
+    for ip in dict.fromkeys((CONTROL_IP, *(n.ip for n in ALL_NODES))):
         run("ip", "addr", "add", f"{ip}/{NODE_NET_PREFIX}", "dev", NODE_BRIDGE)
     run("ip", "link", "set", NODE_BRIDGE, "up")
 
@@ -92,11 +94,11 @@ def hierarchies() -> list[Path]:
     return sorted({Path(p) for p in points if p.startswith(str(CGROUP_FS) + "/")})
 
 
-def make_cgroup_roots(hollow: list[HollowNode] | None = None) -> None:
-    """The three nodes' cgroup roots in every hierarchy; with `hollow`, those nodes' instead (below
+def make_cgroup_roots(hollow: list[HollowNode] | None = None, nodes: Sequence[NodeSpec] = ()) -> None:
+    """The nodes' cgroup roots in every hierarchy; with `hollow`, those nodes' instead (below
     one parent of theirs, made first)."""
     roots = (
-        [n.cgroup_root for n in NODES]
+        [n.cgroup_root for n in nodes]
         if hollow is None
         else [HOLLOW_CGROUP] + [n.cgroup_root for n in hollow]
     )
@@ -120,7 +122,7 @@ def _rmdir_tree(top: Path) -> None:
 
 
 def cgroup_dirs() -> list[Path]:
-    names = [n.cgroup_root.strip("/") for n in NODES] + [RUNV_CGROUP, HOLLOW_CGROUP]
+    names = [n.cgroup_root.strip("/") for n in ALL_NODES] + [RUNV_CGROUP, HOLLOW_CGROUP]
     return [h / name for h in hierarchies() for name in names if (h / name).exists()]
 
 
@@ -133,7 +135,7 @@ def remove_cgroups() -> None:
 def _cni_lines_of_ours() -> set[realnet.Line]:
     """portmap's rules naming a node's network, and the per-pod chains they jump to."""
     lines = realnet.cni_iptables()
-    names = [f'name: \\"{n.network}\\"' for n in NODES]
+    names = [f'name: \\"{net}\\"' for net in dict.fromkeys(n.network for n in ALL_NODES)]
     ours = {x for x in lines if any(name in x[2] for name in names)}
     chains = {c for x in ours for c in re.findall(r"-j (CNI-DN-\S+)", x[2])}
     return ours | {x for x in lines if any(x[2].startswith((f":{c} ", f"-A {c} ")) for c in chains)}
@@ -155,7 +157,7 @@ def shared_cni_chains_exist() -> bool:
 def remove_cni(shared_were_there: bool) -> None:
     """The nodes' bridges, portmap's rules of their networks; portmap's shared chains if they came
     with the cluster and no network of anyone uses them now."""
-    for n in NODES:
+    for n in ALL_NODES:
         if link_exists(n.bridge):
             run("ip", "link", "del", n.bridge, check=False)
     _remove_lines(_cni_lines_of_ours())
@@ -232,7 +234,7 @@ def iptables_left() -> list[str]:
 
 
 def links_left() -> list[str]:
-    names = [NODE_BRIDGE, f"rvk{RUNV_TAG}", *(n.bridge for n in NODES)]
+    names = list(dict.fromkeys([NODE_BRIDGE, f"rvk{RUNV_TAG}", *(n.bridge for n in ALL_NODES)]))
     out = [f"link {name}" for name in names if link_exists(name)]
     for name in names:
         if link_exists(name):

@@ -58,14 +58,24 @@ DOCKER_INSTANCE = "crishim-cluster"  # the docker handler's instance label: its 
 
 @dataclasses.dataclass(frozen=True)
 class NodeSpec:
-    """One node: a kubelet and its own cri-shim with one handler."""
+    """One node: a kubelet and its own runtime: a cri-shim with one handler, or (the comparison) a
+    containerd with its CRI plugin."""
 
     index: int  # 1, 2, 3
-    handler: str  # docker, runv, fake
+    handler: str  # docker, runv, fake; "containerd" for a containerd node
+    runtime: str = "cri-shim"  # or "containerd"
 
     @property
     def name(self) -> str:
-        return f"crishim-{self.handler}"
+        return f"crishim-{self.handler}" if self.runtime == "cri-shim" else f"ctrd-{self.index}"
+
+    @property
+    def runtime_proc(self) -> str:  # the runtime's name in the state file
+        return f"cri-shim-{self.handler}" if self.runtime == "cri-shim" else f"containerd-{self.index}"
+
+    @property
+    def kubelet_proc(self) -> str:
+        return f"kubelet-{self.handler}" if self.runtime == "cri-shim" else f"kubelet-ctrd-{self.index}"
 
     @property
     def ip(self) -> str:
@@ -101,8 +111,8 @@ class NodeSpec:
         return self.dir / "kubelet"
 
     @property
-    def state_dir(self) -> Path:
-        return self.dir / "shim"
+    def state_dir(self) -> Path:  # the runtime's: the shim's state, containerd's root
+        return self.dir / ("shim" if self.runtime == "cri-shim" else "containerd")
 
     @property
     def cni_conf_dir(self) -> Path:
@@ -127,7 +137,7 @@ class NodeSpec:
     @property
     def cgroup_root(self) -> str:
         """The kubelet's cgroupRoot (kubepods below it), made in every hierarchy by the harness."""
-        return f"/crishim-cluster-{self.handler}"
+        return f"/crishim-cluster-{self.handler if self.runtime == 'cri-shim' else self.name}"
 
     @property
     def labels(self) -> dict[str, str]:
@@ -135,6 +145,12 @@ class NodeSpec:
 
 
 NODES = (NodeSpec(1, "docker"), NodeSpec(2, "runv"), NodeSpec(3, "fake"))
+# The comparison: the same cluster with two nodes on containerd (its CRI plugin doing the CNI calls
+# with the same conflists), as many as the cri-shim cluster has that take conformance pods.
+CONTAINERD_NODES = (NodeSpec(1, "containerd", "containerd"), NodeSpec(2, "containerd", "containerd"))
+NODE_SETS = {"cri-shim": NODES, "containerd": CONTAINERD_NODES}
+ALL_NODES = NODES + CONTAINERD_NODES  # what the clean-up and `check` look for
+CONTAINERD = os.environ.get("CRI_SHIM_CONTAINERD", "/usr/bin/containerd")
 
 
 def node(handler: str) -> NodeSpec:
@@ -155,7 +171,7 @@ def ports() -> dict[str, int]:
         "kube-proxy metrics": PROXY_METRICS_PORT,
         "kube-proxy healthz": PROXY_HEALTHZ_PORT,
     }
-    for n in NODES:
+    for n in ALL_NODES:
         out[f"kubelet {n.name}"] = n.port
         out[f"kubelet {n.name} healthz"] = n.healthz_port
     return out

@@ -24,10 +24,10 @@ import subprocess
 from pathlib import Path
 
 from tests.e2e.cluster.layout import (
+    ALL_NODES,
     APISERVER_PORT,
     CONTROL_IP,
     KUBERNETES_SERVICE_IP,
-    NODES,
     PKI,
 )
 
@@ -121,7 +121,7 @@ def identities() -> list[Identity]:
         Identity("scheduler", "system:kube-scheduler"),
         Identity("kube-proxy", "system:kube-proxy"),
     ]
-    out += [Identity(f"node-{n.name}", f"system:node:{n.name}", ("system:nodes",)) for n in NODES]
+    out += [Identity(f"node-{n.name}", f"system:node:{n.name}", ("system:nodes",)) for n in ALL_NODES]
     return out
 
 
@@ -168,7 +168,7 @@ def make_all(d: Path = PKI) -> None:
         ("kube-proxy", "system:kube-proxy"),
     ):
         kubeconfig(d, stem, user)
-    for n in NODES:
+    for n in ALL_NODES:
         kubeconfig(d, f"node-{n.name}", f"system:node:{n.name}")
     _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(d / "sa.key"))
     _openssl("pkey", "-in", str(d / "sa.key"), "-pubout", "-out", str(d / "sa.pub"))
