@@ -329,7 +329,7 @@ def up(
         raise
 
 
-def _up(b: Binaries, log: Log, nodes: tuple[NodeSpec, ...], runtime: str) -> dict[str, Any]:
+def _up(b: Binaries, log: Log, node_set: tuple[NodeSpec, ...], runtime: str) -> dict[str, Any]:
     t0 = time.monotonic()
     timings: dict[str, float] = {}
 
@@ -351,34 +351,34 @@ def _up(b: Binaries, log: Log, nodes: tuple[NodeSpec, ...], runtime: str) -> dic
     mark("certificates")
     hostnet.make_node_bridge()
     hostnet.open_forward()
-    hostnet.make_cgroup_roots(nodes=nodes)
+    hostnet.make_cgroup_roots(nodes=node_set)
     mark("host network and cgroup roots")
 
     start_control_plane(b, mark)
     k = Kubectl(b)
-    classes = configs.runtime_classes(nodes)
+    classes = configs.runtime_classes(node_set)
     if classes:
         k.apply(*classes)
     start_dns(k)
     mark("cluster DNS")
 
-    for n in nodes:
+    for n in node_set:
         start_shim(n)
     mark("cri-shims" if runtime == "cri-shim" else "containerds")
-    for n in nodes:
+    for n in node_set:
         start_kubelet(n, b)
     mark("kubelets")
     procs.update(kube_proxy_started=True)  # down cleans its chains: ours, none other runs here
-    procs.start("kube-proxy", configs.kube_proxy_argv(b, nodes[0].name))
+    procs.start("kube-proxy", configs.kube_proxy_argv(b, node_set[0].name))
     wait_daemon("kube-proxy", lambda: get_ok(f"http://127.0.0.1:{PROXY_HEALTHZ_PORT}/healthz"), 120)
     mark("kube-proxy")
 
     cni: dict[str, Any] = {}
-    for n in nodes:
+    for n in node_set:
         if n.cni:
             cni[n.name] = _bring_cni_node(k, n, 240)
             mark(f"{n.name} Ready")
-    for n in nodes:
+    for n in node_set:
         if not n.cni:
             wait_for(f"{n.name} Ready", lambda n=n: node_ready(k.get("node", n.name) or {}), 240)
             mark(f"{n.name} Ready")
