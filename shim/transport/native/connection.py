@@ -15,7 +15,7 @@ from collections import deque
 from typing import TYPE_CHECKING, cast
 
 import structlog
-from hpack import Decoder, HPACKError
+from hpack import HPACKError
 
 from shim.cri.codes import Code
 from shim.transport.native.calls import (
@@ -67,6 +67,7 @@ from shim.transport.native.frames import (
     next_frame,
     unpad,
 )
+from shim.transport.native.hpack_in import BlockDecoder
 
 if TYPE_CHECKING:
     from shim.transport.native.server import NativeServer
@@ -129,7 +130,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.preface = False
-        self.decoder = Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self.decoder = BlockDecoder(MAX_HEADER_LIST)
         self.streams: dict[int, Stream] = {}
         self.last_sid = 0
         self.reset_sids: dict[int, None] = {}  # insertion-ordered: the oldest is forgotten first
@@ -359,7 +360,7 @@ class Connection(asyncio.Protocol):
             self._on_header_block(sid, first_flags, bytes(block), out)
 
     def _on_header_block(self, sid: int, flags: int, block: bytes, out: list[bytes]) -> None:
-        headers = self.decoder.decode(block, raw=True)  # always, to keep the table in step
+        headers = self.decoder.decode(block)  # always, to keep the table in step
         if sid in self.streams:
             # Trailers from the client: its half ends here.
             if flags & END_STREAM:
