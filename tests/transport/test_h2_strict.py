@@ -148,9 +148,26 @@ async def test_a_request_larger_than_the_servers_window(short_tmp: str) -> None:
         assert reply.status == OK, reply.detail
         sid = max(peer.replies)
         assert peer.window_updates.get(sid, 0) >= 1  # the server opened the stream's window as it read
+        assert peer.window_updates.get(0, 0) >= 18  # and the connection's, a MiB at a time
         pod = pb.RunPodSandboxResponse.FromString(reply.messages()[0]).pod_sandbox_id
         status = await native.rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod))
         assert dict(status.status.annotations) == blobs
+    finally:
+        await peer.close()
+        await native.channel.close()
+        await native.server.stop(0)
+
+
+async def test_small_calls_leave_the_connections_window_alone(short_tmp: str) -> None:
+    """A GiB of connection window is not given back a frame per call: 200 calls, and no
+    WINDOW_UPDATE on the connection but the one that opened its window at the start."""
+    native = await start_native(short_tmp)
+    peer = await Peer.open(native.sock)
+    try:
+        for _ in range(200):
+            reply = await peer.call(RUNTIME + "Version", pb.VersionRequest())
+            assert reply.status == OK, reply.detail
+        assert peer.window_updates.get(0, 0) == 1
     finally:
         await peer.close()
         await native.channel.close()

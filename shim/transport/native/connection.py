@@ -77,6 +77,7 @@ log = structlog.get_logger("transport.native")
 FRAME_MAX = 16384  # what we accept; we never raise it
 RECV_WINDOW = 1 << 24  # per stream, advertised in our SETTINGS
 CONN_RECV_WINDOW = 1 << 30  # the connection's, raised by a WINDOW_UPDATE at start
+CONN_REFILL = 1 << 20  # DATA bytes read before the connection's window is given back in one WINDOW_UPDATE
 MAX_STREAMS = 1000
 RESET_MEMORY = 1024  # streams we reset while the peer's half was open, remembered to ignore their frames
 MAX_HEADER_LIST = 64 * 1024
@@ -145,6 +146,7 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self.paused: asyncio.Future[None] | None = None
         self.buffered = 0  # bytes of requests not yet complete, over all streams
+        self.conn_unacked = 0  # DATA bytes read since the connection's last WINDOW_UPDATE
 
     # ------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -416,8 +418,12 @@ class Connection(asyncio.Protocol):
         if sid == 0:
             raise ProtocolViolation(PROTOCOL_ERROR, "DATA on stream 0")
         size = len(payload)
-        if size:
-            out.append(encode_frame(WINDOW_UPDATE, 0, 0, size.to_bytes(4, "big")))
+        # The connection's window is given back a MiB at a time (of a GiB), not a frame for each
+        # DATA frame: each is a frame the client reads and accounts on every call.
+        self.conn_unacked += size
+        if self.conn_unacked >= CONN_REFILL:
+            out.append(encode_frame(WINDOW_UPDATE, 0, 0, self.conn_unacked.to_bytes(4, "big")))
+            self.conn_unacked = 0
         st = self.streams.get(sid)
         if st is None or st.ended:
             if self._idle(sid):
