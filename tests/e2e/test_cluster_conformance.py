@@ -6,12 +6,14 @@ left running) and takes an hour or more; its figures are in the README.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.cluster import configs, conformance, layout
+from tests.e2e.cluster import configs, conformance, layout, pki
 from tests.e2e.cluster.layout import Binaries
 
 
@@ -97,3 +99,32 @@ def test_containerd_config_is_the_nodes_own(tmp_path: Path, monkeypatch: pytest.
     assert runc["Root"].startswith(str(layout.RUN / n.name)) and runc["SystemdCgroup"] is False
     hosts = Path(cri["registry"]["config_path"], "127.0.0.1:5000", "hosts.toml").read_text()
     assert 'server = "http://127.0.0.1:5000"' in hosts
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl to make certificates")
+def test_front_proxy_client_is_signed_by_its_own_ca(tmp_path: Path) -> None:
+    """The aggregation layer (the Aggregator spec's sample API server): the API server proxies with
+    a client certificate of the front-proxy CA, which extension API servers trust for the X-Remote-*
+    headers, and not with one the cluster CA signed (any kubelet or admin certificate would do)."""
+    pki.make_ca(tmp_path)
+    pki.make_ca(tmp_path, pki.FRONT_PROXY_CA, "front-proxy-ca")
+    pki.make_cert(tmp_path, pki.Identity("front-proxy-client", pki.FRONT_PROXY_CLIENT), ca=pki.FRONT_PROXY_CA)
+
+    def verify(ca: str) -> subprocess.CompletedProcess[bytes]:
+        argv = [
+            "openssl",
+            "verify",
+            "-CAfile",
+            str(tmp_path / f"{ca}.crt"),
+            str(tmp_path / "front-proxy-client.crt"),
+        ]
+        return subprocess.run(argv, capture_output=True, check=False)
+
+    assert verify(pki.FRONT_PROXY_CA).returncode == 0
+    assert verify("ca").returncode != 0
+    argv = configs.apiserver_argv(Binaries("/k8s/bin", "/k8s/bin/kubelet", "/usr/bin/etcd"))
+    flags = dict(a[2:].split("=", 1) for a in argv[1:])
+    assert Path(flags["requestheader-client-ca-file"]).name == f"{pki.FRONT_PROXY_CA}.crt"
+    assert flags["requestheader-allowed-names"] == pki.FRONT_PROXY_CLIENT
+    assert Path(flags["proxy-client-cert-file"]).name == "front-proxy-client.crt"
+    assert Path(flags["proxy-client-key-file"]).name == "front-proxy-client.key"

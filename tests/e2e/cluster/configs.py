@@ -37,6 +37,7 @@ from tests.e2e.cluster.layout import (
     HollowNode,
     NodeSpec,
 )
+from tests.e2e.cluster.pki import FRONT_PROXY_CA, FRONT_PROXY_CLIENT
 from tests.e2e.kubelet.config import shim_command
 
 ETCD_URL = f"https://127.0.0.1:{ETCD_CLIENT_PORT}"
@@ -80,7 +81,10 @@ def etcd_argv(b: Binaries) -> list[str]:
 
 
 def apiserver_argv(b: Binaries) -> list[str]:
-    """As kubeadm sets it up, less the aggregation layer (no extension API servers here)."""
+    """As kubeadm sets it up, the aggregation layer's front proxy included: the API server proxies
+    an APIService's group to its extension API server with the front-proxy client certificate and
+    the caller's user, groups and extras in the X-Remote-* headers (the Aggregator conformance spec
+    registers a sample API server that way)."""
     return [
         b.path("kube-apiserver"),
         f"--advertise-address={CONTROL_IP}",
@@ -104,6 +108,13 @@ def apiserver_argv(b: Binaries) -> list[str]:
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={PKI / 'sa.pub'}",
         f"--service-account-signing-key-file={PKI / 'sa.key'}",
+        f"--requestheader-client-ca-file={PKI / f'{FRONT_PROXY_CA}.crt'}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={PKI / f'{FRONT_PROXY_CLIENT}.crt'}",
+        f"--proxy-client-key-file={PKI / f'{FRONT_PROXY_CLIENT}.key'}",
         "--profiling=false",
         "--v=1",
     ]

@@ -13,7 +13,10 @@ can read and run by hand. Keys are RSA 2048, as kubeadm's; certificates last a y
 - ``admin`` (O=system:masters), ``controller-manager``, ``scheduler``, ``kube-proxy`` and one
   ``node-NAME`` (CN=system:node:NAME, O=system:nodes) a kubelet: client certificates, each in a
   kubeconfig of its own;
-- ``sa.key``/``sa.pub``: the service-account token signing key pair.
+- ``sa.key``/``sa.pub``: the service-account token signing key pair;
+- ``front-proxy-ca`` and ``front-proxy-client``: the aggregation layer's own CA and the API server's
+  client certificate to extension API servers (they trust the user it names in request headers
+  only from a client that CA signed), as kubeadm makes them.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ from tests.e2e.cluster.layout import (
 DAYS = "365"
 SERVER = "serverAuth"
 CLIENT = "clientAuth"
+FRONT_PROXY_CA = "front-proxy-ca"
+FRONT_PROXY_CLIENT = (
+    "front-proxy-client"  # its file stem and CN: extension API servers take X-Remote-* from it
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,20 +65,21 @@ def _subject(cn: str, orgs: tuple[str, ...]) -> str:
     return "".join(f"/O={o}" for o in orgs) + f"/CN={cn}"
 
 
-def make_ca(d: Path) -> None:
-    _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(d / "ca.key"))
+def make_ca(d: Path, stem: str = "ca", cn: str = "cri-shim-cluster-ca") -> None:
+    key = d / f"{stem}.key"
+    _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(key))
     _openssl(
-        "req", "-x509", "-new", "-key", str(d / "ca.key"), "-subj", "/CN=cri-shim-cluster-ca",
-        "-days", DAYS, "-out", str(d / "ca.crt"), "-config", "/dev/null",
+        "req", "-x509", "-new", "-key", str(key), "-subj", f"/CN={cn}",
+        "-days", DAYS, "-out", str(d / f"{stem}.crt"), "-config", "/dev/null",
         "-addext", "basicConstraints=critical,CA:TRUE",
         "-addext", "keyUsage=critical,digitalSignature,keyEncipherment,keyCertSign",
         "-addext", "subjectKeyIdentifier=hash",
     )  # fmt: skip
-    (d / "ca.key").chmod(0o600)
+    key.chmod(0o600)
 
 
-def make_cert(d: Path, who: Identity) -> None:
-    """``who.stem``.key and .crt, signed by the CA in `d`."""
+def make_cert(d: Path, who: Identity, ca: str = "ca") -> None:
+    """``who.stem``.key and .crt, signed by the CA ``ca``.crt/.key in `d`."""
     key, csr, crt, ext = (d / f"{who.stem}.{s}" for s in ("key", "csr", "crt", "ext"))
     lines = [
         "basicConstraints=critical,CA:FALSE",
@@ -89,7 +97,7 @@ def make_cert(d: Path, who: Identity) -> None:
         "-config", "/dev/null",
     )  # fmt: skip
     _openssl(
-        "x509", "-req", "-in", str(csr), "-CA", str(d / "ca.crt"), "-CAkey", str(d / "ca.key"),
+        "x509", "-req", "-in", str(csr), "-CA", str(d / f"{ca}.crt"), "-CAkey", str(d / f"{ca}.key"),
         "-CAcreateserial", "-days", DAYS, "-extfile", str(ext), "-out", str(crt),
     )  # fmt: skip
     csr.unlink()
@@ -161,6 +169,8 @@ def make_all(d: Path = PKI) -> None:
     make_ca(d)
     for who in identities():
         make_cert(d, who)
+    make_ca(d, FRONT_PROXY_CA, "front-proxy-ca")
+    make_cert(d, Identity(FRONT_PROXY_CLIENT, FRONT_PROXY_CLIENT), ca=FRONT_PROXY_CA)
     for stem, user in (
         ("admin", "kubernetes-admin"),
         ("controller-manager", "system:kube-controller-manager"),
