@@ -66,7 +66,12 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Env]:
     b = cl.Binaries.from_env()
     keep = bool(os.environ.get("CRI_SHIM_CLUSTER_KEEP"))
     if keep and cl.is_up():  # a cluster left up by an earlier run: scenarios on it again
-        yield Env(b, cl.Kubectl(b), cl.state())
+        state = cl.state()
+        if (state.get("runtime") or "cri-shim") != "cri-shim":
+            pytest.skip(
+                f"the cluster left up has {state['runtime']} nodes (`up --runtime`): the scenarios need cri-shim's"
+            )
+        yield Env(b, cl.Kubectl(b), state)
         return
     problem = cl.environment_problem(b)
     if problem:
