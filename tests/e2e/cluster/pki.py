@@ -38,9 +38,9 @@ DAYS = "365"
 SERVER = "serverAuth"
 CLIENT = "clientAuth"
 FRONT_PROXY_CA = "front-proxy-ca"
-FRONT_PROXY_CLIENT = (
-    "front-proxy-client"  # its file stem and CN: extension API servers take X-Remote-* from it
-)
+# The front proxy's client certificate: its file stem and CN, the one name extension API servers
+# take X-Remote-* headers from (--requestheader-allowed-names).
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 
 @dataclasses.dataclass(frozen=True)
