@@ -21,8 +21,13 @@ pause image is docker_bench's, containerd's is its own config's). Then:
   RPC --block calls on each endpoint in turn, and which endpoint goes first
   rotates each round, so that the drift of a shared machine falls on all alike;
 - throughput: calls/s of ListContainers and ContainerStatus with --callers
-  concurrent callers (threads, one channel and connection each) for --seconds,
-  endpoints in turns;
+  concurrent callers for --seconds, endpoints in turns, made two ways: grpcio's
+  client (threads, one channel and connection each; 200-300 us of this process's
+  CPU a call, so that on 2 cores the callers weigh more than the runtime), and
+  bench/h2_callers.py (all --callers calls in flight on one connection, as a
+  kubelet's goroutines share its one; a few us a call, so the runtime's own cost
+  shows). Each also gives the CPU a call cost the runtime's process
+  (/proc/PID/stat) and the callers;
 - memory: RSS (VmRSS) of each runtime's process, idle before any pod and at each
   N. The shim's is its child's pid; containerd's is read from a pid file beside
   its socket if there is one, else from the process holding its listening socket
@@ -55,11 +60,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import h2_callers
 from docker_bench import CONTAINERD_SOCK, Cri, Shim, _interrupt, pct
 
 from cri_api import api_pb2 as pb
@@ -78,6 +84,11 @@ POLLED = [
 ]
 FLOOR = "Version"
 THROUGHPUT = ["ListContainers", "ContainerStatus"]
+RUNTIME = "/runtime.v1.RuntimeService/"
+# How the callers of a throughput phase are made: grpcio's client, a thread and connection
+# each; or h2_callers, all the calls in flight on one connection (as a kubelet's goroutines
+# share its one), each call costing the callers a few microseconds.
+CALLERS = ("grpcio", "h2")
 STATS = {"ListContainerStats", "ListPodSandboxStats"}
 # Pods started at once on one endpoint while filling it (the engine serializes most of it anyway).
 START_WORKERS = 4
@@ -272,10 +283,25 @@ def latency(
     return res
 
 
-def throughput(
-    e: Endpoint, op: str, callers: int, seconds: float, seed: int, unfiltered: bool
-) -> tuple[float, int]:
-    """Calls/s of ``op`` with ``callers`` threads, each on a channel (and connection) of its own; errors."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process ``pid`` has used (all its threads; /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Rate(NamedTuple):
+    """One throughput phase: calls/s, failed calls, and the CPU each call cost the runtime's
+    process and the callers (this process) in microseconds."""
+
+    calls_s: float
+    errors: int
+    server_us: float
+    callers_us: float
+
+
+def throughput(e: Endpoint, op: str, callers: int, seconds: float, seed: int, unfiltered: bool) -> Rate:
+    """Calls/s of ``op`` with ``callers`` threads, each on a channel (and connection) of its own."""
     done = [0] * callers
     errors = [0] * callers
     stop = threading.Event()
@@ -312,15 +338,34 @@ def throughput(
         t.start()
     start.wait(120)
     t0 = time.perf_counter()
+    server0, callers0, done0 = cpu_seconds(e.pid), time.process_time(), sum(done)
     try:
         time.sleep(seconds)
     finally:
         stop.set()
-        before = sum(done)  # calls that ended inside the window (those in flight finish after)
+        n = sum(done) - done0  # calls that ended inside the window (those in flight finish after)
         elapsed = time.perf_counter() - t0
+        server_us = (cpu_seconds(e.pid) - server0) / max(n, 1) * 1e6
+        callers_us = (time.process_time() - callers0) / max(n, 1) * 1e6
         for t in threads:
             t.join(120)
-    return before / elapsed, sum(errors)
+    return Rate(n / elapsed, sum(errors), server_us, callers_us)
+
+
+def throughput_h2(e: Endpoint, op: str, in_flight: int, seconds: float, seed: int, unfiltered: bool) -> Rate:
+    """Calls/s of ``op`` with ``in_flight`` calls at once on one connection, made by h2_callers
+    (a few microseconds of CPU a call: the runtime's own cost bounds the rate)."""
+    if op == "ListContainers":
+        bodies = [e.list_requests(unfiltered)["ListContainers"].SerializeToString()]
+    else:
+        ids = list(e.containers)
+        random.Random(seed).shuffle(ids)
+        bodies = [pb.ContainerStatusRequest(container_id=c).SerializeToString() for c in ids]
+    server0, callers0 = cpu_seconds(e.pid), time.process_time()
+    rate, errors, n = h2_callers.throughput(e.cri.sock, f"{RUNTIME}{op}", bodies, 1, in_flight, seconds)
+    server_us = (cpu_seconds(e.pid) - server0) / max(n, 1) * 1e6
+    callers_us = (time.process_time() - callers0) / max(n, 1) * 1e6
+    return Rate(rate, errors, server_us, callers_us)
 
 
 # ---------------------------------------------------------------- report
@@ -334,7 +379,7 @@ def report(
     n: int,
     eps: list[Endpoint],
     lat: dict[str, Samples],
-    tput: dict[tuple[str, str], tuple[float, int]],
+    tput: dict[tuple[str, str, str], Rate],
     rss_idle: dict[str, float],
     rss_now: dict[str, float],
     args: argparse.Namespace,
@@ -370,13 +415,29 @@ def report(
         print(line)
     print()
     for op in THROUGHPUT:
-        label = f"{op} x{args.callers}, calls/s"
-        line = f"{label:<32}"
-        for e in eps:
-            rate, errs = tput[(e.name, op)]
-            line += f" | {e.name} {rate:8.0f}" + (f" ({errs} errors)" if errs else "")
-        line += "".join(f" | {s}/ctrd {tput[(s, op)][0] / tput[(ref, op)][0]:5.2f}x" for s in shims)
-        print(line)
+        for how in CALLERS:
+            if how == "grpcio":
+                label = f"{op} x{args.callers} grpcio"
+            else:
+                label = f"{op} {args.callers} on 1 conn"
+            line = f"{label:<32}"
+            rates = {e.name: tput[(e.name, op, how)] for e in eps}
+            for e in eps:
+                r = rates[e.name]
+                line += f" | {e.name} {r.calls_s:8.0f}" + (f" ({r.errors} errors)" if r.errors else "")
+            line += "".join(f" | {s}/ctrd {rates[s].calls_s / rates[ref].calls_s:5.2f}x" for s in shims)
+            print(line)
+            # Who the CPU went to: a runtime that costs less a call is ahead only as far as the
+            # callers (sharing the machine's cores) leave it room.
+            for who, field in (("runtime", "server_us"), ("callers", "callers_us")):
+                label = f"  {who} CPU per call, us"
+                line = f"{label:<32}"
+                line += "".join(f" | {e.name} {getattr(rates[e.name], field):8.0f}" for e in eps)
+                line += "".join(
+                    f" | {s}/ctrd {getattr(rates[s], field) / getattr(rates[ref], field):5.2f}x"
+                    for s in shims
+                )
+                print(line)
     for label, rss in (("RSS idle, MiB", rss_idle), (f"RSS at {n} pods, MiB", rss_now)):
         line = f"{label:<32}"
         line += "".join(f" | {e.name} {rss[e.name]:8.1f}" for e in eps)
@@ -470,11 +531,12 @@ def main() -> int:
                 took = e.fill(n)
                 print(f"{e.name}: {n} pods in {took:.1f} s; {e.counts(args.unfiltered)}", flush=True)
             lat = latency(eps, args.samples, args.stats_samples, args.block, seed, args.unfiltered)
-            tput: dict[tuple[str, str], tuple[float, int]] = {}
-            for k, op in enumerate(THROUGHPUT):
+            tput: dict[tuple[str, str, str], Rate] = {}
+            for k, (op, how) in enumerate((op, how) for op in THROUGHPUT for how in CALLERS):
                 order = eps[k % len(eps) :] + eps[: k % len(eps)]
+                run = throughput if how == "grpcio" else throughput_h2
                 for e in order:
-                    tput[(e.name, op)] = throughput(e, op, args.callers, args.seconds, seed, args.unfiltered)
+                    tput[(e.name, op, how)] = run(e, op, args.callers, args.seconds, seed, args.unfiltered)
             rss_now = {e.name: rss_mib(e.pid) for e in eps}
             print(f"load average now {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
             report(n, eps, lat, tput, rss_idle, rss_now, args)

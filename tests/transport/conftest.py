@@ -40,9 +40,12 @@ class Native:
 
 
 async def start_native(root: str, **server: object) -> Native:
+    """A server on the fake backend, by the native transport unless ``transport`` says otherwise."""
     fake = FakeBackend("fake", {"state_dir": os.path.join(root, "fake")})
     srv = Server(
-        server_config(root, transport="native", **server), backends={"fake": fake}, id_factory=make_ids()
+        server_config(root, **{"transport": "native", **server}),
+        backends={"fake": fake},
+        id_factory=make_ids(),
     )
     await srv.start()
     return Native(root, srv, fake)
