@@ -99,7 +99,11 @@ def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
     """Element by element: identity for objects (frozen statuses, messages), equality for values."""
     if len(a) != len(b):
         return False
-    return all(x is y or (type(x) in _VALUES and x == y) for x, y in zip(a, b, strict=True))
+    # A loop, not all() over a generator: this runs on every polled status call.
+    for x, y in zip(a, b, strict=True):
+        if x is not y and not (type(x) in _VALUES and x == y):
+            return False
+    return True
 
 
 _VALUES = (str, int, bool)

@@ -154,7 +154,11 @@ class Calls:
                     out,
                 )
                 return
-            conn.send_message(st, data, out)
+            frames: list[bytes] = [] if out is None else out
+            conn.reply(st, data, frames)
+            if out is None:
+                conn.write(frames)
+            return
         conn.finish(st, code, detail, out)
 
     def _spawn(self, conn: Connection, st: Stream, coro: Any) -> None:

@@ -44,6 +44,7 @@ from shim.transport.native.frames import (
     INTERNAL_ERROR,
     MAX_WINDOW,
     NO_ERROR,
+    PADDED,
     PING,
     PREFACE,
     PRIORITY,
@@ -82,6 +83,11 @@ MAX_STREAMS = 1000
 RESET_MEMORY = 1024  # streams we reset while the peer's half was open, remembered to ignore their frames
 MAX_HEADER_LIST = 64 * 1024
 CONN_BUFFER_MAX = 64 << 20  # unfinished request bytes one connection may hold
+
+
+# The first 5 bytes (length, type, flags) of the two HEADERS frames of every OK unary answer.
+_REPLY_HEADERS = len(RESPONSE_HEADERS).to_bytes(3, "big") + bytes((HEADERS, END_HEADERS))
+_REPLY_TRAILERS = len(OK_TRAILERS).to_bytes(3, "big") + bytes((HEADERS, END_HEADERS | END_STREAM))
 
 
 class Stream:
@@ -429,11 +435,15 @@ class Connection(asyncio.Protocol):
             if self._idle(sid):
                 raise ProtocolViolation(PROTOCOL_ERROR, f"DATA on idle stream {sid}")
             return  # a stream we reset or answered: its data is dropped
-        data = unpad(flags, payload)
+        data = unpad(flags, payload) if flags & PADDED else payload
         st.received += len(data)
         if st.received > self.server.calls.max_message_bytes + 5:
             why = f"received a message larger than the maximum ({self.server.calls.max_message_bytes} bytes)"
             self.trailers_only(st, Code.RESOURCE_EXHAUSTED, why, out)
+            return
+        if flags & END_STREAM and not st.body:
+            # The whole request in one frame (a unary call's usual case): read it from here.
+            self._end_request(st, out, data)
             return
         if self.buffered + len(data) > CONN_BUFFER_MAX:
             why = f"more than {CONN_BUFFER_MAX >> 20} MiB of unfinished requests on this connection"
@@ -449,15 +459,19 @@ class Connection(asyncio.Protocol):
             st.unacked = 0
 
     # ------------------------------------------------------------ calls
-    def _end_request(self, st: Stream, out: list[bytes]) -> None:
+    def _end_request(self, st: Stream, out: list[bytes], whole: bytes | None = None) -> None:
+        """The peer's half has ended: its request is ``whole``, or what the stream gathered."""
         if st.ended:
             return
         st.ended = True
         if st.trailers is not None or st.task is not None or st.sid not in self.streams:
             return  # already answered (an early error)
-        body = st.body
-        st.body = bytearray()
-        self.buffered -= len(body)
+        if whole is not None:
+            body: bytes | bytearray = whole
+        else:
+            body = st.body
+            st.body = bytearray()
+            self.buffered -= len(body)
         try:
             message = request_message(body)
         except Abort as exc:
@@ -523,6 +537,48 @@ class Connection(asyncio.Protocol):
         self._flush(st, frames)
         if own:
             self.write(frames)
+
+    def reply(self, st: Stream, message: bytes, out: list[bytes]) -> None:
+        """A unary call's answer: headers, ``message`` and OK trailers, in one piece when the
+        windows take the message at once (the usual case), else queued like any other."""
+        if (
+            st.headers_sent
+            or st.outq
+            or st.sid not in self.streams
+            or st.trailers is not None
+            or self.table_update
+        ):
+            self.send_message(st, message, out)
+            self.finish(st, Code.OK, "", out)
+            return
+        size = len(message) + 5
+        if size > self.send_window or size > st.window or size > self.peer_max_frame:
+            self.send_message(st, message, out)
+            self.finish(st, Code.OK, "", out)
+            return
+        self.send_window -= size
+        st.window -= size
+        sid = st.sid.to_bytes(4, "big")
+        out.append(
+            b"".join(
+                (
+                    _REPLY_HEADERS,
+                    sid,
+                    RESPONSE_HEADERS,
+                    bytes((size >> 16, (size >> 8) & 0xFF, size & 0xFF, DATA, 0)),
+                    sid,
+                    b"\x00",
+                    len(message).to_bytes(4, "big"),
+                    message,
+                    _REPLY_TRAILERS,
+                    sid,
+                    OK_TRAILERS,
+                )
+            )
+        )
+        st.headers_sent = True
+        st.trailers = OK_TRAILERS
+        self._close_stream(st, out)
 
     def finish(self, st: Stream, code: Code, detail: str, out: list[bytes] | None = None) -> None:
         """End ``st`` with its status, after any data still waiting for window."""
