@@ -66,7 +66,7 @@ def frame_message(message: bytes) -> bytes:
     return b"\x00" + len(message).to_bytes(4, "big") + message
 
 
-def request_message(body: bytearray) -> bytes:
+def request_message(body: bytes | bytearray) -> bytes:
     """The one message of a unary or server-streaming request's whole body; Abort if it is not one."""
     if len(body) < 5:
         raise Abort(Code.INTERNAL, "request without a complete gRPC message")
