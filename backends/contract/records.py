@@ -37,6 +37,8 @@ class SandboxRecord:
     committed: bool = False
     # The shim's encoded List entry and the status it was built from (shim/cri/list_cache.py).
     wire: tuple[object, bytes] | None = dataclasses.field(default=None, repr=False, compare=False)
+    # config.labels as a dict, made at the first label-filtered List (shim/cri/list_cache.py).
+    label_map: dict[str, str] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def state(self) -> pb.PodSandboxState:
@@ -84,6 +86,7 @@ class ContainerRecord:
     backend_data: dict[str, Any] = dataclasses.field(default_factory=dict)
     committed: bool = False
     wire: tuple[object, bytes] | None = dataclasses.field(default=None, repr=False, compare=False)
+    label_map: dict[str, str] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def state(self) -> pb.ContainerState:

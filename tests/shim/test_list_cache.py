@@ -1,12 +1,14 @@
 """Pre-encoded List responses decode to the same messages; cached status responses follow every change."""
 
+import dataclasses
 from collections.abc import Callable
 
 import grpc
 import pytest
 
+from backends.contract.records import ContainerRecord
 from cri_api import api_pb2 as pb
-from shim.cri.list_cache import StatusCache, field1_entry, labels_match
+from shim.cri.list_cache import ListCache, StatusCache, field1_entry, labels_match, record_labels
 from shim.cri.servicer import _split_entries
 from tests.conftest import Running
 
@@ -22,6 +24,53 @@ def test_labels_match() -> None:
     assert labels_match({"a": "1", "b": "2"}, {"a": "1"})
     assert not labels_match({"a": "1"}, {"a": "2"})
     assert not labels_match({}, {"a": "1"})
+
+
+def test_list_entries_follow_each_records_status() -> None:
+    built: list[str] = []
+
+    def build(r: ContainerRecord) -> pb.Container:
+        built.append(r.id)
+        return pb.Container(id=r.id, state=r.status.state)
+
+    cache: ListCache[ContainerRecord] = ListCache(build)
+    recs = [
+        ContainerRecord(
+            id=c * 64,
+            sandbox_id="s" * 64,
+            backend="fake",
+            config=pb.ContainerConfig(),
+            created_at=1,
+            log_path="",
+        )
+        for c in "abc"
+    ]
+    first = pb.ListContainersResponse.FromString(cache.encode(recs))
+    assert [c.id for c in first.containers] == [r.id for r in recs] and len(built) == 3
+    assert cache.encode(recs) == first.SerializeToString() and len(built) == 3  # all kept
+    recs[1].status = dataclasses.replace(recs[1].status, started_at=5)  # a new status object
+    again = pb.ListContainersResponse.FromString(cache.encode(recs[::-1]))
+    assert built[3:] == [recs[1].id]
+    assert [c.state for c in again.containers] == [
+        pb.CONTAINER_CREATED,
+        pb.CONTAINER_RUNNING,
+        pb.CONTAINER_CREATED,
+    ]
+
+
+def test_record_labels_are_the_configs_read_once() -> None:
+    r = ContainerRecord(
+        id="a" * 64,
+        sandbox_id="s" * 64,
+        backend="fake",
+        config=pb.ContainerConfig(labels={"app": "web", "tier": "1"}),
+        created_at=1,
+        log_path="",
+    )
+    labels = record_labels(r)
+    assert labels == {"app": "web", "tier": "1"} and type(labels) is dict
+    assert record_labels(r) is labels
+    assert labels_match(labels, {"app": "web"}) and not labels_match(labels, {"app": "db"})
 
 
 def test_status_cache_reuses_only_for_the_same_record_and_key() -> None:
