@@ -19,7 +19,8 @@ pause image is docker_bench's, containerd's is its own config's). Then:
   pods others left on a shared runtime are neither counted nor able to fail the
   call; the runtime still walks everything it holds. The calls are taken in rounds: each round gives every
   RPC --block calls on each endpoint in turn, and which endpoint goes first
-  rotates each round, so that the drift of a shared machine falls on all alike;
+  rotates each round, so that the drift of a shared machine falls on all alike. As a control,
+  each endpoint's p99 of its even rounds over that of its odd rounds (chance, in the same minutes);
 - throughput: calls/s of ListContainers and ContainerStatus with --callers
   concurrent callers for --seconds, endpoints in turns, made two ways: grpcio's
   client (threads, one channel and connection each; 200-300 us of this process's
@@ -371,6 +372,13 @@ def throughput_h2(e: Endpoint, op: str, in_flight: int, seconds: float, seed: in
 # ---------------------------------------------------------------- report
 
 
+def split_rounds(samples: list[float], block: int) -> tuple[list[float], list[float]]:
+    """The samples taken in even rounds and those in odd ones (``block`` calls a round, in order)."""
+    even = [v for i, v in enumerate(samples) if (i // block) % 2 == 0]
+    odd = [v for i, v in enumerate(samples) if (i // block) % 2 == 1]
+    return even, odd
+
+
 def geomean(values: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values))
 
@@ -412,6 +420,18 @@ def report(
         gm = {e.name: geomean([pct(lat[e.name][op], 0.5) for op in ops]) for e in eps}
         line = f"{label:<22}" + "".join(f" | {gm[e.name]:16.2f} {'':>8}" for e in eps)
         line += "".join(f" | {gm[s] / gm[ref]:16.2f}x {'':>6}" for s in shims)
+        print(line)
+    # How far a p99 ratio moves by chance: each endpoint against itself, the p99 of its calls
+    # in even rounds over that of its calls in odd rounds (the same machine, the same minutes).
+    quick = [op for op in [*POLLED, FLOOR] if op not in STATS]
+    print(f"p99 of each endpoint's even rounds / its odd rounds ({', '.join(quick)}):")
+    for e in eps:
+        ratios = []
+        for op in quick:
+            even, odd = split_rounds(lat[e.name][op], args.block)
+            ratios.append(pct(even, 0.99) / pct(odd, 0.99))
+        line = f"  {e.name:<20}" + " ".join(f"{r:5.2f}x" for r in ratios)
+        line += f"   (from {min(ratios):.2f}x to {max(ratios):.2f}x)"
         print(line)
     print()
     for op in THROUGHPUT:
