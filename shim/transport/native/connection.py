@@ -541,18 +541,15 @@ class Connection(asyncio.Protocol):
     def reply(self, st: Stream, message: bytes, out: list[bytes]) -> None:
         """A unary call's answer: headers, ``message`` and OK trailers, in one piece when the
         windows take the message at once (the usual case), else queued like any other."""
+        size = len(message) + 5
         if (
             st.headers_sent
             or st.outq
             or st.sid not in self.streams
             or st.trailers is not None
-            or self.table_update
+            or self.table_update  # owed at the start of the next header block: _headers() adds it
+            or size > min(self.send_window, st.window, self.peer_max_frame)
         ):
-            self.send_message(st, message, out)
-            self.finish(st, Code.OK, "", out)
-            return
-        size = len(message) + 5
-        if size > self.send_window or size > st.window or size > self.peer_max_frame:
             self.send_message(st, message, out)
             self.finish(st, Code.OK, "", out)
             return
