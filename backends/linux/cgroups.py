@@ -158,9 +158,15 @@ class CgroupReader:
             try:
                 with open(path, "w") as f:
                     f.write(str(limit))
-            except FileNotFoundError:
-                skipped.append(f"the kernel has no {size} huge pages ({path} is missing)")
             except OSError as exc:
+                if not os.path.isdir(base):
+                    # The container exited meanwhile and its cgroup was removed (ENOENT, or
+                    # ENODEV from a file removed while open): nothing is left to limit, and it
+                    # did start.
+                    return []
+                if isinstance(exc, FileNotFoundError):
+                    skipped.append(f"the kernel has no {size} huge pages ({path} is missing)")
+                    continue
                 raise HugetlbError(f"cannot limit {size} huge pages to {limit}: {exc}") from exc
         return skipped
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import subprocess
@@ -15,7 +16,8 @@ from backends.docker import convert
 from backends.docker import labels as lbl
 from backends.docker.backend import LogResume, exit_info, parse_time
 from backends.docker.images import _pull_error, registry_auth, split_reference
-from backends.linux.cgroups import CgroupReader
+from backends.linux import cgroups
+from backends.linux.cgroups import CgroupReader, HugetlbError
 from cri_api import api_pb2 as pb
 from shim.cri.container_io import last_log_marks
 from shim.cri.errors import FailedPreconditionError, InternalError, InvalidArgumentError, NotFoundError
@@ -389,3 +391,43 @@ def test_hugepage_limits_of_a_container_that_already_exited_are_no_error() -> No
     assert CgroupReader().set_hugetlb(proc.pid, "engine-id", [("2MB", 0)]) == []
     # A live process whose cgroups do not name the container (the PID was reused): nothing written.
     assert CgroupReader().set_hugetlb(os.getpid(), "not-this-container", [("2MB", 0)]) == []
+
+
+def test_hugepage_limits_when_the_cgroup_goes_while_they_are_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container that exits right after its start: its cgroup can be removed between reading
+    /proc/PID/cgroup and the write (ENODEV from a file removed while open, or ENOENT). It did
+    start and nothing is left to limit: no error (the kubelet would report a start failure)."""
+    base = tmp_path / "hugetlb" / "ctr"
+    reader = CgroupReader()
+    monkeypatch.setattr(reader, "_paths", lambda pid, expect: ({"hugetlb": str(base)}, None))
+    written: list[str] = []
+
+    def fake_open(path: str, mode: str = "r") -> Any:
+        if errors:
+            number = errors.pop(0)
+            if number == errno.ENODEV and base.is_dir():
+                base.rmdir()  # removed while the file was open
+            raise OSError(number, os.strerror(number), path)
+        written.append(os.path.basename(path))
+        return open(os.devnull, "w")
+
+    monkeypatch.setattr(cgroups, "open", fake_open, raising=False)
+    limits = [("2MB", 0), ("1GB", 0)]
+    for first in (errno.ENODEV, errno.ENOENT):
+        base.mkdir(parents=True, exist_ok=True)
+        errors = [first]
+        if first == errno.ENOENT:
+            base.rmdir()  # already gone when opened
+        assert reader.set_hugetlb(1, "ctr", limits) == []
+        assert written == []
+    # The cgroup still there: a missing page size is passed over with its reason, another error is one.
+    base.mkdir(parents=True)
+    errors = [errno.ENOENT]
+    skipped = reader.set_hugetlb(1, "ctr", limits)
+    assert len(skipped) == 1 and "no 2MB huge pages" in skipped[0]
+    assert written == ["hugetlb.1GB.limit_in_bytes"]
+    errors = [errno.EINVAL]
+    with pytest.raises(HugetlbError, match="cannot limit 2MB huge pages to 0"):
+        reader.set_hugetlb(1, "ctr", limits)
