@@ -7,6 +7,8 @@ are decoded by the ``hpack`` package.
 
 from __future__ import annotations
 
+import struct
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
@@ -30,6 +32,8 @@ SETTINGS_MAX_HEADER_LIST_SIZE = 0x6
 DEFAULT_TABLE = 4096  # HPACK dynamic table size until the peer's SETTINGS say otherwise
 DEFAULT_WINDOW = 65535
 MAX_WINDOW = (1 << 31) - 1
+# A frame's 9-byte head: the 24-bit length as 16 + 8 bits, type, flags, R bit + stream ID.
+_FRAME_HEAD = struct.Struct(">HBBBI")
 
 
 class ProtocolViolation(Exception):
@@ -52,14 +56,14 @@ def next_frame(buf: bytearray, pos: int, limit: int) -> tuple[int, int, int, byt
     """
     if len(buf) - pos < 9:
         return None
-    length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
+    high, low, kind, flags, sid = _FRAME_HEAD.unpack_from(buf, pos)
+    length = high << 8 | low
     if length > limit:
         raise ProtocolViolation(FRAME_SIZE_ERROR, f"frame of {length} bytes (max {limit})")
     end = pos + 9 + length
     if len(buf) < end:
         return None
-    sid = int.from_bytes(buf[pos + 5 : pos + 9], "big") & 0x7FFFFFFF
-    return buf[pos + 3], buf[pos + 4], sid, bytes(buf[pos + 9 : end]), end
+    return kind, flags, sid & 0x7FFFFFFF, bytes(buf[pos + 9 : end]), end
 
 
 def unpad(flags: int, payload: bytes) -> bytes:
