@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from docker_bench import Cri  # noqa: E402
+from endpoints import Cri  # noqa: E402
 from soak_bench import FakeShim, proc_cpu  # noqa: E402
 
 from cri_api import api_pb2 as pb  # noqa: E402

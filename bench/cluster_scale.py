@@ -67,7 +67,7 @@ def main() -> int:
     p.add_argument("--running-timeout", type=float, default=900)
     p.add_argument("--explode", type=float, default=3.0, help="growth of the time to Running over N's")
     p.add_argument(
-        "--max-busy", type=float, default=90, help="% of all CPUs the cluster may take at rest (steady)"
+        "--max-busy", type=float, default=90, help="%% of all CPUs the cluster may take at rest (steady)"
     )
     p.add_argument("--min-available", type=float, default=2048, help="MiB of MemAvailable to keep")
     p.add_argument("--json", type=Path, help="every run's figures")

@@ -79,7 +79,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from docker_bench import BUSYBOX, DOCKER_SOCK, PAUSE, Cri, Raw, Shim, _interrupt, pod_sandbox_config  # noqa: E402
+from endpoints import BUSYBOX, DOCKER_SOCK, PAUSE, Cri, Raw, Shim, _interrupt, pod_sandbox_config  # noqa: E402
 
 from cri_api import api_pb2 as pb  # noqa: E402
 from tests.cni.realnet import Line, Net, cni_iptables  # noqa: E402
@@ -129,7 +129,7 @@ class Life:
 
 
 class CrashShim(Shim):
-    """docker_bench's Shim (SIGTERM stop, engine leftovers by instance label) for any handler,
+    """endpoints.Shim (SIGTERM stop, engine leftovers by instance label) for any handler,
     started again and again with the same arguments, and SIGKILLed by its PID."""
 
     def __init__(self, tmp: str, run_id: str, handler: str, handler_toml: str) -> None:

@@ -7,15 +7,17 @@ Runs the same pod + container lifecycle N times through
   pause container create+start on the engine's network, an app container
   created in the pause container's network and IPC namespaces, start,
   inspect (as the status calls), list, stop, remove, then stop+remove pause;
-- containerd's CRI plugin, when its socket answers (scripts/testenv/containerd-up).
+- containerd's CRI plugin, when its socket answers (scripts/testenv/containerd-up);
+- with --cri-dockerd SOCK, cri-dockerd on the same engine (the Docker-engine peer:
+  bench/README says how to run it on this machine).
 The runtimes take turns inside each iteration, so machine noise (this machine
 is shared) falls on all of them alike. Then ListContainerStats is measured with
-100 running containers through cri-shim (and containerd).
+100 running containers through each CRI endpoint.
 
-It prints p50/p90 per operation and the ratios cri-shim/raw engine and
-cri-shim/containerd. Figures only: nothing is asserted. Everything it creates
+It prints p50/p90 per operation and the ratios cri-shim/raw engine,
+cri-shim/containerd and cri-shim/cri-dockerd. Figures only: nothing is asserted. Everything it creates
 is removed at the end, also on failure or Ctrl-C. Last, ListImages and ImageFsInfo
-are timed in turns on both CRI endpoints with about 100 images in each (distinct
+are timed in turns on the CRI endpoints with about 100 images in each (distinct
 images made in the test registry and pulled through CRI, removed after).
 
 Run as root (the engine's and containerd's sockets), with the registry of
@@ -35,420 +37,41 @@ import math
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import docker
 import grpc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from cri_api import api_pb2 as pb  # noqa: E402
-from cri_api import api_pb2_grpc  # noqa: E402
 
-BUSYBOX = "127.0.0.1:5000/busybox:1.36"
-PAUSE = "127.0.0.1:5000/pause:3.10"
-DOCKER_SOCK = "unix:///var/run/docker.sock"
-CONTAINERD_SOCK = "/run/containerd-cri/containerd.sock"
-# Stop grace of the app container: sleep as PID 1 ignores SIGTERM, so any
-# grace would be spent waiting; 0 measures the stop path itself (SIGKILL).
-APP_STOP_TIMEOUT = 0
-# Grace the docker backend gives the pause container (backends/docker/backend.py
-# _STOP_PAUSE_TIMEOUT); pause exits at once on SIGTERM, so it is never waited for.
-PAUSE_STOP_TIMEOUT = 10
-# Label on every raw-engine container of this run, for the cleanup.
-RAW_LABEL = "cri-shim-bench.run"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from endpoints import (  # noqa: E402
+    CONTAINERD_SOCK,
+    OPS,
+    RAW_WORK,
+    Cri,
+    Raw,
+    Samples,
+    Shim,
+    _interrupt,
+    clock,
+    pct,
+)
+
 # The registry's repository of the images part: busybox's layer under configs of
 # their own, each a distinct image (ListImages counts images, not tags).
 REGISTRY = "127.0.0.1:5000"
 IMAGES_REPO = "cri-shim-bench-images"
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
-
-OPS = [
-    "RunPodSandbox",
-    "CreateContainer",
-    "StartContainer",
-    "ContainerStatus",
-    "PodSandboxStatus",
-    "ListContainers",
-    "StopContainer",
-    "RemoveContainer",
-    "StopPodSandbox",
-    "RemovePodSandbox",
-]
-# What the raw engine does for each operation.
-RAW_WORK = {
-    "RunPodSandbox": "create+start pause",
-    "CreateContainer": "create (container: net+ipc)",
-    "StartContainer": "start",
-    "ContainerStatus": "inspect app",
-    "PodSandboxStatus": "inspect pause",
-    "ListContainers": "list (label filter)",
-    "StopContainer": f"stop (t={APP_STOP_TIMEOUT})",
-    "RemoveContainer": "remove",
-    "StopPodSandbox": "stop pause",
-    "RemovePodSandbox": "remove pause",
-}
-
-Samples = dict[str, list[float]]
-
-
-def pct(samples: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    if not samples:
-        return math.nan
-    s = sorted(samples)
-    return s[max(0, math.ceil(q * len(s)) - 1)]
-
-
-@contextlib.contextmanager
-def clock(samples: Samples, op: str) -> Iterator[None]:
-    t0 = time.perf_counter()
-    yield
-    samples.setdefault(op, []).append((time.perf_counter() - t0) * 1000)
-
-
-# ---------------------------------------------------------------- CRI (cri-shim and containerd)
-
-
-def pod_sandbox_config(
-    name: str, namespace: str, uid: str, log_dir: str, labels: dict[str, str]
-) -> pb.PodSandboxConfig:
-    """A benchmark pod's config (hostname = name), with its log directory made."""
-    os.makedirs(log_dir, exist_ok=True)
-    return pb.PodSandboxConfig(
-        metadata=pb.PodSandboxMetadata(name=name, namespace=namespace, uid=uid),
-        hostname=name,
-        log_directory=log_dir,
-        labels=labels,
-    )
-
-
-class Cri:
-    """One CRI endpoint; remembers the pods it made so that they can be removed."""
-
-    def __init__(self, name: str, sock: str, run_id: str, log_dir: str) -> None:
-        self.name = name
-        self.sock = sock
-        self.run_id = run_id
-        self.log_dir = log_dir
-        self.channel = grpc.insecure_channel(f"unix://{sock}")
-        # The generated stubs carry no annotations.
-        self.rt = api_pb2_grpc.RuntimeServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.im = api_pb2_grpc.ImageServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.pods: set[str] = set()
-        self.seq = 0
-
-    def wait_ready(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while True:
-            try:
-                self.rt.Version(pb.VersionRequest(), timeout=2)
-                return
-            except grpc.RpcError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def answers(self) -> bool:
-        if not os.path.exists(self.sock):
-            return False
-        try:
-            self.rt.Version(pb.VersionRequest(), timeout=3)
-            return True
-        except grpc.RpcError:
-            return False
-
-    def pull(self) -> None:
-        """Pull the app image unless the runtime has it (untimed: others share the engine and may remove it)."""
-        spec = pb.ImageSpec(image=BUSYBOX)
-        if not self.im.ImageStatus(pb.ImageStatusRequest(image=spec), timeout=60).HasField("image"):
-            self.im.PullImage(pb.PullImageRequest(image=spec), timeout=300)
-
-    def pod_config(self) -> pb.PodSandboxConfig:
-        self.seq += 1
-        sc = pod_sandbox_config(
-            f"bench-{self.seq}",
-            f"cri-shim-bench-{self.run_id}",
-            f"{self.run_id}-{self.seq}",
-            os.path.join(self.log_dir, f"{self.name}-{self.seq}"),
-            {"cri-shim-bench": self.run_id},
-        )
-        sc.linux.security_context.namespace_options.pid = pb.CONTAINER
-        return sc
-
-    def container_config(self, name: str) -> pb.ContainerConfig:
-        return pb.ContainerConfig(
-            metadata=pb.ContainerMetadata(name=name),
-            image=pb.ImageSpec(image=BUSYBOX),
-            command=["sleep", "3600"],
-            log_path=f"{name}.log",
-            labels={"cri-shim-bench": self.run_id},
-            linux=pb.LinuxContainerConfig(
-                security_context=pb.LinuxContainerSecurityContext(
-                    namespace_options=pb.NamespaceOption(pid=pb.CONTAINER)
-                )
-            ),
-        )
-
-    def run_pod(self, sc: pb.PodSandboxConfig) -> str:
-        pod = str(self.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc), timeout=120).pod_sandbox_id)
-        self.pods.add(pod)
-        return pod
-
-    def create(self, pod: str, sc: pb.PodSandboxConfig, name: str) -> str:
-        req = pb.CreateContainerRequest(
-            pod_sandbox_id=pod, config=self.container_config(name), sandbox_config=sc
-        )
-        return str(self.rt.CreateContainer(req, timeout=120).container_id)
-
-    def lifecycle(self, samples: Samples, repeat: int) -> None:
-        rt = self.rt
-        sc = self.pod_config()
-        with clock(samples, "RunPodSandbox"):
-            pod = self.run_pod(sc)
-        req = pb.CreateContainerRequest(
-            pod_sandbox_id=pod, config=self.container_config("app"), sandbox_config=sc
-        )
-        with clock(samples, "CreateContainer"):
-            cid = rt.CreateContainer(req, timeout=120).container_id
-        with clock(samples, "StartContainer"):
-            rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
-        flt = pb.ListContainersRequest(filter=pb.ContainerFilter(pod_sandbox_id=pod))
-        for _ in range(repeat):
-            with clock(samples, "ContainerStatus"):
-                rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=30)
-            with clock(samples, "PodSandboxStatus"):
-                rt.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=pod), timeout=30)
-            with clock(samples, "ListContainers"):
-                rt.ListContainers(flt, timeout=30)
-        with clock(samples, "StopContainer"):
-            rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=APP_STOP_TIMEOUT), timeout=120)
-        with clock(samples, "RemoveContainer"):
-            rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=120)
-        with clock(samples, "StopPodSandbox"):
-            rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod), timeout=120)
-        with clock(samples, "RemovePodSandbox"):
-            rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod), timeout=120)
-        self.pods.discard(pod)
-
-    def host_network_pod(self, samples: Samples, op: str) -> None:
-        """RunPodSandbox of a host-network pod, timed; its stop and remove untimed."""
-        sc = self.pod_config()
-        sc.linux.security_context.namespace_options.network = pb.NODE
-        sc.ClearField("hostname")  # the node's (containerd's runc refuses to set one in the host's UTS)
-        sc.dns_config.servers.append("10.96.0.10")
-        with clock(samples, op):
-            pod = self.run_pod(sc)
-        self.rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod), timeout=120)
-        self.rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod), timeout=120)
-        self.pods.discard(pod)
-
-    def start_many(self, count: int, per_pod: int) -> None:
-        """`count` running containers, `per_pod` to a pod."""
-        made = 0
-        while made < count:
-            sc = self.pod_config()
-            pod = self.run_pod(sc)
-            for j in range(min(per_pod, count - made)):
-                cid = self.create(pod, sc, f"c{j}")
-                self.rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
-                made += 1
-
-    def running_containers(self) -> int:
-        flt = pb.ContainerFilter(state=pb.ContainerStateValue(state=pb.CONTAINER_RUNNING))
-        return len(self.rt.ListContainers(pb.ListContainersRequest(filter=flt), timeout=30).containers)
-
-    def cleanup(self) -> None:
-        """Remove the pods of this run (RemovePodSandbox takes their containers along)."""
-        with contextlib.suppress(grpc.RpcError):
-            listed = self.rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items
-            for p in listed:
-                if p.labels.get("cri-shim-bench") == self.run_id:
-                    self.pods.add(p.id)
-        for pod in sorted(self.pods):
-            for call, req in (
-                (self.rt.StopPodSandbox, pb.StopPodSandboxRequest(pod_sandbox_id=pod)),
-                (self.rt.RemovePodSandbox, pb.RemovePodSandboxRequest(pod_sandbox_id=pod)),
-            ):
-                try:
-                    call(req, timeout=120)
-                except grpc.RpcError as exc:
-                    print(
-                        f"  cleanup {self.name}: {pod[:12]}: {exc.code().name} {exc.details()}",
-                        file=sys.stderr,
-                    )
-        self.pods.clear()
-
-    def close(self) -> None:
-        self.channel.close()
-
-
-# ---------------------------------------------------------------- raw engine
-
-
-class Raw:
-    """The same lifecycle straight through the docker SDK (low-level API client)."""
-
-    def __init__(self, run_id: str) -> None:
-        self.api = docker.APIClient(base_url=DOCKER_SOCK, version="auto", timeout=120)
-        self.run_id = run_id
-        self.seq = 0
-
-    def pull(self) -> None:
-        """Pull what is missing (untimed: others share the engine and may remove images)."""
-        for image in (PAUSE, BUSYBOX):
-            try:
-                self.api.inspect_image(image)
-            except docker.errors.ImageNotFound:
-                repo, tag = image.rsplit(":", 1)
-                self.api.pull(repo, tag=tag)
-
-    def lifecycle(self, samples: Samples, repeat: int) -> None:
-        api = self.api
-        self.seq += 1
-        labels = {RAW_LABEL: self.run_id}
-        name = f"cri-shim-bench-{self.run_id}-{self.seq}"
-        with clock(samples, "RunPodSandbox"):
-            pause = api.create_container(
-                PAUSE,
-                name=f"{name}-pause",
-                hostname=f"bench-{self.seq}",
-                labels=labels,
-                host_config=api.create_host_config(network_mode="bridge", ipc_mode="shareable"),
-            )["Id"]
-            api.start(pause)
-        joined = f"container:{pause}"
-        with clock(samples, "CreateContainer"):
-            app = api.create_container(
-                BUSYBOX,
-                command=["sleep", "3600"],
-                name=f"{name}-app",
-                labels=labels,
-                host_config=api.create_host_config(network_mode=joined, ipc_mode=joined),
-            )["Id"]
-        with clock(samples, "StartContainer"):
-            api.start(app)
-        for _ in range(repeat):
-            with clock(samples, "ContainerStatus"):
-                api.inspect_container(app)
-            with clock(samples, "PodSandboxStatus"):
-                api.inspect_container(pause)
-            with clock(samples, "ListContainers"):
-                api.containers(all=True, filters={"label": f"{RAW_LABEL}={self.run_id}"})
-        with clock(samples, "StopContainer"):
-            api.stop(app, timeout=APP_STOP_TIMEOUT)
-        with clock(samples, "RemoveContainer"):
-            api.remove_container(app, v=True)
-        with clock(samples, "StopPodSandbox"):
-            api.stop(pause, timeout=PAUSE_STOP_TIMEOUT)
-        with clock(samples, "RemovePodSandbox"):
-            api.remove_container(pause, v=True)
-
-    def cleanup(self) -> None:
-        for row in self.api.containers(all=True, filters={"label": f"{RAW_LABEL}={self.run_id}"}):
-            with contextlib.suppress(docker.errors.APIError):
-                self.api.remove_container(row["Id"], v=True, force=True)
-
-    def close(self) -> None:
-        self.api.close()
-
-
-# ---------------------------------------------------------------- cri-shim child process
-
-
-class Shim:
-    """`cri-shim serve` with the docker backend, on a temporary socket and state."""
-
-    def __init__(
-        self, tmp: str, run_id: str, extra_config: str = "", own_session: bool = False, transport: str = ""
-    ) -> None:
-        """``extra_config``: more TOML after the docker handler's table (other handlers).
-        ``own_session``: out of our process group, so that a Ctrl-C aimed at the benchmark
-        leaves the shim up until it has removed what it made. ``transport``: `serve
-        --transport` ("": the default).
-        """
-        self.tmp = tmp
-        # The backend labels every engine container with its instance: naming
-        # it here lets the cleanup find what the shim left behind if it died.
-        self.instance = f"cri-shim-bench-{run_id}"
-        self.sock = f"{tmp}/cri-shim.sock"
-        self.state_dir = f"{tmp}/state"
-        self.config = f"{tmp}/cri-shim.toml"
-        with open(self.config, "w") as f:
-            f.write(
-                "[server]\n"
-                f'listen = "unix://{self.sock}"\n'
-                f'state_dir = "{self.state_dir}"\n'
-                'default_handler = "docker"\n'
-                "\n[handlers.docker]\n"
-                'type = "docker"\n'
-                f'endpoint = "{DOCKER_SOCK}"\n'
-                f'pause_image = "{PAUSE}"\n'
-                f'instance = "{self.instance}"\n' + extra_config
-            )
-        self.log = open(f"{tmp}/cri-shim.log", "wb")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "shim.cli",
-                "serve",
-                "--config",
-                self.config,
-                "--default-handler",
-                "docker",
-                "--log-level",
-                "warning",
-                *(["--transport", transport] if transport else []),
-            ],
-            cwd=ROOT,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=own_session,
-        )
-
-    def engine_leftovers(self) -> list[str]:
-        """Engine containers of this shim instance."""
-        from backends.docker import labels as lbl
-
-        api = docker.APIClient(base_url=DOCKER_SOCK, version="auto", timeout=60)
-        try:
-            rows = api.containers(all=True, filters={"label": f"{lbl.INSTANCE}={self.instance}"})
-            return [str(r["Id"]) for r in rows]
-        finally:
-            api.close()
-
-    def remove_engine_leftovers(self) -> None:
-        """Whatever the shim did not remove through CRI (e.g. it died): straight from the engine."""
-        with contextlib.suppress(Exception):
-            leftovers = self.engine_leftovers()
-            if leftovers:
-                print(f"removing {len(leftovers)} engine leftovers of cri-shim", file=sys.stderr)
-                api = docker.APIClient(base_url=DOCKER_SOCK, version="auto", timeout=60)
-                for eid in leftovers:
-                    with contextlib.suppress(docker.errors.APIError):
-                        api.remove_container(eid, v=True, force=True)
-                api.close()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
-
 
 # ---------------------------------------------------------------- report
 
@@ -601,8 +224,7 @@ def images_part(cris: list[Cri], target: int, samples: int) -> None:
         + ")"
     )
     head = f"{'operation':<12}" + "".join(f" | {c.name + ' p50':>16} {'p99':>8}" for c in cris)
-    if len(cris) > 1:
-        head += f" | {'p50 ratio':>10}"
+    head += "".join(f" | {'/' + c.name:>10}" for c in cris[1:])
     print(head)
     print("-" * len(head))
     for op in ("ListImages", "ImageFsInfo", "Version"):
@@ -610,13 +232,9 @@ def images_part(cris: list[Cri], target: int, samples: int) -> None:
         for c in cris:
             v = res[c.name][op]
             line += f" | {pct(v, 0.5):16.2f} {pct(v, 0.99):8.2f}"
-        if len(cris) > 1:
-            line += f" | {pct(res[cris[0].name][op], 0.5) / pct(res[cris[1].name][op], 0.5):9.2f}x"
+        for c in cris[1:]:
+            line += f" | {pct(res[cris[0].name][op], 0.5) / pct(res[c.name][op], 0.5):9.2f}x"
         print(line)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def main() -> int:
@@ -629,6 +247,12 @@ def main() -> int:
     ap.add_argument("--per-pod", type=int, default=10, help="containers per pod for the stats part (10)")
     ap.add_argument("--stats-samples", type=int, default=20, help="ListContainerStats calls timed (20)")
     ap.add_argument("--containerd", default=CONTAINERD_SOCK, help="containerd CRI socket path")
+    ap.add_argument(
+        "--cri-dockerd",
+        default="",
+        metavar="SOCK",
+        help="also cri-dockerd's CRI socket path, on the same engine (bench/README: how to run it here)",
+    )
     ap.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (shim log) for inspection")
     ap.add_argument(
         "--warm",
@@ -688,6 +312,16 @@ def main() -> int:
             ctrd.close()
             ctrd = None
             ctrd_desc = "skipped"
+        crid: Cri | None = None
+        if args.cri_dockerd:
+            crid = Cri("cri-dockerd", args.cri_dockerd, run_id, logs)
+            if not crid.answers():
+                crid.close()
+                print(f"nothing answers on unix://{args.cri_dockerd}", file=sys.stderr)
+                return 1
+            cris.append(crid)
+            ver = crid.rt.Version(pb.VersionRequest(), timeout=5)
+            ctrd_desc += f", cri-dockerd {ver.runtime_version}"
         eng = raw.api.version()
         print(
             f"run {run_id}: {args.iterations} lifecycles per runtime, {os.cpu_count()} CPUs, "
@@ -708,10 +342,14 @@ def main() -> int:
         raw.lifecycle(warm, 1)
         if ctrd:
             ctrd.lifecycle(warm, 1)
+        if crid:
+            crid.pull()
+            crid.lifecycle(warm, 1)
 
         res_shim: Samples = {}
         res_raw: Samples = {}
         res_ctrd: Samples = {}
+        res_crid: Samples = {}
         for _ in range(args.iterations):
             # The pause image of cri-shim is the engine's too: raw.pull covers both.
             raw.pull()
@@ -721,12 +359,18 @@ def main() -> int:
             raw.lifecycle(res_raw, args.status_repeat)
             if ctrd:
                 ctrd.lifecycle(res_ctrd, args.status_repeat)
+            if crid:
+                crid.pull()
+                crid.lifecycle(res_crid, args.status_repeat)
 
         cols: list[tuple[str, Samples]] = [("cri-shim", res_shim), ("raw engine", res_raw)]
         ratios = [("shim/raw", 0, 1)]
         if ctrd:
             cols.append(("containerd", res_ctrd))
             ratios.append(("shim/ctrd", 0, 2))
+        if crid:
+            cols.append(("cri-dockerd", res_crid))
+            ratios.append(("shim/crid", 0, len(cols) - 1))
         n_status = args.iterations * args.status_repeat
         table(
             f"Pod + container lifecycle, ms (n={args.iterations}; status/list calls n={n_status})",
@@ -787,7 +431,7 @@ def main() -> int:
                 ratio = pct(hn["warm"], 0.5) / pct(hn["containerd"], 0.5)
                 print(f"  warm / containerd p50: {ratio:.2f}")
         if args.images > 0:
-            imaged = [sh, *([ctrd] if ctrd else [])]
+            imaged = [sh, *([ctrd] if ctrd else []), *([crid] if crid else [])]
             images_part(imaged, args.images, args.image_samples)
     except KeyboardInterrupt:
         failed = True

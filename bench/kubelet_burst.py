@@ -20,7 +20,9 @@ count and mean). Targets:
   host-network pods can take one, so use it with `--host-network`;
 - `docker`: cri-shim, docker handler;
 - `containerd`: containerd's CRI plugin (runc), when its socket answers
-  (`sudo scripts/testenv/containerd-up`).
+  (`sudo scripts/testenv/containerd-up`);
+- `cri-dockerd`: cri-dockerd on the same engine as the docker targets, given its
+  socket (`--cri-dockerd SOCK`; bench/README says how to run it here).
 
 Figures only: nothing is asserted. Everything is removed at the end (the
 harness deletes the manifests, waits for the kubelet, removes leftovers).
@@ -52,7 +54,9 @@ from cri_api import api_pb2 as pb  # noqa: E402
 from tests.e2e import kubelet as kh  # noqa: E402
 
 CONTAINERD_SOCK = "/run/containerd-cri/containerd.sock"
-TARGETS = ("runv-warm", "runv", "docker-warm", "docker", "containerd")
+TARGETS = ("runv-warm", "runv", "docker-warm", "docker", "containerd", "cri-dockerd")
+# The targets that are a runtime already running on a socket of its own: no shim is started.
+PEERS = ("containerd", "cri-dockerd")
 LABEL = "cri-shim-burst"
 
 
@@ -84,24 +88,28 @@ def burst_pods(n: int, tag: str, host_network: bool = False) -> dict[str, dict[s
 class Burst(kh.Harness):
     """The harness's kubelet and runtime, with burst pods dropped in at once instead of its checks."""
 
-    def __init__(self, target: str, n: int, warm: int, containerd: str, host_network: bool = False) -> None:
-        handler = {"runv-warm": "runv", "docker-warm": "docker", "containerd": "docker"}.get(target, target)
+    def __init__(self, target: str, n: int, warm: int, peer_socket: str, host_network: bool = False) -> None:
+        """``peer_socket``: the runtime's socket when ``target`` is one of PEERS."""
+        handler = (
+            "docker"
+            if target in PEERS
+            else {"runv-warm": "runv", "docker-warm": "docker"}.get(target, target)
+        )
         super().__init__(handler, node=f"burst-{target}", warm=warm if target.endswith("-warm") else 0)
         self.target = target
-        self.containerd = containerd
         self.pods = burst_pods(n, self.tag, host_network)
-        if target == "containerd":
-            self.socket = Path(containerd)
+        if target in PEERS:
+            self.socket = Path(peer_socket)
 
     def start_shim(self) -> None:
-        if self.target != "containerd":
+        if self.target not in PEERS:
             super().start_shim()
 
     def _remove_leftovers(self) -> None:
-        if self.target != "containerd":
+        if self.target not in PEERS:
             super()._remove_leftovers()
             return
-        # containerd is shared with other benchmarks: only this run's pods go.
+        # A peer runtime is shared with other benchmarks: only this run's pods go.
         rt = self.cri()
         try:
             for s in rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=10).items:
@@ -268,12 +276,13 @@ def read_histograms(b: Burst) -> dict[str, Histogram]:
 
 
 def measure(
-    target: str, n: int, warm: int, containerd: str, settle: float, timeout: float, host_network: bool
+    target: str, n: int, warm: int, peer_socket: str, settle: float, timeout: float, host_network: bool
 ) -> Outcome | str:
-    b = Burst(target, n, warm, containerd, host_network)
+    b = Burst(target, n, warm, peer_socket, host_network)
     try:
-        if target == "containerd" and not os.path.exists(containerd):
-            return f"skipped: nothing answers on unix://{containerd} (sudo scripts/testenv/containerd-up)"
+        if target in PEERS and not os.path.exists(peer_socket):
+            how = "sudo scripts/testenv/containerd-up" if target == "containerd" else "--cri-dockerd SOCK"
+            return f"skipped: nothing answers on unix://{peer_socket} ({how})"
         b.start_idle(settle)
         if b.warm:
             held = b.wait_pool(b.warm, 120)
@@ -303,6 +312,9 @@ def main() -> int:
     )
     ap.add_argument("--host-network", action="store_true", help="the pods share the host's network")
     ap.add_argument("--containerd", default=CONTAINERD_SOCK, help="containerd CRI socket")
+    ap.add_argument(
+        "--cri-dockerd", default="", metavar="SOCK", help="cri-dockerd's CRI socket (target cri-dockerd)"
+    )
     ap.add_argument("--settle", type=float, default=10.0, help="idle seconds before the drop (10)")
     ap.add_argument("--timeout", type=float, default=180.0, help="give up on a burst after this long (180 s)")
     args = ap.parse_args()
@@ -311,6 +323,7 @@ def main() -> int:
         return 2
     warm = args.pods if args.warm is None else args.warm
     targets = [t for t in args.targets.split(",") if t]
+    peer_socket = {"containerd": args.containerd, "cri-dockerd": args.cri_dockerd}
     unknown = set(targets) - set(TARGETS)
     if unknown:
         print(f"unknown targets {sorted(unknown)}", file=sys.stderr)
@@ -323,7 +336,7 @@ def main() -> int:
     results: dict[str, Outcome | str] = {}
     for target in targets:
         results[target] = measure(
-            target, args.pods, warm, args.containerd, args.settle, args.timeout, args.host_network
+            target, args.pods, warm, peer_socket.get(target, ""), args.settle, args.timeout, args.host_network
         )
         res = results[target]
         if not isinstance(res, str):

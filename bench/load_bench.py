@@ -7,7 +7,7 @@ CreateContainer, StartContainer, one status round, StopContainer,
 RemoveContainer, StopPodSandbox, RemovePodSandbox), while a poller plays the
 kubelet's relist: every 20 ms it times Version, ListPodSandbox and
 ListContainers. A server that blocks its loop or serializes calls shows up in
-the poller's p99 and max. The raw engine (docker_bench.Raw: the same work
+the poller's p99 and max. The raw engine (endpoints.Raw: the same work
 through the docker SDK, no CRI) runs the lifecycles without a poller: it is
 what the engine itself can do at this concurrency.
 
@@ -37,7 +37,7 @@ import docker
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from docker_bench import CONTAINERD_SOCK, OPS, Cri, Raw, Samples, Shim, _interrupt, clock, pct
+from endpoints import CONTAINERD_SOCK, OPS, Cri, Raw, Samples, Shim, _interrupt, clock, pct
 
 from cri_api import api_pb2 as pb
 
@@ -64,7 +64,7 @@ class Result:
 def run_phase(sock: str, name: str, run_id: str, logs: str, workers: int, seconds: float) -> Result:
     """W workers doing lifecycles and one poller, for ``seconds``; what each measured.
 
-    ``sock`` "" means the raw engine through the SDK (docker_bench.Raw), without a poller.
+    ``sock`` "" means the raw engine through the SDK (endpoints.Raw), without a poller.
     """
     stop = threading.Event()
     per_worker: list[Samples] = [{} for _ in range(workers)]

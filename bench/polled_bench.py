@@ -3,7 +3,7 @@
 Three CRI endpoints in one run:
 - `cri-shim serve --transport grpcio` on the docker backend,
 - `cri-shim serve --transport native` on the docker backend (each shim a child
-  process on a temporary socket, state directory and config: docker_bench.Shim),
+  process on a temporary socket, state directory and config: endpoints.Shim),
 - containerd's CRI plugin (unix:///run/containerd-cri/containerd.sock, already
   running; only the pods this run makes are touched).
 
@@ -67,7 +67,7 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import h2_callers
-from docker_bench import CONTAINERD_SOCK, Cri, Shim, _interrupt, pct
+from endpoints import CONTAINERD_SOCK, Cri, Shim, _interrupt, pct
 
 from cri_api import api_pb2 as pb
 from cri_api import api_pb2_grpc
@@ -91,6 +91,8 @@ RUNTIME = "/runtime.v1.RuntimeService/"
 # share its one), each call costing the callers a few microseconds.
 CALLERS = ("grpcio", "h2")
 STATS = {"ListContainerStats", "ListPodSandboxStats"}
+# The peers the shims are compared with, and their short names in the ratio columns.
+SHORT = {"containerd": "ctrd", "cri-dockerd": "crid"}
 # Pods started at once on one endpoint while filling it (the engine serializes most of it anyway).
 START_WORKERS = 4
 
@@ -392,14 +394,16 @@ def report(
     rss_now: dict[str, float],
     args: argparse.Namespace,
 ) -> None:
-    ref = eps[-1].name  # containerd
-    shims = [e.name for e in eps[:-1]]
+    # Each cri-shim against each peer: containerd, and cri-dockerd when it is in the run.
+    pairs = [
+        (e.name, r.name, SHORT[r.name]) for e in eps if e.name not in SHORT for r in eps if r.name in SHORT
+    ]
     print(
         f"\n=== N = {n} pods, one running container each; ms, n={args.samples} sequential calls per RPC "
         f"and endpoint ({args.stats_samples} for the two *Stats), in rounds of {args.block}"
     )
     head = f"{'RPC':<22}" + "".join(f" | {e.name + ' p50':>16} {'p99':>8}" for e in eps)
-    head += "".join(f" | {s + '/ctrd p50':>17} {'p99':>6}" for s in shims)
+    head += "".join(f" | {s + '/' + short + ' p50':>17} {'p99':>6}" for s, _, short in pairs)
     print(head)
     print("-" * len(head))
     for op in [*POLLED, FLOOR]:
@@ -407,9 +411,8 @@ def report(
         for e in eps:
             v = lat[e.name][op]
             line += f" | {pct(v, 0.5):16.2f} {pct(v, 0.99):8.2f}"
-        c = lat[ref][op]
-        for s in shims:
-            v = lat[s][op]
+        for s, ref, _ in pairs:
+            v, c = lat[s][op], lat[ref][op]
             line += f" | {pct(v, 0.5) / pct(c, 0.5):16.2f}x {pct(v, 0.99) / pct(c, 0.99):5.2f}x"
         print(line)
     # The two stats RPCs weigh most on containerd; the second mean shows the rest alone.
@@ -419,7 +422,7 @@ def report(
     ):
         gm = {e.name: geomean([pct(lat[e.name][op], 0.5) for op in ops]) for e in eps}
         line = f"{label:<22}" + "".join(f" | {gm[e.name]:16.2f} {'':>8}" for e in eps)
-        line += "".join(f" | {gm[s] / gm[ref]:16.2f}x {'':>6}" for s in shims)
+        line += "".join(f" | {gm[s] / gm[ref]:16.2f}x {'':>6}" for s, ref, _ in pairs)
         print(line)
     # How far a p99 ratio moves by chance: each endpoint against itself, the p99 of its calls
     # in even rounds over that of its calls in odd rounds (the same machine, the same minutes).
@@ -445,7 +448,9 @@ def report(
             for e in eps:
                 r = rates[e.name]
                 line += f" | {e.name} {r.calls_s:8.0f}" + (f" ({r.errors} errors)" if r.errors else "")
-            line += "".join(f" | {s}/ctrd {rates[s].calls_s / rates[ref].calls_s:5.2f}x" for s in shims)
+            line += "".join(
+                f" | {s}/{short} {rates[s].calls_s / rates[ref].calls_s:5.2f}x" for s, ref, short in pairs
+            )
             print(line)
             # Who the CPU went to: a runtime that costs less a call is ahead only as far as the
             # callers (sharing the machine's cores) leave it room.
@@ -454,14 +459,14 @@ def report(
                 line = f"{label:<32}"
                 line += "".join(f" | {e.name} {getattr(rates[e.name], field):8.0f}" for e in eps)
                 line += "".join(
-                    f" | {s}/ctrd {getattr(rates[s], field) / getattr(rates[ref], field):5.2f}x"
-                    for s in shims
+                    f" | {s}/{short} {getattr(rates[s], field) / getattr(rates[ref], field):5.2f}x"
+                    for s, ref, short in pairs
                 )
                 print(line)
     for label, rss in (("RSS idle, MiB", rss_idle), (f"RSS at {n} pods, MiB", rss_now)):
         line = f"{label:<32}"
         line += "".join(f" | {e.name} {rss[e.name]:8.1f}" for e in eps)
-        line += "".join(f" | {s}/ctrd {rss[s] / rss[ref]:5.2f}x" for s in shims)
+        line += "".join(f" | {s}/{short} {rss[s] / rss[ref]:5.2f}x" for s, ref, short in pairs)
         print(line)
 
 
@@ -484,6 +489,12 @@ def main() -> int:
     ap.add_argument("--callers", type=int, default=8, help="concurrent callers for throughput (8)")
     ap.add_argument("--containerd", default=CONTAINERD_SOCK, help="containerd CRI socket path")
     ap.add_argument("--containerd-pid", type=int, default=0, help="containerd's pid (found if 0)")
+    ap.add_argument(
+        "--cri-dockerd",
+        default="",
+        metavar="SOCK",
+        help="also cri-dockerd's CRI socket, on the same engine as the shims (its pid: the socket's owner)",
+    )
     ap.add_argument("--seed", type=int, default=1, help="seed of the random pod/container choice (1)")
     ap.add_argument(
         "--unfiltered",
@@ -532,6 +543,13 @@ def main() -> int:
                 args.keep_tmp = True
                 raise
         eps.append(Endpoint("containerd", ctrd, ctrd_pid, cgroup_root))
+        if args.cri_dockerd:
+            crid = Cri("cri-dockerd", args.cri_dockerd, run_id, logs)
+            if not crid.answers():
+                crid.close()
+                print(f"nothing answers on unix://{args.cri_dockerd}", file=sys.stderr)
+                return 1
+            eps.append(Endpoint("cri-dockerd", crid, socket_owner(args.cri_dockerd)[0], cgroup_root))
         ver = ctrd.rt.Version(pb.VersionRequest(), timeout=5)
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         print(

@@ -64,7 +64,7 @@ from shim.cri.errors import ResourceExhaustedError  # noqa: E402
 
 # The same child-process pattern, images and percentile as the docker benchmark.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from docker_bench import (  # noqa: E402
+from endpoints import (  # noqa: E402
     BUSYBOX,
     CONTAINERD_SOCK,
     Cri,
@@ -308,7 +308,7 @@ class DualShim(Shim):
 
 
 class Client(Cri):
-    """docker_bench's CRI client (socket, stubs, pod bookkeeping, cleanup), per handler."""
+    """endpoints.Cri (socket, stubs, pod bookkeeping, cleanup), per handler."""
 
     def __init__(self, sock: str, run_id: str, log_dir: str) -> None:
         super().__init__("cri-shim", sock, run_id, log_dir)

@@ -60,7 +60,7 @@ from typing import Any
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from docker_bench import APP_STOP_TIMEOUT, BUSYBOX, Cri, Shim, _interrupt, pct, pod_sandbox_config
+from endpoints import APP_STOP_TIMEOUT, BUSYBOX, Cri, Shim, _interrupt, pct, pod_sandbox_config
 from fake_bench import ROOT, rss_mib
 
 from cri_api import api_pb2 as pb
@@ -96,7 +96,7 @@ NOISE_FLOOR_MS = 2.0
 RSS_BUDGET_MIB = 10.0
 SETTLE = 3.0  # seconds of quiet before a snapshot (exits and log drains finish)
 LATE = 30.0  # if the end is above idle: seconds more before a second look
-LOG_NAME = "cri-shim.log"  # docker_bench.Shim's log file, in the temp dir
+LOG_NAME = "cri-shim.log"  # endpoints.Shim's log file, in the temp dir
 
 
 # ---------------------------------------------------------------- the shim process
@@ -105,7 +105,7 @@ LOG_NAME = "cri-shim.log"  # docker_bench.Shim's log file, in the temp dir
 class FakeShim(Shim):
     """`cri-shim serve` with its default configuration (the fake handler), on a temporary socket and state.
 
-    docker_bench.Shim's stop and leftover handling, with no engine behind it.
+    endpoints.Shim's stop and leftover handling, with no engine behind it.
     """
 
     def __init__(self, tmp: str) -> None:

@@ -60,7 +60,7 @@ from shim.streaming import spdy  # noqa: E402
 
 # The same child-process shim (docker backend, own socket, state and instance label).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from docker_bench import BUSYBOX, DOCKER_SOCK, PAUSE, Shim  # noqa: E402
+from endpoints import BUSYBOX, DOCKER_SOCK, PAUSE, Shim  # noqa: E402
 
 ECHO_PORT = 8080
 SOURCE_PORT = 8081
