@@ -63,6 +63,7 @@ from endpoints import (  # noqa: E402
     Samples,
     Shim,
     _interrupt,
+    answering,
     clock,
     pct,
 )
@@ -314,10 +315,8 @@ def main() -> int:
             ctrd_desc = "skipped"
         crid: Cri | None = None
         if args.cri_dockerd:
-            crid = Cri("cri-dockerd", args.cri_dockerd, run_id, logs)
-            if not crid.answers():
-                crid.close()
-                print(f"nothing answers on unix://{args.cri_dockerd}", file=sys.stderr)
+            crid = answering("cri-dockerd", args.cri_dockerd, run_id, logs)
+            if crid is None:
                 return 1
             cris.append(crid)
             ver = crid.rt.Version(pb.VersionRequest(), timeout=5)

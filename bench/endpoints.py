@@ -419,6 +419,16 @@ class Shim:
         self.log.close()
 
 
+def answering(name: str, sock: str, run_id: str, log_dir: str) -> Cri | None:
+    """The endpoint on ``sock`` if something answers there; else None, said on stderr."""
+    c = Cri(name, sock, run_id, log_dir)
+    if c.answers():
+        return c
+    c.close()
+    print(f"nothing answers on unix://{sock}", file=sys.stderr)
+    return None
+
+
 def _interrupt(signum: int, frame: object) -> None:
     """SIGTERM: cleaned up as after a Ctrl-C."""
     raise KeyboardInterrupt
