@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2
 
 from shim.cri.codes import Code
 from shim.cri.servicer import IMAGE_SERVICE, RUNTIME_SERVICE, CriServicer, Rpc
-from shim.transport.native.frames import hpack_int, literal_header
+from shim.transport.native.frames import Chunk, hpack_int, literal_header
 
 if TYPE_CHECKING:
     from shim.transport.native.connection import Connection, Stream
@@ -124,7 +124,7 @@ class Calls:
         self.stopping = False  # no new calls; health checks answer NOT_SERVING
         self.context: contextvars.Context = contextvars.copy_context()
 
-    def dispatch(self, conn: Connection, st: Stream, message: bytes, out: list[bytes]) -> None:
+    def dispatch(self, conn: Connection, st: Stream, message: bytes, out: list[Chunk]) -> None:
         rpc = self.methods.get(st.method)
         if rpc is None:
             if st.method == HEALTH_CHECK:
@@ -142,7 +142,7 @@ class Calls:
         else:
             self._spawn(conn, st, self._run_unary(conn, st, outcome))
 
-    def _reply(self, conn: Connection, st: Stream, outcome: Any, out: list[bytes] | None) -> None:
+    def _reply(self, conn: Connection, st: Stream, outcome: Any, out: list[Chunk] | None) -> None:
         code, detail, resp = outcome
         if code == Code.OK:
             data = _serialized(resp)
@@ -154,7 +154,7 @@ class Calls:
                     out,
                 )
                 return
-            frames: list[bytes] = [] if out is None else out
+            frames: list[Chunk] = [] if out is None else out
             conn.reply(st, data, frames)
             if out is None:
                 conn.write(frames)
@@ -214,7 +214,7 @@ class Calls:
                     pass
         conn.finish(st, Code.OK, "")
 
-    def _health(self, conn: Connection, st: Stream, message: bytes, out: list[bytes]) -> None:
+    def _health(self, conn: Connection, st: Stream, message: bytes, out: list[Chunk]) -> None:
         try:
             service = health_pb2.HealthCheckRequest.FromString(message).service
         except Exception:

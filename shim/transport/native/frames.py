@@ -44,6 +44,16 @@ class ProtocolViolation(Exception):
         self.code = code
 
 
+# What an outgoing list holds until one join sends it: frames, or parts of them cut from a
+# message without copying.
+Chunk = bytes | memoryview
+
+
+def data_head(length: int, sid: bytes) -> bytes:
+    """The 9-byte head of a DATA frame of ``length`` bytes on stream ``sid`` (4 bytes, big-endian)."""
+    return bytes((length >> 16, (length >> 8) & 0xFF, length & 0xFF, DATA, 0)) + sid
+
+
 def encode_frame(kind: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
     n = len(payload)
     return bytes((n >> 16, (n >> 8) & 0xFF, n & 0xFF, kind, flags)) + sid.to_bytes(4, "big") + payload
