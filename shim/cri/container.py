@@ -35,7 +35,7 @@ from shim.cri.errors import (
     ResourceExhaustedError,
     UnimplementedError,
 )
-from shim.cri.list_cache import ListCache, StatusCache, labels_match, record_labels
+from shim.cri.list_cache import ListCache, StatusCache, with_labels
 from shim.cri.messages import container_pb, container_status_pb
 from shim.cri.state import Shim
 from shim.cri.store import container_name, container_to_json
@@ -236,16 +236,15 @@ class ContainerService:
             candidates = store.containers.values()
         want_state = f.state.state if f.HasField("state") else None
         sandbox_id = f.pod_sandbox_id
-        selector = dict(f.label_selector)  # read once, not a protobuf map lookup per record
         keep = [
             c
             for c in candidates
             if c.committed
             and (want_state is None or c.status.state == want_state)
             and (not sandbox_id or c.sandbox_id.startswith(sandbox_id))
-            and (not selector or labels_match(record_labels(c), selector))
         ]
-        return self._list_cache.encode(keep)
+        # The selector read once, not a protobuf map lookup per record.
+        return self._list_cache.encode(with_labels(keep, dict(f.label_selector)))
 
     # ------------------------------------------------------------------ changes
     async def update_resources(
@@ -380,14 +379,12 @@ class ContainerService:
             candidates = [c] if c is not None else []
         else:
             candidates = shim.store.containers.values()
-        selector = dict(f.label_selector)
         keep = [
             c
             for c in candidates
-            if c.committed
-            and (not f.pod_sandbox_id or c.sandbox_id.startswith(f.pod_sandbox_id))
-            and (not selector or labels_match(record_labels(c), selector))
+            if c.committed and (not f.pod_sandbox_id or c.sandbox_id.startswith(f.pod_sandbox_id))
         ]
+        keep = with_labels(keep, dict(f.label_selector))
         by_backend: dict[str, list[ContainerRecord]] = {}
         for c in keep:
             by_backend.setdefault(c.backend, []).append(c)

@@ -128,8 +128,24 @@ def record_labels(r: Labelled) -> dict[str, str]:
     return labels
 
 
-def labels_match(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
-    for k, v in selector.items():
-        if labels.get(k) != v:
-            return False
-    return True
+L = TypeVar("L", bound=Labelled)
+
+
+def with_labels(records: list[L], selector: Mapping[str, str]) -> list[L]:
+    """The records whose labels hold every pair of ``selector`` (all of them if it is empty),
+    in one pass that makes no call per record on a kept label map."""
+    if not selector:
+        return records
+    if len(selector) == 1:
+        ((key, value),) = selector.items()
+        return [r for r in records if (r.label_map or record_labels(r)).get(key) == value]
+    pairs = tuple(selector.items())
+    kept = []
+    for r in records:
+        labels = r.label_map or record_labels(r)
+        for k, v in pairs:
+            if labels.get(k) != v:
+                break
+        else:
+            kept.append(r)
+    return kept

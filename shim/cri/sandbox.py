@@ -29,7 +29,7 @@ from shim.cri.errors import (
     NotFoundError,
     UnimplementedError,
 )
-from shim.cri.list_cache import ListCache, StatusCache, labels_match, record_labels
+from shim.cri.list_cache import ListCache, StatusCache, with_labels
 from shim.cri.messages import sandbox_pb, sandbox_status_pb
 from shim.cri.state import Shim
 from shim.cri.store import sandbox_name, sandbox_to_json
@@ -156,15 +156,9 @@ class SandboxService:
         else:
             candidates = store.sandboxes.values()
         want_state = f.state.state if f.HasField("state") else None
-        selector = dict(f.label_selector)  # read once, not a protobuf map lookup per record
-        keep = [
-            sb
-            for sb in candidates
-            if sb.committed
-            and (want_state is None or sb.state == want_state)
-            and (not selector or labels_match(record_labels(sb), selector))
-        ]
-        return self._list_cache.encode(keep)
+        keep = [sb for sb in candidates if sb.committed and (want_state is None or sb.state == want_state)]
+        # The selector read once, not a protobuf map lookup per record.
+        return self._list_cache.encode(with_labels(keep, dict(f.label_selector)))
 
     # ------------------------------------------------------------------ stats
     async def stats(self, req: pb.PodSandboxStatsRequest) -> pb.PodSandboxStatsResponse:
@@ -181,14 +175,12 @@ class SandboxService:
     async def list_stats(self, req: pb.ListPodSandboxStatsRequest) -> pb.ListPodSandboxStatsResponse:
         shim = self.shim
         f = req.filter
-        selector = dict(f.label_selector)
         sandboxes = [
             sb
             for sb in shim.store.sandboxes.values()
-            if sb.committed
-            and (not f.id or sb.id.startswith(f.id))
-            and (not selector or labels_match(record_labels(sb), selector))
+            if sb.committed and (not f.id or sb.id.startswith(f.id))
         ]
+        sandboxes = with_labels(sandboxes, dict(f.label_selector))
         resp = pb.ListPodSandboxStatsResponse()
         by_backend: dict[str, list[SandboxRecord]] = {}
         for sb in sandboxes:

@@ -8,7 +8,7 @@ import pytest
 
 from backends.contract.records import ContainerRecord
 from cri_api import api_pb2 as pb
-from shim.cri.list_cache import ListCache, StatusCache, field1_entry, labels_match, record_labels
+from shim.cri.list_cache import ListCache, StatusCache, field1_entry, record_labels, with_labels
 from shim.cri.servicer import _split_entries
 from tests.conftest import Running
 
@@ -20,10 +20,37 @@ def test_concatenated_entries_are_a_valid_response() -> None:
     assert len(_split_entries(data)) == len(items)
 
 
-def test_labels_match() -> None:
-    assert labels_match({"a": "1", "b": "2"}, {"a": "1"})
-    assert not labels_match({"a": "1"}, {"a": "2"})
-    assert not labels_match({}, {"a": "1"})
+def _labelled(name: str, labels: dict[str, str]) -> ContainerRecord:
+    return ContainerRecord(
+        id=name * 64,
+        sandbox_id="s" * 64,
+        backend="fake",
+        config=pb.ContainerConfig(labels=labels),
+        created_at=1,
+        log_path="",
+    )
+
+
+def test_with_labels_keeps_the_records_holding_every_pair() -> None:
+    recs = [
+        _labelled("a", {"app": "web", "tier": "1"}),
+        _labelled("b", {"app": "web"}),
+        _labelled("c", {}),
+        _labelled("d", {"app": "db", "tier": "1"}),
+    ]
+
+    def ids(selector: dict[str, str]) -> str:
+        return "".join(r.id[0] for r in with_labels(recs, selector))
+
+    assert with_labels(recs, {}) is recs  # no selector: every record, no pass over them
+    assert ids({"app": "web"}) == "ab"  # one pair
+    assert ids({"app": "web", "tier": "1"}) == "a"  # several pairs: all must hold
+    assert ids({"tier": "1"}) == "ad"
+    assert ids({"app": ""}) == ""  # an empty value matches only a label that is there and empty
+    assert ids({"absent": "x"}) == ""
+    assert ids({"app": "web", "absent": "x"}) == ""
+    # The label maps are kept on the records, empty ones too.
+    assert all(r.label_map is not None for r in recs)
 
 
 def test_list_entries_follow_each_records_status() -> None:
@@ -70,7 +97,7 @@ def test_record_labels_are_the_configs_read_once() -> None:
     labels = record_labels(r)
     assert labels == {"app": "web", "tier": "1"} and type(labels) is dict
     assert record_labels(r) is labels
-    assert labels_match(labels, {"app": "web"}) and not labels_match(labels, {"app": "db"})
+    assert with_labels([r], {"app": "web"}) == [r] and with_labels([r], {"app": "db"}) == []
 
 
 def test_status_cache_reuses_only_for_the_same_record_and_key() -> None:
