@@ -26,6 +26,8 @@ import pytest
 from h2.settings import SettingCodes
 
 from cri_api import api_pb2 as pb
+from shim.transport.native.connection import Connection, Stream
+from shim.transport.native.frames import Chunk
 from tests.criutil import until
 from tests.transport.conftest import Native, pod_request, start_native
 from tests.transport.h2peer import (
@@ -90,6 +92,39 @@ async def peers(native: Native) -> AsyncIterator[OpenPeer]:
 
 
 # ---------------------------------------------------------------------- flow control
+async def test_a_reply_longer_than_a_frame_within_the_windows_goes_out_at_once(
+    native: Native, peers: OpenPeer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Open windows and 16 KiB frames: the answer is cut into frames of the peer's size in the
+    one piece reply() writes (not queued), and h2 takes every frame of it."""
+    pods = await make_pods(native, 400)
+    peer = await peers({SettingCodes.INITIAL_WINDOW_SIZE: 1 << 22})
+    peer.grant(1 << 24)
+    await peer.ping()
+    queued: list[int] = []
+    original = Connection.send_message
+
+    def counting(self: Connection, st: Stream, message: bytes, out: list[Chunk] | None = None) -> None:
+        queued.append(st.sid)
+        original(self, st, message, out)
+
+    monkeypatch.setattr(Connection, "send_message", counting)
+    sid = await peer.start(LIST, pb.ListPodSandboxRequest())
+    reply = await peer.reply(sid)
+    assert listed(reply) == pods
+    sizes = [n for kind, _, s, n in peer.frames if kind == 0 and s == sid]
+    assert len(sizes) > 3 and set(sizes[:-1]) == {16384} and 0 < sizes[-1] <= 16384
+    assert sid not in queued
+    # A window that cannot take the whole answer: queued, and still whole.
+    small = await peers({SettingCodes.INITIAL_WINDOW_SIZE: 20_000})
+    small.grant(1 << 24)
+    sid2 = await small.start(LIST, pb.ListPodSandboxRequest())
+    await small.ping()
+    assert sid2 in queued and small.received(sid2) == 20_000
+    small.grant(1 << 24, sid2)
+    assert listed(await small.reply(sid2)) == pods
+
+
 async def test_a_tiny_client_window_is_filled_exactly_never_overrun(native: Native, peers: OpenPeer) -> None:
     pods = await make_pods(native, 500)
     peer = await peers({SettingCodes.INITIAL_WINDOW_SIZE: 300}, auto_ack=False)
