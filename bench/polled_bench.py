@@ -25,10 +25,11 @@ pause image is docker_bench's, containerd's is its own config's). Then:
   concurrent callers for --seconds, endpoints in turns, made two ways: grpcio's
   client (threads, one channel and connection each; 200-300 us of this process's
   CPU a call, so that on 2 cores the callers weigh more than the runtime), and
-  bench/h2_callers.py (all --callers calls in flight on one connection, as a
-  kubelet's goroutines share its one; a few us a call, so the runtime's own cost
-  shows). Each also gives the CPU a call cost the runtime's process
-  (/proc/PID/stat) and the callers;
+  bench/h2_callers.py (a few us a call, as a Go client, so the runtime's own cost
+  shows) twice: --callers connections with one call in flight each (independent
+  clients), then all --callers calls in flight on one connection (as a kubelet's
+  goroutines share its one). Each also gives the CPU a call cost the runtime's
+  process (/proc/PID/stat) and the callers;
 - memory: RSS (VmRSS) of each runtime's process, idle before any pod and at each
   N. The shim's is its child's pid; containerd's is read from a pid file beside
   its socket if there is one, else from the process holding its listening socket
@@ -87,9 +88,10 @@ FLOOR = "Version"
 THROUGHPUT = ["ListContainers", "ContainerStatus"]
 RUNTIME = "/runtime.v1.RuntimeService/"
 # How the callers of a throughput phase are made: grpcio's client, a thread and connection
-# each; or h2_callers, all the calls in flight on one connection (as a kubelet's goroutines
-# share its one), each call costing the callers a few microseconds.
-CALLERS = ("grpcio", "h2")
+# each; h2_callers, a thread and connection each with one call in flight (independent
+# clients, each call costing the callers a few microseconds); or h2_callers with all the
+# calls in flight on one connection (as a kubelet's goroutines share its one).
+CALLERS = ("grpcio", "h2conns", "h2")
 STATS = {"ListContainerStats", "ListPodSandboxStats"}
 # The peers the shims are compared with, and their short names in the ratio columns.
 SHORT = {"containerd": "ctrd", "cri-dockerd": "crid"}
@@ -366,9 +368,12 @@ def throughput(e: Endpoint, op: str, callers: int, seconds: float, seed: int, un
     return Rate(n / elapsed, sum(errors), server_us, callers_us)
 
 
-def throughput_h2(e: Endpoint, op: str, in_flight: int, seconds: float, seed: int, unfiltered: bool) -> Rate:
-    """Calls/s of ``op`` with ``in_flight`` calls at once on one connection, made by h2_callers
-    (a few microseconds of CPU a call: the runtime's own cost bounds the rate)."""
+def throughput_h2(
+    e: Endpoint, op: str, callers: int, seconds: float, seed: int, unfiltered: bool, one_conn: bool = True
+) -> Rate:
+    """Calls/s of ``op`` made by h2_callers (a few microseconds of CPU a call: the runtime's own
+    cost bounds the rate): ``callers`` calls at once on one connection, or (``one_conn`` false)
+    ``callers`` connections with a call in flight each."""
     if op == "ListContainers":
         bodies = [e.list_requests(unfiltered)["ListContainers"].SerializeToString()]
     else:
@@ -376,7 +381,8 @@ def throughput_h2(e: Endpoint, op: str, in_flight: int, seconds: float, seed: in
         random.Random(seed).shuffle(ids)
         bodies = [pb.ContainerStatusRequest(container_id=c).SerializeToString() for c in ids]
     server0, callers0 = cpu_seconds(e.pid), time.process_time()
-    rate, errors, n = h2_callers.throughput(e.cri.sock, f"{RUNTIME}{op}", bodies, 1, in_flight, seconds)
+    conns, depth = (1, callers) if one_conn else (callers, 1)
+    rate, errors, n = h2_callers.throughput(e.cri.sock, f"{RUNTIME}{op}", bodies, conns, depth, seconds)
     server_us = (cpu_seconds(e.pid) - server0) / max(n, 1) * 1e6
     callers_us = (time.process_time() - callers0) / max(n, 1) * 1e6
     return Rate(rate, errors, server_us, callers_us)
@@ -454,6 +460,8 @@ def report(
         for how in CALLERS:
             if how == "grpcio":
                 label = f"{op} x{args.callers} grpcio"
+            elif how == "h2conns":
+                label = f"{op} x{args.callers} conns"
             else:
                 label = f"{op} {args.callers} on 1 conn"
             line = f"{label:<32}"
@@ -583,9 +591,14 @@ def main() -> int:
             tput: dict[tuple[str, str, str], Rate] = {}
             for k, (op, how) in enumerate((op, how) for op in THROUGHPUT for how in CALLERS):
                 order = eps[k % len(eps) :] + eps[: k % len(eps)]
-                run = throughput if how == "grpcio" else throughput_h2
                 for e in order:
-                    tput[(e.name, op, how)] = run(e, op, args.callers, args.seconds, seed, args.unfiltered)
+                    if how == "grpcio":
+                        rate = throughput(e, op, args.callers, args.seconds, seed, args.unfiltered)
+                    else:
+                        rate = throughput_h2(
+                            e, op, args.callers, args.seconds, seed, args.unfiltered, one_conn=how == "h2"
+                        )
+                    tput[(e.name, op, how)] = rate
             rss_now = {e.name: rss_mib(e.pid) for e in eps}
             print(f"load average now {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
             report(n, eps, lat, tput, rss_idle, rss_now, args)
