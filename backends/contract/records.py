@@ -9,9 +9,22 @@ the shim). Records carry the original CRI config messages.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import itertools
+from typing import Any, ClassVar
 
 from cri_api import api_pb2 as pb
+
+# Every change of what a List answer is made of gets a number never used before: the shim keeps
+# whole List answers while their kind's ``epoch`` is the one they were built at (shim/cri/list_cache.py).
+_CHANGES = itertools.count(1)
+# The fields a List answer or its filter reads that are ever set after a record is made (its
+# entry is rebuilt when ``status`` is replaced; ``committed`` and the state filter decide if it is in).
+_LISTED = frozenset({"status", "committed"})
+
+
+def changed(kind: type[SandboxRecord] | type[ContainerRecord]) -> None:
+    """Says that the set of ``kind``'s records, or what a List answer holds of one, changed."""
+    kind.epoch = next(_CHANGES)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -39,6 +52,12 @@ class SandboxRecord:
     wire: tuple[object, bytes] | None = dataclasses.field(default=None, repr=False, compare=False)
     # config.labels as a dict, made at the first label-filtered List (shim/cri/list_cache.py).
     label_map: dict[str, str] | None = dataclasses.field(default=None, repr=False, compare=False)
+    epoch: ClassVar[int] = 0
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+        if name in _LISTED:
+            changed(SandboxRecord)
 
     @property
     def state(self) -> pb.PodSandboxState:
@@ -87,6 +106,12 @@ class ContainerRecord:
     committed: bool = False
     wire: tuple[object, bytes] | None = dataclasses.field(default=None, repr=False, compare=False)
     label_map: dict[str, str] | None = dataclasses.field(default=None, repr=False, compare=False)
+    epoch: ClassVar[int] = 0
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+        if name in _LISTED:
+            changed(ContainerRecord)
 
     @property
     def state(self) -> pb.ContainerState:

@@ -35,7 +35,7 @@ from shim.cri.errors import (
     ResourceExhaustedError,
     UnimplementedError,
 )
-from shim.cri.list_cache import ListCache, StatusCache, with_labels
+from shim.cri.list_cache import Answers, ListCache, StatusCache, with_labels
 from shim.cri.messages import container_pb, container_status_pb
 from shim.cri.state import Shim
 from shim.cri.store import container_name, container_to_json
@@ -59,6 +59,7 @@ class ContainerService:
     def __init__(self, shim: Shim) -> None:
         self.shim = shim
         self._list_cache: ListCache[ContainerRecord] = ListCache(container_pb)
+        self._answers = Answers()
         self._status_cache = StatusCache()
 
     # ------------------------------------------------------------------ lifecycle
@@ -233,9 +234,26 @@ class ContainerService:
             sb = store.sandboxes.get(f.pod_sandbox_id) or _find_sandbox_quiet(self.shim, f.pod_sandbox_id)
             candidates = store.containers_of(sb.id) if sb is not None else []
         else:
-            candidates = store.containers.values()
+            candidates = None
         want_state = f.state.state if f.HasField("state") else None
-        sandbox_id = f.pod_sandbox_id
+        selector = dict(f.label_selector)  # read once, not a protobuf map lookup per record
+        if candidates is None:  # every container: the answer may be one kept whole
+            key = (want_state, tuple(sorted(selector.items())))
+            epoch = ContainerRecord.epoch
+            kept = self._answers.get(key, epoch)
+            if kept is None:
+                kept = self._list(store.containers.values(), want_state, "", selector)
+                self._answers.put(key, epoch, kept)
+            return kept
+        return self._list(candidates, want_state, f.pod_sandbox_id, selector)
+
+    def _list(
+        self,
+        candidates: list[ContainerRecord],
+        want_state: int | None,
+        sandbox_id: str,
+        selector: dict[str, str],
+    ) -> bytes:
         keep = [
             c
             for c in candidates
@@ -243,8 +261,7 @@ class ContainerService:
             and (want_state is None or c.status.state == want_state)
             and (not sandbox_id or c.sandbox_id.startswith(sandbox_id))
         ]
-        # The selector read once, not a protobuf map lookup per record.
-        return self._list_cache.encode(with_labels(keep, dict(f.label_selector)))
+        return self._list_cache.encode(with_labels(keep, selector))
 
     # ------------------------------------------------------------------ changes
     async def update_resources(

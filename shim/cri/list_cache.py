@@ -8,6 +8,10 @@ record's status object is replaced (statuses are frozen; any change makes a
 new one). A response is then the concatenation of those entries, which is
 a valid encoding of the response message.
 
+A whole answer is kept too, by its filter, until any record of its kind
+changes (:class:`Answers`): then a relist with nothing changed costs no walk
+of the records at all.
+
 ContainerStatus and PodSandboxStatus (not verbose) are polled too: the
 kubelet asks them for every container of a pod at each of its syncs, and
 building one costs about 0.1 ms, as much as the rest of the call. Their
@@ -68,6 +72,28 @@ class ListCache(Generic[R]):
         entry = field1_entry(self._build(r).SerializeToString())
         r.wire = (r.status, entry)
         return entry
+
+
+class Answers:
+    """Whole List answers by filter, each kept with the ``epoch`` of its record kind it was built
+    at (backends/contract/records.py: a new number on every change of the records' set, of a
+    record's status or of its ``committed``): a kubelet relists with the same filters every
+    second, most often with nothing changed. At most ``size`` filters; the oldest goes first."""
+
+    def __init__(self, size: int = 16) -> None:
+        self.size = size
+        self._entries: dict[object, tuple[int, bytes]] = {}
+
+    def get(self, key: object, epoch: int) -> bytes | None:
+        hit = self._entries.get(key)
+        return hit[1] if hit is not None and hit[0] == epoch else None
+
+    def put(self, key: object, epoch: int, data: bytes) -> None:
+        """``epoch`` as read before the answer was built: a change meanwhile makes it stale at once."""
+        entries = self._entries
+        if key not in entries and len(entries) >= self.size:
+            del entries[next(iter(entries))]
+        entries[key] = (epoch, data)
 
 
 class StatusCache:

@@ -29,7 +29,7 @@ from shim.cri.errors import (
     NotFoundError,
     UnimplementedError,
 )
-from shim.cri.list_cache import ListCache, StatusCache, with_labels
+from shim.cri.list_cache import Answers, ListCache, StatusCache, with_labels
 from shim.cri.messages import sandbox_pb, sandbox_status_pb
 from shim.cri.state import Shim
 from shim.cri.store import sandbox_name, sandbox_to_json
@@ -41,6 +41,7 @@ class SandboxService:
     def __init__(self, shim: Shim) -> None:
         self.shim = shim
         self._list_cache: ListCache[SandboxRecord] = ListCache(sandbox_pb)
+        self._answers = Answers()
         self._status_cache = StatusCache()
 
     async def run(self, req: pb.RunPodSandboxRequest) -> pb.RunPodSandboxResponse:
@@ -150,15 +151,25 @@ class SandboxService:
     def list_(self, req: pb.ListPodSandboxRequest) -> bytes:
         f = req.filter
         store = self.shim.store
+        want_state = f.state.state if f.HasField("state") else None
+        selector = dict(f.label_selector)  # read once, not a protobuf map lookup per record
         if f.id:
             sb = store.sandboxes.get(f.id) or _find_quiet(self.shim, f.id)
-            candidates = [sb] if sb is not None else []
-        else:
-            candidates = store.sandboxes.values()
-        want_state = f.state.state if f.HasField("state") else None
+            return self._list([sb] if sb is not None else [], want_state, selector)
+        # Every pod: the answer may be one kept whole.
+        key = (want_state, tuple(sorted(selector.items())))
+        epoch = SandboxRecord.epoch
+        kept = self._answers.get(key, epoch)
+        if kept is None:
+            kept = self._list(store.sandboxes.values(), want_state, selector)
+            self._answers.put(key, epoch, kept)
+        return kept
+
+    def _list(
+        self, candidates: list[SandboxRecord], want_state: int | None, selector: dict[str, str]
+    ) -> bytes:
         keep = [sb for sb in candidates if sb.committed and (want_state is None or sb.state == want_state)]
-        # The selector read once, not a protobuf map lookup per record.
-        return self._list_cache.encode(with_labels(keep, dict(f.label_selector)))
+        return self._list_cache.encode(with_labels(keep, selector))
 
     # ------------------------------------------------------------------ stats
     async def stats(self, req: pb.PodSandboxStatsRequest) -> pb.PodSandboxStatsResponse:

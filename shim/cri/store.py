@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar
 import structlog
 
 from backends.contract import ContainerRecord, ContainerStatus, SandboxRecord, SandboxStatus
+from backends.contract.records import changed
 from cri_api import api_pb2 as pb
 from shim.cri.errors import (
     AlreadyExistsError,
@@ -71,9 +72,12 @@ class Table(Generic[R]):
 
     def add(self, record: R) -> None:
         self._by_id[record.id] = record
+        changed(type(record))
 
     def discard(self, full_id: str) -> None:
-        self._by_id.pop(full_id, None)
+        record = self._by_id.pop(full_id, None)
+        if record is not None:
+            changed(type(record))
 
     def resolve(self, ref: str) -> R:
         """The record whose ID is ``ref`` or starts with it (crictl users type short IDs)."""

@@ -1,16 +1,20 @@
-"""Pre-encoded List responses decode to the same messages; cached status responses follow every change."""
+"""Pre-encoded List responses decode to the same messages; kept List answers and cached status
+responses follow every change."""
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 import pytest
 
-from backends.contract.records import ContainerRecord
+from backends.contract.records import ContainerRecord, SandboxRecord
 from cri_api import api_pb2 as pb
-from shim.cri.list_cache import ListCache, StatusCache, field1_entry, record_labels, with_labels
+from shim.cri.list_cache import Answers, ListCache, StatusCache, field1_entry, record_labels, with_labels
 from shim.cri.servicer import _split_entries
+from shim.cri.store import Table
 from tests.conftest import Running
+from tests.criutil import until
 
 
 def test_concatenated_entries_are_a_valid_response() -> None:
@@ -161,3 +165,115 @@ async def test_cached_statuses_follow_every_change(running: Running) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid))
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_answers_are_kept_for_their_epoch_and_bounded() -> None:
+    answers = Answers(size=2)
+    answers.put("a", 1, b"A")
+    assert answers.get("a", 1) == b"A"
+    assert answers.get("a", 2) is None  # anything changed since: built again
+    answers.put("b", 1, b"B")
+    answers.put("c", 1, b"C")  # over the bound: the oldest filter goes
+    assert answers.get("a", 1) is None and answers.get("c", 1) == b"C"
+
+
+def test_the_epoch_moves_with_every_change_a_list_answer_reads() -> None:
+    table: Table[ContainerRecord] = Table("container")
+    rec = _labelled("a", {"app": "web"})
+    seen = [ContainerRecord.epoch]
+
+    def moved() -> bool:
+        now = ContainerRecord.epoch
+        fresh = now not in seen
+        seen.append(now)
+        return fresh
+
+    table.add(rec)
+    assert moved()
+    rec.committed = True
+    assert moved()
+    rec.status = dataclasses.replace(rec.status, started_at=5)
+    assert moved()
+    sandbox_epoch = SandboxRecord.epoch
+    # What no answer is made of moves nothing: the kept entry, the label map, a backend's notes.
+    rec.wire = (rec.status, b"x")
+    rec.label_map = {"app": "web"}
+    rec.backend_data["k"] = "v"
+    assert not moved()
+    table.discard(rec.id)
+    assert moved()
+    table.discard(rec.id)  # nothing there: nothing changed
+    assert not moved()
+    assert SandboxRecord.epoch == sandbox_epoch  # each kind its own
+
+
+async def test_kept_list_answers_follow_every_change(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ListContainers and ListPodSandbox, unfiltered and by state and label, after each step of a
+    pod's life (an exit the backend reports too); a relist with nothing changed walks no record."""
+    rt = running.rt
+    encoded: list[int] = []
+    original = ListCache.encode
+
+    def counting(self: ListCache[Any], records: Any) -> bytes:
+        encoded.append(1)
+        return original(self, records)
+
+    monkeypatch.setattr(ListCache, "encode", counting)
+    sc = pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name="p", uid="u", namespace="n"), labels={"app": "x"}
+    )
+    cc = pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name="c"),
+        image=pb.ImageSpec(image="busybox"),
+        command=["sh", "-c", "sleep 0.2; exit 3"],
+        labels={"app": "x"},
+    )
+    await running.im.PullImage(pb.PullImageRequest(image=cc.image))
+    running_only = pb.ContainerStateValue(state=pb.CONTAINER_RUNNING)
+    ready_only = pb.PodSandboxStateValue(state=pb.SANDBOX_READY)
+
+    async def containers() -> tuple[list[tuple[str, int]], list[str], list[str]]:
+        every = (await rt.ListContainers(pb.ListContainersRequest())).containers
+        up = (
+            await rt.ListContainers(pb.ListContainersRequest(filter=pb.ContainerFilter(state=running_only)))
+        ).containers
+        app = pb.ContainerFilter(label_selector={"app": "x"})
+        labelled = (await rt.ListContainers(pb.ListContainersRequest(filter=app))).containers
+        return [(c.id, c.state) for c in every], [c.id for c in up], [c.id for c in labelled]
+
+    async def pods() -> tuple[list[tuple[str, int]], list[str]]:
+        every = (await rt.ListPodSandbox(pb.ListPodSandboxRequest())).items
+        ready = pb.PodSandboxFilter(state=ready_only)
+        return [(p.id, p.state) for p in every], [
+            p.id for p in (await rt.ListPodSandbox(pb.ListPodSandboxRequest(filter=ready))).items
+        ]
+
+    assert await containers() == ([], [], []) and await pods() == ([], [])
+    pod = (await rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc))).pod_sandbox_id
+    assert await pods() == ([(pod, pb.SANDBOX_READY)], [pod])
+    cid = (
+        await rt.CreateContainer(pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc))
+    ).container_id
+    assert await containers() == ([(cid, pb.CONTAINER_CREATED)], [], [cid])
+    await rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    assert await containers() == ([(cid, pb.CONTAINER_RUNNING)], [cid], [cid])
+    # Nothing changed: the same answers, not one record walked or encoded again.
+    encoded.clear()
+    assert await containers() == ([(cid, pb.CONTAINER_RUNNING)], [cid], [cid])
+    assert await pods() == ([(pod, pb.SANDBOX_READY)], [pod])
+    assert encoded == []
+    # The process ends on its own: the backend says so, and the next relist shows it.
+    exited = ([(cid, pb.CONTAINER_EXITED)], [], [cid])
+
+    async def has_exited() -> bool:
+        return await containers() == exited
+
+    await until(has_exited)
+    await rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod))
+    assert await pods() == ([(pod, pb.SANDBOX_NOTREADY)], [])
+    await rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid))
+    assert await containers() == ([], [], [])
+    await rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod))
+    assert await pods() == ([], [])
