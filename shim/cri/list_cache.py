@@ -75,25 +75,40 @@ class ListCache(Generic[R]):
 
 
 class Answers:
-    """Whole List answers by filter, each kept with the ``epoch`` of its record kind it was built
-    at (backends/contract/records.py: a new number on every change of the records' set, of a
+    """Whole List answers by filter, all built at one ``epoch`` of their record kind
+    (backends/contract/records.py: a new number on every change of the records' set, of a
     record's status or of its ``committed``): a kubelet relists with the same filters every
-    second, most often with nothing changed. At most ``size`` filters; the oldest goes first."""
+    second, most often with nothing changed. The first call after a change drops them all (none
+    can be used again); at most ``size`` filters are kept, and only answers of at most
+    ``max_bytes`` (a list of thousands of records costs more to send than to build, and a copy of
+    it kept per filter would be memory the entries already hold)."""
 
-    def __init__(self, size: int = 16) -> None:
+    def __init__(self, size: int = 16, max_bytes: int = 1 << 20) -> None:
         self.size = size
-        self._entries: dict[object, tuple[int, bytes]] = {}
+        self.max_bytes = max_bytes
+        self._epoch = -1
+        self._entries: dict[object, bytes] = {}
 
     def get(self, key: object, epoch: int) -> bytes | None:
-        hit = self._entries.get(key)
-        return hit[1] if hit is not None and hit[0] == epoch else None
+        if epoch != self._epoch:
+            self._entries.clear()
+            return None
+        return self._entries.get(key)
 
     def put(self, key: object, epoch: int, data: bytes) -> None:
         """``epoch`` as read before the answer was built: a change meanwhile makes it stale at once."""
+        if epoch != self._epoch:
+            self._entries.clear()
+            self._epoch = epoch
+        if len(data) > self.max_bytes:
+            return
         entries = self._entries
         if key not in entries and len(entries) >= self.size:
             del entries[next(iter(entries))]
-        entries[key] = (epoch, data)
+        entries[key] = data
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 class StatusCache:

@@ -168,13 +168,19 @@ async def test_cached_statuses_follow_every_change(running: Running) -> None:
 
 
 def test_answers_are_kept_for_their_epoch_and_bounded() -> None:
-    answers = Answers(size=2)
+    answers = Answers(size=2, max_bytes=4)
     answers.put("a", 1, b"A")
     assert answers.get("a", 1) == b"A"
-    assert answers.get("a", 2) is None  # anything changed since: built again
     answers.put("b", 1, b"B")
     answers.put("c", 1, b"C")  # over the bound: the oldest filter goes
     assert answers.get("a", 1) is None and answers.get("c", 1) == b"C"
+    answers.put("big", 1, b"12345")  # longer than max_bytes: not kept
+    assert answers.get("big", 1) is None and len(answers) == 2
+    assert answers.get("c", 2) is None  # anything changed since: built again...
+    assert len(answers) == 0  # ...and nothing of the old epoch is held any more
+    answers.put("c", 2, b"C2")
+    answers.put("d", 1, b"D")  # built before a change it did not see: replaces nothing usable
+    assert answers.get("c", 2) is None and answers.get("d", 2) is None
 
 
 def test_the_epoch_moves_with_every_change_a_list_answer_reads() -> None:
