@@ -238,13 +238,12 @@ class ContainerService:
         want_state = f.state.state if f.HasField("state") else None
         selector = dict(f.label_selector)  # read once, not a protobuf map lookup per record
         if candidates is None:  # every container: the answer may be one kept whole
-            key = (want_state, tuple(sorted(selector.items())))
-            epoch = ContainerRecord.epoch
-            kept = self._answers.get(key, epoch)
-            if kept is None:
-                kept = self._list(store.containers.values(), want_state, "", selector)
-                self._answers.put(key, epoch, kept)
-            return kept
+            return self._answers.answer(
+                want_state,
+                selector,
+                ContainerRecord.epoch,
+                lambda: self._list(store.containers.values(), want_state, "", selector),
+            )
         return self._list(candidates, want_state, f.pod_sandbox_id, selector)
 
     def _list(

@@ -110,6 +110,18 @@ class Answers:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def answer(
+        self, want_state: int | None, selector: Mapping[str, str], epoch: int, build: Callable[[], bytes]
+    ) -> bytes:
+        """The answer to a List with this state filter and label selector, kept or built now
+        (``epoch``: the record kind's, read before ``build`` runs)."""
+        key = (want_state, tuple(sorted(selector.items())))
+        kept = self.get(key, epoch)
+        if kept is None:
+            kept = build()
+            self.put(key, epoch, kept)
+        return kept
+
 
 class StatusCache:
     """Encoded status responses of the most recently asked records (at most ``size``).

@@ -157,13 +157,12 @@ class SandboxService:
             sb = store.sandboxes.get(f.id) or _find_quiet(self.shim, f.id)
             return self._list([sb] if sb is not None else [], want_state, selector)
         # Every pod: the answer may be one kept whole.
-        key = (want_state, tuple(sorted(selector.items())))
-        epoch = SandboxRecord.epoch
-        kept = self._answers.get(key, epoch)
-        if kept is None:
-            kept = self._list(store.sandboxes.values(), want_state, selector)
-            self._answers.put(key, epoch, kept)
-        return kept
+        return self._answers.answer(
+            want_state,
+            selector,
+            SandboxRecord.epoch,
+            lambda: self._list(store.sandboxes.values(), want_state, selector),
+        )
 
     def _list(
         self, candidates: list[SandboxRecord], want_state: int | None, selector: dict[str, str]
