@@ -71,6 +71,7 @@ def container_files(
     files = ContainerFiles(own, mounts)
     for directory in ("/root", "/tmp", "/var/log", "/home"):
         files.memory.mkdir(directory, parents=True)
+    files.memory.share_dirs()
     if c.config.linux.security_context.readonly_rootfs:
         files.memory.read_only_root(writable=("/dev", "/proc"))
     return files

@@ -81,7 +81,7 @@ class FakeExec:
                 # The shell running the container's command reads what the session sends.
                 feeder = asyncio.ensure_future(self._feed(io, run.stdin, container.config.stdin_once))
                 try:
-                    await run.exited.wait()
+                    await run.exited()
                 finally:
                     feeder.cancel()
             elif io.stdin and container.config.stdin:
@@ -91,7 +91,7 @@ class FakeExec:
                     if container.config.stdin_once:
                         break
             else:
-                await run.exited.wait()
+                await run.exited()
         finally:
             run.attached.remove(io)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
+import sys
 from collections.abc import Sequence
 
 from backends.contract import ContainerRecord
@@ -44,7 +45,7 @@ class PidNamespaces:
         elif options.pid == pb.NODE:
             namespace = "node"
         elif options.pid == pb.POD:
-            namespace = "pod:" + c.sandbox_id
+            namespace = sys.intern("pod:" + c.sandbox_id)  # one string for the pod's containers
         else:
             namespace = c.id
         # PID 1 is the namespace's own init, the target's main process, or this one (its own).

@@ -45,3 +45,23 @@ def test_memory_fs_behaves_like_a_filesystem() -> None:
     fs.remove("/a/b.txt")
     fs.remove("/a")
     assert fs.listdir("/") == ["ro"]
+
+
+def test_filesystems_of_one_tree_share_its_directories_until_one_changes() -> None:
+    a, b = MemoryFs({"/etc/hosts": "a"}), MemoryFs({"/etc/hosts": "b"})
+    for fs in (a, b):
+        fs.mkdir("/tmp")
+        fs.share_dirs()
+    assert a.dirs is b.dirs  # one set for both
+
+    a.mkdir("/tmp/only-a")
+    b.remove("/tmp")
+    assert a.is_dir("/tmp/only-a") and a.is_dir("/tmp")
+    assert not b.exists("/tmp/only-a") and not b.exists("/tmp") and b.is_dir("/etc")
+    assert b.listdir("/") == ["etc"] and a.listdir("/") == ["etc", "tmp"]
+
+    c = MemoryFs({"/etc/hosts": "c"})
+    c.mkdir("/tmp")
+    c.share_dirs()
+    assert c.dirs is not a.dirs and c.dirs is not b.dirs  # both changed: neither holds the shared set
+    assert c.listdir("/") == ["etc", "tmp"] and not c.exists("/tmp/only-a")

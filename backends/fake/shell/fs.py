@@ -7,7 +7,7 @@ import errno
 import posixpath
 import stat
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from typing import Protocol
 
 OVERLAYFS_MAGIC = 0x794C7630  # statfs(2)'s f_type of a container's own root, as runtimes mount it
@@ -61,6 +61,10 @@ def norm(path: str) -> str:
     return sys.intern("/" + posixpath.normpath(path if path.startswith("/") else "/" + path).lstrip("/"))
 
 
+_SHAPES: dict[frozenset[str], frozenset[str]] = {}
+_SHAPES_MAX = 256
+
+
 class MemoryFs:
     """An :class:`Fs` held in a dict of file contents by path and a set of directories.
 
@@ -71,7 +75,10 @@ class MemoryFs:
 
     def __init__(self, files: Mapping[str, bytes | str] | None = None, read_only: Iterable[str] = ()) -> None:
         self.files: dict[str, bytes] = {}
-        self.dirs: set[str] = {"/"}
+        # Between changes, the set of every other MemoryFs with the same directories
+        # (share_dirs): containers of one image have the same tree, and a set of its
+        # directories each cost a fake node ~0.5 KiB a container. Copied when changed.
+        self.dirs: Set[str] = {"/"}
         self.modes: dict[str, int] = {}  # permission bits set by chmod; else 0644 files, 0755 dirs
         self._read_only: tuple[str, ...] = ()
         self._writable: tuple[str, ...] = ()  # mounts of their own under a read-only path
@@ -80,6 +87,23 @@ class MemoryFs:
             self.mkdir(posixpath.dirname(full), parents=True)
             self.files[full] = data.encode() if isinstance(data, str) else bytes(data)
         self._read_only = tuple(norm(p) for p in read_only)
+
+    def share_dirs(self) -> None:
+        """Hold the set of directories that another MemoryFs with the same tree holds, until
+        either changes its tree (one copy for the containers of an image, not one each)."""
+        shape = frozenset(self.dirs)
+        kept = _SHAPES.get(shape)
+        if kept is None:
+            if len(_SHAPES) >= _SHAPES_MAX:
+                _SHAPES.clear()  # bounded: trees are few, and one not kept is merely not shared
+            kept = _SHAPES[shape] = shape
+        self.dirs = kept
+
+    def _own_dirs(self) -> set[str]:
+        """The directories, as a set of this MemoryFs's own that may be changed."""
+        if not isinstance(self.dirs, set):
+            self.dirs = set(self.dirs)
+        return self.dirs
 
     def read_only_root(self, writable: Iterable[str] = ()) -> None:
         """From now on the whole tree refuses changes but under ``writable`` (a read-only root file
@@ -149,7 +173,7 @@ class MemoryFs:
         if parents and parent not in self.dirs and parent not in self.files:
             self.mkdir(parent, parents=True)
         self._check_parent(p)
-        self.dirs.add(p)
+        self._own_dirs().add(p)
 
     def remove(self, path: str) -> None:
         p = norm(path)
@@ -164,7 +188,7 @@ class MemoryFs:
             raise PermissionError(errno.EBUSY, "Device or resource busy", path)
         if self.listdir(p):
             raise OSError(errno.ENOTEMPTY, "Directory not empty", path)
-        self.dirs.remove(p)
+        self._own_dirs().remove(p)
         self.modes.pop(p, None)
 
     def stat(self, path: str) -> FileStat:
