@@ -18,10 +18,20 @@ from grpc_health.v1 import health_pb2
 
 from shim.cri.codes import Code
 from shim.cri.servicer import IMAGE_SERVICE, RUNTIME_SERVICE, CriServicer, Rpc
-from shim.transport.native.frames import Chunk, hpack_int, literal_header
+from shim.transport.native.frames import (
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    HEADERS,
+    Chunk,
+    data_head,
+    hpack_int,
+    literal_header,
+)
 
 if TYPE_CHECKING:
-    from shim.transport.native.connection import Connection, Stream
+    from shim.transport.native.connection import Connection
+    from shim.transport.native.stream import Stream
 
 MAX_DETAIL = 4096  # bytes of grpc-message before it is cut
 
@@ -32,6 +42,10 @@ _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b
 # ":status: 200" is entry 8 of the static table; "content-type" is entry 31.
 RESPONSE_HEADERS = b"\x88" + hpack_int(31, 4) + hpack_int(16, 7) + b"application/grpc"
 OK_TRAILERS = literal_header(b"grpc-status", b"0")
+
+# The first 5 bytes (length, type, flags) of the two HEADERS frames of every OK unary answer.
+_REPLY_HEADERS = len(RESPONSE_HEADERS).to_bytes(3, "big") + bytes((HEADERS, END_HEADERS))
+_REPLY_TRAILERS = len(OK_TRAILERS).to_bytes(3, "big") + bytes((HEADERS, END_HEADERS | END_STREAM))
 
 
 def percent(detail: str) -> bytes:
@@ -64,6 +78,46 @@ def timeout(value: bytes) -> float | None:
 def frame_message(message: bytes) -> bytes:
     """One gRPC message as it goes in DATA: not compressed, its length, itself."""
     return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+def unary_answer(sid: bytes, message: bytes, limit: int) -> bytes:
+    """The frames of an OK unary answer on stream ``sid`` (4 bytes, big-endian) in one piece:
+    headers, ``message`` in DATA frames of at most ``limit`` bytes, OK trailers. A message
+    longer than one frame is cut without copying it before the one join (a List of 110
+    kubelet containers is ~70 KB)."""
+    size = len(message) + 5
+    if size <= limit:
+        return b"".join(
+            (
+                _REPLY_HEADERS,
+                sid,
+                RESPONSE_HEADERS,
+                bytes((size >> 16, (size >> 8) & 0xFF, size & 0xFF, DATA, 0)),
+                sid,
+                b"\x00",
+                len(message).to_bytes(4, "big"),
+                message,
+                _REPLY_TRAILERS,
+                sid,
+                OK_TRAILERS,
+            )
+        )
+    view = memoryview(message)
+    first = limit - 5
+    pieces: list[Chunk] = [
+        _REPLY_HEADERS,
+        sid,
+        RESPONSE_HEADERS,
+        data_head(limit, sid),
+        b"\x00",
+        len(message).to_bytes(4, "big"),
+        view[:first],
+    ]
+    for at in range(first, len(message), limit):
+        part = view[at : at + limit]
+        pieces += (data_head(len(part), sid), part)
+    pieces += (_REPLY_TRAILERS, sid, OK_TRAILERS)
+    return b"".join(pieces)
 
 
 def request_message(body: bytes | bytearray) -> bytes:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from collections import deque
 from typing import TYPE_CHECKING, cast
 
 import structlog
@@ -27,6 +26,7 @@ from shim.transport.native.calls import (
     request_message,
     status_block,
     timeout,
+    unary_answer,
 )
 from shim.transport.native.frames import (
     ACK,
@@ -71,6 +71,7 @@ from shim.transport.native.frames import (
     unpad,
 )
 from shim.transport.native.hpack_in import BlockDecoder
+from shim.transport.native.stream import Stream
 
 if TYPE_CHECKING:
     from shim.transport.native.server import NativeServer
@@ -88,50 +89,6 @@ CONN_BUFFER_MAX = 64 << 20  # unfinished request bytes one connection may hold
 # Bytes still to read in a read after an answer, over which that answer is sent before them:
 # more than the control frames a call brings along (WINDOW_UPDATEs, a PING), less than a request.
 EARLY_REST = 64
-
-
-# The first 5 bytes (length, type, flags) of the two HEADERS frames of every OK unary answer.
-_REPLY_HEADERS = len(RESPONSE_HEADERS).to_bytes(3, "big") + bytes((HEADERS, END_HEADERS))
-_REPLY_TRAILERS = len(OK_TRAILERS).to_bytes(3, "big") + bytes((HEADERS, END_HEADERS | END_STREAM))
-
-
-class Stream:
-    """One request stream: what the peer sent, what the answer still waits to send, the call on it."""
-
-    __slots__ = (
-        "body",
-        "deadline",
-        "drained",
-        "ended",
-        "headers_sent",
-        "method",
-        "outq",
-        "received",
-        "sid",
-        "task",
-        "timed_out",
-        "timer",
-        "trailers",
-        "unacked",
-        "window",
-    )
-
-    def __init__(self, sid: int, method: str, window: int) -> None:
-        self.sid = sid
-        self.method = method
-        self.window = window  # what we may still send on it
-        self.body = bytearray()
-        self.received = 0
-        self.unacked = 0
-        self.ended = False  # the peer's half is closed
-        self.headers_sent = False
-        self.outq: deque[Chunk] = deque()  # DATA payloads waiting for window
-        self.trailers: bytes | None = None  # sent once outq is empty
-        self.drained: asyncio.Event | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.deadline = 0.0
-        self.timed_out = False
 
 
 class Connection(asyncio.Protocol):
@@ -552,10 +509,9 @@ class Connection(asyncio.Protocol):
             self.write(frames)
 
     def reply(self, st: Stream, message: bytes, out: list[Chunk]) -> None:
-        """A unary call's answer: headers, ``message`` and OK trailers, in one piece when the
-        windows take the message at once (the usual case), else queued like any other. A
-        message longer than the peer's frames goes in several DATA frames of that piece, cut
-        from ``message`` without copying it (a List of 110 kubelet containers is ~70 KB)."""
+        """A unary call's answer: headers, ``message`` and OK trailers, in one piece
+        (:func:`.calls.unary_answer`) when the windows take the message at once (the usual
+        case), else queued like any other."""
         size = len(message) + 5
         if (
             st.headers_sent
@@ -570,43 +526,7 @@ class Connection(asyncio.Protocol):
             return
         self.send_window -= size
         st.window -= size
-        sid = st.sid.to_bytes(4, "big")
-        limit = self.peer_max_frame
-        if size <= limit:
-            out.append(
-                b"".join(
-                    (
-                        _REPLY_HEADERS,
-                        sid,
-                        RESPONSE_HEADERS,
-                        bytes((size >> 16, (size >> 8) & 0xFF, size & 0xFF, DATA, 0)),
-                        sid,
-                        b"\x00",
-                        len(message).to_bytes(4, "big"),
-                        message,
-                        _REPLY_TRAILERS,
-                        sid,
-                        OK_TRAILERS,
-                    )
-                )
-            )
-        else:
-            view = memoryview(message)
-            first = limit - 5
-            pieces: list[Chunk] = [
-                _REPLY_HEADERS,
-                sid,
-                RESPONSE_HEADERS,
-                data_head(limit, sid),
-                b"\x00",
-                len(message).to_bytes(4, "big"),
-                view[:first],
-            ]
-            for at in range(first, len(message), limit):
-                part = view[at : at + limit]
-                pieces += (data_head(len(part), sid), part)
-            pieces += (_REPLY_TRAILERS, sid, OK_TRAILERS)
-            out.append(b"".join(pieces))
+        out.append(unary_answer(st.sid.to_bytes(4, "big"), message, self.peer_max_frame))
         st.headers_sent = True
         st.trailers = OK_TRAILERS
         self._close_stream(st, out)
