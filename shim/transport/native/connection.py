@@ -38,6 +38,7 @@ from shim.transport.native.frames import (
     END_HEADERS,
     END_STREAM,
     FLOW_CONTROL_ERROR,
+    FRAME_HEAD,
     FRAME_SIZE_ERROR,
     GOAWAY,
     HEADERS,
@@ -67,7 +68,6 @@ from shim.transport.native.frames import (
     data_head,
     encode_frame,
     hpack_int,
-    next_frame,
     unpad,
 )
 from shim.transport.native.hpack_in import BlockDecoder
@@ -179,28 +179,41 @@ class Connection(asyncio.Protocol):
     # ------------------------------------------------------------ frames in
     def _frames(self, buf: bytearray) -> None:
         pos = 0
+        size = len(buf)  # the buffer does not change until the loop ends
         out: list[Chunk] = []
         early = True
+        head = FRAME_HEAD.unpack_from
         try:
             while not self.closed:
-                if early and out and len(buf) - pos > EARLY_REST:
+                if early and out and size - pos > EARLY_REST:
                     # More requests wait in this read: what is answered goes now, so that the
                     # client works on it while we answer the rest (once a read: a write each).
                     early = False
                     if self.transport is not None:
                         self.transport.write(b"".join(out))
                     out = []
-                frame = next_frame(buf, pos, FRAME_MAX)
-                if frame is None:
+                # frames.next_frame written out here: a call brings 2 to 4 frames, and the
+                # function call and its tuple were ~0.2 us of each.
+                if size - pos < 9:
                     break
-                kind, flags, sid, payload, pos = frame
-                length = len(payload)
+                high, low, kind, flags, sid = head(buf, pos)
+                length = high << 8 | low
+                if length > FRAME_MAX:
+                    raise ProtocolViolation(FRAME_SIZE_ERROR, f"frame of {length} bytes (max {FRAME_MAX})")
+                end = pos + 9 + length
+                if size < end:
+                    break
+                payload = bytes(buf[pos + 9 : end])
+                pos = end
+                sid &= 0x7FFFFFFF
                 if self.headers_in is not None and kind != CONTINUATION:
                     raise ProtocolViolation(PROTOCOL_ERROR, "header block interrupted by another frame")
                 if kind == DATA:
                     self._on_data(sid, flags, payload, out)
                 elif kind == HEADERS:
                     self._on_headers(sid, flags, payload, out)
+                elif kind == WINDOW_UPDATE:  # next to a call's own frames: grpc clients send them often
+                    self._on_window_update(sid, payload, out)
                 elif kind == CONTINUATION:
                     self._on_continuation(sid, flags, payload, out)
                 elif kind == SETTINGS:
@@ -212,8 +225,6 @@ class Connection(asyncio.Protocol):
                         raise ProtocolViolation(FRAME_SIZE_ERROR, "PING not 8 bytes")
                     if not flags & ACK:
                         out.append(encode_frame(PING, ACK, 0, payload))
-                elif kind == WINDOW_UPDATE:
-                    self._on_window_update(sid, payload, out)
                 elif kind == RST_STREAM:
                     if self._idle(sid):
                         raise ProtocolViolation(PROTOCOL_ERROR, f"RST_STREAM on idle stream {sid}")

@@ -33,7 +33,7 @@ DEFAULT_TABLE = 4096  # HPACK dynamic table size until the peer's SETTINGS say o
 DEFAULT_WINDOW = 65535
 MAX_WINDOW = (1 << 31) - 1
 # A frame's 9-byte head: the 24-bit length as 16 + 8 bits, type, flags, R bit + stream ID.
-_FRAME_HEAD = struct.Struct(">HBBBI")
+FRAME_HEAD = struct.Struct(">HBBBI")
 
 
 class ProtocolViolation(Exception):
@@ -66,7 +66,7 @@ def next_frame(buf: bytearray, pos: int, limit: int) -> tuple[int, int, int, byt
     """
     if len(buf) - pos < 9:
         return None
-    high, low, kind, flags, sid = _FRAME_HEAD.unpack_from(buf, pos)
+    high, low, kind, flags, sid = FRAME_HEAD.unpack_from(buf, pos)
     length = high << 8 | low
     if length > limit:
         raise ProtocolViolation(FRAME_SIZE_ERROR, f"frame of {length} bytes (max {limit})")
