@@ -75,6 +75,39 @@ def timeout(value: bytes) -> float | None:
     return None if unit is None else int(value[:-1]) * unit
 
 
+# What a request's header block asks: the method's path, the error that answers it at once
+# ((code, detail), None if it is a gRPC request), its deadline in seconds from now (None if none).
+RequestHead = tuple[str, tuple[Code, str] | None, float | None]
+
+
+def request_head(headers: list[tuple[bytes, bytes]]) -> RequestHead:
+    """What ``headers`` (a request's, decoded) ask of a gRPC server; its last of a repeated field counts."""
+    path = b""
+    method = b""
+    ctype = b""
+    grpc_timeout = b""
+    for name, value in headers:
+        if name == b":path":
+            path = value
+        elif name == b":method":
+            method = value
+        elif name == b"content-type":
+            ctype = value
+        elif name == b"grpc-timeout":
+            grpc_timeout = value
+    error: tuple[Code, str] | None = None
+    seconds = None
+    if method != b"POST":
+        error = Code.UNIMPLEMENTED, f"method {method.decode('latin-1')!r}: gRPC needs POST"
+    elif not ctype.startswith(b"application/grpc"):
+        error = Code.UNKNOWN, f"content-type {ctype.decode('latin-1')!r} is not gRPC"
+    elif grpc_timeout:
+        seconds = timeout(grpc_timeout)
+        if seconds is None:
+            error = Code.INTERNAL, f"malformed grpc-timeout {grpc_timeout.decode('latin-1')!r}"
+    return path.decode("latin-1"), error, seconds
+
+
 def frame_message(message: bytes) -> bytes:
     """One gRPC message as it goes in DATA: not compressed, its length, itself."""
     return b"\x00" + len(message).to_bytes(4, "big") + message
