@@ -7,17 +7,10 @@ written out below), so that which blocks insert into the dynamic table is exact.
 
 from __future__ import annotations
 
-from typing import Any, cast
-
 from shim.cri.codes import Code
-from shim.transport.native.connection import Connection
-from shim.transport.native.frames import PREFACE, encode_frame, hpack_int
-from shim.transport.native.server import NativeServer
-from shim.transport.native.stream import Stream
-from tests.transport.h2peer import grpc_frame, parse_frames
-
-DATA, HEADERS, SETTINGS = 0, 1, 4
-END_STREAM, END_HEADERS = 0x1, 0x4
+from shim.transport.native.frames import hpack_int
+from tests.transport.h2peer import parse_frames
+from tests.transport.inproc import HEADERS, FakeTransport, call, connection
 
 
 def _string(value: bytes) -> bytes:
@@ -44,54 +37,7 @@ def timeout_field(value: bytes) -> bytes:
     return b"\x00" + _string(b"grpc-timeout") + _string(value)
 
 
-class _Calls:
-    stopping = False
-    max_message_bytes = 1 << 20
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, bool]] = []
-
-    def dispatch(self, conn: Connection, st: Stream, message: bytes, out: list[Any]) -> None:
-        self.seen.append((st.method, st.deadline > 0))
-        conn.reply(st, b"", out)
-
-
-class _Server:
-    def __init__(self) -> None:
-        self.calls = _Calls()
-        self.connections: set[Connection] = set()
-
-
-class _Transport:
-    def __init__(self) -> None:
-        self.data = bytearray()
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    def close(self) -> None:
-        pass
-
-    def is_closing(self) -> bool:
-        return False
-
-
-def _connection() -> tuple[Connection, _Calls, _Transport]:
-    server = _Server()
-    conn = Connection(cast(NativeServer, server))
-    transport = _Transport()
-    conn.connection_made(cast(Any, transport))
-    conn.data_received(PREFACE + encode_frame(SETTINGS, 0, 0))
-    return conn, server.calls, transport
-
-
-def _call(conn: Connection, sid: int, block: bytes) -> None:
-    conn.data_received(
-        encode_frame(HEADERS, END_HEADERS, sid, block) + encode_frame(DATA, END_STREAM, sid, grpc_frame(b""))
-    )
-
-
-def _statuses(transport: _Transport) -> dict[int, bytes]:
+def _statuses(transport: FakeTransport) -> dict[int, bytes]:
     """grpc-status of each stream's last HEADERS (our blocks are literals without indexing)."""
     frames, _ = parse_frames(transport.data)
     out = {}
@@ -103,26 +49,26 @@ def _statuses(transport: _Transport) -> dict[int, bytes]:
 
 
 def test_a_block_that_only_indexes_means_what_the_table_holds_now() -> None:
-    conn, calls, _ = _connection()
+    conn, calls, _ = connection()
     again = POST + b"\xbe" + CONTENT_TYPE  # index 62: whatever :path the table's newest entry is
-    _call(conn, 1, POST + indexed_literal(PATH, b"/svc/A") + CONTENT_TYPE)
-    _call(conn, 3, again)
-    _call(conn, 5, again)  # the decoder's memory, and the head kept for it
-    _call(conn, 7, POST + indexed_literal(PATH, b"/svc/B") + CONTENT_TYPE)  # /svc/A is 63 now
-    _call(conn, 9, again)
-    _call(conn, 11, POST + b"\xbf" + CONTENT_TYPE)  # index 63
-    _call(conn, 13, again)
+    call(conn, 1, POST + indexed_literal(PATH, b"/svc/A") + CONTENT_TYPE)
+    call(conn, 3, again)
+    call(conn, 5, again)  # the decoder's memory, and the head kept for it
+    call(conn, 7, POST + indexed_literal(PATH, b"/svc/B") + CONTENT_TYPE)  # /svc/A is 63 now
+    call(conn, 9, again)
+    call(conn, 11, POST + b"\xbf" + CONTENT_TYPE)  # index 63
+    call(conn, 13, again)
     a, b = "/svc/A", "/svc/B"
     assert [m for m, _ in calls.seen] == [a, a, a, b, b, a, b]
 
 
 def test_blocks_that_differ_in_path_or_deadline_are_read_each() -> None:
-    conn, calls, _ = _connection()
+    conn, calls, _ = connection()
     a = POST + plain_literal(PATH, b"/svc/A") + CONTENT_TYPE
     b = POST + plain_literal(PATH, b"/svc/B") + CONTENT_TYPE
     a_timed = a + timeout_field(b"5S")
     for sid, block in enumerate((a, b, a, a_timed, a, a_timed, b), start=0):
-        _call(conn, 2 * sid + 1, block)
+        call(conn, 2 * sid + 1, block)
     assert calls.seen == [
         ("/svc/A", False),
         ("/svc/B", False),
@@ -135,12 +81,12 @@ def test_blocks_that_differ_in_path_or_deadline_are_read_each() -> None:
 
 
 def test_a_refused_block_is_refused_each_time_it_comes() -> None:
-    conn, calls, transport = _connection()
+    conn, calls, transport = connection()
     get = GET + plain_literal(PATH, b"/svc/A") + CONTENT_TYPE
     bad_timeout = POST + plain_literal(PATH, b"/svc/A") + CONTENT_TYPE + timeout_field(b"soon")
     for sid, block in ((1, get), (3, get), (5, bad_timeout), (7, bad_timeout)):
-        _call(conn, sid, block)
-    _call(conn, 9, POST + plain_literal(PATH, b"/svc/A") + CONTENT_TYPE)
+        call(conn, sid, block)
+    call(conn, 9, POST + plain_literal(PATH, b"/svc/A") + CONTENT_TYPE)
     assert calls.seen == [("/svc/A", False)]
     unimplemented, internal = b"%d" % Code.UNIMPLEMENTED, b"%d" % Code.INTERNAL
     assert _statuses(transport) == {1: unimplemented, 3: unimplemented, 5: internal, 7: internal, 9: b"0"}

@@ -93,6 +93,14 @@ CONN_BUFFER_MAX = 64 << 20  # unfinished request bytes one connection may hold
 EARLY_REST = 64
 
 
+def _frame_cut_short(buf: bytearray) -> bool:
+    """``buf`` holds less than its first frame, one of a length we take (a longer one is an error now)."""
+    if len(buf) < 9:
+        return True
+    length = buf[0] << 16 | buf[1] << 8 | buf[2]
+    return length <= FRAME_MAX and len(buf) < 9 + length
+
+
 class Connection(asyncio.Protocol):
     """One client's HTTP/2 connection: the asyncio protocol of its socket."""
 
@@ -159,18 +167,26 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         buf = self.buf
-        buf += data
+        if buf:
+            # The rest of an earlier read waits: this read goes after it. Frames are read from
+            # bytes, whose slices are the payloads at one copy (a bytearray's take two).
+            buf += data
+            if self.preface and _frame_cut_short(buf):
+                return  # a frame that comes in many reads is not copied out again for each
+            data = bytes(buf)
+            buf.clear()
         try:
             if not self.preface:
-                if len(buf) < len(PREFACE):
-                    if not PREFACE.startswith(bytes(buf)):
+                if len(data) < len(PREFACE):
+                    if not PREFACE.startswith(data):
                         raise ProtocolViolation(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                    buf += data
                     return
-                if buf[: len(PREFACE)] != PREFACE:
+                if not data.startswith(PREFACE):
                     raise ProtocolViolation(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
-                del buf[: len(PREFACE)]
+                data = data[len(PREFACE) :]
                 self.preface = True
-            self._frames(buf)
+            self._frames(data)
         except ProtocolViolation as exc:
             self._fail(exc.code, str(exc))
         except HPACKError as exc:
@@ -180,9 +196,10 @@ class Connection(asyncio.Protocol):
             self._fail(INTERNAL_ERROR, "internal error")
 
     # ------------------------------------------------------------ frames in
-    def _frames(self, buf: bytearray) -> None:
+    def _frames(self, buf: bytes) -> None:
+        """The frames of ``buf``; a frame it holds only the start of waits in ``self.buf``."""
         pos = 0
-        size = len(buf)  # the buffer does not change until the loop ends
+        size = len(buf)
         out: list[Chunk] = []
         early = True
         head = FRAME_HEAD.unpack_from
@@ -206,7 +223,7 @@ class Connection(asyncio.Protocol):
                 end = pos + 9 + length
                 if size < end:
                     break
-                payload = bytes(buf[pos + 9 : end])
+                payload = buf[pos + 9 : end]
                 pos = end
                 sid &= 0x7FFFFFFF
                 if self.headers_in is not None and kind != CONTINUATION:
@@ -249,7 +266,8 @@ class Connection(asyncio.Protocol):
                         raise ProtocolViolation(FRAME_SIZE_ERROR, "PRIORITY frame not 5 bytes")
                 # other frame types are ignored (RFC 9113 section 5.5)
         finally:
-            del buf[:pos]
+            if pos < size:
+                self.buf += memoryview(buf)[pos:]
             self.write(out)
 
     def write(self, out: list[Chunk]) -> None:
