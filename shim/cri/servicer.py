@@ -48,6 +48,10 @@ STREAM_CHUNK_BYTES = 1024 * 1024
 _ID_FIELDS = ("pod_sandbox_id", "container_id")
 
 RpcObserver = Callable[[str, str, float], None]
+_OK = Code.OK  # a module's name: Code.OK, read off the enum class, is ~80 ns, and each call compares it
+# Types of what RPC methods returned that are not coroutines: asyncio.iscoroutine() is ~0.3 us
+# for them (an ABC check), a set lookup ~0.03 us. As few as the response types.
+_NOT_COROUTINES: set[type] = set()
 # How a unary call ended: its code, the error's detail ("" if none), its response.
 Settled = tuple[Code, str, Any]
 
@@ -219,8 +223,11 @@ class CriServicer:
             resp = rpc.fn(req)
         except Exception as exc:
             return self._settle(rpc, req, None, exc, t0)
-        if asyncio.iscoroutine(resp):
-            return self._finish(rpc, req, resp, t0)
+        kind = type(resp)
+        if kind not in _NOT_COROUTINES:
+            if asyncio.iscoroutine(resp):
+                return self._finish(rpc, req, resp, t0)
+            _NOT_COROUTINES.add(kind)
         return self._settle(rpc, req, resp, None, t0)
 
     async def _finish(
@@ -239,8 +246,10 @@ class CriServicer:
         self, rpc: Rpc, req: Message | BadRequest, resp: Any, exc: BaseException | None, t0: float
     ) -> Settled:
         """The call's code and detail from how it ended (called inside the ``except`` that caught ``exc``)."""
-        code, detail = Code.OK, ""
-        if isinstance(exc, CriError):
+        code, detail = _OK, ""
+        if exc is None:  # the usual case, first: two isinstance() of None were ~0.15 us
+            pass
+        elif isinstance(exc, CriError):
             code, detail = status_code(exc), exc.message
         elif isinstance(exc, asyncio.CancelledError):
             code = Code.CANCELLED
@@ -286,7 +295,7 @@ class CriServicer:
     def _log(self, rpc: Rpc, req: Any, resp: Any, code: Code, detail: str, seconds: float) -> None:
         if self.observer is not None:
             self.observer(rpc.name, code.name, seconds)
-        polled = rpc.polled and code == Code.OK
+        polled = rpc.polled and code == _OK
         if polled and not debug_enabled():
             return  # its line would be filtered out: do not build it
         logger = log.debug if polled else (log.info if code in _EXPECTED else log.warning)
