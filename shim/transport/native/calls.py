@@ -233,7 +233,7 @@ class Calls:
     def _reply(self, conn: Connection, st: Stream, outcome: Any, out: list[Chunk] | None) -> None:
         code, detail, resp = outcome
         if code == _OK:
-            data = _serialized(resp)
+            data = resp if isinstance(resp, bytes) else resp.SerializeToString()  # _serialized, inline
             if len(data) > self.max_message_bytes:
                 conn.finish(
                     st,

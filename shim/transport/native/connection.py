@@ -347,7 +347,8 @@ class Connection(asyncio.Protocol):
     def _on_headers(self, sid: int, flags: int, payload: bytes, out: list[Chunk]) -> None:
         if sid == 0 or not sid & 1:
             raise ProtocolViolation(PROTOCOL_ERROR, f"HEADERS on stream {sid}")
-        payload = unpad(flags, payload)
+        if flags & PADDED:
+            payload = unpad(flags, payload)
         if flags & PRIORITY_FLAG:
             if len(payload) < 5:
                 raise ProtocolViolation(PROTOCOL_ERROR, "HEADERS priority fields cut short")
@@ -469,9 +470,11 @@ class Connection(asyncio.Protocol):
 
     def _release(self, st: Stream) -> None:
         """What the stream holds of the connection: its unread request, its wait for window, its deadline."""
-        self.buffered -= len(st.body)
-        st.body = bytearray()
-        self.blocked.pop(st.sid, None)
+        if st.body:  # (a unary request read whole from its one frame left none)
+            self.buffered -= len(st.body)
+            st.body = bytearray()
+        if self.blocked:
+            self.blocked.pop(st.sid, None)
         if st.timer is not None:
             st.timer.cancel()
             st.timer = None
@@ -537,7 +540,8 @@ class Connection(asyncio.Protocol):
             or st.sid not in self.streams
             or st.trailers is not None
             or self.table_update  # owed at the start of the next header block: _headers() adds it
-            or size > min(self.send_window, st.window)
+            or size > self.send_window
+            or size > st.window
         ):
             self.send_message(st, message, out)
             self.finish(st, Code.OK, "", out)
