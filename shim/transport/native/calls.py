@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import struct
 import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,11 @@ OK_TRAILERS = literal_header(b"grpc-status", b"0")
 # The first 5 bytes (length, type, flags) of the two HEADERS frames of every OK unary answer.
 _REPLY_HEADERS = len(RESPONSE_HEADERS).to_bytes(3, "big") + bytes((HEADERS, END_HEADERS))
 _REPLY_TRAILERS = len(OK_TRAILERS).to_bytes(3, "big") + bytes((HEADERS, END_HEADERS | END_STREAM))
+# An OK unary answer in one frame each: what comes before the message (its HEADERS frame, the
+# head of its DATA frame, its gRPC prefix) and after it (the trailers' frame), packed at once.
+_BEFORE = struct.Struct(f">5sI{len(RESPONSE_HEADERS)}sBHBBIBI")
+_AFTER = struct.Struct(f">5sI{len(OK_TRAILERS)}s")
+_MESSAGE_HEAD = struct.Struct(">BI")  # a gRPC message's prefix: compressed flag, length
 
 
 def percent(detail: str) -> bytes:
@@ -114,43 +120,39 @@ def frame_message(message: bytes) -> bytes:
     return b"\x00" + len(message).to_bytes(4, "big") + message
 
 
-def unary_answer(sid: bytes, message: bytes, limit: int) -> bytes:
-    """The frames of an OK unary answer on stream ``sid`` (4 bytes, big-endian) in one piece:
-    headers, ``message`` in DATA frames of at most ``limit`` bytes, OK trailers. A message
-    longer than one frame is cut without copying it before the one join (a List of 110
-    kubelet containers is ~70 KB)."""
-    size = len(message) + 5
+def unary_answer(sid: int, message: bytes, limit: int) -> bytes:
+    """The frames of an OK unary answer on stream ``sid`` in one piece: headers, ``message`` in
+    DATA frames of at most ``limit`` bytes, OK trailers. A message longer than one frame is cut
+    without copying it before the one join (a List of 110 kubelet containers is ~70 KB)."""
+    n = len(message)
+    size = n + 5
     if size <= limit:
+        # Two packs, not the pieces joined one by one: ~0.25 us less a call.
         return b"".join(
             (
-                _REPLY_HEADERS,
-                sid,
-                RESPONSE_HEADERS,
-                bytes((size >> 16, (size >> 8) & 0xFF, size & 0xFF, DATA, 0)),
-                sid,
-                b"\x00",
-                len(message).to_bytes(4, "big"),
+                _BEFORE.pack(
+                    _REPLY_HEADERS, sid, RESPONSE_HEADERS, size >> 16, size & 0xFFFF, DATA, 0, sid, 0, n
+                ),
                 message,
-                _REPLY_TRAILERS,
-                sid,
-                OK_TRAILERS,
+                _AFTER.pack(_REPLY_TRAILERS, sid, OK_TRAILERS),
             )
         )
+    sid4 = sid.to_bytes(4, "big")
     view = memoryview(message)
     first = limit - 5
     pieces: list[Chunk] = [
         _REPLY_HEADERS,
-        sid,
+        sid4,
         RESPONSE_HEADERS,
-        data_head(limit, sid),
+        data_head(limit, sid4),
         b"\x00",
-        len(message).to_bytes(4, "big"),
+        n.to_bytes(4, "big"),
         view[:first],
     ]
-    for at in range(first, len(message), limit):
+    for at in range(first, n, limit):
         part = view[at : at + limit]
-        pieces += (data_head(len(part), sid), part)
-    pieces += (_REPLY_TRAILERS, sid, OK_TRAILERS)
+        pieces += (data_head(len(part), sid4), part)
+    pieces += (_REPLY_TRAILERS, sid4, OK_TRAILERS)
     return b"".join(pieces)
 
 
@@ -158,8 +160,7 @@ def request_message(body: bytes | bytearray) -> bytes:
     """The one message of a unary or server-streaming request's whole body; Abort if it is not one."""
     if len(body) < 5:
         raise Abort(Code.INTERNAL, "request without a complete gRPC message")
-    compressed = body[0]
-    length = int.from_bytes(body[1:5], "big")
+    compressed, length = _MESSAGE_HEAD.unpack_from(body)
     if compressed:
         raise Abort(Code.UNIMPLEMENTED, "compressed messages are not supported")
     if len(body) != 5 + length:

@@ -548,7 +548,7 @@ class Connection(asyncio.Protocol):
             return
         self.send_window -= size
         st.window -= size
-        out.append(unary_answer(st.sid.to_bytes(4, "big"), message, self.peer_max_frame))
+        out.append(unary_answer(st.sid, message, self.peer_max_frame))
         st.headers_sent = True
         st.trailers = OK_TRAILERS
         self._close_stream(st, out)
