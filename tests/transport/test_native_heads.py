@@ -90,3 +90,13 @@ def test_a_refused_block_is_refused_each_time_it_comes() -> None:
     assert calls.seen == [("/svc/A", False)]
     unimplemented, internal = b"%d" % Code.UNIMPLEMENTED, b"%d" % Code.INTERNAL
     assert _statuses(transport) == {1: unimplemented, 3: unimplemented, 5: internal, 7: internal, 9: b"0"}
+
+
+def test_only_short_blocks_are_kept() -> None:
+    conn, calls, _ = connection()
+    short = POST + plain_literal(PATH, b"/svc/A") + CONTENT_TYPE
+    long = short + b"\x00" + _string(b"x-pad") + _string(b"p" * 2000)
+    for sid, block in ((1, short), (3, long), (5, long)):
+        call(conn, sid, block)
+    assert [m for m, _ in calls.seen] == ["/svc/A"] * 3
+    assert list(conn.heads) == [short]  # a peer's long blocks are read each time, not held

@@ -87,6 +87,7 @@ MAX_STREAMS = 1000
 RESET_MEMORY = 1024  # streams we reset while the peer's half was open, remembered to ignore their frames
 MAX_HEADER_LIST = 64 * 1024
 HEADS_KEPT = 64  # header blocks whose request head is kept (as many as the decoder's memo)
+HEAD_BLOCK_KEPT = 1024  # the longest block kept: a client's call is ~100 bytes; a peer's 128 KiB are not
 CONN_BUFFER_MAX = 64 << 20  # unfinished request bytes one connection may hold
 # Bytes still to read in a read after an answer, over which that answer is sent before them:
 # more than the control frames a call brings along (WINDOW_UPDATEs, a PING), less than a request.
@@ -395,9 +396,10 @@ class Connection(asyncio.Protocol):
             head = known[1]
         else:
             head = request_head(headers)
-            if len(self.heads) >= HEADS_KEPT:
-                self.heads.clear()
-            self.heads[block] = (headers, head)
+            if len(block) <= HEAD_BLOCK_KEPT:
+                if len(self.heads) >= HEADS_KEPT:
+                    self.heads.clear()
+                self.heads[block] = (headers, head)
         path, error, seconds = head
         st = Stream(sid, path, self.peer_initial_window)
         self.streams[sid] = st
