@@ -32,6 +32,7 @@ connection is closed; the process and other connections carry on.
 Its modules: ``frames`` (the wire: frame header, codes, the HPACK we write),
 ``hpack_in`` (the request header blocks we read),
 ``connection`` (one client's HTTP/2: streams, SETTINGS, flow control),
+``stream`` (one request stream's state),
 ``calls`` (gRPC on a stream: messages, status, deadlines, the servicer) and
 ``server`` (the listening socket, the connections, stopping).
 """
