@@ -77,3 +77,12 @@ def test_a_frame_too_long_is_refused_from_its_head_though_its_payload_never_come
     assert conn.closed and transport.closed
     goaway = [payload for kind, _, _, payload in frames if kind == GOAWAY]
     assert len(goaway) == 1 and int.from_bytes(goaway[0][4:8], "big") == FRAME_SIZE_ERROR
+
+
+def test_reads_handed_as_bytearrays_give_the_same_calls_and_answers() -> None:
+    conn, calls, transport = connection(preface=False)
+    data = _conversation()
+    for at in range(0, len(data), 5000):
+        conn.data_received(bytearray(data[at : at + 5000]))  # type: ignore[arg-type]
+    assert not conn.closed
+    assert (bytes(transport.data), calls.seen, calls.messages) == _fed([])

@@ -176,6 +176,8 @@ class Connection(asyncio.Protocol):
                 return  # a frame that comes in many reads is not copied out again for each
             data = bytes(buf)
             buf.clear()
+        elif type(data) is not bytes:  # (a loop may hand a bytearray: its slices could not be dict keys)
+            data = bytes(data)
         try:
             if not self.preface:
                 if len(data) < len(PREFACE):
