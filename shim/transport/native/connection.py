@@ -392,13 +392,15 @@ class Connection(asyncio.Protocol):
             return
         # A client sends the same block for each call of a method: the decoder gives back the same
         # list for it while its table does not change, and what that list asks is kept with it
-        # (~1 us a call). A list made anew (the table changed, or the block changed it) is read anew.
-        known = self.heads.get(block)
+        # (~1 us a call). A list made anew (the table changed, or the block changed it) is read
+        # anew, and kept only if the decoder keeps the list (grpc-go's blocks, each indexing a
+        # new grpc-timeout, never come back).
+        known = self.heads.get(block) if self.decoder.kept else None
         if known is not None and known[0] is headers:
             head = known[1]
         else:
             head = request_head(headers)
-            if len(block) <= HEAD_BLOCK_KEPT:
+            if self.decoder.kept and len(block) <= HEAD_BLOCK_KEPT:
                 if len(self.heads) >= HEADS_KEPT:
                     self.heads.clear()
                 self.heads[block] = (headers, head)

@@ -16,8 +16,8 @@ This decoder:
   same method is one dict lookup. A literal with indexing (grpc-go indexes a new
   `grpc-timeout` on every call) or a size update forgets them all.
 
-Huffman-coded strings go through the `hpack` package's table-driven decoder
-(its static table and Huffman code are the RFC's). Every malformed block raises
+Huffman-coded strings are read by ``huffman`` (a byte at a time); the static
+table is the `hpack` package's (the RFC's). Every malformed block raises
 :class:`HeaderBlockError`, an `hpack.HPACKError`: the connection answers it with
 COMPRESSION_ERROR (RFC 9113 section 4.3), the table being out of step from there.
 """
@@ -27,11 +27,13 @@ from __future__ import annotations
 from collections import deque
 
 from hpack import HPACKError
-from hpack.huffman_table import decode_huffman
 from hpack.table import HeaderTable
+
+from shim.transport.native.huffman import HuffmanError, decode
 
 STATIC = HeaderTable.STATIC_TABLE  # RFC 7541 Appendix A: index 1 is STATIC[0]
 STATIC_LEN = len(STATIC)
+DYNAMIC_FIRST = STATIC_LEN + 1  # the index of the dynamic table's newest entry
 ENTRY_OVERHEAD = 32  # RFC 7541 section 4.1
 MAX_INT_BYTES = 4  # continuation bytes after a prefix: up to 2**28, beyond any size here
 MEMO_MAX = 64  # indexed-only blocks remembered at once
@@ -46,7 +48,7 @@ class HeaderBlockError(HPACKError):
 class BlockDecoder:
     """One connection's decoding context: its dynamic table and limits."""
 
-    __slots__ = ("max_list", "max_table", "memo", "size", "table", "table_max")
+    __slots__ = ("kept", "max_list", "max_table", "memo", "size", "table", "table_max")
 
     def __init__(self, max_header_list_size: int, max_table_size: int = 4096) -> None:
         self.max_list = max_header_list_size
@@ -55,14 +57,18 @@ class BlockDecoder:
         self.table: deque[Header] = deque()
         self.size = 0
         self.memo: dict[bytes, list[Header]] = {}
+        self.kept = False  # the last list handed out is remembered: the same block gets it again
 
     def decode(self, block: bytes) -> list[Header]:
         """The (name, value) pairs of ``block``, in order; the list is shared: do not change it."""
         got = self.memo.get(block)
         if got is not None:
+            self.kept = True
             return got
+        # Indexed fields, the most of every block, are read here without a call each (a
+        # grpc-go block, its table changed by every call's grpc-timeout, is read in full).
         headers: list[Header] = []
-        total = 0
+        table = self.table
         pos = 0
         end = len(block)
         only_indexed = True
@@ -74,10 +80,19 @@ class BlockDecoder:
                     idx, pos = _integer(block, pos, 0x7F)
                 else:
                     pos += 1
-                header = self._entry(idx)
+                if idx > STATIC_LEN:
+                    try:
+                        headers.append(table[idx - DYNAMIC_FIRST])
+                    except IndexError:
+                        raise HeaderBlockError(f"index {idx} is in neither table") from None
+                elif idx:
+                    headers.append(STATIC[idx - 1])
+                else:
+                    raise HeaderBlockError("index 0 is in neither table")
             elif b & 0x40:  # literal with incremental indexing
                 header, pos = self._literal(block, pos, 0x3F)
                 self._add(header)
+                headers.append(header)
                 only_indexed = False
             elif b & 0x20:  # dynamic table size update
                 if headers:
@@ -88,25 +103,29 @@ class BlockDecoder:
                 self.table_max = new_max
                 self._evict()
                 only_indexed = False
-                continue
             else:  # literal without indexing (0000) or never indexed (0001)
                 header, pos = self._literal(block, pos, 0x0F)
-            headers.append(header)
-            total += len(header[0]) + len(header[1]) + ENTRY_OVERHEAD
-            if total > self.max_list:
-                raise HeaderBlockError(f"header list over {self.max_list} bytes")
+                headers.append(header)
+        # The list's size is counted once it is read: until then it holds only references to
+        # table entries and to strings of this block, so its memory is bounded by the block's.
+        total = ENTRY_OVERHEAD * len(headers)
+        for name, value in headers:
+            total += len(name) + len(value)
+        if total > self.max_list:
+            raise HeaderBlockError(f"header list over {self.max_list} bytes")
         if only_indexed:
             if len(self.memo) >= MEMO_MAX:
                 self.memo.clear()
             self.memo[bytes(block)] = headers
         else:
             self.memo.clear()
+        self.kept = only_indexed
         return headers
 
     def _entry(self, idx: int) -> Header:
         if 0 < idx <= STATIC_LEN:
             return STATIC[idx - 1]
-        dyn = idx - STATIC_LEN - 1
+        dyn = idx - DYNAMIC_FIRST
         if 0 <= dyn < len(self.table):
             return self.table[dyn]
         raise HeaderBlockError(f"index {idx} is in neither table")
@@ -165,4 +184,9 @@ def _string(block: bytes, pos: int) -> tuple[bytes, int]:
     if stop > len(block):
         raise HeaderBlockError("header block cut short in a string")
     raw = block[pos:stop]
-    return (decode_huffman(raw) if huffman else bytes(raw)), stop
+    if not huffman:
+        return bytes(raw), stop
+    try:
+        return decode(raw), stop
+    except HuffmanError as exc:
+        raise HeaderBlockError(str(exc)) from None
