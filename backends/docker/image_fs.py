@@ -68,6 +68,7 @@ class StoreUsage:
         self._path: str | None = None  # None: not asked yet; "": not visible here
         self._mounts = ""  # the layer store's container mounts, beside the graph directory
         self._figure: Figures | None = None
+        self._answer: pb.ImageFsInfoResponse | None = None  # the figure's, built once for every call
         self._asked = True
         self._measuring: asyncio.Task[Figures] | None = None
 
@@ -83,13 +84,19 @@ class StoreUsage:
     def fs_info_now(self) -> pb.ImageFsInfoResponse | None:
         """The last figure's answer; None before the first figure (``fs_info`` waits for it)."""
         self._asked = True
-        return None if self._figure is None else self._response(self._figure)
+        return self._answer
 
     async def fs_info(self) -> pb.ImageFsInfoResponse:
         self._asked = True
-        return self._response(self._figure or await self._measure())
+        if self._answer is None:
+            figure = await self._measure()
+            return self._answer or self._response(figure)
+        return self._answer
 
     def _response(self, figure: Figures) -> pb.ImageFsInfoResponse:
+        """The answer for ``figure``, stamped with the time it was measured (as the CRI's
+        FilesystemUsage.timestamp says: when the information was collected): one object,
+        shared by every call until the next figure; nobody changes it."""
         images, writable = figure
         now = time.time_ns()
         mountpoint = pb.FilesystemIdentifier(mountpoint=self._path or "/var/lib/docker")
@@ -127,9 +134,10 @@ class StoreUsage:
             try:
                 df = await self._engine.df()
             except CriError:
-                self._figure = None  # while the engine cannot say, neither can we
+                self._figure = self._answer = None  # while the engine cannot say, neither can we
                 raise
             writable = sum(int(c.get("SizeRw") or 0) for c in df.get("Containers") or [])
             figure = ((int(df.get("LayersSize") or 0), None), (writable, None))
         self._figure = figure
+        self._answer = self._response(figure)
         return figure
