@@ -5,8 +5,8 @@ it out as two lists, each symbol's code and its length). Decoding walks that
 tree bit by bit only the first time a (tree node, input byte) pair is met: the
 symbols that byte completes and the node it leaves the walk at are kept, so a
 string already seen in its parts is one dict lookup a byte. A gRPC client's
-strings are few (paths, an authority, digits of grpc-timeout): a few hundred
-pairs are ever kept. The pairs are at most 256 nodes x 256 bytes; past
+strings are few (paths, an authority, digits of grpc-timeout): ~900 pairs
+after 50,000 timeouts. The pairs are at most 256 nodes x 256 bytes; past
 ``STEPS_MAX`` kept (a peer sending every byte after every node) they are
 computed and not kept.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 
 EOS = 256
-STEPS_MAX = 16_384  # (node, byte) pairs kept; ~2 MB at most
+STEPS_MAX = 16_384  # (node, byte) pairs kept: 2.6 MB when full (tracemalloc)
 
 
 class HuffmanError(ValueError):
