@@ -24,6 +24,7 @@ from backends.linux.cgroups import Cgroup, hierarchies
 from backends.runv import config as runv_config
 from backends.runv import guest_image
 from backends.runv.backend import VM_CRASH_REASON, RunvBackend
+from backends.runv.drivers import qemu as qemu_driver
 from backends.runv.drivers.qemu import QemuHypervisor, agent_files, console_summary
 from backends.runv.hypervisor import MIB, VM, Fault, PodLimits, VMSpec
 from cri_api import api_pb2 as pb
@@ -276,9 +277,12 @@ FAKE_VM = """
 import os, sys, time
 with open(os.environ["FAKE_PIDFILE"], "w") as f:
     f.write(f"{os.getpid()}\\n")
+mode = os.environ["FAKE_QEMU_MODE"]
+if mode == "kvm-blank":  # a /dev/kvm whose guests never run: not a byte on the console
+    mode = "blank" if any("accel=kvm" in a for a in sys.argv) else "ready"
 with open(os.environ["FAKE_CONSOLE"], "a") as c:
-    c.write("[    0.1] booting\\n")
-    mode = os.environ["FAKE_QEMU_MODE"]
+    if mode != "blank":
+        c.write("[    0.1] booting\\n")
     if mode == "ready":
         c.write("runv-agent: ready on /dev/vport0p1\\n")
     elif mode == "panic":
@@ -358,6 +362,42 @@ async def test_a_guest_that_dies_or_never_answers_leaves_nothing(tmp_path: Path)
         finally:
             hv.tidy()
             await hv.close()
+
+
+@pytest.mark.skipif(bool(vm_support()), reason=vm_support() or "ok")
+async def test_a_kvm_whose_guest_prints_nothing_is_left_for_tcg(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(qemu_driver, "kvm_openable", lambda: True)
+    hv = _fake_qemu(tmp_path, "kvm-blank", accel="auto", boot_timeout=1)
+    vms: list[VM] = []
+    try:
+        vms.append(await hv.create(VMSpec("lc3", 1, 128 * MIB)))
+        vms.append(await hv.create(VMSpec("lc4", 1, 128 * MIB)))  # straight to TCG
+        assert hv.accel == "tcg"
+        for vm in vms:
+            with open(f"/proc/{vm.pid}/cmdline", "rb") as fh:
+                assert b"accel=tcg" in fh.read()
+    finally:
+        for vm in vms:
+            await hv.destroy(vm)
+        hv.tidy()
+        await hv.close()
+
+
+@pytest.mark.skipif(bool(vm_support()), reason=vm_support() or "ok")
+async def test_a_guest_that_printed_and_hangs_under_kvm_is_not_blamed_on_kvm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(qemu_driver, "kvm_openable", lambda: True)
+    hv = _fake_qemu(tmp_path, "silent", accel="auto", boot_timeout=1)
+    try:
+        with pytest.raises(errors.DeadlineExceededError, match=r"within 1s \(kvm\)"):
+            await hv.create(VMSpec("lc5", 1, 128 * MIB))
+        assert hv.accel == "kvm"
+    finally:
+        hv.tidy()
+        await hv.close()
 
 
 # ---------------------------------------------------------------------------- real VMs

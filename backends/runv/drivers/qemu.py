@@ -27,7 +27,8 @@ no timer interrupt under TCG):
 - virtio-rng, so that the guest's entropy is ready at once.
 
 Acceleration: KVM when ``/dev/kvm`` opens and a VM runs on it, else TCG (full emulation:
-slow, for testing). With ``accel = "auto"`` (the default) a boot that fails under KVM is
+slow, for testing). With ``accel = "auto"`` (the default) a boot that fails under KVM (QEMU
+names KVM in its error, or the guest prints nothing at all before the boot timeout) is
 retried under TCG, and later boots use TCG; the choice is logged (``runv.qemu.accel``).
 
 The QEMU process runs in a cgroup of its own (usage and leftovers), in its own session, and
@@ -346,12 +347,22 @@ class QemuHypervisor(ProcessVMs):
         accel = self.accel
         try:
             await self._spawn(vm, self.argv(vm, kernel, initrd, accel, tap, fail), cg)
-        except BootError as exc:
-            qemu_said = _read_tail(os.path.join(vm.state_dir, "qemu.log"), 4000).lower()
-            if accel != "kvm" or b"kvm" not in qemu_said:
-                raise  # the guest failed, not the accelerator
-            # A /dev/kvm that opens but cannot run a guest ("KVM internal error"): emulate.
-            log.warning("runv.qemu.accel", accel="tcg", reason=f"KVM failed: {str(exc)[-300:]}")
+        except (BootError, DeadlineExceededError) as exc:
+            if accel != "kvm":
+                raise
+            if isinstance(exc, BootError):
+                qemu_said = _read_tail(os.path.join(vm.state_dir, "qemu.log"), 4000).lower()
+                if b"kvm" not in qemu_said:
+                    raise  # the guest failed, not the accelerator
+                # A /dev/kvm that opens but cannot run a guest ("KVM internal error"): emulate.
+                reason = f"KVM failed: {str(exc)[-300:]}"
+            elif self.console(vm).strip():
+                raise  # the guest ran (it printed) and did not come up: not the accelerator
+            else:
+                # A /dev/kvm that runs a VM which never prints a byte (seen under nested
+                # virtualization): a guest that boots in 1-3 s under KVM said nothing at all.
+                reason = f"nothing on the console under KVM in {self.boot_timeout:g}s"
+            log.warning("runv.qemu.accel", accel="tcg", reason=reason)
             self._accel = "tcg"
             await self._kill(vm)
             for name in ("console.log", "qemu.log"):
