@@ -85,6 +85,9 @@ def test_an_indexed_block_remembered_is_forgotten_when_the_table_changes() -> No
         (b"\x40", "cut short before a string"),
         (b"\x40\x05ab", "cut short in a string"),
         (b"\x04", "cut short before a string"),  # indexed name (4), no value
+        (b"\x7e\x01a", "index 62"),  # a literal's indexed name (grpc-go's timeout) not in the table
+        (b"\x44\x05ab", "cut short in a string"),  # :path, 5 bytes said, 2 there
+        (b"\x44\x81\xff", "prefix of EOS"),  # :path, one Huffman byte that ends mid-code
         (b"\x82\x20", "size update after a header field"),
         (b"\x3f\xe2\x1f", "table size 4097 over the 4096"),
     ],

@@ -90,7 +90,29 @@ class BlockDecoder:
                 else:
                     raise HeaderBlockError("index 0 is in neither table")
             elif b & 0x40:  # literal with incremental indexing
-                header, pos = self._literal(block, pos, 0x3F)
+                idx = b & 0x3F
+                short = block[pos + 1] & 0x7F if pos + 1 < end else 0x7F
+                if 0 < idx < 0x3F and short < 0x7F and pos + 2 + short <= end:
+                    # grpc-go's new grpc-timeout on every call: an indexed name, a value under
+                    # 127 bytes, read here (the general path is five calls).
+                    if idx > STATIC_LEN:
+                        try:
+                            name = table[idx - DYNAMIC_FIRST][0]
+                        except IndexError:
+                            raise HeaderBlockError(f"index {idx} is in neither table") from None
+                    else:
+                        name = STATIC[idx - 1][0]
+                    stop = pos + 2 + short
+                    raw = block[pos + 2 : stop]
+                    if block[pos + 1] & 0x80:
+                        try:
+                            raw = decode(raw)
+                        except HuffmanError as exc:
+                            raise HeaderBlockError(str(exc)) from None
+                    header = (name, raw)
+                    pos = stop
+                else:
+                    header, pos = self._literal(block, pos, 0x3F)
                 self._add(header)
                 headers.append(header)
                 only_indexed = False
