@@ -67,8 +67,7 @@ class StoreUsage:
         self._spawn = spawn
         self._path: str | None = None  # None: not asked yet; "": not visible here
         self._mounts = ""  # the layer store's container mounts, beside the graph directory
-        self._figure: Figures | None = None
-        self._answer: pb.ImageFsInfoResponse | None = None  # the figure's, built once for every call
+        self._answer: pb.ImageFsInfoResponse | None = None  # the last figure's, built once for every call
         self._asked = True
         self._measuring: asyncio.Task[Figures] | None = None
 
@@ -134,10 +133,9 @@ class StoreUsage:
             try:
                 df = await self._engine.df()
             except CriError:
-                self._figure = self._answer = None  # while the engine cannot say, neither can we
+                self._answer = None  # while the engine cannot say, neither can we
                 raise
             writable = sum(int(c.get("SizeRw") or 0) for c in df.get("Containers") or [])
             figure = ((int(df.get("LayersSize") or 0), None), (writable, None))
-        self._figure = figure
         self._answer = self._response(figure)
         return figure
