@@ -5,7 +5,8 @@
 - `Raw`: the same lifecycle straight through the Docker Engine (the docker SDK);
 - `Shim`: `cri-shim serve` on the docker backend as a child process, on a temporary
   socket, state directory and config, and the removal of what it leaves on the engine;
-- the images, sockets and timeouts they share; `pct` (nearest-rank percentile), `clock`.
+- the images, sockets and timeouts they share; `pct` (nearest-rank percentile), `clock`;
+  `machine_ticks` and `wait_quiet` (how busy the machine's CPUs are, from /proc/stat).
 """
 
 from __future__ import annotations
@@ -76,6 +77,29 @@ def pct(samples: list[float], q: float) -> float:
         return math.nan
     s = sorted(samples)
     return s[max(0, math.ceil(q * len(s)) - 1)]
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, all) jiffies of every CPU so far, from /proc/stat's first line (iowait counts as idle)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+def wait_quiet(limit: float, busy_max: float, window: float = 2.0) -> tuple[float, float]:
+    """Until the CPUs were at most ``busy_max`` busy (0-1) over ``window`` s, or ``limit`` s passed.
+
+    Returns (seconds waited, the last window's busy fraction)."""
+    t0 = time.monotonic()
+    while True:
+        b0, a0 = machine_ticks()
+        time.sleep(window)
+        b1, a1 = machine_ticks()
+        busy = (b1 - b0) / max(1, a1 - a0)
+        waited = time.monotonic() - t0
+        if busy <= busy_max or waited >= limit:
+            return waited, busy
 
 
 @contextlib.contextmanager

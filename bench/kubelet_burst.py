@@ -12,7 +12,9 @@ running) and `kubelet_pleg_relist_duration_seconds` (each PLEG relist: the
 runtime's List and Status calls), read just before the drop and again 5 s after
 the last pod ran, so that only the burst's observations count (p50/p90/p99
 interpolated in the histogram's buckets as Prometheus' histogram_quantile does,
-count and mean). Targets:
+count and mean), and the CPU time spent from the drop until the last pod ran: the
+machine's, and by program, the target's cri-shim apart (each process with its reaped
+children). Targets:
 
 - `runv-warm`: cri-shim, runv handler, a pool of N warm VMs (`--warm`, default N);
 - `runv`: cri-shim, runv handler, every VM booted cold;
@@ -47,8 +49,10 @@ from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import grpc  # noqa: E402
+from endpoints import machine_ticks  # noqa: E402
 
 from cri_api import api_pb2 as pb  # noqa: E402
 from tests.e2e import kubelet as kh  # noqa: E402
@@ -88,14 +92,22 @@ def burst_pods(n: int, tag: str, host_network: bool = False) -> dict[str, dict[s
 class Burst(kh.Harness):
     """The harness's kubelet and runtime, with burst pods dropped in at once instead of its checks."""
 
-    def __init__(self, target: str, n: int, warm: int, peer_socket: str, host_network: bool = False) -> None:
-        """``peer_socket``: the runtime's socket when ``target`` is one of PEERS."""
+    def __init__(
+        self, target: str, n: int, warm: int, peer_socket: str, host_network: bool = False, cni: bool = False
+    ) -> None:
+        """``peer_socket``: the runtime's socket when ``target`` is one of PEERS; ``cni``: the
+        shim's pods on a CNI bridge network (the harness's), as a cluster's are."""
         handler = (
             "docker"
             if target in PEERS
             else {"runv-warm": "runv", "docker-warm": "docker"}.get(target, target)
         )
-        super().__init__(handler, node=f"burst-{target}", warm=warm if target.endswith("-warm") else 0)
+        super().__init__(
+            handler,
+            node=f"burst-{target}",
+            warm=warm if target.endswith("-warm") else 0,
+            cni=cni and target not in PEERS,
+        )
         self.target = target
         self.pods = burst_pods(n, self.tag, host_network)
         if target in PEERS:
@@ -208,6 +220,67 @@ _TOTAL = re.compile(r"^(\w+)_(sum|count)(?:\{[^}]*\})?\s+(\S+)")
 # A histogram: its cumulative bucket counts by upper bound, its sum and count.
 Histogram = tuple[dict[float, float], float, float]
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def process_ticks() -> dict[tuple[int, int], tuple[str, int, int]]:
+    """Each process as (pid, start time) -> (comm, parent pid, CPU jiffies with its reaped children's)."""
+    out: dict[tuple[int, int], tuple[str, int, int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+        rest = raw[raw.rindex(")") + 2 :].split()
+        # rest[0] is field 3 (state): utime..cstime are fields 14-17, starttime 22.
+        ticks = sum(int(x) for x in rest[11:15])
+        out[(int(name), int(rest[19]))] = (comm, int(rest[1]), ticks)
+    return out
+
+
+class CpuUse:
+    """CPU seconds spent during a window: the machine's, and by program (comm), the runtime's shim apart.
+
+    A process counts its own time and its reaped children's (runc under a containerd shim, CNI
+    plugins under cri-shim); a process that started and ended inside the window without a
+    surviving parent to reap it is not seen."""
+
+    def __init__(self, shim_pid: int | None) -> None:
+        self.shim_pid = shim_pid
+        self.busy0, self.all0 = machine_ticks()
+        self.procs0 = process_ticks()
+        self.t0 = time.monotonic()
+
+    def stop(self) -> None:
+        self.busy1, self.all1 = machine_ticks()
+        self.procs1 = process_ticks()
+        self.wall = time.monotonic() - self.t0
+
+    def by_program(self) -> dict[str, float]:
+        spent: dict[str, float] = {}
+        for key, (comm, _ppid, ticks) in self.procs1.items():
+            before = self.procs0.get(key)
+            used = ticks - (before[2] if before else 0)
+            if used <= 0:
+                continue
+            label = "cri-shim" if key[0] == self.shim_pid else comm
+            spent[label] = spent.get(label, 0.0) + used / TICK
+        return spent
+
+    def summary(self, top: int = 5) -> str:
+        busy = (self.busy1 - self.busy0) / TICK
+        cores = os.cpu_count() or 1
+        spent = sorted(self.by_program().items(), key=lambda kv: -kv[1])
+        shown = ", ".join(f"{name} {secs:.1f}" for name, secs in spent[:top])
+        return (
+            f"{busy:.1f} CPU-s busy of {self.wall * cores:.1f} ({busy / (self.wall * cores):.0%}); "
+            f"most: {shown}"
+        )
+
 
 def histograms(text: str, names: tuple[str, ...] = HISTOGRAMS) -> dict[str, Histogram]:
     """The named histograms of a /metrics page (label sets of one name added together)."""
@@ -262,9 +335,10 @@ def kubelet_version() -> str:
 class Outcome:
     """One target's burst: seconds to each pod running, and the kubelet's histograms of it."""
 
-    def __init__(self, seen: dict[str, float], metrics: dict[str, Histogram]) -> None:
+    def __init__(self, seen: dict[str, float], metrics: dict[str, Histogram], cpu: CpuUse) -> None:
         self.seen = seen
         self.metrics = metrics
+        self.cpu = cpu
 
 
 def read_histograms(b: Burst) -> dict[str, Histogram]:
@@ -276,9 +350,16 @@ def read_histograms(b: Burst) -> dict[str, Histogram]:
 
 
 def measure(
-    target: str, n: int, warm: int, peer_socket: str, settle: float, timeout: float, host_network: bool
+    target: str,
+    n: int,
+    warm: int,
+    peer_socket: str,
+    settle: float,
+    timeout: float,
+    host_network: bool,
+    cni: bool,
 ) -> Outcome | str:
-    b = Burst(target, n, warm, peer_socket, host_network)
+    b = Burst(target, n, warm, peer_socket, host_network, cni)
     try:
         if target in PEERS and not os.path.exists(peer_socket):
             how = "sudo scripts/testenv/containerd-up" if target == "containerd" else "--cri-dockerd SOCK"
@@ -288,10 +369,13 @@ def measure(
             held = b.wait_pool(b.warm, 120)
             print(f"{target}: {held} warm items ready before the drop", flush=True)
         before = read_histograms(b)
+        shim = b.procs.get("cri-shim")
+        cpu = CpuUse(shim.pid if shim is not None else None)
         seen = b.drop(timeout)
+        cpu.stop()
         time.sleep(5.0)  # the kubelet's status manager observes a start after the runtime reports it
         after = read_histograms(b)
-        return Outcome(seen, {name: minus(h, before.get(name)) for name, h in after.items()})
+        return Outcome(seen, {name: minus(h, before.get(name)) for name, h in after.items()}, cpu)
     finally:
         b.stop()
 
@@ -311,6 +395,12 @@ def main() -> int:
         "--warm", type=int, default=None, help="warm items of the -warm targets (default: as many as pods)"
     )
     ap.add_argument("--host-network", action="store_true", help="the pods share the host's network")
+    ap.add_argument(
+        "--cni",
+        action="store_true",
+        help="cri-shim's pods on a CNI bridge network (pod_network = cni), as containerd's are; "
+        "default: each backend's builtin network",
+    )
     ap.add_argument("--containerd", default=CONTAINERD_SOCK, help="containerd CRI socket")
     ap.add_argument(
         "--cri-dockerd", default="", metavar="SOCK", help="cri-dockerd's CRI socket (target cri-dockerd)"
@@ -328,7 +418,7 @@ def main() -> int:
     if unknown:
         print(f"unknown targets {sorted(unknown)}", file=sys.stderr)
         return 2
-    kind = "host-network " if args.host_network else ""
+    kind = "host-network " if args.host_network else "CNI-networked " if args.cni else ""
     print(
         f"{args.pods} {kind}static pods dropped at once into a standalone {kubelet_version()}; "
         f"{os.cpu_count()} CPUs; load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
@@ -336,13 +426,21 @@ def main() -> int:
     results: dict[str, Outcome | str] = {}
     for target in targets:
         results[target] = measure(
-            target, args.pods, warm, peer_socket.get(target, ""), args.settle, args.timeout, args.host_network
+            target,
+            args.pods,
+            warm,
+            peer_socket.get(target, ""),
+            args.settle,
+            args.timeout,
+            args.host_network,
+            args.cni,
         )
         res = results[target]
         if not isinstance(res, str):
             print(
                 f"{target}: {len(res.seen)}/{args.pods} running, "
-                f"the last after {max(res.seen.values(), default=0):.1f} s",
+                f"the last after {max(res.seen.values(), default=0):.1f} s; "
+                f"from the drop until then {res.cpu.summary()}",
                 flush=True,
             )
     print()

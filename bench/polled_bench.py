@@ -9,7 +9,10 @@ Three CRI endpoints in one run:
 
 For each N in --pods (20,110) every endpoint holds N pods, each with one
 running container (busybox `sleep 3600` from the test registry; the shims'
-pause image is docker_bench's, containerd's is its own config's). Then:
+pause image is docker_bench's, containerd's is its own config's). The machine is
+then let settle (--settle, --quiet: until its CPUs are at most 20% busy over 2 s,
+at most 60 s), so that what is measured is a node polled in its steady state, not
+the engines' aftermath of 3N new containers. Then:
 - latency: p50 and p99 of each polled RPC over --samples sequential calls
   (ListPodSandbox, ListContainers, ContainerStatus and PodSandboxStatus of a
   random container / pod each call, ListContainerStats, ListPodSandboxStats,
@@ -68,7 +71,7 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import h2_callers
-from endpoints import CONTAINERD_SOCK, Cri, Shim, _interrupt, answering, pct
+from endpoints import CONTAINERD_SOCK, Cri, Shim, _interrupt, answering, pct, wait_quiet
 
 from cri_api import api_pb2 as pb
 from cri_api import api_pb2_grpc
@@ -507,6 +510,15 @@ def main() -> int:
     )
     ap.add_argument("--block", type=int, default=10, help="calls per RPC and endpoint in one round (10)")
     ap.add_argument("--seconds", type=float, default=5, help="seconds of each throughput phase (5)")
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=60,
+        help="after the pods are made, wait up to this long for the machine to be quiet (60 s; 0: not at all)",
+    )
+    ap.add_argument(
+        "--quiet", type=float, default=0.2, help="quiet: the CPUs at most this busy over 2 s (0.2 = 20%%)"
+    )
     ap.add_argument("--callers", type=int, default=8, help="concurrent callers for throughput (8)")
     ap.add_argument("--containerd", default=CONTAINERD_SOCK, help="containerd CRI socket path")
     ap.add_argument("--containerd-pid", type=int, default=0, help="containerd's pid (found if 0)")
@@ -587,6 +599,9 @@ def main() -> int:
             for e in eps:
                 took = e.fill(n)
                 print(f"{e.name}: {n} pods in {took:.1f} s; {e.counts(args.unfiltered)}", flush=True)
+            if args.settle > 0:
+                waited, busy = wait_quiet(args.settle, args.quiet)
+                print(f"settled {waited:.0f} s: the CPUs {busy:.0%} busy over the last 2 s", flush=True)
             lat = latency(eps, args.samples, args.stats_samples, args.block, seed, args.unfiltered)
             tput: dict[tuple[str, str, str], Rate] = {}
             for k, (op, how) in enumerate((op, how) for op in THROUGHPUT for how in CALLERS):

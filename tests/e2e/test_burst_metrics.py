@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import subprocess
+import sys
 from types import ModuleType
 
 import pytest
@@ -65,3 +67,33 @@ def test_only_the_observations_between_two_readings_count(burst: ModuleType) -> 
     buckets, _total, count = burst.minus(after, before)
     assert buckets == {0.005: 0.0, 0.01: 5.0, math.inf: 6.0} and count == 6.0
     assert burst.quantile((buckets, 0.0, count), 0.5) == pytest.approx(0.005 + 0.005 * 3 / 5)
+
+
+SPIN = """import sys, time
+sys.stdin.readline()
+t = time.process_time()
+while time.process_time() - t < 0.3:
+    pass
+print("spun", flush=True)
+time.sleep(30)
+"""
+
+
+def test_cpu_use_counts_the_shim_apart(burst: ModuleType) -> None:
+    """CPU a process spends inside the window is put on it, the runtime's shim under its own label."""
+    with subprocess.Popen(
+        [sys.executable, "-c", SPIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as child:
+        assert child.stdin is not None and child.stdout is not None
+        try:
+            cpu = burst.CpuUse(child.pid)
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline() == "spun\n"
+            cpu.stop()
+        finally:
+            child.kill()
+    spent = cpu.by_program()
+    assert spent["cri-shim"] >= 0.25
+    assert "python" not in {name for name, secs in spent.items() if secs >= 0.25}
+    assert "CPU-s busy of" in cpu.summary() and "cri-shim 0." in cpu.summary()
