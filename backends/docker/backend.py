@@ -56,6 +56,7 @@ from .image_volumes import ImageVolumes
 from .images import Images
 from .logs import DockerProcess, LogResume
 from .network import CniPods
+from .pod_files import PodFiles
 from .sandbox import Sandboxes
 from .stats import Stats
 from .warm import PoolSettings, WarmPauses
@@ -113,6 +114,7 @@ class DockerBackend:
             cgroup_parent=cgroup_parent,
             volumes=ImageVolumes(os.path.join(state_dir, "image-volumes") if state_dir else ""),
             cni=cni,
+            pod_files=PodFiles(os.path.join(state_dir, "pod-files") if state_dir else ""),
         )
         self.states = self._shared.states
         self._events = EventWatcher(self._shared)

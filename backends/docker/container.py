@@ -15,11 +15,12 @@ from backends.contract.errors import CriError, FailedPreconditionError, InvalidA
 from backends.linux import cgroups
 from cri_api import api_pb2 as pb
 
-from . import convert
+from . import convert, pod_files
 from . import labels as lbl
 from .context import ENGINE_ID, PID, RESOLV, UPPER_DIR, Shared, engine_id, exit_info, parse_time
 from .events import EventWatcher
 from .logs import DockerProcess
+from .pod_files import POD_FILES
 
 log = structlog.get_logger(__name__)
 
@@ -63,6 +64,9 @@ class Containers:
             instance=shared.instance,
             stop_signal=stop_signal,
         )
+        files = sandbox.backend_data.get(POD_FILES)
+        if files:
+            cfg["HostConfig"]["Binds"] += pod_files.binds(str(files), config)
         resolv = sandbox.backend_data.get(RESOLV)
         if resolv and convert.sandbox_host_network(sandbox.config):
             # With the host's network each container gets its own copy of the

@@ -20,6 +20,7 @@ from . import labels as lbl
 from .engine_api import EngineAPI
 from .image_volumes import ImageVolumes
 from .network import CniPods
+from .pod_files import PodFiles
 from .state import States
 
 if TYPE_CHECKING:
@@ -96,9 +97,11 @@ class Shared:
         cgroup_parent: str,
         volumes: ImageVolumes | None = None,
         cni: CniPods | None = None,
+        pod_files: PodFiles | None = None,
     ) -> None:
         self.engine = engine
         self.volumes = volumes or ImageVolumes("")
+        self.pod_files = pod_files or PodFiles("")
         self.images = images
         self.instance = instance
         self.network = network  # the engine network of pods when CNI does not wire them

@@ -1,7 +1,8 @@
 """Pods on the node's CNI network (``pod_network = "cni"``), as cri-dockerd wires them.
 
 The pause container of a pod that does not share the host's network is created with no engine
-network (``none``). Once it runs, the network namespace of its process is pinned to a file
+network (``none``) and the engine's networking off (its hosts and resolv.conf: pod_files.py).
+Once it runs, the network namespace of its process is pinned to a file
 (``<state_dir>/netns/<sandbox id>``, :mod:`backends.linux.netns`) and ADDed to the network of the
 node's CNI config (:mod:`backends.cni.pods`); the pod's addresses are the result's. The app
 containers join that namespace as with the engine's network. The pin's path is what the CNI

@@ -13,6 +13,7 @@ from . import convert
 from . import labels as lbl
 from .context import ENGINE_ID, PID, RESOLV, Shared
 from .network import NETNS, CniPods
+from .pod_files import POD_FILES
 from .warm import WARM_ID, WarmPauses
 
 _STOP_PAUSE_TIMEOUT = 10  # s; pause exits at once on SIGTERM
@@ -53,6 +54,9 @@ class Sandboxes:
             cgroup_parent=shared.cgroup_parent,
             instance=shared.instance,
         )
+        if cni is not None:
+            # The plugins wire the pod: the engine makes no network of its own (pod_files.py).
+            cfg["NetworkDisabled"] = True
         warm = await self.warm.claim(sandbox, cfg) if host_net and self.warm is not None else None
         if warm is not None:
             engine_id = sandbox.backend_data[ENGINE_ID] = str(warm["Id"])
@@ -68,7 +72,12 @@ class Sandboxes:
             if warm is None:
                 await shared.engine.start_container(engine_id)
             info = warm or await shared.engine.inspect_container(engine_id)
-            if config.HasField("dns_config"):
+            dns = config.dns_config if config.HasField("dns_config") else None
+            if cni is not None:
+                sandbox.backend_data[POD_FILES] = await shared.engine.run(
+                    lambda: shared.pod_files.write(sandbox.id, dns)
+                )
+            elif dns is not None:
                 path = str(info.get("ResolvConfPath") or "")
                 if path:
                     content = convert.resolv_conf(config.dns_config)
@@ -90,6 +99,8 @@ class Sandboxes:
         if cni is not None:
             await cni.release(sandbox)  # before the pause container goes, as a stop does
         await self._shared.remove(engine_id)
+        if sandbox.backend_data.pop(POD_FILES, None):
+            await self._shared.engine.run(lambda: self._shared.pod_files.remove(sandbox.id))
         sandbox.backend_data.pop(ENGINE_ID, None)
         sandbox.backend_data.pop(WARM_ID, None)
 
@@ -132,6 +143,8 @@ class Sandboxes:
         shared.states.drop_sandbox(sandbox.id)
         if eid:
             await shared.remove(str(eid))
+        if POD_FILES in sandbox.backend_data:
+            await shared.engine.run(lambda: shared.pod_files.remove(sandbox.id))
 
 
 def _write_file(path: str, content: str) -> None:

@@ -138,6 +138,49 @@ async def test_pods_get_addresses_of_the_network_and_reach_each_other(pods: Harn
     assert pods.events.not_ready == {}
 
 
+async def test_the_engine_makes_no_network_and_the_pod_has_its_own_files(
+    pods: Harness, net: CniNet, tmp_path: Path
+) -> None:
+    dns = pb.DNSConfig(servers=["10.96.0.10"], searches=["ns.svc.cluster.local"], options=["ndots:5"])
+    sb = await pods.run_sandbox(pod("files", dns_config=dns))
+    info = pods.engine.inspect_container(sb.backend_data["engine_id"])
+    # No engine network at all: no network sandbox, no files of the engine's.
+    assert info["Config"].get("NetworkDisabled") is True
+    assert info["NetworkSettings"]["SandboxKey"] == "" and info["ResolvConfPath"] == ""
+    files = net.state_dir / "pod-files" / sb.id
+    assert sorted(os.listdir(files)) == ["hosts", "resolv.conf"]
+
+    show = ["sh", "-c", "hostname; cat /etc/resolv.conf; cat /etc/hosts"]
+    ct = await started(pods, sb, ["sleep", "3600"])
+    out = await pods.backend.exec_sync(ct, show)
+    assert out.exit_code == 0, out
+    text = out.stdout.decode()
+    assert text.startswith("files\n")
+    assert "search ns.svc.cluster.local\nnameserver 10.96.0.10\noptions ndots:5\n" in text
+    assert "127.0.0.1\tlocalhost\n" in text
+    assert await eth0(pods, ct) == f"{sb.status.ip}/24"
+
+    # A hosts file of the container's own (the kubelet mounts one) wins over the pod's.
+    own = tmp_path / "etc-hosts"
+    own.write_text("10.1.2.3\tfiles\n")
+    mounted = container_record(
+        sb, ["sleep", "3600"], name="m", mounts=[pb.Mount(container_path="/etc/hosts", host_path=str(own))]
+    )
+    await pods.create(mounted, sb)
+    await pods.events.start(pods.backend, mounted, sb)
+    out = await pods.backend.exec_sync(mounted, ["cat", "/etc/hosts", "/etc/resolv.conf"])
+    assert out.exit_code == 0, out
+    assert out.stdout.decode().startswith("10.1.2.3\tfiles\nsearch ns.svc.cluster.local\n")
+
+    for c in (ct, mounted):
+        await pods.backend.stop_container(c, 0)
+    await pods.backend.stop_sandbox(sb)
+    for c in (ct, mounted):
+        await pods.backend.remove_container(c)
+    await pods.backend.remove_sandbox(sb)
+    assert not files.exists()
+
+
 async def test_a_host_port_answers_on_the_host_and_port_forward_reaches_the_pod(
     pods: Harness, net: CniNet
 ) -> None:
@@ -299,6 +342,7 @@ async def test_a_restart_releases_what_pods_with_no_record_hold(
         assert net.reserved() == {kept.status.ip: kept.id}
         assert net.pins() == [kept.id] and len(net.ports()) == 1
         assert engine.containers(all=True, filters={"label": f"io.cri-shim.id={lost.id}"}) == []
+        assert os.listdir(net.state_dir / "pod-files") == [kept.id]  # the lost pod's files swept
         await h.backend.stop_sandbox(kept)  # DEL from the cache a previous process wrote
         assert net.reserved() == {} and net.ports() == []
     assert net.pins() == [] and net.cached() == []
