@@ -224,7 +224,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def process_ticks() -> dict[tuple[int, int], tuple[str, int, int]]:
-    """Each process as (pid, start time) -> (comm, parent pid, CPU jiffies with its reaped children's)."""
+    """Each process as (pid, start time) -> (comm, its own CPU jiffies, its reaped children's)."""
     out: dict[tuple[int, int], tuple[str, int, int]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -237,13 +237,14 @@ def process_ticks() -> dict[tuple[int, int], tuple[str, int, int]]:
         comm = raw[raw.index("(") + 1 : raw.rindex(")")]
         rest = raw[raw.rindex(")") + 2 :].split()
         # rest[0] is field 3 (state): utime..cstime are fields 14-17, starttime 22.
-        ticks = sum(int(x) for x in rest[11:15])
-        out[(int(name), int(rest[19]))] = (comm, int(rest[1]), ticks)
+        own = int(rest[11]) + int(rest[12])
+        out[(int(name), int(rest[19]))] = (comm, own, int(rest[13]) + int(rest[14]))
     return out
 
 
 class CpuUse:
-    """CPU seconds spent during a window: the machine's, and by program (comm), the runtime's shim apart.
+    """CPU seconds spent during a window: the machine's, and by program (comm), the runtime's shim
+    apart (its own, and its reaped children's).
 
     A process counts its own time and its reaped children's (runc under a containerd shim, CNI
     plugins under cri-shim); a process that started and ended inside the window without a
@@ -262,13 +263,15 @@ class CpuUse:
 
     def by_program(self) -> dict[str, float]:
         spent: dict[str, float] = {}
-        for key, (comm, _ppid, ticks) in self.procs1.items():
-            before = self.procs0.get(key)
-            used = ticks - (before[2] if before else 0)
-            if used <= 0:
-                continue
-            label = "cri-shim" if key[0] == self.shim_pid else comm
-            spent[label] = spent.get(label, 0.0) + used / TICK
+        for key, (comm, own, children) in self.procs1.items():
+            own0, children0 = (self.procs0[key][1:]) if key in self.procs0 else (0, 0)
+            if key[0] == self.shim_pid:  # its own time, and its children's (CNI plugins, helpers)
+                parts = [("cri-shim", own - own0), ("cri-shim's children", children - children0)]
+            else:
+                parts = [(comm, own + children - own0 - children0)]
+            for label, used in parts:
+                if used > 0:
+                    spent[label] = spent.get(label, 0.0) + used / TICK
         return spent
 
     def summary(self, top: int = 5) -> str:
