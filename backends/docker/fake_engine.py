@@ -208,6 +208,22 @@ class FakeEngine:
         if oom and not oom_event_first:
             self._emit(c, "oom")  # the flag lost the race; the event did not
 
+    def following(self, engine_id: str) -> bool:
+        """Whether someone follows the container's log stream."""
+        return bool(self._followers.get(engine_id))
+
+    def exit_with_late_output(self, engine_id: str, code: int, data: bytes, die_after: float) -> None:
+        """As the engine does with a last unterminated line: the followed log streams end when
+        the process does, the line lands in the log after that, and the die event comes
+        ``die_after`` s later."""
+        c = self.containers[engine_id]
+        c.running, c.exit_code = False, code
+        c.finished_at = time.time_ns()
+        for s in self._followers.pop(c.id, []):
+            s.end()
+        c.output.append((time.time_ns(), "stdout", data))
+        asyncio.get_running_loop().call_later(die_after, self._emit, c, "die")
+
     # ---------------------------------------------------------------- internals
 
     def _enter(self, operation: str, arg: Any = None) -> None:

@@ -151,6 +151,23 @@ async def test_plain_exit_and_sandbox_death(kit: Kit) -> None:
     assert kit.events.not_ready[sb.id] == "pause container exited"
 
 
+async def test_a_last_line_the_engine_logs_after_the_stream_ended_is_in_the_log(kit: Kit) -> None:
+    """`printf DONE; exit 1`: the engine ends the followed stream before DONE is in its log, and
+    says the container died later; the kubelet reads the log (FallbackToLogsOnError) once it
+    sees the exit, so DONE must be in it by then."""
+    sb = await kit.pod()
+    ct = await kit.running(sb)
+    eid = ct.backend_data["engine_id"]
+    for _ in range(100):  # until the shim follows the log
+        if kit.engine.following(eid):
+            break
+        await asyncio.sleep(0.01)
+    kit.engine.exit_with_late_output(eid, 1, b"DONE", die_after=0.3)
+    info = await kit.events.exit_of(ct.id, timeout=5)
+    assert info.exit_code == 1
+    assert kit.logs[ct.id].data == [("stdout", b"DONE")]
+
+
 async def test_exit_heard_while_engine_down_is_reported_later(kit: Kit) -> None:
     sb = await kit.pod()
     ct = await kit.running(sb)
