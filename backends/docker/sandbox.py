@@ -99,7 +99,8 @@ class Sandboxes:
         if cni is not None:
             await cni.release(sandbox)  # before the pause container goes, as a stop does
         await self._shared.remove(engine_id)
-        if sandbox.backend_data.pop(POD_FILES, None):
+        if cni is not None:  # also a directory whose files were not all written
+            sandbox.backend_data.pop(POD_FILES, None)
             await self._shared.engine.run(lambda: self._shared.pod_files.remove(sandbox.id))
         sandbox.backend_data.pop(ENGINE_ID, None)
         sandbox.backend_data.pop(WARM_ID, None)

@@ -288,6 +288,7 @@ async def test_a_plugin_that_fails_or_hangs_leaves_nothing(
     assert net.pins() == [] and net.cached() == []
     assert engine.containers(all=True, filters={"label": f"io.cri-shim.id={sb.id}"}) == []
     assert "engine_id" not in sb.backend_data
+    assert not (net.state_dir / "pod-files" / sb.id).exists() and "pod_files" not in sb.backend_data
 
 
 async def test_stop_after_the_config_was_removed_frees_the_address(pods: Harness, net: CniNet) -> None:
