@@ -36,7 +36,8 @@ the config under the run's directory; every other pod maps a host port (portmap)
 
 At the end every pod is removed through CRI, the shim is stopped with SIGTERM,
 and LEAKED counts what is left: records in the state dir (all handlers);
-docker: engine containers with this shim's instance label (--cni: also the
+docker: engine containers with this shim's instance label and the directories of
+pods' own hosts / resolv.conf (backends/docker/pod_files.py) (--cni: also the
 addresses host-local holds, veths on the bridge, iptables rules and chains of
 the network, pinned namespaces, CNI cache entries; runv --cni the same, its pins
 counted as mounts under its root); runv: entries of
@@ -738,6 +739,9 @@ class Run:
                 self.leaked += [
                     f"engine container {e[:12]} (instance label)" for e in self.shim.engine_leftovers()
                 ]
+            files = os.path.join(self.shim.state_dir, "backends", "docker", "pod-files")
+            with contextlib.suppress(FileNotFoundError):
+                self.leaked += [f"pod files {files}/{d}" for d in sorted(os.listdir(files))]
         if self.handler == "runv":
             self.leaked += runv_leftovers(self.runv)
         if self.cni is not None:
