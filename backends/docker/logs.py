@@ -117,6 +117,8 @@ class DockerProcess:
                     await asyncio.sleep(1)
                     continue
                 if not info["State"].get("Running"):
+                    if tty:
+                        return  # records with no time: a read again would repeat them all
                     # The engine ends a followed stream when the process ends, before a last
                     # unterminated line is in its log (seen: 30 of 80 quick exits); a read
                     # that does not follow, now, has it.

@@ -46,8 +46,9 @@ async def recover(
             await shared.remove(row["Id"])
     # Image volumes of containers no committed record claims (removed while the shim was down).
     shared.volumes.sweep(r.id for r in containers if r.committed)
-    # CNI attachments of pods no committed record claims (a crash between the ADD and the record).
+    # The hosts and resolv.conf of pods no committed record claims (pod_files.py).
     shared.pod_files.sweep(r.id for r in sandboxes if r.committed)
+    # CNI attachments of pods no committed record claims (a crash between the ADD and the record).
     if shared.cni is not None:
         await shared.cni.recover(r.id for r in sandboxes if r.committed)
     claimed = [r for r in records.values() if r.committed and r.id in by_id]
