@@ -59,12 +59,17 @@ class DockerProcess:
         A resumed read skips what was read already (:class:`LogResume`).
         Records are stamped with the engine's time (without a TTY), so that
         after a restart the CRI log itself says where to resume (``after``).
+        With a TTY the log is one stream of bytes with no times: while every
+        read began at its start, the last read (after the end) begins there
+        too and skips the bytes already written.
         """
         st, tty, engine = self._st, self._tty, self._shared.engine
         resume = LogResume(self._after)
         follow = LogFollow(tty=tty, finishing=self.exit.info is not None and not tty)  # ended already
         st.follow = follow
         failed = 0  # reads refused since the exit
+        whole = tty and resume.newest is None  # TTY: every read so far from the log's start
+        written = 0  # TTY: bytes yielded, counted from the log's start
         try:
             while True:
                 final = follow.finishing
@@ -87,10 +92,19 @@ class DockerProcess:
                     continue
                 follow.resp = None if final else resp
                 resume.reread()
+                # A TTY read from the log's start: the bytes written already come again.
+                skip = written if tty and since is None else 0
                 try:
                     async for stream, data in resp.frames(tty):
                         at = 0
-                        if not tty:
+                        if tty:
+                            if skip:
+                                if len(data) <= skip:
+                                    skip -= len(data)
+                                    continue
+                                data, skip = data[skip:], 0
+                            written += len(data)
+                        else:
                             # "RFC3339Nano content"
                             stamp, _, data = data.partition(b" ")
                             try:
@@ -108,6 +122,9 @@ class DockerProcess:
                 if follow.finishing:
                     continue  # cut by exited(): the rest, without following
                 if self.exit.info is not None:
+                    if whole:
+                        follow.finishing = True  # a TTY's last line may land after the end
+                        continue
                     return  # the stream ended because the container did
                 try:
                     info = await engine.inspect_container(st.engine_id)
@@ -117,8 +134,8 @@ class DockerProcess:
                     await asyncio.sleep(1)
                     continue
                 if not info["State"].get("Running"):
-                    if tty:
-                        return  # records with no time: a read again would repeat them all
+                    if tty and not whole:
+                        return  # read from a time on: where its bytes began is not known
                     # The engine ends a followed stream when the process ends, before a last
                     # unterminated line is in its log (seen: 30 of 80 quick exits); a read
                     # that does not follow, now, has it.
@@ -126,6 +143,7 @@ class DockerProcess:
                     continue
                 if tty:
                     resume.newest = time.time_ns()
+                    whole = False
         finally:
             if st.follow is follow:
                 st.follow = None

@@ -168,8 +168,9 @@ async def test_a_last_line_the_engine_logs_after_the_stream_ended_is_in_the_log(
     assert kit.logs[ct.id].data == [("stdout", b"DONE")]
 
 
-async def test_a_tty_containers_output_is_not_read_twice_when_its_stream_ends(kit: Kit) -> None:
-    """With a TTY the engine's records carry no time to resume from: no read again after the end."""
+async def test_a_tty_containers_last_line_after_its_stream_ended_is_in_the_log_once(kit: Kit) -> None:
+    """With a TTY the engine's records carry no time: the last read starts at the log's start
+    and skips what was written (neither lost nor written twice)."""
     sb = await kit.pod()
     ct = await kit.running(sb, tty=True)
     eid = ct.backend_data["engine_id"]
@@ -178,9 +179,9 @@ async def test_a_tty_containers_output_is_not_read_twice_when_its_stream_ends(ki
         if kit.logs[ct.id].data:
             break
         await asyncio.sleep(0.01)
-    kit.engine.exit_with_late_output(eid, 0, b"", die_after=0.3)
-    assert (await kit.events.exit_of(ct.id, timeout=5)).exit_code == 0
-    assert [d for _, d in kit.logs[ct.id].data if d] == [b"hello\r\n"]
+    kit.engine.exit_with_late_output(eid, 1, b"DONE", die_after=0.3)
+    assert (await kit.events.exit_of(ct.id, timeout=5)).exit_code == 1
+    assert b"".join(d for _, d in kit.logs[ct.id].data) == b"hello\r\nDONE"
 
 
 async def test_exit_heard_while_engine_down_is_reported_later(kit: Kit) -> None:
