@@ -28,11 +28,7 @@ scripts/testenv/up holding the images:
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
-import contextlib
 import functools
-import hashlib
-import json
 import math
 import os
 import shutil
@@ -40,8 +36,6 @@ import signal
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -65,14 +59,12 @@ from endpoints import (  # noqa: E402
     _interrupt,
     answering,
     clock,
+    fill_images,
+    image_count,
     pct,
+    registry_images,
+    remove_bench_images,
 )
-
-# The registry's repository of the images part: busybox's layer under configs of
-# their own, each a distinct image (ListImages counts images, not tags).
-REGISTRY = "127.0.0.1:5000"
-IMAGES_REPO = "cri-shim-bench-images"
-MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
 
 # ---------------------------------------------------------------- report
 
@@ -109,85 +101,6 @@ def timed_calls(call: Callable[[], Any], n: int) -> list[float]:
 
 
 # ---------------------------------------------------------------- the images part
-
-
-def _registry(
-    method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
-) -> Any:
-    req = urllib.request.Request(
-        f"http://{REGISTRY}/v2/{path}", data=body, method=method, headers=headers or {}
-    )
-    return urllib.request.urlopen(req, timeout=30)
-
-
-def registry_images(count: int) -> list[str]:
-    """``count`` distinct images in the test registry: busybox's manifest with a config of
-    each one's own (a label numbering it). The blobs are deterministic, so a rerun finds
-    them there and pushes nothing."""
-    refs = [f"{REGISTRY}/{IMAGES_REPO}:img-{i}" for i in range(count)]
-    missing = []
-    for i in range(count):
-        try:
-            _registry("HEAD", f"{IMAGES_REPO}/manifests/img-{i}", headers={"Accept": MANIFEST_V2}).close()
-        except urllib.error.HTTPError:
-            missing.append(i)
-    if not missing:
-        return refs
-    manifest = json.load(_registry("GET", "busybox/manifests/1.36", headers={"Accept": MANIFEST_V2}))
-    config = json.load(_registry("GET", f"busybox/blobs/{manifest['config']['digest']}"))
-    for layer in manifest["layers"]:  # mounted from busybox's repository, not uploaded
-        _registry("POST", f"{IMAGES_REPO}/blobs/uploads/?mount={layer['digest']}&from=busybox", b"").close()
-    for i in missing:
-        labels = dict(config["config"].get("Labels") or {})
-        labels["io.cri-shim.bench.image"] = str(i)
-        blob = json.dumps(
-            {**config, "config": {**config["config"], "Labels": labels}}, sort_keys=True
-        ).encode()
-        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
-        upload = _registry("POST", f"{IMAGES_REPO}/blobs/uploads/", b"")
-        location = upload.headers["Location"]
-        upload.close()
-        sep = "&" if "?" in location else "?"
-        put = urllib.request.Request(
-            f"{location}{sep}digest={digest}",
-            data=blob,
-            method="PUT",
-            headers={"Content-Type": "application/octet-stream"},
-        )
-        urllib.request.urlopen(put, timeout=30).close()
-        body = {
-            "schemaVersion": 2,
-            "mediaType": MANIFEST_V2,
-            "config": {"mediaType": manifest["config"]["mediaType"], "size": len(blob), "digest": digest},
-            "layers": manifest["layers"],
-        }
-        data = json.dumps(body, sort_keys=True).encode()
-        _registry("PUT", f"{IMAGES_REPO}/manifests/img-{i}", data, {"Content-Type": MANIFEST_V2}).close()
-    return refs
-
-
-def image_count(c: Cri) -> int:
-    return len(c.im.ListImages(pb.ListImagesRequest(), timeout=60).images)
-
-
-def fill_images(c: Cri, refs: list[str], target: int) -> list[str]:
-    """Pull as many of ``refs`` as ``c`` needs to hold ``target`` images (8 pulls at a time)."""
-    wanted = refs[: max(0, target - image_count(c))]
-
-    def pull(ref: str) -> None:
-        c.im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)), timeout=300)
-
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        list(pool.map(pull, wanted))
-    return wanted
-
-
-def remove_bench_images(c: Cri) -> None:
-    """Every image of the bench's repository, also those an interrupted run left."""
-    with contextlib.suppress(grpc.RpcError):
-        for img in c.im.ListImages(pb.ListImagesRequest(), timeout=60).images:
-            if any(t.startswith(f"{REGISTRY}/{IMAGES_REPO}:") for t in img.repo_tags):
-                c.im.RemoveImage(pb.RemoveImageRequest(image=pb.ImageSpec(image=img.id)), timeout=120)
 
 
 def images_part(cris: list[Cri], target: int, samples: int) -> None:
