@@ -34,6 +34,15 @@ def short_tmp() -> Iterator[str]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def own_channel(sock: str) -> grpc.aio.Channel:
+    """A channel to the unix socket ``sock`` with connections of its own. Tests that restart
+    a server on the same socket need it: from grpc's pool, shared by the channels of a process
+    with one target, the channel made after the restart could be handed the connection of the
+    one before, which the stopped server closed (seen once in a full run: UNAVAILABLE,
+    "sendmsg: Broken pipe", on the first call to the new server)."""
+    return grpc.aio.insecure_channel(f"unix://{sock}", options=[("grpc.use_local_subchannel_pool", 1)])
+
+
 def server_config(root: str, **server: object) -> Config:
     base = Config()
     return dataclasses.replace(

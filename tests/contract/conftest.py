@@ -19,7 +19,7 @@ import pytest
 from backends.contract import Backend
 from cri_api import api_pb2_grpc
 from shim.server import Server
-from tests.conftest import make_ids, server_config
+from tests.conftest import make_ids, own_channel, server_config
 
 IN_CI = os.environ.get("CI") == "true"
 
@@ -45,7 +45,7 @@ class Cri:
         self.backend, _ = BACKENDS[self.kind](self.root)
         self.server = _server(self.kind, self.backend, self.root, self.ids + "-again", self.transport)
         await self.server.start()
-        self.channel = grpc.aio.insecure_channel(f"unix://{self.root}/cri.sock")
+        self.channel = own_channel(f"{self.root}/cri.sock")
         self.rt = api_pb2_grpc.RuntimeServiceStub(self.channel)
         self.im = api_pb2_grpc.ImageServiceStub(self.channel)
 
@@ -128,7 +128,7 @@ async def cri(request: Any, short_tmp: str) -> AsyncIterator[Cri]:
     ids = f"contract-{os.getpid()}-{id(request)}"
     server = _server(kind, backend, short_tmp, ids, transport)
     await server.start()
-    channel = grpc.aio.insecure_channel(f"unix://{short_tmp}/cri.sock")
+    channel = own_channel(f"{short_tmp}/cri.sock")
     rt = api_pb2_grpc.RuntimeServiceStub(channel)
     cri = Cri(
         kind,

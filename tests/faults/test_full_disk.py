@@ -16,7 +16,7 @@ from backends.fake import FakeBackend
 from cri_api import api_pb2 as pb
 from cri_api import api_pb2_grpc
 from shim.server import Server
-from tests.conftest import make_ids, server_config
+from tests.conftest import make_ids, own_channel, server_config
 from tests.criutil import container_config, sandbox_config
 
 
@@ -48,16 +48,6 @@ def fill(disk: str) -> str:
     return ballast
 
 
-def _channel(short_tmp: str) -> grpc.aio.Channel:
-    """A channel with connections of its own. These tests restart the server on the same
-    socket: from grpc's shared pool, the channel made after the restart could be handed the
-    connection of the one before, which the stopped server closed (seen once in a full run:
-    UNAVAILABLE, "sendmsg: Broken pipe", on the first call to the new server)."""
-    return grpc.aio.insecure_channel(
-        f"unix://{short_tmp}/cri.sock", options=[("grpc.use_local_subchannel_pool", 1)]
-    )
-
-
 def server_on(short_tmp: str, disk: str, seed: str) -> Server:
     """A shim whose state directory is on ``disk``; the fake's own files stay off it, the same each time."""
     cfg = server_config(short_tmp)
@@ -72,7 +62,7 @@ async def test_a_full_state_disk_refuses_changes_and_keeps_serving(short_tmp: st
     server = server_on(short_tmp, small_disk, "d")
     await server.start()
     try:
-        async with _channel(short_tmp) as ch:
+        async with own_channel(f"{short_tmp}/cri.sock") as ch:
             rt, im = api_pb2_grpc.RuntimeServiceStub(ch), api_pb2_grpc.ImageServiceStub(ch)
             await im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image="busybox")))
             sc = sandbox_config(name="kept")
@@ -112,7 +102,7 @@ async def test_a_full_state_disk_refuses_changes_and_keeps_serving(short_tmp: st
     again = server_on(short_tmp, small_disk, "e")
     await again.start()
     try:
-        async with _channel(short_tmp) as ch:
+        async with own_channel(f"{short_tmp}/cri.sock") as ch:
             rt = api_pb2_grpc.RuntimeServiceStub(ch)
             names = {p.metadata.name for p in (await rt.ListPodSandbox(pb.ListPodSandboxRequest())).items}
             assert names == {"kept", "new"}
@@ -131,7 +121,7 @@ async def test_a_full_state_disk_refuses_updates_before_their_effect_and_never_b
     server = server_on(short_tmp, small_disk, "u")
     await server.start()
     try:
-        async with _channel(short_tmp) as ch:
+        async with own_channel(f"{short_tmp}/cri.sock") as ch:
             rt, im = api_pb2_grpc.RuntimeServiceStub(ch), api_pb2_grpc.ImageServiceStub(ch)
             await im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image="busybox")))
             pods = []
@@ -183,7 +173,7 @@ async def test_a_full_state_disk_refuses_updates_before_their_effect_and_never_b
     again = server_on(short_tmp, small_disk, "v")
     await again.start()
     try:
-        async with _channel(short_tmp) as ch:
+        async with own_channel(f"{short_tmp}/cri.sock") as ch:
             rt = api_pb2_grpc.RuntimeServiceStub(ch)
             pods = (await rt.ListPodSandbox(pb.ListPodSandboxRequest())).items
             assert [(p.id, p.state) for p in pods] == [(stopped, pb.SANDBOX_NOTREADY)]
