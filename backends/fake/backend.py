@@ -141,6 +141,13 @@ class FakeRuntime:
     async def image_fs_info(self) -> pb.ImageFsInfoResponse:
         return self.images.fs_info(len(self.lifecycle.containers))
 
+    # ImagesNow: the store is memory, so ListImages and ImageFsInfo are answered without a task.
+    def list_images_now(self) -> list[ImageInfo]:
+        return self.images.infos()
+
+    def image_fs_info_now(self) -> pb.ImageFsInfoResponse:
+        return self.images.fs_info(len(self.lifecycle.containers))
+
     # ------------------------------------------------------------------ exec and streams
     async def exec_sync(self, container: ContainerRecord, cmd: Sequence[str]) -> ExecResult:
         return await self.streams.exec_sync(container, cmd)

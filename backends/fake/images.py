@@ -130,6 +130,9 @@ class ImageStore:
         return img.id
 
     async def list_images(self) -> list[ImageInfo]:
+        return self.infos()
+
+    def infos(self) -> list[ImageInfo]:
         return [i.info() for i in self._images.values()]
 
     async def image_status(self, image: pb.ImageSpec) -> ImageInfo | None:

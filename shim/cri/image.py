@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import operator
 from collections.abc import Coroutine, Iterable
 from typing import Any
 
@@ -31,6 +32,9 @@ class ImageService:
         self._pulls: dict[tuple[str, str, str], asyncio.Task[str]] = {}
         self._encoded = _EncodedImages()
         self._answers_now: dict[str, bool] = {}  # by backend name: answers from memory
+        self._stores: list[Backend] | None = None  # the image stores, default first
+        # The last ImageFsInfo answered from memory: the stores' answers, and it encoded.
+        self._fs_kept: tuple[list[pb.ImageFsInfoResponse], bytes] | None = None
 
     def _backend(self, spec: pb.ImageSpec) -> Backend:
         try:
@@ -135,42 +139,60 @@ class ImageService:
         await self._backend(req.image).remove_image(req.image)
         return pb.RemoveImageResponse()
 
-    def fs_info(
-        self, req: pb.ImageFsInfoRequest
-    ) -> pb.ImageFsInfoResponse | Coroutine[Any, Any, pb.ImageFsInfoResponse]:
+    def fs_info(self, req: pb.ImageFsInfoRequest) -> bytes | Coroutine[Any, Any, pb.ImageFsInfoResponse]:
         """Every handler's stores, the default handler's first: the kubelet reads entry 0 of
         each list for its image GC and imagefs eviction signals. A filesystem named by two
-        handlers (one engine behind both) is listed once. Plain, not async: one store with
-        its figures in memory is answered at once, without a task."""
-        registry = self.shim.registry
-        names = [registry.default, *(n for n in registry.names() if n != registry.default)]
-        stores = [b for b in (registry.get(n) for n in names) if b.capabilities & Capability.IMAGES]
-        store = self._now(stores[0]) if len(stores) == 1 else None
-        info = store.image_fs_info_now() if store is not None else None
-        if info is not None and _distinct_all(info):
-            return info
-        return self._fs_info(stores)
+        handlers (one engine behind both) is listed once. Plain, not async: stores with
+        their figures in memory are answered at once, without a task, and the encoded
+        answer is kept while they hand out the same figures (docker's change every ten
+        seconds or so, and the kubelet asks far more often)."""
+        stores = self._image_stores()
+        infos = []
+        for b in stores:
+            now = self._now(b)
+            info = now.image_fs_info_now() if now is not None else None
+            if info is None:
+                return self._fs_info(stores)
+            infos.append(info)
+        kept = self._fs_kept
+        if kept is not None and len(kept[0]) == len(infos) and all(map(operator.is_, kept[0], infos)):
+            return kept[1]
+        data = _merged(infos).SerializeToString()
+        self._fs_kept = (infos, data)
+        return data
+
+    def _image_stores(self) -> list[Backend]:
+        """The backends that keep images, the default handler's first (a registry is fixed)."""
+        stores = self._stores
+        if stores is None:
+            registry = self.shim.registry
+            names = [registry.default, *(n for n in registry.names() if n != registry.default)]
+            stores = [b for b in (registry.get(n) for n in names) if b.capabilities & Capability.IMAGES]
+            self._stores = stores
+        return stores
 
     async def _fs_info(self, stores: list[Backend]) -> pb.ImageFsInfoResponse:
         if len(stores) == 1:
-            info = await stores[0].image_fs_info()
-            if _distinct_all(info):
-                return info
-            infos = [info]
-        else:
-            infos = await asyncio.gather(*(b.image_fs_info() for b in stores))
-        resp = pb.ImageFsInfoResponse()
-        seen: tuple[set[str], set[str]] = (set(), set())
-        for info in infos:
-            for have, got, out in (
-                (seen[0], info.image_filesystems, resp.image_filesystems),
-                (seen[1], info.container_filesystems, resp.container_filesystems),
-            ):
-                for fs in got:
-                    if fs.fs_id.mountpoint not in have:
-                        have.add(fs.fs_id.mountpoint)
-                        out.append(fs)
-        return resp
+            return _merged([await stores[0].image_fs_info()])
+        return _merged(await asyncio.gather(*(b.image_fs_info() for b in stores)))
+
+
+def _merged(infos: list[pb.ImageFsInfoResponse]) -> pb.ImageFsInfoResponse:
+    """One answer of the stores' ``infos``, each filesystem (by mountpoint) once, in order."""
+    if len(infos) == 1 and _distinct_all(infos[0]):
+        return infos[0]
+    resp = pb.ImageFsInfoResponse()
+    seen: tuple[set[str], set[str]] = (set(), set())
+    for info in infos:
+        for have, got, out in (
+            (seen[0], info.image_filesystems, resp.image_filesystems),
+            (seen[1], info.container_filesystems, resp.container_filesystems),
+        ):
+            for fs in got:
+                if fs.fs_id.mountpoint not in have:
+                    have.add(fs.fs_id.mountpoint)
+                    out.append(fs)
+    return resp
 
 
 def _distinct_all(info: pb.ImageFsInfoResponse) -> bool:

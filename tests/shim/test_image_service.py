@@ -50,24 +50,28 @@ async def settled(answer: Any) -> Any:
     return await answer if asyncio.iscoroutine(answer) else answer
 
 
-class Registry:
-    default = "store"
+async def fs_answer(svc: ImageService) -> pb.ImageFsInfoResponse:
+    resp = await settled(svc.fs_info(pb.ImageFsInfoRequest()))
+    return pb.ImageFsInfoResponse.FromString(resp) if isinstance(resp, bytes) else resp
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+
+class Registry:
+    def __init__(self, *stores: Store) -> None:
+        self.stores = {s.name: s for s in stores}
+        self.default = stores[0].name
 
     def __iter__(self) -> Iterator[Store]:
-        return iter([self.store])
+        return iter(self.stores.values())
 
     def names(self) -> list[str]:
-        return ["store"]
+        return list(self.stores)
 
     def get(self, name: str) -> Store:
-        return self.store
+        return self.stores[name or self.default]
 
 
-def service(store: Store) -> ImageService:
-    shim: Any = type("ShimStub", (), {"registry": Registry(store)})()
+def service(*stores: Store) -> ImageService:
+    shim: Any = type("ShimStub", (), {"registry": Registry(*stores)})()
     return ImageService(cast(Shim, shim))
 
 
@@ -130,10 +134,10 @@ async def test_image_fs_info_of_one_store() -> None:
         image_filesystems=[usage("/i", 1)], container_filesystems=[usage("/i", 1)]
     )
     svc = service(store)
-    assert await settled(svc.fs_info(pb.ImageFsInfoRequest())) == store.fs
+    assert await fs_answer(svc) == store.fs
     # A mountpoint twice in one list is named once, as when several stores share it.
     store.fs = pb.ImageFsInfoResponse(image_filesystems=[usage("/i", 1), usage("/i", 2), usage("/j", 3)])
-    got = await settled(svc.fs_info(pb.ImageFsInfoRequest()))
+    got = await fs_answer(svc)
     assert [(f.fs_id.mountpoint, f.used_bytes.value) for f in got.image_filesystems] == [("/i", 1), ("/j", 3)]
 
 
@@ -153,13 +157,48 @@ async def test_a_store_answering_from_memory_is_answered_without_a_coroutine(rea
     assert asyncio.iscoroutine(images) is (not ready) and asyncio.iscoroutine(fs) is (not ready)
     assert await listed(svc) == [image_pb(i) for i in IMAGES]
     assert await settled(images) == await settled(svc.list_(pb.ListImagesRequest()))
-    assert await settled(fs) == store.fs
-    # A filter, or a mountpoint named twice, takes the general way even from memory.
+    fs = await settled(fs)
+    assert (pb.ImageFsInfoResponse.FromString(fs) if ready else fs) == store.fs
+    # A filter takes the general way even from memory.
     store.ready = True
     filtered = svc.list_(pb.ListImagesRequest(filter=pb.ImageFilter(image=pb.ImageSpec(image="a:2"))))
     assert asyncio.iscoroutine(filtered)
     assert [i.id for i in (await filtered).images] == [IMAGES[0].id]
+    # A mountpoint named twice is merged from memory too.
     store.fs = pb.ImageFsInfoResponse(image_filesystems=[usage("/i", 1), usage("/i", 2)])
     twice = svc.fs_info(pb.ImageFsInfoRequest())
-    assert asyncio.iscoroutine(twice)
-    assert [f.used_bytes.value for f in (await twice).image_filesystems] == [1]
+    assert isinstance(twice, bytes)
+    assert [f.used_bytes.value for f in pb.ImageFsInfoResponse.FromString(twice).image_filesystems] == [1]
+
+
+async def test_image_fs_info_from_memory_is_encoded_once_per_figure() -> None:
+    """The encoded answer is kept while the store hands out the same figures, and made
+    again from the figures it hands out next (never a stale answer)."""
+    store = NowStore()
+    store.fs = pb.ImageFsInfoResponse(image_filesystems=[usage("/i", 1)], container_filesystems=[usage("/c", 2)])
+    svc = service(store)
+    first = svc.fs_info(pb.ImageFsInfoRequest())
+    assert svc.fs_info(pb.ImageFsInfoRequest()) is first
+    store.fs = pb.ImageFsInfoResponse(image_filesystems=[usage("/i", 5)], container_filesystems=[usage("/c", 2)])
+    again = svc.fs_info(pb.ImageFsInfoRequest())
+    assert again is not first
+    assert pb.ImageFsInfoResponse.FromString(again) == store.fs
+
+
+async def test_image_fs_info_of_several_stores_from_memory_default_first() -> None:
+    """Stores that all answer from memory are merged at once, the default handler's first,
+    a filesystem two stores share named once; one that cannot makes it the coroutine."""
+    main, other = NowStore(), NowStore()
+    main.name, other.name = "main", "other"
+    main.fs = pb.ImageFsInfoResponse(image_filesystems=[usage("/m", 1)], container_filesystems=[usage("/c", 2)])
+    other.fs = pb.ImageFsInfoResponse(image_filesystems=[usage("/o", 3)], container_filesystems=[usage("/c", 4)])
+    svc = service(main, other)
+    at_once = svc.fs_info(pb.ImageFsInfoRequest())
+    assert isinstance(at_once, bytes)
+    got = pb.ImageFsInfoResponse.FromString(at_once)
+    assert [(f.fs_id.mountpoint, f.used_bytes.value) for f in got.image_filesystems] == [("/m", 1), ("/o", 3)]
+    assert [(f.fs_id.mountpoint, f.used_bytes.value) for f in got.container_filesystems] == [("/c", 2)]
+    other.ready = False
+    later = svc.fs_info(pb.ImageFsInfoRequest())
+    assert asyncio.iscoroutine(later)
+    assert await later == got
