@@ -175,11 +175,15 @@ async def test_image_fs_info_from_memory_is_encoded_once_per_figure() -> None:
     """The encoded answer is kept while the store hands out the same figures, and made
     again from the figures it hands out next (never a stale answer)."""
     store = NowStore()
-    store.fs = pb.ImageFsInfoResponse(image_filesystems=[usage("/i", 1)], container_filesystems=[usage("/c", 2)])
+    store.fs = pb.ImageFsInfoResponse(
+        image_filesystems=[usage("/i", 1)], container_filesystems=[usage("/c", 2)]
+    )
     svc = service(store)
     first = svc.fs_info(pb.ImageFsInfoRequest())
     assert svc.fs_info(pb.ImageFsInfoRequest()) is first
-    store.fs = pb.ImageFsInfoResponse(image_filesystems=[usage("/i", 5)], container_filesystems=[usage("/c", 2)])
+    store.fs = pb.ImageFsInfoResponse(
+        image_filesystems=[usage("/i", 5)], container_filesystems=[usage("/c", 2)]
+    )
     again = svc.fs_info(pb.ImageFsInfoRequest())
     assert again is not first
     assert pb.ImageFsInfoResponse.FromString(again) == store.fs
@@ -190,8 +194,12 @@ async def test_image_fs_info_of_several_stores_from_memory_default_first() -> No
     a filesystem two stores share named once; one that cannot makes it the coroutine."""
     main, other = NowStore(), NowStore()
     main.name, other.name = "main", "other"
-    main.fs = pb.ImageFsInfoResponse(image_filesystems=[usage("/m", 1)], container_filesystems=[usage("/c", 2)])
-    other.fs = pb.ImageFsInfoResponse(image_filesystems=[usage("/o", 3)], container_filesystems=[usage("/c", 4)])
+    main.fs = pb.ImageFsInfoResponse(
+        image_filesystems=[usage("/m", 1)], container_filesystems=[usage("/c", 2)]
+    )
+    other.fs = pb.ImageFsInfoResponse(
+        image_filesystems=[usage("/o", 3)], container_filesystems=[usage("/c", 4)]
+    )
     svc = service(main, other)
     at_once = svc.fs_info(pb.ImageFsInfoRequest())
     assert isinstance(at_once, bytes)

@@ -59,3 +59,28 @@ async def test_plain_answers_and_coroutines_in_turn_are_each_settled_as_they_are
     ]
     responses = [r if isinstance(r, bytes | None) else r.version for *_, r in got]
     assert responses == ["now-1", "later-1", b"\x0a\x05now-2", "now-3", "later-2", None, b"\x0a\x05now-4"]
+
+
+def test_a_polled_answer_is_observed_and_logged_at_debug_when_asked_for(monkeypatch: Any) -> None:
+    """An OK polled call skips the log path only when nothing would use it: an observer (the
+    metrics endpoint) still sees every call, and so does the debug log when it is on."""
+    logged: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        "shim.cri.servicer.log", type("L", (), {"debug": lambda self, *a, **k: logged.append(k)})()
+    )
+    rpc = Rpc("Version", pb.VersionRequest, lambda req: b"\x0a\x01v", True)
+    servicer = _servicer()
+
+    monkeypatch.setattr("shim.cri.servicer.debug_enabled", lambda: False)
+    assert servicer.begin(rpc, pb.VersionRequest()) == (Code.OK, "", b"\x0a\x01v")
+    assert logged == []
+
+    seen: list[tuple[str, str]] = []
+    servicer.observer = lambda method, code, seconds: seen.append((method, code))
+    assert servicer.begin(rpc, pb.VersionRequest()) == (Code.OK, "", b"\x0a\x01v")
+    assert seen == [("Version", "OK")] and logged == []
+
+    servicer.observer = None
+    monkeypatch.setattr("shim.cri.servicer.debug_enabled", lambda: True)
+    assert servicer.begin(rpc, pb.VersionRequest()) == (Code.OK, "", b"\x0a\x01v")
+    assert [(e["method"], e["code"]) for e in logged] == [("Version", "OK")]
