@@ -37,7 +37,7 @@ from backends.contract import (
     StreamIO,
 )
 from backends.fake.exec import FakeExec
-from backends.fake.faults import Call, FaultInjector
+from backends.fake.faults import Call, FaultInjector, _ImagesNowFaults
 from backends.fake.images import ImageStore
 from backends.fake.lifecycle import FakeLifecycle
 from backends.fake.program import Programs
@@ -176,7 +176,7 @@ class FakeRuntime:
         pass  # accepted (the shim records them): the fake enforces no limits
 
 
-class FakeBackend(FaultInjector):
+class FakeBackend(FaultInjector, _ImagesNowFaults):
     """The fake runtime wearing fault injection: what the ``fake`` handler type creates.
 
     Options: those of the parts (``state_dir``, ``pull_seconds``, ``pause_image``,
@@ -187,7 +187,7 @@ class FakeBackend(FaultInjector):
 
     def __new__(cls, name: str, options: Mapping[str, Any], clock: Callable[[], int] = time.time_ns) -> Self:
         # Of the optional protocols the fake has PodCidrTaker and SandboxResourceUpdater, written
-        # out below.
+        # out below, and ImagesNow (its store is memory), from the injector's part.
         return object.__new__(cls)
 
     def set_pod_cidr(self, cidr: str) -> None:

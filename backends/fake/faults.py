@@ -45,6 +45,7 @@ from backends.contract import (
     ExplainsLimits,
     Health,
     ImageInfo,
+    ImagesNow,
     LogMarks,
     MetricsBackend,
     Observed,
@@ -115,6 +116,10 @@ class _Faults:
         for method, specs in dict(options.get("errors", {})).items():
             for spec in specs:
                 self.inject_error(method, error_from_spec(str(spec)))
+
+    def _injected(self, method: str) -> bool:
+        """Whether a latency or an error waits for ``method``: then only its coroutine may answer."""
+        return bool(self._latency.get(method) or self._errors.get(method))
 
     async def _enter(self, method: str, *args: Any) -> None:
         self.calls.append(Call(method, args, self.clock()))
@@ -315,6 +320,27 @@ class _CheckpointFaults(_Faults):
         await cast(Checkpointer, self._inner).checkpoint_container(container, location, timeout)
 
 
+class _ImagesNowFaults(_Faults):
+    """Answers from the inner store's memory, recorded as the call; None (the coroutine, which
+    delays or fails it) while a latency or an error is set for the call."""
+
+    def list_images_now(self) -> list[ImageInfo] | None:
+        if self._injected("list_images"):
+            return None
+        got = cast(ImagesNow, self._inner).list_images_now()
+        if got is not None:
+            self.calls.append(Call("list_images", (), self.clock()))
+        return got
+
+    def image_fs_info_now(self) -> pb.ImageFsInfoResponse | None:
+        if self._injected("image_fs_info"):
+            return None
+        got = cast(ImagesNow, self._inner).image_fs_info_now()
+        if got is not None:
+            self.calls.append(Call("image_fs_info", (), self.clock()))
+        return got
+
+
 class _ExplainsFaults(_Faults):
     def why_not(self, capability: Capability) -> str:
         return cast(ExplainsLimits, self._inner).why_not(capability)  # a fact, not a call to fail
@@ -326,6 +352,7 @@ _OPTIONAL: tuple[tuple[type, type[_Faults]], ...] = (
     (Checkpointer, _CheckpointFaults),
     (PodCidrTaker, _PodCidrFaults),
     (ExplainsLimits, _ExplainsFaults),
+    (ImagesNow, _ImagesNowFaults),
 )
 
 

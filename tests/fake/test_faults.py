@@ -13,6 +13,7 @@ from backends.contract import (
     Capability,
     Checkpointer,
     ContainerRecord,
+    ImagesNow,
     MetricsBackend,
     SandboxRecord,
     SandboxResourceUpdater,
@@ -167,3 +168,26 @@ async def test_fake_backend_wears_the_injector_and_can_be_wrapped_again() -> Non
     fake.runtime_ready = False
     assert not (await outer.health()).runtime_ready
     assert fake.runtime.lifecycle.runtime_ready is False
+
+
+async def test_images_are_answered_from_memory_unless_a_fault_waits_for_them() -> None:
+    """The fake's store is memory: ListImages and ImageFsInfo answer at once (ImagesNow), each
+    recorded as the call; a latency or an error set for one leaves only its coroutine, which
+    delays or fails it. A wrapper around the fake passes the protocol on."""
+    fake = FakeBackend("fake", {"state_dir": ""})
+    assert isinstance(fake, ImagesNow)
+    assert fake.list_images_now() == await fake.list_images()
+    assert fake.image_fs_info_now() == await fake.image_fs_info()
+    assert [c.method for c in fake.calls] == ["list_images", "list_images", "image_fs_info", "image_fs_info"]
+    fake.set_latency("list_images", 0.01)
+    fake.inject_error("image_fs_info", UnavailableError("disk gone"))
+    assert fake.list_images_now() is None and fake.image_fs_info_now() is None
+    with pytest.raises(UnavailableError, match="disk gone"):
+        await fake.image_fs_info()
+    assert fake.image_fs_info_now() is not None  # the error was used up
+    outer = FaultInjector(fake)
+    assert isinstance(outer, ImagesNow)
+    assert outer.list_images_now() is None  # the fake's own latency still holds
+    fake.set_latency("list_images", 0)
+    assert outer.list_images_now() == []
+    assert [c.method for c in outer.calls] == ["list_images"]
