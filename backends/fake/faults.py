@@ -91,6 +91,9 @@ class Call:
     at: int
 
 
+_T = TypeVar("_T")
+
+
 class _Faults:
     """The spy and the injection state, shared by the wrapper and its optional parts."""
 
@@ -325,19 +328,17 @@ class _ImagesNowFaults(_Faults):
     delays or fails it) while a latency or an error is set for the call."""
 
     def list_images_now(self) -> list[ImageInfo] | None:
-        if self._injected("list_images"):
-            return None
-        got = cast(ImagesNow, self._inner).list_images_now()
-        if got is not None:
-            self.calls.append(Call("list_images", (), self.clock()))
-        return got
+        return self._now("list_images", cast(ImagesNow, self._inner).list_images_now)
 
     def image_fs_info_now(self) -> pb.ImageFsInfoResponse | None:
-        if self._injected("image_fs_info"):
+        return self._now("image_fs_info", cast(ImagesNow, self._inner).image_fs_info_now)
+
+    def _now(self, method: str, answer: Callable[[], _T | None]) -> _T | None:
+        if self._injected(method):
             return None
-        got = cast(ImagesNow, self._inner).image_fs_info_now()
-        if got is not None:
-            self.calls.append(Call("image_fs_info", (), self.clock()))
+        got = answer()
+        if got is not None:  # (None: the inner store cannot say now; its coroutine is recorded)
+            self.calls.append(Call(method, (), self.clock()))
         return got
 
 
