@@ -3,28 +3,22 @@
 The shim owns every CRI rule (IDs, names, the state machine, validation,
 filters, idempotency, persistence, log paths); a backend performs effects and
 may keep its own small bookkeeping in ``record.backend_data`` (persisted by
-the shim). Records carry the original CRI config messages.
+the shim, never read by it). Records carry the original CRI config messages.
+
+Only the shim's store changes a record once it is made (``shim/cri/store.py``
+says in which order); a backend fills in its own fields (``image_ref``,
+``backend_data``, ...) of a record it is creating or starting, and the shim's
+write that follows records them. ``revision`` counts the store's changes of a
+record: whatever is built from a record (an encoded answer) is good while the
+revision it was built at is the record's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
-from typing import Any, ClassVar
+from typing import Any
 
 from cri_api import api_pb2 as pb
-
-# Every change of what a List answer is made of gets a number never used before: the shim keeps
-# whole List answers while their kind's ``epoch`` is the one they were built at (shim/cri/list_cache.py).
-_CHANGES = itertools.count(1)
-# The fields a List answer or its filter reads that are ever set after a record is made (its
-# entry is rebuilt when ``status`` is replaced; ``committed`` and the state filter decide if it is in).
-_LISTED = frozenset({"status", "committed"})
-
-
-def changed(kind: type[SandboxRecord] | type[ContainerRecord]) -> None:
-    """Says that the set of ``kind``'s records, or what a List answer holds of one, changed."""
-    kind.epoch = next(_CHANGES)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -48,16 +42,11 @@ class SandboxRecord:
     # Set once the backend's run_sandbox returned; a record without it at
     # recovery is a half-created leftover.
     committed: bool = False
-    # The shim's encoded List entry and the status it was built from (shim/cri/list_cache.py).
-    wire: tuple[object, bytes] | None = dataclasses.field(default=None, repr=False, compare=False)
-    # config.labels as a dict, made at the first label-filtered List (shim/cri/list_cache.py).
+    revision: int = dataclasses.field(default=0, repr=False, compare=False)  # the store's changes of it
+    # Kept on the record so that they die with it, for the shim's edge (shim/cri/answers.py): the
+    # encoded List entry and the revision it was built at; config.labels as a dict.
+    wire: tuple[int, bytes] | None = dataclasses.field(default=None, repr=False, compare=False)
     label_map: dict[str, str] | None = dataclasses.field(default=None, repr=False, compare=False)
-    epoch: ClassVar[int] = 0
-
-    def __setattr__(self, name: str, value: object) -> None:
-        object.__setattr__(self, name, value)
-        if name in _LISTED:
-            changed(SandboxRecord)
 
     @property
     def state(self) -> pb.PodSandboxState:
@@ -104,14 +93,9 @@ class ContainerRecord:
     resources: pb.ContainerResources | None = None  # after UpdateContainerResources
     backend_data: dict[str, Any] = dataclasses.field(default_factory=dict)
     committed: bool = False
-    wire: tuple[object, bytes] | None = dataclasses.field(default=None, repr=False, compare=False)
+    revision: int = dataclasses.field(default=0, repr=False, compare=False)
+    wire: tuple[int, bytes] | None = dataclasses.field(default=None, repr=False, compare=False)
     label_map: dict[str, str] | None = dataclasses.field(default=None, repr=False, compare=False)
-    epoch: ClassVar[int] = 0
-
-    def __setattr__(self, name: str, value: object) -> None:
-        object.__setattr__(self, name, value)
-        if name in _LISTED:
-            changed(ContainerRecord)
 
     @property
     def state(self) -> pb.ContainerState:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import re
 from typing import Any
@@ -19,10 +18,7 @@ from backends.contract import (
     Checkpointer,
     ContainerRecord,
     ContainerStatus,
-    ExitInfo,
-    SandboxRecord,
 )
-from backends.contract.values import STOP_SIGNAL
 from cri_api import api_pb2 as pb
 from shim.cri import stats_messages, validate
 from shim.cri.container_io import CriLogWriter, touch_log
@@ -35,7 +31,7 @@ from shim.cri.errors import (
     ResourceExhaustedError,
     UnimplementedError,
 )
-from shim.cri.list_cache import Answers, ListCache, StatusCache, with_labels
+from shim.cri.filters import with_labels
 from shim.cri.messages import container_pb, container_status_pb
 from shim.cri.state import Shim
 from shim.cri.store import container_name, container_to_json
@@ -58,9 +54,7 @@ _STATE_NAMES: dict[int, str] = {
 class ContainerService:
     def __init__(self, shim: Shim) -> None:
         self.shim = shim
-        self._list_cache: ListCache[ContainerRecord] = ListCache(container_pb)
-        self._answers = Answers()
-        self._status_cache = StatusCache()
+        shim.update_from_nri = self._update_from_nri
 
     # ------------------------------------------------------------------ lifecycle
     async def create(self, req: pb.CreateContainerRequest) -> pb.CreateContainerResponse:
@@ -69,7 +63,7 @@ class ContainerService:
         validate.container_config(cfg, req.HasField("config"))
         if not req.pod_sandbox_id:
             raise InvalidArgumentError("pod_sandbox_id must not be empty")
-        sb = shim.store.sandboxes.resolve(req.pod_sandbox_id)
+        sb = shim.store.sandboxes.find(req.pod_sandbox_id)
         if not sb.committed:
             raise NotFoundError(f"pod sandbox {req.pod_sandbox_id!r} not found")
         if not sb.status.ready:
@@ -104,9 +98,11 @@ class ContainerService:
                 shim.store.container_names.reserve(name, cid)
                 await held.enter_async_context(shim.locks.hold(cid))
                 try:
-                    shim.store.put_container(record)
+                    # Recorded before any effect: after a crash, recovery finds the
+                    # uncommitted record and removes whatever the backend left.
+                    shim.store.add(record)
                 except BaseException:
-                    await _undo_container(shim, record)
+                    shim.store.container_names.release(name, cid)
                     raise
             try:
                 adjusted = await shim.nri.create_container(sb, record)
@@ -114,29 +110,23 @@ class ContainerService:
                     # What the plugins made of it must still be a container this backend can run.
                     validate.container_config(adjusted, True)
                     validate.mounts_for(adjusted, backend.capabilities, sb.backend)
-                    record.config = adjusted
+                    shim.store.update(record, config=adjusted)
                 await backend.create_container(record, sb)
+                # Acknowledged means recorded. The creation time is when it became visible,
+                # after the backend's work.
+                shim.store.update(record, committed=True, created_at=shim.clock())
             except BaseException:
                 await _undo_container(shim, record)
                 # Plugins called before one refused (or before the backend failed) saw it made.
                 await shim.nri.remove_container(sb, record)
                 raise
-            # The creation time is when it became visible, after the backend's work.
-            committed = dataclasses.replace(record, committed=True, created_at=shim.clock())
-            try:
-                shim.store.save_container(committed)  # the disk first: acknowledged means recorded
-            except BaseException:
-                await _undo_container(shim, record)
-                raise
-            record.committed, record.created_at = True, committed.created_at
-            shim.store.put_container(record, persist=False)
         shim.publish(record, pb.CONTAINER_CREATED_EVENT)
         shim.nri.post_create_container(sb, record)
         return pb.CreateContainerResponse(container_id=cid)
 
     async def start(self, req: pb.StartContainerRequest) -> pb.StartContainerResponse:
         shim = self.shim
-        c = self._get(req.container_id)
+        c = self.find(req.container_id)
         async with shim.locks.hold(c.id):
             if c.status.state != pb.CONTAINER_CREATED:
                 raise FailedPreconditionError(
@@ -146,29 +136,27 @@ class ContainerService:
             if sb is None or not sb.status.ready:
                 raise FailedPreconditionError(f"pod sandbox {c.sandbox_id} of container {c.id} is not ready")
             backend = shim.backend(c.backend)
-            shim.store.save_container(c)  # a full disk is found before the container starts
+            shim.store.update(c)  # a full disk is found before the container starts
             await shim.nri.start_container(sb, c)  # a plugin's refusal leaves it created
             try:
                 started = await backend.start_container(c, sb)
             except Exception as exc:
                 # As containerd does: a container that failed to start is exited, with the reason.
                 now = shim.clock()
-                c.status = ContainerStatus(
+                failed = ContainerStatus(
                     started_at=now, finished_at=now, exit_code=128, reason="StartError", message=str(exc)
                 )
-                shim.store.put_effect(c)  # the start's own failure is what the client must see
+                shim.store.record_effect(c, status=failed)  # the start's own failure is what the client sees
                 await asyncio.to_thread(touch_log, c.log_path)  # an empty log for the kubelet to read
                 raise
             running = ContainerStatus(started_at=started.started_at or shim.clock(), pid=c.status.pid)
             try:
-                shim.store.save_container(dataclasses.replace(c, status=running))
+                shim.store.update(c, status=running)
             except BaseException:
                 # Not recorded, so not started: the disk filled up in between.
                 with contextlib.suppress(Exception):
                     await backend.stop_container(c, 0)
                 raise
-            c.status = running
-            shim.store.put_container(c, persist=False)
             shim.publish(c, pb.CONTAINER_STARTED_EVENT)
             shim.nri.post_start_container(sb, c)
             # After the record says RUNNING: an exit that came already is recorded after it.
@@ -180,7 +168,7 @@ class ContainerService:
         if req.timeout < 0:
             raise InvalidArgumentError("timeout must not be negative")
         # Idempotent by the CRI: unknown and already-stopped containers are OK.
-        c = _find(shim, req.container_id)
+        c = _find_or_none(shim, req.container_id)
         if c is None or c.status.state != pb.CONTAINER_RUNNING:
             return pb.StopContainerResponse()
         async with shim.locks.hold(c.id):
@@ -189,33 +177,15 @@ class ContainerService:
         return pb.StopContainerResponse()
 
     async def remove(self, req: pb.RemoveContainerRequest) -> pb.RemoveContainerResponse:
-        shim = self.shim
-        c = _find(shim, req.container_id)
-        if c is None:
-            return pb.RemoveContainerResponse()
-        async with shim.locks.hold(c.id):
-            if shim.store.containers.get(c.id) is None:
-                return pb.RemoveContainerResponse()
-            backend = shim.backend(c.backend)
-            if c.status.state == pb.CONTAINER_RUNNING:
-                # The CRI asks for a forcible removal of a running container.
-                await shim.stop_container(backend, c, 0)
-            await backend.remove_container(c)
-            shim.store.drop_container(c)
-            shim.io.close(c.id)
-        shim.publish(c, pb.CONTAINER_DELETED_EVENT)
-        await shim.nri.remove_container(shim.store.sandboxes.get(c.sandbox_id), c)
+        # Idempotent by the CRI: an unknown container is OK.
+        c = _find_or_none(self.shim, req.container_id)
+        if c is not None:
+            await self.shim.remove_container(c)
         return pb.RemoveContainerResponse()
 
     # ------------------------------------------------------------------ queries
-    # Plain, not async: nothing here waits, so the call settles inside begin() and the
-    # native transport answers it without a task (a kubelet's PLEG asks this per change).
-    def status(self, req: pb.ContainerStatusRequest) -> pb.ContainerStatusResponse | bytes:
-        c = self._get(req.container_id)
-        if not req.verbose:
-            data = c.backend_data
-            key = (c.status, c.resources, c.image_name, c.log_path, len(data), data.get(STOP_SIGNAL))
-            return self._status_cache.get(c.id, c, key, lambda: _status_bytes(c))
+    def status(self, req: pb.ContainerStatusRequest) -> pb.ContainerStatusResponse:
+        c = self.find(req.container_id)
         resp = pb.ContainerStatusResponse(status=container_status_pb(c))
         if req.verbose:
             info: dict[str, Any] = container_to_json(c)
@@ -224,44 +194,30 @@ class ContainerService:
             resp.info["info"] = json.dumps(info)
         return resp
 
-    def list_(self, req: pb.ListContainersRequest) -> bytes:
+    def list_(self, req: pb.ListContainersRequest) -> pb.ListContainersResponse:
+        return pb.ListContainersResponse(containers=[container_pb(c) for c in self.select(req.filter)])
+
+    def select(self, f: pb.ContainerFilter) -> list[ContainerRecord]:
+        """The containers a List with filter ``f`` answers: created ones (committed) only; an ID
+        or pod ID that is unknown or ambiguous matches nothing."""
         store = self.shim.store
-        f = req.filter
         if f.id:
-            c = _find_quiet(self.shim, f.id)
+            c = store.containers.find(f.id, missing="quiet")
             candidates = [c] if c is not None else []
         elif f.pod_sandbox_id:
-            sb = store.sandboxes.get(f.pod_sandbox_id) or _find_sandbox_quiet(self.shim, f.pod_sandbox_id)
+            sb = store.sandboxes.find(f.pod_sandbox_id, missing="quiet")
             candidates = store.containers_of(sb.id) if sb is not None else []
         else:
-            candidates = None
+            candidates = store.containers.values()
         want_state = f.state.state if f.HasField("state") else None
-        # Read once, not a protobuf map lookup per record; dict() of even an empty map is ~0.9 us.
-        selector = dict(f.label_selector) if f.label_selector else {}
-        if candidates is None:  # every container: the answer may be one kept whole
-            return self._answers.answer(
-                want_state,
-                selector,
-                ContainerRecord.epoch,
-                lambda: self._list(store.containers.values(), want_state, "", selector),
-            )
-        return self._list(candidates, want_state, f.pod_sandbox_id, selector)
-
-    def _list(
-        self,
-        candidates: list[ContainerRecord],
-        want_state: int | None,
-        sandbox_id: str,
-        selector: dict[str, str],
-    ) -> bytes:
         keep = [
             c
             for c in candidates
             if c.committed
             and (want_state is None or c.status.state == want_state)
-            and (not sandbox_id or c.sandbox_id.startswith(sandbox_id))
+            and (not f.pod_sandbox_id or c.sandbox_id.startswith(f.pod_sandbox_id))
         ]
-        return self._list_cache.encode(with_labels(keep, selector))
+        return with_labels(keep, f.label_selector)
 
     # ------------------------------------------------------------------ changes
     async def update_resources(
@@ -270,7 +226,7 @@ class ContainerService:
         """The CRI call, or (``from_nri``) an update an NRI plugin asked for, which
         plugins are not consulted about again."""
         shim = self.shim
-        c = self._get(req.container_id)
+        c = self.find(req.container_id)
         backend = shim.backend(c.backend)
         if not backend.capabilities & Capability.UPDATE_RESOURCES:
             raise UnimplementedError(f"runtime handler {c.backend!r} cannot update container resources")
@@ -290,22 +246,19 @@ class ContainerService:
                     validate.linux_resources(linux, "linux (as NRI plugins changed it)")
             res = pb.ContainerResources()
             res.linux.CopyFrom(linux)
-            # The disk first: a full disk refuses the update before the container sees it.
-            shim.store.save_container(dataclasses.replace(c, resources=res))
-            try:
-                await backend.update_container_resources(c, linux)
-            except BaseException:
-                with contextlib.suppress(CriError):
-                    shim.store.save_container(c)  # the record as it was
-                raise
-            c.resources = res
-            shim.store.put_container(c, persist=False)
+            shim.store.update(c)  # a full disk refuses the update before the container sees it
+            await backend.update_container_resources(c, linux)
+            shim.store.record_effect(c, resources=res)
             if sb is not None:
                 shim.nri.post_update_container(sb, c)
         return pb.UpdateContainerResourcesResponse()
 
+    async def _update_from_nri(self, container_id: str, linux: pb.LinuxContainerResources) -> None:
+        req = pb.UpdateContainerResourcesRequest(container_id=container_id, linux=linux)
+        await self.update_resources(req, from_nri=True)
+
     async def reopen_log(self, req: pb.ReopenContainerLogRequest) -> pb.ReopenContainerLogResponse:
-        c = self._get(req.container_id)
+        c = self.find(req.container_id)
         if c.status.state != pb.CONTAINER_RUNNING:
             raise FailedPreconditionError(f"container {c.id} is not running; its log cannot be reopened")
         writer = self.shim.io.writer(c.id)
@@ -366,7 +319,7 @@ class ContainerService:
         return pb.AttachResponse(url=self._streaming().attach_url(req))
 
     async def port_forward(self, req: pb.PortForwardRequest) -> pb.PortForwardResponse:
-        sb = self.shim.store.sandboxes.resolve(req.pod_sandbox_id)
+        sb = self.shim.store.sandboxes.find(req.pod_sandbox_id)
         backend = self.shim.backend(sb.backend)
         if not backend.capabilities & Capability.PORT_FORWARD:
             raise UnimplementedError(f"runtime handler {sb.backend!r} does not support PortForward")
@@ -379,7 +332,7 @@ class ContainerService:
 
     # ------------------------------------------------------------------ stats
     async def stats(self, req: pb.ContainerStatsRequest) -> pb.ContainerStatsResponse:
-        c = self._get(req.container_id)
+        c = self.find(req.container_id)
         backend = self.shim.backend(c.backend)
         if not backend.capabilities & Capability.STATS:
             raise UnimplementedError(f"runtime handler {c.backend!r} does not report stats")
@@ -392,7 +345,7 @@ class ContainerService:
         shim = self.shim
         f = req.filter
         if f.id:
-            c = _find_quiet(shim, f.id)
+            c = shim.store.containers.find(f.id, missing="quiet")
             candidates = [c] if c is not None else []
         else:
             candidates = shim.store.containers.values()
@@ -423,7 +376,7 @@ class ContainerService:
         return resp
 
     async def checkpoint(self, req: pb.CheckpointContainerRequest) -> pb.CheckpointContainerResponse:
-        c = self._get(req.container_id)
+        c = self.find(req.container_id)
         backend = self.shim.backend(c.backend)
         if not backend.capabilities & Capability.CHECKPOINT or not isinstance(backend, Checkpointer):
             raise UnimplementedError(f"runtime handler {c.backend!r} does not support checkpointing")
@@ -431,14 +384,15 @@ class ContainerService:
         return pb.CheckpointContainerResponse()
 
     # ------------------------------------------------------------------ helpers
-    def _get(self, ref: str) -> ContainerRecord:
-        c = self.shim.store.containers.resolve(ref)
+    def find(self, ref: str) -> ContainerRecord:
+        """The created container whose ID is or starts with ``ref``, else NOT_FOUND."""
+        c = self.shim.store.containers.find(ref)
         if not c.committed:
             raise NotFoundError(f"container {ref!r} not found")
         return c
 
     def _running_with(self, ref: str, cap: Capability, what: str) -> ContainerRecord:
-        c = self._get(ref)
+        c = self.find(ref)
         backend = self.shim.backend(c.backend)
         if not backend.capabilities & cap:
             raise UnimplementedError(f"runtime handler {c.backend!r} does not support {what}")
@@ -447,24 +401,10 @@ class ContainerService:
         return c
 
 
-def _find(shim: Shim, ref: str) -> ContainerRecord | None:
+def _find_or_none(shim: Shim, ref: str) -> ContainerRecord | None:
     if not ref:
         raise InvalidArgumentError("container_id must not be empty")
-    return shim.store.containers.find(ref)
-
-
-def _find_quiet(shim: Shim, ref: str) -> ContainerRecord | None:
-    try:
-        return shim.store.containers.find(ref)
-    except InvalidArgumentError:
-        return None
-
-
-def _find_sandbox_quiet(shim: Shim, ref: str) -> SandboxRecord | None:
-    try:
-        return shim.store.sandboxes.find(ref)
-    except InvalidArgumentError:
-        return None
+    return shim.store.containers.find(ref, missing="none")
 
 
 async def _undo_container(shim: Shim, record: ContainerRecord) -> None:
@@ -477,10 +417,7 @@ async def _undo_container(shim: Shim, record: ContainerRecord) -> None:
             log.error("container.rollback_failed", container_id=record.id, error=str(exc))
 
     await asyncio.shield(undo())
-    shim.store.drop_container(record)
-
-
-__all__ = ["ContainerService", "ExitInfo"]
+    shim.store.remove(record)
 
 
 _IMAGE_ID = re.compile(r"(sha256:)?[0-9a-f]{64}")
@@ -502,7 +439,3 @@ async def display_image(backend: Backend, spec: pb.ImageSpec) -> str:
         if info is not None and info.repo_tags:
             return info.repo_tags[0]
     return image
-
-
-def _status_bytes(c: ContainerRecord) -> bytes:
-    return pb.ContainerStatusResponse(status=container_status_pb(c)).SerializeToString()

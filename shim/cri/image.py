@@ -19,8 +19,8 @@ import structlog
 
 from backends.contract import Backend, Capability, ImageInfo, ImagesNow
 from cri_api import api_pb2 as pb
+from shim.cri.answers import field1_entry
 from shim.cri.errors import InvalidArgumentError
-from shim.cri.list_cache import field1_entry
 from shim.cri.state import Shim
 
 log = structlog.get_logger("image")

@@ -17,7 +17,7 @@ import dataclasses
 
 import structlog
 
-from backends.contract import ContainerRecord, ExitInfo, SandboxRecord, SandboxStatus
+from backends.contract import ContainerRecord, ExitInfo, SandboxRecord
 from cri_api import api_pb2 as pb
 from shim.cri.state import Shim
 
@@ -64,8 +64,7 @@ async def recover(shim: Shim) -> None:
             if c.status.state == pb.CONTAINER_CREATED and obs.started_at and (obs.running or obs.exit):
                 # The start reached the runtime but the shim died before recording it: the
                 # container did start (a second StartContainer would fail on a running one).
-                c.status = dataclasses.replace(c.status, started_at=obs.started_at)
-                store.put_container(c)
+                store.record_effect(c, status=dataclasses.replace(c.status, started_at=obs.started_at))
                 shim.publish(c, pb.CONTAINER_STARTED_EVENT)
             if c.status.state == pb.CONTAINER_RUNNING and not obs.running and obs.exit is not None:
                 shim.record_exit(c, obs.exit)
@@ -89,12 +88,10 @@ async def recover(shim: Shim) -> None:
                 continue
             obs = seen_sb.get(s.id)
             if (obs is None or not obs.exists) and s.status.ready:
-                s.status = SandboxStatus(ready=False, ip=s.status.ip, additional_ips=s.status.additional_ips)
-                store.put_sandbox(s)
+                store.record_effect(s, status=dataclasses.replace(s.status, ready=False))
                 lost += 1
             elif obs is not None and obs.status is not None and obs.status != s.status:
-                s.status = obs.status
-                store.put_sandbox(s)
+                store.record_effect(s, status=obs.status)
     log.info("recovery.done", adopted_running=adopted, lost=lost, cleaned=cleaned)
 
 
@@ -103,7 +100,7 @@ async def _drop_container(shim: Shim, c: ContainerRecord) -> None:
         await shim.backend(c.backend).remove_container(c)
     except Exception as exc:
         log.warning("recovery.leftover_remove_failed", container_id=c.id, error=str(exc))
-    shim.store.drop_container(c)
+    shim.store.remove(c)
 
 
 async def _drop_sandbox(shim: Shim, s: SandboxRecord) -> None:
@@ -115,4 +112,4 @@ async def _drop_sandbox(shim: Shim, s: SandboxRecord) -> None:
         log.warning("recovery.leftover_remove_failed", sandbox_id=s.id, error=str(exc))
     for c in shim.store.containers_of(s.id):
         await _drop_container(shim, c)
-    shim.store.drop_sandbox(s)
+    shim.store.remove(s)

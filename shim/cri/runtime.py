@@ -21,16 +21,14 @@ KUBELET_API_VERSION = "0.1.0"
 class RuntimeService:
     def __init__(self, shim: Shim) -> None:
         self.shim = shim
-        # The same for every call: encoded once (a kubelet asks it at each of its syncs).
-        self._version = pb.VersionResponse(
+
+    def version(self, req: pb.VersionRequest) -> pb.VersionResponse:
+        return pb.VersionResponse(
             version=KUBELET_API_VERSION,
             runtime_name=RUNTIME_NAME,
             runtime_version=__version__,
             runtime_api_version=RUNTIME_API_VERSION,
-        ).SerializeToString()
-
-    def version(self, req: pb.VersionRequest) -> bytes:
-        return self._version
+        )
 
     async def status(self, req: pb.StatusRequest) -> pb.StatusResponse:
         shim = self.shim

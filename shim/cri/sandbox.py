@@ -4,7 +4,6 @@ and the sandbox stats/metrics RPCs."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 
@@ -23,13 +22,12 @@ from backends.contract import (
 from cri_api import api_pb2 as pb
 from shim.cri import sandbox_metrics, stats_messages, validate
 from shim.cri.errors import (
-    CriError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     UnimplementedError,
 )
-from shim.cri.list_cache import Answers, ListCache, StatusCache, with_labels
+from shim.cri.filters import with_labels
 from shim.cri.messages import sandbox_pb, sandbox_status_pb
 from shim.cri.state import Shim
 from shim.cri.store import sandbox_name, sandbox_to_json
@@ -40,9 +38,6 @@ log = structlog.get_logger("sandbox")
 class SandboxService:
     def __init__(self, shim: Shim) -> None:
         self.shim = shim
-        self._list_cache: ListCache[SandboxRecord] = ListCache(sandbox_pb)
-        self._answers = Answers()
-        self._status_cache = StatusCache()
 
     async def run(self, req: pb.RunPodSandboxRequest) -> pb.RunPodSandboxResponse:
         shim = self.shim
@@ -71,40 +66,34 @@ class SandboxService:
             created_at=shim.clock(),
         )
         async with shim.locks.hold(sid):
+            try:
+                # Recorded before any effect: after a crash, recovery finds the
+                # uncommitted record and removes whatever the backend left.
+                shim.store.add(record)
+            except BaseException:
+                shim.store.sandbox_names.release(name, sid)
+                raise
             told_nri = False
             try:
-                # Persisted before any effect: after a crash, recovery finds the
-                # uncommitted record and removes whatever the backend left.
-                shim.store.put_sandbox(record)
                 net = await backend.run_sandbox(record)
                 # NRI plugins see the pod made (with its addresses) before anyone
                 # else can: not listed, not ready, no container can join it yet.
-                record.status = SandboxStatus(ready=False, ip=net.ip, additional_ips=net.additional_ips)
+                addresses = SandboxStatus(ready=False, ip=net.ip, additional_ips=net.additional_ips)
+                shim.store.update(record, status=addresses)
                 told_nri = True
                 await shim.nri.run_pod_sandbox(record)
+                # Acknowledged means recorded.
+                shim.store.update(record, status=dataclasses.replace(addresses, ready=True), committed=True)
             except BaseException:
                 await _undo_sandbox(shim, record)
                 if told_nri:
                     await shim.nri.remove_pod_sandbox(record)
                 raise
-            committed = dataclasses.replace(
-                record,
-                status=SandboxStatus(ready=True, ip=net.ip, additional_ips=net.additional_ips),
-                committed=True,
-            )
-            try:
-                shim.store.save_sandbox(committed)  # the disk first: acknowledged means recorded
-            except BaseException:
-                await _undo_sandbox(shim, record)
-                await shim.nri.remove_pod_sandbox(record)
-                raise
-            record.status, record.committed = committed.status, True
-            shim.store.put_sandbox(record, persist=False)
         return pb.RunPodSandboxResponse(pod_sandbox_id=sid)
 
     async def stop(self, req: pb.StopPodSandboxRequest) -> pb.StopPodSandboxResponse:
         # Idempotent by the CRI: an unknown or already-stopped sandbox is OK.
-        sb = self.shim.store.sandboxes.find(req.pod_sandbox_id)
+        sb = self.shim.store.sandboxes.find(req.pod_sandbox_id, missing="none")
         if sb is not None:
             async with self.shim.locks.hold(sb.id):
                 await stop_sandbox(self.shim, sb)
@@ -112,7 +101,8 @@ class SandboxService:
 
     async def remove(self, req: pb.RemovePodSandboxRequest) -> pb.RemovePodSandboxResponse:
         shim = self.shim
-        sb = shim.store.sandboxes.find(req.pod_sandbox_id)
+        # Idempotent by the CRI: an unknown sandbox is OK.
+        sb = shim.store.sandboxes.find(req.pod_sandbox_id, missing="none")
         if sb is None:
             return pb.RemovePodSandboxResponse()
         async with shim.locks.hold(sb.id):
@@ -123,24 +113,19 @@ class SandboxService:
                 # The kubelet stops before it removes; a second stop would only cost
                 # a round trip to the runtime. remove_sandbox cleans up either way.
                 await stop_sandbox(shim, sb)
-            backend = shim.backend(sb.backend)
             for c in shim.store.containers_of(sb.id):
-                async with shim.locks.hold(c.id):
-                    await backend.remove_container(c)
-                    shim.store.drop_container(c)
-                    shim.io.close(c.id)
-                    shim.publish(c, pb.CONTAINER_DELETED_EVENT)
-                await shim.nri.remove_container(sb, c)
-            await backend.remove_sandbox(sb)
-            shim.store.drop_sandbox(sb)
+                await shim.remove_container(c)
+            await shim.backend(sb.backend).remove_sandbox(sb)
+            shim.store.remove(sb)
             await shim.nri.remove_pod_sandbox(sb)
         return pb.RemovePodSandboxResponse()
 
-    # Plain, not async: settled inside begin(), no task (as ContainerService.status).
-    def status(self, req: pb.PodSandboxStatusRequest) -> pb.PodSandboxStatusResponse | bytes:
-        sb = self.shim.store.sandboxes.resolve(req.pod_sandbox_id)
-        if not req.verbose:
-            return self._status_cache.get(sb.id, sb, (sb.status,), lambda: _status_bytes(sb))
+    def find(self, ref: str) -> SandboxRecord:
+        """The pod sandbox whose ID is or starts with ``ref``, else NOT_FOUND."""
+        return self.shim.store.sandboxes.find(ref)
+
+    def status(self, req: pb.PodSandboxStatusRequest) -> pb.PodSandboxStatusResponse:
+        sb = self.find(req.pod_sandbox_id)
         resp = pb.PodSandboxStatusResponse(status=sandbox_status_pb(sb))
         if req.verbose:
             info = sandbox_to_json(sb)
@@ -148,32 +133,25 @@ class SandboxService:
             resp.info["info"] = json.dumps(info)
         return resp
 
-    def list_(self, req: pb.ListPodSandboxRequest) -> bytes:
-        f = req.filter
-        store = self.shim.store
-        want_state = f.state.state if f.HasField("state") else None
-        # Read once, not a protobuf map lookup per record; dict() of even an empty map is ~0.9 us.
-        selector = dict(f.label_selector) if f.label_selector else {}
-        if f.id:
-            sb = store.sandboxes.get(f.id) or _find_quiet(self.shim, f.id)
-            return self._list([sb] if sb is not None else [], want_state, selector)
-        # Every pod: the answer may be one kept whole.
-        return self._answers.answer(
-            want_state,
-            selector,
-            SandboxRecord.epoch,
-            lambda: self._list(store.sandboxes.values(), want_state, selector),
-        )
+    def list_(self, req: pb.ListPodSandboxRequest) -> pb.ListPodSandboxResponse:
+        return pb.ListPodSandboxResponse(items=[sandbox_pb(sb) for sb in self.select(req.filter)])
 
-    def _list(
-        self, candidates: list[SandboxRecord], want_state: int | None, selector: dict[str, str]
-    ) -> bytes:
+    def select(self, f: pb.PodSandboxFilter) -> list[SandboxRecord]:
+        """The pods a List with filter ``f`` answers: made ones (committed) only; an ID that is
+        unknown or ambiguous matches nothing."""
+        store = self.shim.store
+        if f.id:
+            sb = store.sandboxes.find(f.id, missing="quiet")
+            candidates = [sb] if sb is not None else []
+        else:
+            candidates = store.sandboxes.values()
+        want_state = f.state.state if f.HasField("state") else None
         keep = [sb for sb in candidates if sb.committed and (want_state is None or sb.state == want_state)]
-        return self._list_cache.encode(with_labels(keep, selector))
+        return with_labels(keep, f.label_selector)
 
     # ------------------------------------------------------------------ stats
     async def stats(self, req: pb.PodSandboxStatsRequest) -> pb.PodSandboxStatsResponse:
-        sb = self.shim.store.sandboxes.resolve(req.pod_sandbox_id)
+        sb = self.find(req.pod_sandbox_id)
         backend = _stats_backend(self.shim, sb)
         containers = self.shim.store.containers_of(sb.id)
         got = await backend.sandbox_stats([sb], containers)
@@ -254,7 +232,7 @@ class SandboxService:
         ``linux.resources`` and ``linux.overhead``), across a restart too. Best effort for the
         kubelet, which goes on with the resize whatever the answer."""
         shim = self.shim
-        sb = shim.store.sandboxes.resolve(req.pod_sandbox_id)
+        sb = shim.store.sandboxes.find(req.pod_sandbox_id)
         backend = shim.backend(sb.backend)
         if not backend.capabilities & Capability.UPDATE_SANDBOX_RESOURCES or not isinstance(
             backend, SandboxResourceUpdater
@@ -281,26 +259,11 @@ class SandboxService:
             if resources is not None:
                 config.linux.resources.CopyFrom(resources)
             await shim.nri.update_pod_sandbox(sb, overhead, resources)
-            # The disk first: a full disk refuses the update before the backend applies it.
-            shim.store.save_sandbox(dataclasses.replace(sb, config=config))
-            try:
-                await backend.update_sandbox_resources(sb, req)
-            except BaseException:
-                with contextlib.suppress(CriError):
-                    shim.store.save_sandbox(sb)  # the record as it was
-                raise
-            sb.config = config
-            shim.store.put_effect(sb)  # with what the backend noted of it (a VM's new size)
+            shim.store.update(sb)  # a full disk refuses the update before the backend applies it
+            await backend.update_sandbox_resources(sb, req)
+            shim.store.record_effect(sb, config=config)  # with what the backend noted of it (a VM's size)
             shim.nri.post_update_pod_sandbox(sb)
         return pb.UpdatePodSandboxResourcesResponse()
-
-
-def _find_quiet(shim: Shim, ref: str) -> SandboxRecord | None:
-    # A filter ID that is ambiguous or unknown simply matches nothing.
-    try:
-        return shim.store.sandboxes.find(ref)
-    except InvalidArgumentError:
-        return None
 
 
 def _stats_backend(shim: Shim, sb: SandboxRecord) -> Backend:
@@ -332,11 +295,10 @@ async def stop_sandbox(shim: Shim, sb: SandboxRecord) -> None:
         await shim.nri.stop_pod_sandbox(sb)
     await backend.stop_sandbox(sb)
     if sb.status.ready:
-        sb.status = SandboxStatus(ready=False, ip=sb.status.ip, additional_ips=sb.status.additional_ips)
         # A stop is never refused for a full disk: it is how a node under disk
         # pressure evicts. The pod is stopped; its record is written when the disk
         # takes it (and docker and runv read a stop off the runtime after a restart).
-        shim.store.put_effect(sb)
+        shim.store.record_effect(sb, status=dataclasses.replace(sb.status, ready=False))
 
 
 async def _undo_sandbox(shim: Shim, record: SandboxRecord) -> None:
@@ -344,15 +306,13 @@ async def _undo_sandbox(shim: Shim, record: SandboxRecord) -> None:
     backend = shim.backend(record.backend)
 
     async def undo() -> None:
-        try:
-            await backend.stop_sandbox(record)
-            await backend.remove_sandbox(record)
-        except Exception as exc:  # the original error is what the client must see
-            log.error("sandbox.rollback_failed", sandbox_id=record.id, error=str(exc))
+        # Each step whatever the other did (a failed stop must not keep the pod's remains);
+        # the original error is what the client must see.
+        for step in (backend.stop_sandbox, backend.remove_sandbox):
+            try:
+                await step(record)
+            except Exception as exc:
+                log.error("sandbox.rollback_failed", sandbox_id=record.id, step=step.__name__, error=str(exc))
 
     await asyncio.shield(undo())
-    shim.store.drop_sandbox(record)
-
-
-def _status_bytes(sb: SandboxRecord) -> bytes:
-    return pb.PodSandboxStatusResponse(status=sandbox_status_pb(sb)).SerializeToString()
+    shim.store.remove(record)

@@ -13,9 +13,11 @@ that this module needs no grpc. Each call:
 - is logged once, with method, IDs, duration and code — mutating RPCs at
   info, polled ones at debug.
 
-The Stream* RPCs (cri-api 0.36) carry the same filter as their List
-twins and the same repeated field 1 in their responses, so each is served
-by its List method and cut into chunks at the wire level.
+The polled RPCs of pods, containers and the runtime are answered by
+:mod:`shim.cri.answers` (encoded answers, kept while nothing changed); every
+other RPC by its service. The Stream* RPCs (cri-api 0.36) carry the same
+filter as their List twins and the same repeated field 1 in their responses:
+each is its List's entries, sent in chunks.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
 import structlog
 from google.protobuf.message import DecodeError, Message
 
 from cri_api import api_pb2 as pb
+from shim.cri.answers import EncodedAnswers, field1_entry
 from shim.cri.codes import Code
 from shim.cri.container import ContainerService
 from shim.cri.errors import CriError, InvalidArgumentError, status_code
@@ -65,25 +68,25 @@ class AbortContext(Protocol):
 StreamHandler = Callable[[Any, AbortContext], AsyncGenerator[Any, None]]
 
 
-class BadRequest:
-    """What the lenient deserializer returns for bytes that are not the request type."""
+class Undecodable:
+    """What the lenient deserializer returns for bytes that are not the request type: why not."""
 
     def __init__(self, error: str) -> None:
         self.error = error
 
 
-def _deserializer(cls: type[Message]) -> Callable[[bytes], Message | BadRequest]:
-    def decode(data: bytes) -> Message | BadRequest:
+def _deserializer(cls: type[Message]) -> Callable[[bytes], Message | Undecodable]:
+    def decode(data: bytes) -> Message | Undecodable:
         try:
             return cls.FromString(data)
         except (DecodeError, UnicodeDecodeError, ValueError) as exc:
-            return BadRequest(str(exc) or type(exc).__name__)
+            return Undecodable(str(exc) or type(exc).__name__)
 
     return decode
 
 
-def _require_valid(rpc: Rpc, req: Message | BadRequest) -> None:
-    if isinstance(req, BadRequest):
+def _require_valid(rpc: Rpc, req: Message | Undecodable) -> None:
+    if isinstance(req, Undecodable):
         raise InvalidArgumentError(f"malformed {rpc.name} request: {req.error}")
 
 
@@ -91,25 +94,42 @@ def serialize(resp: Message | bytes) -> bytes:
     return resp if isinstance(resp, bytes) else resp.SerializeToString()
 
 
-def _split_entries(data: bytes) -> list[bytes]:
-    """The encoded field-1 elements of a List response, each kept whole."""
-    entries = []
-    pos, n = 0, len(data)
-    while pos < n:
-        start = pos
-        tag = data[pos]
-        pos += 1
-        length = shift = 0
-        while True:
-            b = data[pos]
-            pos += 1
-            length |= (b & 0x7F) << shift
-            shift += 7
-            if not b & 0x80:
-                break
-        pos += length
-        if tag == 0x0A:
-            entries.append(data[start:pos])
+def _chunked(entries: Callable[[Any], Any]) -> Callable[[Any], AsyncIterator[bytes]]:
+    """A Stream* RPC: the entries of its List twin's answer (or the awaitable of them), in
+    chunks of at most STREAM_CHUNK_BYTES, each a valid encoding of the Stream response."""
+
+    async def stream(req: Any) -> AsyncIterator[bytes]:
+        got = entries(req)
+        if asyncio.iscoroutine(got):
+            got = await got
+        chunk: list[bytes] = []
+        size = 0
+        for entry in got:
+            if chunk and size + len(entry) > STREAM_CHUNK_BYTES:
+                yield b"".join(chunk)
+                chunk, size = [], 0
+            chunk.append(entry)
+            size += len(entry)
+        if chunk:
+            yield b"".join(chunk)
+
+    return stream
+
+
+def _entries_of(
+    answer: Callable[[Any], Any], response: type[Message]
+) -> Callable[[Any], Awaitable[list[bytes]]]:
+    """The encoded elements of field 1 (the listed items) of what a List RPC answers."""
+    (listed,) = [f.name for f in response.DESCRIPTOR.fields if f.number == 1]
+
+    async def entries(req: Any) -> list[bytes]:
+        resp = answer(req)
+        if asyncio.iscoroutine(resp):
+            resp = await resp
+        if isinstance(resp, bytes):
+            resp = response.FromString(resp)
+        return [field1_entry(item.SerializeToString()) for item in getattr(resp, listed)]
+
     return entries
 
 
@@ -146,16 +166,19 @@ class CriServicer:
         sb = SandboxService(shim)
         ct = ContainerService(shim)
         im = ImageService(shim)
+        fast = EncodedAnswers(rt, sb, ct)
+        # The services (the plain path) and the encoded answers the polled RPCs are served from.
+        self.runtime, self.sandboxes, self.containers, self.images, self.answers = rt, sb, ct, im, fast
         self.runtime_rpcs = [
-            Rpc("Version", pb.VersionRequest, rt.version, True),
+            Rpc("Version", pb.VersionRequest, fast.version, True),
             Rpc("Status", pb.StatusRequest, rt.status, True),
             Rpc("RuntimeConfig", pb.RuntimeConfigRequest, rt.runtime_config, True),
             Rpc("UpdateRuntimeConfig", pb.UpdateRuntimeConfigRequest, rt.update_runtime_config, False),
             Rpc("RunPodSandbox", pb.RunPodSandboxRequest, sb.run, False),
             Rpc("StopPodSandbox", pb.StopPodSandboxRequest, sb.stop, False),
             Rpc("RemovePodSandbox", pb.RemovePodSandboxRequest, sb.remove, False),
-            Rpc("PodSandboxStatus", pb.PodSandboxStatusRequest, sb.status, True),
-            Rpc("ListPodSandbox", pb.ListPodSandboxRequest, sb.list_, True),
+            Rpc("PodSandboxStatus", pb.PodSandboxStatusRequest, fast.pod_sandbox_status, True),
+            Rpc("ListPodSandbox", pb.ListPodSandboxRequest, fast.list_pod_sandbox, True),
             Rpc("PodSandboxStats", pb.PodSandboxStatsRequest, sb.stats, True),
             Rpc("ListPodSandboxStats", pb.ListPodSandboxStatsRequest, sb.list_stats, True),
             Rpc("ListMetricDescriptors", pb.ListMetricDescriptorsRequest, sb.metric_descriptors, True),
@@ -165,8 +188,8 @@ class CriServicer:
             Rpc("StartContainer", pb.StartContainerRequest, ct.start, False),
             Rpc("StopContainer", pb.StopContainerRequest, ct.stop, False),
             Rpc("RemoveContainer", pb.RemoveContainerRequest, ct.remove, False),
-            Rpc("ContainerStatus", pb.ContainerStatusRequest, ct.status, True),
-            Rpc("ListContainers", pb.ListContainersRequest, ct.list_, True),
+            Rpc("ContainerStatus", pb.ContainerStatusRequest, fast.container_status, True),
+            Rpc("ListContainers", pb.ListContainersRequest, fast.list_containers, True),
             Rpc("UpdateContainerResources", pb.UpdateContainerResourcesRequest, ct.update_resources, False),
             Rpc("ReopenContainerLog", pb.ReopenContainerLogRequest, ct.reopen_log, False),
             Rpc("ExecSync", pb.ExecSyncRequest, ct.exec_sync, False),
@@ -176,13 +199,43 @@ class CriServicer:
             Rpc("ContainerStats", pb.ContainerStatsRequest, ct.stats, True),
             Rpc("ListContainerStats", pb.ListContainerStatsRequest, ct.list_stats, True),
             Rpc("CheckpointContainer", pb.CheckpointContainerRequest, ct.checkpoint, False),
-            Rpc("GetContainerEvents", pb.GetEventsRequest, self._events, True, stream=True),
-            # Stream* twins: served by the List method with the same filter.
-            Rpc("StreamPodSandboxes", pb.ListPodSandboxRequest, sb.list_, True, stream=True),
-            Rpc("StreamContainers", pb.ListContainersRequest, ct.list_, True, stream=True),
-            Rpc("StreamContainerStats", pb.ListContainerStatsRequest, ct.list_stats, True, stream=True),
-            Rpc("StreamPodSandboxStats", pb.ListPodSandboxStatsRequest, sb.list_stats, True, stream=True),
-            Rpc("StreamPodSandboxMetrics", pb.ListPodSandboxMetricsRequest, sb.metrics, True, stream=True),
+            Rpc("GetContainerEvents", pb.GetEventsRequest, self._container_events, True, stream=True),
+            # Stream* twins: the entries of their List with the same filter, in chunks.
+            Rpc(
+                "StreamPodSandboxes",
+                pb.ListPodSandboxRequest,
+                _chunked(fast.pod_sandbox_entries),
+                True,
+                stream=True,
+            ),
+            Rpc(
+                "StreamContainers",
+                pb.ListContainersRequest,
+                _chunked(fast.container_entries),
+                True,
+                stream=True,
+            ),
+            Rpc(
+                "StreamContainerStats",
+                pb.ListContainerStatsRequest,
+                _chunked(_entries_of(ct.list_stats, pb.ListContainerStatsResponse)),
+                True,
+                stream=True,
+            ),
+            Rpc(
+                "StreamPodSandboxStats",
+                pb.ListPodSandboxStatsRequest,
+                _chunked(_entries_of(sb.list_stats, pb.ListPodSandboxStatsResponse)),
+                True,
+                stream=True,
+            ),
+            Rpc(
+                "StreamPodSandboxMetrics",
+                pb.ListPodSandboxMetricsRequest,
+                _chunked(_entries_of(sb.metrics, pb.ListPodSandboxMetricsResponse)),
+                True,
+                stream=True,
+            ),
         ]
         self.image_rpcs = [
             Rpc("PullImage", pb.PullImageRequest, im.pull, False),
@@ -190,12 +243,18 @@ class CriServicer:
             Rpc("ImageStatus", pb.ImageStatusRequest, im.status, True),
             Rpc("RemoveImage", pb.RemoveImageRequest, im.remove, False),
             Rpc("ImageFsInfo", pb.ImageFsInfoRequest, im.fs_info, True),
-            Rpc("StreamImages", pb.ListImagesRequest, im.list_, True, stream=True),
+            Rpc(
+                "StreamImages",
+                pb.ListImagesRequest,
+                _chunked(_entries_of(im.list_, pb.ListImagesResponse)),
+                True,
+                stream=True,
+            ),
         ]
 
     # ------------------------------------------------------------------ calls
     @contextlib.contextmanager
-    def _outcome(self, rpc: Rpc, req: Message | BadRequest) -> Iterator[Outcome]:
+    def _outcome(self, rpc: Rpc, req: Message | Undecodable) -> Iterator[Outcome]:
         """Runs one call: maps its condition to a code (swallowing it) and logs it once."""
         out = Outcome()
         t0 = time.perf_counter()
@@ -210,7 +269,7 @@ class CriServicer:
         else:
             self._settle(rpc, req, out.response, None, t0)
 
-    def begin(self, rpc: Rpc, req: Message | BadRequest) -> Settled | Awaitable[Settled]:
+    def begin(self, rpc: Rpc, req: Message | Undecodable) -> Settled | Awaitable[Settled]:
         """Starts one unary call: its (code, detail, response) at once, or an awaitable of them.
 
         Both transports call this (grpcio through its unary handler, the
@@ -219,7 +278,7 @@ class CriServicer:
         """
         t0 = time.perf_counter()
         try:
-            if type(req) is BadRequest:  # _require_valid, inline: this runs on every call
+            if type(req) is Undecodable:  # _require_valid, inline: this runs on every call
                 _require_valid(rpc, req)
             resp = rpc.fn(req)
         except Exception as exc:
@@ -235,7 +294,7 @@ class CriServicer:
         return self._settle(rpc, req, resp, None, t0)
 
     async def _finish(
-        self, rpc: Rpc, req: Message | BadRequest, pending: Awaitable[Any], t0: float
+        self, rpc: Rpc, req: Message | Undecodable, pending: Awaitable[Any], t0: float
     ) -> Settled:
         try:
             resp = await pending
@@ -247,7 +306,7 @@ class CriServicer:
         return self._settle(rpc, req, resp, None, t0)
 
     def _settle(
-        self, rpc: Rpc, req: Message | BadRequest, resp: Any, exc: BaseException | None, t0: float
+        self, rpc: Rpc, req: Message | Undecodable, resp: Any, exc: BaseException | None, t0: float
     ) -> Settled:
         """The call's code and detail from how it ended (called inside the ``except`` that caught ``exc``)."""
         code, detail = _OK, ""
@@ -267,34 +326,19 @@ class CriServicer:
     def stream_handler(self, rpc: Rpc) -> StreamHandler:
         """The server-streaming call ``rpc``: an async generator of (request, context); both transports."""
 
-        async def handle(req: Message | BadRequest, context: AbortContext) -> AsyncGenerator[Any, None]:
+        async def handle(req: Message | Undecodable, context: AbortContext) -> AsyncGenerator[Any, None]:
             with self._outcome(rpc, req) as out:
                 _require_valid(rpc, req)
-                if rpc.name == "GetContainerEvents":
-                    async for event in self.shim.events.subscribe():
-                        yield event
-                    return
-                result = rpc.fn(req)
-                if asyncio.iscoroutine(result):
-                    result = await result
-                chunk: list[bytes] = []
-                size = 0
-                for entry in _split_entries(serialize(result)):
-                    if chunk and size + len(entry) > STREAM_CHUNK_BYTES:
-                        yield b"".join(chunk)
-                        chunk, size = [], 0
-                    chunk.append(entry)
-                    size += len(entry)
-                if chunk:
-                    yield b"".join(chunk)
+                async for item in rpc.fn(req):
+                    yield item
             if out.code != Code.OK:
                 await context.abort(out.code, out.detail)
 
         return handle
 
-    async def _events(self, req: pb.GetEventsRequest) -> None:
-        # Served directly by the stream handler; present so the table is complete.
-        return None
+    async def _container_events(self, req: pb.GetEventsRequest) -> AsyncIterator[pb.ContainerEventResponse]:
+        async for event in self.shim.events.subscribe():
+            yield event
 
     def _log(self, rpc: Rpc, req: Any, resp: Any, code: Code, detail: str, seconds: float) -> None:
         if self.observer is not None:
@@ -304,7 +348,7 @@ class CriServicer:
             return  # its line would be filtered out: do not build it
         logger = log.debug if polled else (log.info if code in _EXPECTED else log.warning)
         fields: dict[str, Any] = {"method": rpc.name, "code": code.name, "ms": round(seconds * 1000, 3)}
-        if not isinstance(req, BadRequest) and req is not None:
+        if not isinstance(req, Undecodable) and req is not None:
             for f in _ID_FIELDS:
                 v = getattr(req, f, None)
                 if v:

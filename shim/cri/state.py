@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import structlog
 
@@ -83,7 +83,10 @@ class Shim:
         self.io = ContainerIO(self._process_exited)
         self.pod_cidr = ""
         self.streaming: object | None = None  # shim.streaming.StreamingServer once wired
-        # NRI plugins (shim/nri): without any connected, every event is a no-op.
+        # NRI plugins (shim/nri): without any connected, every event is a no-op. The resource
+        # updates they ask for go through UpdateContainerResources' own path, which the
+        # container service hands over when it is made (``update_from_nri``).
+        self.update_from_nri: Callable[[str, pb.LinuxContainerResources], Awaitable[None]] | None = None
         self.nri = Nri(config.nri, self._nri_snapshot, self._nri_update)
         self.cpu_rates = CpuRates()
 
@@ -133,6 +136,22 @@ class Shim:
         await self.io.drain(c.id)
         self.record_exit(c, info)
 
+    async def remove_container(self, c: ContainerRecord) -> None:
+        """The one removal of a container, for RemoveContainer and RemovePodSandbox alike: under
+        its lock, stopped at once if it runs (the CRI asks a forcible removal), the runtime's
+        container, then the record, then its IO; after the lock, the DELETED event and NRI."""
+        async with self.locks.hold(c.id):
+            if self.store.containers.get(c.id) is not c:
+                return  # removed meanwhile
+            backend = self.backend(c.backend)
+            if c.status.state == pb.CONTAINER_RUNNING:
+                await self.stop_container(backend, c, 0)
+            await backend.remove_container(c)
+            self.store.remove(c)
+            self.io.close(c.id)
+        self.publish(c, pb.CONTAINER_DELETED_EVENT)
+        await self.nri.remove_container(self.store.sandboxes.get(c.sandbox_id), c)
+
     def _process_exited(self, container_id: str, info: ExitInfo) -> None:
         c = self.store.containers.get(container_id)
         if c is None or c.status.finished_at:
@@ -144,8 +163,8 @@ class Shim:
         sb = self.store.sandboxes.get(sandbox_id)
         if sb is None or not sb.status.ready:
             return
-        sb.status = dataclasses.replace(sb.status, ready=False)
-        self.store.put_effect(sb)  # it happened: a full disk only delays the record
+        # It happened: a full disk only delays the record.
+        self.store.record_effect(sb, status=dataclasses.replace(sb.status, ready=False))
         log.warning("sandbox.not_ready", sandbox_id=sandbox_id, reason=reason)
 
     # ------------------------------------------------------------------ state changes
@@ -154,7 +173,7 @@ class Shim:
         if c.status.finished_at:
             return
         s = c.status
-        c.status = ContainerStatus(
+        exited = ContainerStatus(
             started_at=s.started_at or 0,
             finished_at=max(info.finished_at, s.started_at, c.created_at),
             exit_code=info.exit_code,
@@ -164,7 +183,7 @@ class Shim:
         )
         # The exit happened: the record in memory says so whatever the disk says; the
         # disk's is written when it takes it.
-        self.store.put_effect(c)
+        self.store.record_effect(c, status=exited)
         self.io.close(c.id)
         self.publish(c, pb.CONTAINER_STOPPED_EVENT)
         self.nri.stop_container(self.store.sandboxes.get(c.sandbox_id), c)
@@ -178,10 +197,9 @@ class Shim:
 
     async def _nri_update(self, container_id: str, linux: pb.LinuxContainerResources) -> None:
         """A resource update an NRI plugin asked for: as UpdateContainerResources does it."""
-        from shim.cri.container import ContainerService
-
-        req = pb.UpdateContainerResourcesRequest(container_id=container_id, linux=linux)
-        await ContainerService(self).update_resources(req, from_nri=True)
+        if self.update_from_nri is None:
+            raise UnavailableError("container resources cannot be updated yet: no container service")
+        await self.update_from_nri(container_id, linux)
 
     def publish(self, c: ContainerRecord, kind: pb.ContainerEventType) -> None:
         if not self.events.subscriber_count:

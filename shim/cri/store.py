@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import ctypes
+import dataclasses
 import errno
 import json
 import os
@@ -20,12 +21,11 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar, overload
 
 import structlog
 
 from backends.contract import ContainerRecord, ContainerStatus, SandboxRecord, SandboxStatus
-from backends.contract.records import changed
 from cri_api import api_pb2 as pb
 from shim.cri.errors import (
     AlreadyExistsError,
@@ -54,6 +54,8 @@ class Table(Generic[R]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._by_id: dict[str, R] = {}
+        # Goes up at every change of the set of records or of one of them (Store).
+        self.version = 0
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -72,37 +74,43 @@ class Table(Generic[R]):
 
     def add(self, record: R) -> None:
         self._by_id[record.id] = record
-        changed(type(record))
+        self.version += 1
 
     def discard(self, full_id: str) -> None:
-        record = self._by_id.pop(full_id, None)
-        if record is not None:
-            changed(type(record))
+        if self._by_id.pop(full_id, None) is not None:
+            self.version += 1
 
-    def resolve(self, ref: str) -> R:
-        """The record whose ID is ``ref`` or starts with it (crictl users type short IDs)."""
-        if not ref:
-            raise InvalidArgumentError(f"{self.kind} ID must not be empty")
+    @overload
+    def find(self, ref: str) -> R: ...
+
+    @overload
+    def find(self, ref: str, *, missing: Literal["none", "quiet"]) -> R | None: ...
+
+    def find(self, ref: str, *, missing: Literal["error", "none", "quiet"] = "error") -> R | None:
+        """The record whose ID is ``ref`` or starts with it (crictl users type short IDs).
+
+        An empty or ambiguous ``ref`` is INVALID_ARGUMENT. None that matches is
+        NOT_FOUND, or, with ``missing="none"``, None (idempotent Stop/Remove); with
+        ``missing="quiet"`` an ambiguous ``ref`` is None too (a List filter that
+        matches nothing).
+        """
         record = self._by_id.get(ref)
         if record is not None:
             return record
-        if len(ref) >= 64:
-            raise NotFoundError(f"{self.kind} {ref!r} not found")
-        found = [r for i, r in self._by_id.items() if i.startswith(ref)]
-        if not found:
-            raise NotFoundError(f"{self.kind} {ref!r} not found")
-        if len(found) > 1:
+        if not ref:
+            raise InvalidArgumentError(f"{self.kind} ID must not be empty")
+        found = [r for i, r in self._by_id.items() if i.startswith(ref)] if len(ref) < 64 else []
+        if len(found) == 1:
+            return found[0]
+        if found:
+            if missing == "quiet":
+                return None
             raise InvalidArgumentError(
                 f"{self.kind} ID prefix {ref!r} is ambiguous: it matches {len(found)} IDs"
             )
-        return found[0]
-
-    def find(self, ref: str) -> R | None:
-        """Like resolve, but None when nothing matches (for idempotent Stop/Remove)."""
-        try:
-            return self.resolve(ref)
-        except NotFoundError:
-            return None
+        if missing == "error":
+            raise NotFoundError(f"{self.kind} {ref!r} not found")
+        return None
 
 
 class NameRegistrar:
@@ -374,7 +382,38 @@ def _unlink(path: str) -> None:
 
 
 class Store:
-    """All records of the shim plus their name reservations and persistence."""
+    """All records of the shim, their name reservations and their persistence.
+
+    **The one way a record changes.** Every RPC changes records through these
+    methods and no other; each does its steps in this order, and an event about
+    the change is published by the caller only after the method returned:
+
+    ``add(record)``
+        A new record: its file is written, then it is in the tables (and the
+        index of its sandbox's containers). A disk that refuses the file raises
+        (RESOURCE_EXHAUSTED when full) and nothing changed.
+    ``update(record, **fields)``
+        A change the client asked for: the record *as it will be* is written
+        first; only then are the fields set on the record in memory. A disk that
+        refuses raises, and the record is as it was. ``update(record)`` with no
+        field rewrites it as it is: a check that the disk takes writes before an
+        effect that could not be undone.
+    ``record_effect(record, **fields)``
+        A change that already happened in the runtime (an exit, a stop, a pod
+        that lost its VM): the record in memory changes whatever the disk says,
+        and its file is written now or, if the disk refuses, again every
+        ``RETRY_SECONDS`` and before any later write, in order.
+    ``remove(record)``
+        Out of the tables, its name released, then its file deleted.
+
+    Each of them also counts the change: ``record.revision`` and its table's
+    ``version`` go up, which is how whatever was built from a record (the encoded
+    answers of shim/cri/answers.py) knows it is stale. Names are reserved in
+    ``sandbox_names``/``container_names`` before a record is added, by the caller,
+    and released by ``remove``.
+    """
+
+    RETRY_SECONDS = 5.0
 
     def __init__(self, state: StateDir | None) -> None:
         self.state = state
@@ -382,10 +421,11 @@ class Store:
         self.containers: Table[ContainerRecord] = Table("container")
         self.sandbox_names = NameRegistrar("pod sandbox")
         self.container_names = NameRegistrar("container")
-        # sandbox ID -> IDs of its containers, for cascading stops/removes and filters.
-        self.by_sandbox: dict[str, set[str]] = {}
+        # sandbox ID -> IDs of its containers (a dict as an ordered set: oldest first, as the
+        # List answers), for cascading stops/removes and filters.
+        self.by_sandbox: dict[str, dict[str, None]] = {}
         # Records of effects that happened but that the disk refused (full): written
-        # again, in order, as soon as it takes them (see put_effect).
+        # again, in order, as soon as it takes them (see record_effect).
         self._unsaved: dict[str, SandboxRecord | ContainerRecord] = {}
         self._retry: asyncio.TimerHandle | None = None
 
@@ -403,8 +443,7 @@ class Store:
             except AlreadyExistsError as exc:  # two records of one name: only a hand-made state dir
                 state.quarantine(os.path.join(state.sandboxes, s.id + ".json"), str(exc))
                 continue
-            self.sandboxes.add(s)
-            self.by_sandbox.setdefault(s.id, set())
+            self._insert(s)
         for c in containers:
             sb = self.sandboxes.get(c.sandbox_id)
             if sb is None:
@@ -415,47 +454,90 @@ class Store:
                 except AlreadyExistsError as exc:
                     state.quarantine(os.path.join(state.containers, c.id + ".json"), str(exc))
                     continue
-            self.containers.add(c)
-            self.by_sandbox.setdefault(c.sandbox_id, set()).add(c.id)
+            self._insert(c)
 
-    # ---- effects that happened, whatever the disk says
-    def put_effect(self, r: SandboxRecord | ContainerRecord) -> None:
-        """Record what has already happened (an exit, a stop).
+    # ---- the one write path
+    def add(self, record: SandboxRecord | ContainerRecord) -> None:
+        """A new record: disk, then memory; nothing changed if the disk refuses."""
+        self._write(record)
+        self._insert(record)
 
-        The tables change whatever the disk says: the effect is real. A record
-        the disk refuses is logged and written again once the disk takes it —
-        at the next write that succeeds, or by a retry every RETRY_SECONDS — so
-        that a restart after space returns finds it.
-        """
-        if isinstance(r, SandboxRecord):
-            self.put_sandbox(r, persist=False)
-        else:
-            self.put_container(r, persist=False)
+    def update(self, record: R, **fields: Any) -> None:
+        """Disk (the record as it will be), then memory; nothing changed if the disk refuses."""
+        self._write(dataclasses.replace(record, **fields) if fields else record)
+        self._set(record, fields)
+
+    def record_effect(self, record: R, **fields: Any) -> None:
+        """Memory, whatever the disk says; then disk now or, if it refuses, later (in order)."""
+        self._set(record, fields)
         try:
-            self._save(r)
+            self._save(record)
         except CriError as exc:
-            kind = "sandbox_id" if isinstance(r, SandboxRecord) else "container_id"
-            log.error("state.persist_failed", error=exc.message, will_retry=True, **{kind: r.id})
-            self._unsaved[r.id] = r
+            kind = "sandbox_id" if isinstance(record, SandboxRecord) else "container_id"
+            log.error("state.persist_failed", error=exc.message, will_retry=True, **{kind: record.id})
+            self._unsaved[record.id] = record
             self._arm_retry()
 
-    RETRY_SECONDS = 5.0
-
-    def _save(self, r: SandboxRecord | ContainerRecord) -> None:
-        if self.state is None:
+    def remove(self, record: SandboxRecord | ContainerRecord) -> None:
+        """Memory (tables, index, name), then the file."""
+        self._unsaved.pop(record.id, None)
+        if isinstance(record, SandboxRecord):
+            self.sandboxes.discard(record.id)
+            self.sandbox_names.release(sandbox_name(record.config.metadata), record.id)
+            if not self.by_sandbox.get(record.id):
+                self.by_sandbox.pop(record.id, None)
+            if self.state is not None:
+                self.state.delete_sandbox(record.id)
             return
-        if isinstance(r, SandboxRecord):
-            self.state.save_sandbox(r)
-        else:
-            self.state.save_container(r)
+        self.containers.discard(record.id)
+        sb = self.sandboxes.get(record.sandbox_id)
+        if sb is not None:
+            self.container_names.release(container_name(sb, record.config.metadata), record.id)
+        ids = self.by_sandbox.get(record.sandbox_id)
+        if ids is not None:
+            ids.pop(record.id, None)
+        if self.state is not None:
+            self.state.delete_container(record.id)
 
-    def _save_now(self, r: SandboxRecord | ContainerRecord) -> None:
-        """Only persist ``r`` (RESOURCE_EXHAUSTED on a full disk), after what the disk refused
-        earlier; the tables are left as they are."""
+    def containers_of(self, sandbox_id: str) -> list[ContainerRecord]:
+        out = []
+        for cid in self.by_sandbox.get(sandbox_id, ()):
+            c = self.containers.get(cid)
+            if c is not None:
+                out.append(c)
+        return out
+
+    # ---- its steps
+    def _insert(self, record: SandboxRecord | ContainerRecord) -> None:
+        if isinstance(record, SandboxRecord):
+            self.sandboxes.add(record)
+            self.by_sandbox.setdefault(record.id, {})
+        else:
+            self.containers.add(record)
+            self.by_sandbox.setdefault(record.sandbox_id, {})[record.id] = None
+
+    def _set(self, record: SandboxRecord | ContainerRecord, fields: dict[str, Any]) -> None:
+        for name, value in fields.items():
+            setattr(record, name, value)
+        record.revision += 1
+        table = self.sandboxes if isinstance(record, SandboxRecord) else self.containers
+        table.version += 1
+
+    def _write(self, record: SandboxRecord | ContainerRecord) -> None:
+        """Persist ``record`` after what the disk refused earlier (RESOURCE_EXHAUSTED on a full disk)."""
         if self._unsaved:
             self.retry_unsaved()
-        self._save(r)
+        self._save(record)
 
+    def _save(self, record: SandboxRecord | ContainerRecord) -> None:
+        if self.state is None:
+            return
+        if isinstance(record, SandboxRecord):
+            self.state.save_sandbox(record)
+        else:
+            self.state.save_container(record)
+
+    # ---- effects the disk refused
     def _arm_retry(self) -> None:
         if self._retry is not None:
             return
@@ -492,56 +574,3 @@ class Store:
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
-
-    # ---- sandboxes
-    def put_sandbox(self, r: SandboxRecord, persist: bool = True) -> None:
-        """Add or update a record; persisted first, so that a full disk changes nothing."""
-        if persist:
-            self.save_sandbox(r)
-        self.sandboxes.add(r)
-        self.by_sandbox.setdefault(r.id, set())
-
-    def save_sandbox(self, r: SandboxRecord) -> None:
-        """Only persist ``r``, the tables left as they are (:meth:`_save_now`)."""
-        self._save_now(r)
-
-    def drop_sandbox(self, r: SandboxRecord) -> None:
-        self._unsaved.pop(r.id, None)
-        self.sandboxes.discard(r.id)
-        self.sandbox_names.release(sandbox_name(r.config.metadata), r.id)
-        if not self.by_sandbox.get(r.id):
-            self.by_sandbox.pop(r.id, None)
-        if self.state is not None:
-            self.state.delete_sandbox(r.id)
-
-    # ---- containers
-    def put_container(self, r: ContainerRecord, persist: bool = True) -> None:
-        """Add or update a record; persisted first, so that a full disk changes nothing."""
-        if persist:
-            self.save_container(r)
-        self.containers.add(r)
-        self.by_sandbox.setdefault(r.sandbox_id, set()).add(r.id)
-
-    def save_container(self, r: ContainerRecord) -> None:
-        """Only persist ``r``, the tables left as they are (:meth:`_save_now`)."""
-        self._save_now(r)
-
-    def drop_container(self, r: ContainerRecord) -> None:
-        self._unsaved.pop(r.id, None)
-        self.containers.discard(r.id)
-        sb = self.sandboxes.get(r.sandbox_id)
-        if sb is not None:
-            self.container_names.release(container_name(sb, r.config.metadata), r.id)
-        ids = self.by_sandbox.get(r.sandbox_id)
-        if ids is not None:
-            ids.discard(r.id)
-        if self.state is not None:
-            self.state.delete_container(r.id)
-
-    def containers_of(self, sandbox_id: str) -> list[ContainerRecord]:
-        out = []
-        for cid in self.by_sandbox.get(sandbox_id, ()):
-            c = self.containers.get(cid)
-            if c is not None:
-                out.append(c)
-        return out

@@ -22,7 +22,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from shim.cri.codes import Code
-from shim.cri.servicer import IMAGE_SERVICE, RUNTIME_SERVICE, BadRequest, CriServicer, Rpc, serialize
+from shim.cri.servicer import IMAGE_SERVICE, RUNTIME_SERVICE, CriServicer, Rpc, Undecodable, serialize
 
 _STATUS = {status.value[0]: status for status in grpc.StatusCode}
 
@@ -47,7 +47,7 @@ class _Context:
 def _unary_handler(
     servicer: CriServicer, rpc: Rpc
 ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-    async def handle(req: Message | BadRequest, context: grpc.aio.ServicerContext) -> Any:
+    async def handle(req: Message | Undecodable, context: grpc.aio.ServicerContext) -> Any:
         outcome = servicer.begin(rpc, req)
         code, detail, resp = outcome if type(outcome) is tuple else await outcome  # type: ignore[misc]
         if code == Code.OK:
@@ -62,7 +62,7 @@ def _stream_handler(
 ) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
     inner = servicer.stream_handler(rpc)
 
-    async def handle(req: Message | BadRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async def handle(req: Message | Undecodable, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         gen = inner(req, _Context(context))
         try:
             async for item in gen:

@@ -212,8 +212,8 @@ async def test_half_created_records_are_cleaned_at_start(short_tmp: str) -> None
         log_path="",
     )
     for r in (done, half):
-        store.put_sandbox(r)
-    store.put_container(half_ctr)
+        store.add(r)
+    store.add(half_ctr)
 
     fake = FakeBackend("fake", {"state_dir": os.path.join(short_tmp, "fake")})
     server = Server(cfg, backends={"fake": fake}, id_factory=make_ids("h"))

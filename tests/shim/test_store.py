@@ -1,12 +1,13 @@
 """Records, prefix lookup, the registrar and atomic persistence."""
 
+import json
 import os
 
 import pytest
 
 from backends.contract import ContainerRecord, ContainerStatus, SandboxRecord, SandboxStatus
 from cri_api import api_pb2 as pb
-from shim.cri.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from shim.cri.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from shim.cri.store import StateDir, Store
 from tests.criutil import container_config, sandbox_config
 
@@ -25,14 +26,14 @@ def sandbox(i: str) -> SandboxRecord:
 
 def test_prefix_lookup() -> None:
     s = Store(None)
-    s.put_sandbox(sandbox("ab" + "0" * 62))
-    s.put_sandbox(sandbox("ac" + "0" * 62))
-    assert s.sandboxes.resolve("ab").id.startswith("ab")
+    s.add(sandbox("ab" + "0" * 62))
+    s.add(sandbox("ac" + "0" * 62))
+    assert s.sandboxes.find("ab").id.startswith("ab")
     with pytest.raises(InvalidArgumentError, match="ambiguous"):
-        s.sandboxes.resolve("a")
+        s.sandboxes.find("a")
     with pytest.raises(NotFoundError):
-        s.sandboxes.resolve("ff")
-    assert s.sandboxes.find("ff") is None
+        s.sandboxes.find("ff")
+    assert s.sandboxes.find("ff", missing="none") is None
 
 
 def test_registrar() -> None:
@@ -51,7 +52,7 @@ def test_persistence_round_trip(tmp_path: object) -> None:
     root = str(tmp_path)
     s = Store(StateDir(root))
     sb = sandbox("a" * 64)
-    s.put_sandbox(sb)
+    s.add(sb)
     c = ContainerRecord(
         id="b" * 64,
         sandbox_id=sb.id,
@@ -63,7 +64,7 @@ def test_persistence_round_trip(tmp_path: object) -> None:
         backend_data={"engine_id": "e"},
         committed=True,
     )
-    s.put_container(c)
+    s.add(c)
     # An interrupted write leaves a .tmp beside the real file; it is ignored.
     with open(os.path.join(root, "containers", "c" * 64 + ".json.tmp"), "w") as f:
         f.write("{truncated")
@@ -105,10 +106,95 @@ def test_a_swap_cut_short_leaves_the_new_record_and_loading_drops_the_old(tmp_pa
     d = StateDir(str(tmp_path))
     s = Store(d)
     sb = sandbox("e" * 64)
-    s.put_sandbox(sb)
+    s.add(sb)
     path = os.path.join(d.sandboxes, sb.id + ".json")
     # A crash between the swap and the unlink: the old record sits at .tmp.
     with open(path + ".tmp", "w") as f:
         f.write("{}")
     sandboxes, _ = StateDir(str(tmp_path)).load()
     assert [r.id for r in sandboxes] == [sb.id] and not os.path.exists(path + ".tmp")
+
+
+def test_a_quiet_lookup_matches_nothing_when_ambiguous() -> None:
+    s = Store(None)
+    s.add(sandbox("ab" + "0" * 62))
+    s.add(sandbox("ac" + "0" * 62))
+    assert s.sandboxes.find("a", missing="quiet") is None
+    assert s.sandboxes.find("ff", missing="quiet") is None
+    with pytest.raises(InvalidArgumentError, match="ambiguous"):
+        s.sandboxes.find("a", missing="none")  # Stop/Remove of an ambiguous prefix is still an error
+    with pytest.raises(InvalidArgumentError, match="empty"):
+        s.sandboxes.find("")
+
+
+def _full_disk(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every record write from now on refused as a full disk; the paths it was asked for."""
+    asked: list[str] = []
+
+    def refuse(path: str, data: bytes) -> None:
+        asked.append(path)
+        raise ResourceExhaustedError(f"cannot record {path}: No space left on device")
+
+    monkeypatch.setattr(StateDir, "write_atomic", staticmethod(refuse))
+    return asked
+
+
+def _on_disk(root: str, sb: SandboxRecord) -> dict[str, object]:
+    with open(os.path.join(root, "sandboxes", sb.id + ".json")) as f:
+        data: dict[str, object] = json.load(f)
+    return data
+
+
+def test_an_update_the_disk_refuses_changes_nothing(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = str(tmp_path)
+    s = Store(StateDir(root))
+    sb = sandbox("a" * 64)
+    s.add(sb)
+    revision, version = sb.revision, s.sandboxes.version
+    _full_disk(monkeypatch)
+    with pytest.raises(ResourceExhaustedError):
+        s.update(sb, status=SandboxStatus(ready=False))
+    assert sb.status.ready and (sb.revision, s.sandboxes.version) == (revision, version)
+    assert _on_disk(root, sb)["ready"] is True
+    monkeypatch.undo()
+    s.update(sb, status=SandboxStatus(ready=False))  # disk first, then memory, then counted
+    assert not sb.status.ready and _on_disk(root, sb)["ready"] is False
+    assert (sb.revision, s.sandboxes.version) == (revision + 1, version + 1)
+
+
+def test_an_effect_changes_memory_and_reaches_the_disk_once_it_takes_it(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = str(tmp_path)
+    s = Store(StateDir(root))
+    sb = sandbox("a" * 64)
+    s.add(sb)
+    asked = _full_disk(monkeypatch)
+    s.record_effect(sb, status=SandboxStatus(ready=False))
+    assert not sb.status.ready and asked and s.unsaved_ids() == [sb.id]
+    assert _on_disk(root, sb)["ready"] is True
+    monkeypatch.undo()
+    assert s.retry_unsaved() and s.unsaved_ids() == []
+    assert _on_disk(root, sb)["ready"] is False
+
+
+def test_a_removed_record_is_gone_from_tables_names_index_and_disk(tmp_path: object) -> None:
+    root = str(tmp_path)
+    s = Store(StateDir(root))
+    sb = sandbox("a" * 64)
+    s.sandbox_names.reserve("n", sb.id)
+    s.add(sb)
+    c = ContainerRecord(
+        id="c" * 64, sandbox_id=sb.id, backend="fake", config=container_config("x"), created_at=2, log_path=""
+    )
+    s.add(c)
+    assert s.containers_of(sb.id) == [c]
+    version = s.containers.version
+    s.remove(c)
+    assert s.containers_of(sb.id) == [] and s.containers.version > version
+    assert not os.path.exists(os.path.join(root, "containers", c.id + ".json"))
+    s.remove(sb)
+    assert s.sandboxes.get(sb.id) is None and sb.id not in s.by_sandbox
+    assert not os.path.exists(os.path.join(root, "sandboxes", sb.id + ".json"))

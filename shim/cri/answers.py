@@ -1,0 +1,223 @@
+"""Encoded answers to the polled RPCs: where the shim's speed tricks live, and only here.
+
+A kubelet asks ListPodSandbox and ListContainers every second, PodSandboxStatus
+and ContainerStatus for every container of a pod at each of its syncs, Version
+and ImageFsInfo at each sync too. The services answer each with a message
+built from the records (the plain path); building and encoding thousands of
+protobuf messages a second would cost more than everything else the shim does.
+So the servicer's table sends these RPCs here (:class:`EncodedAnswers`), which
+gives the same bytes as the plain path's message encoded
+(tests/shim/test_answers.py proves it for each), kept as long as what they were
+built from is unchanged:
+
+- a List entry is one element of the response's ``repeated ... = 1`` field,
+  encoded once per record and kept on the record (``record.wire``) with the
+  ``revision`` it was built at; a response is the concatenation of entries,
+  which is a valid encoding of the response message;
+- a whole List answer is kept by its filter while the table's ``version``
+  (any change of any record of its kind, shim/cri/store.py) is the one it was
+  built at (:class:`Answers`): a relist with nothing changed walks no record;
+- a Status answer (not verbose) is kept per record while the record and its
+  revision are the same (:class:`StatusCache`);
+- Version is encoded once; ListImages and ImageFsInfo are answered from what
+  image stores hold in memory, when they all can (shim/cri/image.py says how).
+
+What comes back is bytes or, where the plain path must wait (an image store that
+has to be asked), the plain path's coroutine; the servicer settles either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from cri_api import api_pb2 as pb
+from shim.cri.messages import container_pb, sandbox_pb
+
+if TYPE_CHECKING:
+    from shim.cri.container import ContainerService
+    from shim.cri.runtime import RuntimeService
+    from shim.cri.sandbox import SandboxService
+    from shim.cri.store import Table
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def field1_entry(payload: bytes) -> bytes:
+    """Field 1, wire type 2 (length-delimited), as the element of a repeated message field."""
+    return b"\x0a" + _varint(len(payload)) + payload
+
+
+class Encoded(Protocol):
+    id: str
+    revision: int
+    wire: tuple[int, bytes] | None  # (the revision it was encoded at, the entry)
+
+
+R = TypeVar("R", bound=Encoded)
+
+
+class ListCache(Generic[R]):
+    """Keeps each record's entry on the record itself, so it dies with the record."""
+
+    def __init__(self, build: Callable[[R], Any]) -> None:
+        self._build = build
+
+    def entries(self, records: Iterable[R]) -> list[bytes]:
+        """Each record's entry: the kept one while the record's revision is the one it was
+        encoded at (one comprehension, no call per kept entry)."""
+        miss = self._encode_one
+        return [w[1] if (w := r.wire) is not None and w[0] == r.revision else miss(r) for r in records]
+
+    def encode(self, records: Iterable[R]) -> bytes:
+        return b"".join(self.entries(records))
+
+    def _encode_one(self, r: R) -> bytes:
+        entry = field1_entry(self._build(r).SerializeToString())
+        r.wire = (r.revision, entry)
+        return entry
+
+
+class Answers:
+    """Whole List answers by filter, all built at one ``version`` of their table. The first call
+    after a change drops them all (none can be used again); at most ``size`` filters are kept,
+    and only answers of at most ``max_bytes`` (a list of thousands of records costs more to send
+    than to build, and a copy of it kept per filter would be memory the entries already hold)."""
+
+    def __init__(self, size: int = 16, max_bytes: int = 1 << 20) -> None:
+        self.size = size
+        self.max_bytes = max_bytes
+        self._version = -1
+        self._entries: dict[object, bytes] = {}
+
+    def get(self, key: object, version: int) -> bytes | None:
+        if version != self._version:
+            self._entries.clear()
+            return None
+        return self._entries.get(key)
+
+    def put(self, key: object, version: int, data: bytes) -> None:
+        """``version`` as read before the answer was built: a change meanwhile makes it stale at once."""
+        if version != self._version:
+            self._entries.clear()
+            self._version = version
+        if len(data) > self.max_bytes:
+            return
+        entries = self._entries
+        if key not in entries and len(entries) >= self.size:
+            del entries[next(iter(entries))]
+        entries[key] = data
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class StatusCache:
+    """Encoded status answers of the most recently asked records (at most ``size``), each used
+    only for the very record it was built from (by identity) at the same revision."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._entries: dict[str, tuple[Encoded, int, bytes]] = {}
+
+    def get(self, record: Encoded, build: Callable[[], bytes]) -> bytes:
+        rid = record.id
+        hit = self._entries.get(rid)
+        if hit is not None and hit[0] is record and hit[1] == record.revision:
+            return hit[2]
+        data = build()
+        entries = self._entries
+        if hit is None and len(entries) >= self.size:
+            del entries[next(iter(entries))]  # the oldest entry
+        entries[rid] = (record, record.revision, data)
+        return data
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _filter_key(
+    f: pb.ContainerFilter | pb.PodSandboxFilter,
+) -> tuple[int | None, tuple[tuple[str, str], ...]]:
+    selector = f.label_selector
+    return (
+        f.state.state if f.HasField("state") else None,
+        tuple(sorted(selector.items())) if selector else (),
+    )
+
+
+class EncodedAnswers:
+    """The polled RPCs of pods, containers and the runtime, answered as encoded bytes."""
+
+    def __init__(
+        self, runtime: RuntimeService, sandboxes: SandboxService, containers: ContainerService
+    ) -> None:
+        self._sandboxes = sandboxes
+        self._containers = containers
+        store = sandboxes.shim.store
+        self._sandbox_table: Table[Any] = store.sandboxes
+        self._container_table: Table[Any] = store.containers
+        self._version = runtime.version(pb.VersionRequest()).SerializeToString()
+        self._sandbox_entries: ListCache[Any] = ListCache(sandbox_pb)
+        self._container_entries: ListCache[Any] = ListCache(container_pb)
+        self._sandbox_answers = Answers()
+        self._container_answers = Answers()
+        self._sandbox_status = StatusCache()
+        self._container_status = StatusCache()
+
+    def version(self, req: pb.VersionRequest) -> bytes:
+        return self._version
+
+    # ---- Lists: the entries (for the Stream* twins) and the whole answer
+    def pod_sandbox_entries(self, req: pb.ListPodSandboxRequest) -> list[bytes]:
+        return self._sandbox_entries.entries(self._sandboxes.select(req.filter))
+
+    def container_entries(self, req: pb.ListContainersRequest) -> list[bytes]:
+        return self._container_entries.entries(self._containers.select(req.filter))
+
+    def list_pod_sandbox(self, req: pb.ListPodSandboxRequest) -> bytes:
+        f = req.filter
+        if f.id:
+            return self._sandbox_entries.encode(self._sandboxes.select(f))
+        key = _filter_key(f)
+        version = self._sandbox_table.version
+        kept = self._sandbox_answers.get(key, version)
+        if kept is None:
+            kept = self._sandbox_entries.encode(self._sandboxes.select(f))
+            self._sandbox_answers.put(key, version, kept)
+        return kept
+
+    def list_containers(self, req: pb.ListContainersRequest) -> bytes:
+        f = req.filter
+        if f.id or f.pod_sandbox_id:
+            return self._container_entries.encode(self._containers.select(f))
+        key = _filter_key(f)
+        version = self._container_table.version
+        kept = self._container_answers.get(key, version)
+        if kept is None:
+            kept = self._container_entries.encode(self._containers.select(f))
+            self._container_answers.put(key, version, kept)
+        return kept
+
+    # ---- Status (a verbose one is built each time: its info is for a human)
+    def pod_sandbox_status(self, req: pb.PodSandboxStatusRequest) -> pb.PodSandboxStatusResponse | bytes:
+        if req.verbose:
+            return self._sandboxes.status(req)
+        sb = self._sandboxes.find(req.pod_sandbox_id)
+        return self._sandbox_status.get(sb, lambda: self._sandboxes.status(req).SerializeToString())
+
+    def container_status(self, req: pb.ContainerStatusRequest) -> pb.ContainerStatusResponse | bytes:
+        if req.verbose:
+            return self._containers.status(req)
+        c = self._containers.find(req.container_id)
+        return self._container_status.get(c, lambda: self._containers.status(req).SerializeToString())
