@@ -1,7 +1,7 @@
 """Runtime handler name → backend.
 
 Backends are loaded lazily by type, so a node that only uses the fake
-runtime never imports the Docker SDK. Each configured handler gets its own
+runtime never imports the Docker SDK (tests/rules/test_lazy_backends.py). Each configured handler gets its own
 backend instance; several handler names may share one type with different
 options, as RuntimeClass handlers do in containerd and CRI-O.
 """

@@ -7,10 +7,13 @@ import asyncio
 import dataclasses
 import sys
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shim import __version__
 from shim.config import DEFAULT_TOML, Config, ConfigError, load
+
+if TYPE_CHECKING:
+    from shim.hollow import Hollow
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,9 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(DEFAULT_TOML)
         return 0
     if args.command == "hollow":
-        from shim import hollow
-
-        return hollow.main(args)
+        return _hollow(args)
     try:
         cfg = build_config(args)
     except ConfigError as exc:
@@ -118,6 +119,39 @@ def main(argv: list[str] | None = None) -> int:
 
     configure(cfg.logging.level, cfg.logging.format)
     return run_command(_serve(Server(cfg)), cfg.server.event_loop, ServerError, "cri-shim")
+
+
+def build_hollow(args: argparse.Namespace) -> Hollow:
+    """The ``cri-shim hollow`` arguments → the nodes (ConfigError or HollowError if they are wrong)."""
+    from shim.hollow import Hollow, plan
+
+    cfg = with_log_options(load(args.config), args)
+    server = dataclasses.replace(cfg.server, transport=getattr(args, "transport", None) or "native")
+    cfg = dataclasses.replace(cfg, server=server)
+    nodes = plan(args.nodes, args.socket_template, args.state_root, args.pod_cidr_template)
+    return Hollow(cfg, nodes)
+
+
+def _hollow(args: argparse.Namespace) -> int:
+    """``cri-shim hollow``: N fake nodes from one process (shim/hollow.py)."""
+    from shim import hollow as nodes
+
+    try:
+        hollow = build_hollow(args)
+    except ConfigError as exc:
+        print(f"cri-shim: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except nodes.HollowError as exc:
+        print(f"cri-shim hollow: {exc}", file=sys.stderr)
+        return 2
+    from shim.logging import configure
+
+    configure(hollow.config.logging.level, hollow.config.logging.format)
+    if hollow.config.server.metrics_listen:
+        nodes.log.warning("hollow.metrics_ignored", metrics_listen=hollow.config.server.metrics_listen)
+    return run_command(
+        hollow.run_until_signalled(), hollow.config.server.event_loop, nodes.HollowError, "cri-shim hollow"
+    )
 
 
 def run_command(main: Coroutine[Any, Any, None], event_loop: str, failure: type[Exception], prog: str) -> int:

@@ -28,11 +28,14 @@ Nodes start one after the other; if one cannot start, those already started
 are stopped and the command exits non-zero naming the node. SIGTERM or SIGINT
 stops every node (in-flight RPCs get ``[server] shutdown_grace``) and removes
 their sockets. Under systemd, READY=1 is sent once every node serves.
+
+The command itself (its arguments, the logging set-up, the exit status) is
+:mod:`shim.cli`'s, which imports this module when it is run; this module does
+not import it back.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextvars
 import dataclasses
@@ -40,14 +43,12 @@ import grp
 import ipaddress
 import itertools
 import os
-import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import structlog
 
-from shim.cli import run_command, with_log_options
-from shim.config import Config, ConfigError, HandlerConfig, load
+from shim.config import Config, HandlerConfig
 from shim.server import Server, ServerError, parse_listen, sd_notify, stop_signals
 
 log = structlog.get_logger("hollow")
@@ -241,32 +242,4 @@ class Hollow:
         log.info("hollow.stopped")
 
 
-def build(args: argparse.Namespace) -> Hollow:
-    """The ``cri-shim hollow`` arguments → the nodes (ConfigError or HollowError if they are wrong)."""
-    cfg = with_log_options(load(args.config), args)
-    server = dataclasses.replace(cfg.server, transport=getattr(args, "transport", None) or "native")
-    cfg = dataclasses.replace(cfg, server=server)
-    nodes = plan(args.nodes, args.socket_template, args.state_root, args.pod_cidr_template)
-    return Hollow(cfg, nodes)
-
-
-def main(args: argparse.Namespace) -> int:
-    try:
-        hollow = build(args)
-    except ConfigError as exc:
-        print(f"cri-shim: configuration error: {exc}", file=sys.stderr)
-        return 2
-    except HollowError as exc:
-        print(f"cri-shim hollow: {exc}", file=sys.stderr)
-        return 2
-    from shim.logging import configure
-
-    configure(hollow.config.logging.level, hollow.config.logging.format)
-    if hollow.config.server.metrics_listen:
-        log.warning("hollow.metrics_ignored", metrics_listen=hollow.config.server.metrics_listen)
-    return run_command(
-        hollow.run_until_signalled(), hollow.config.server.event_loop, HollowError, "cri-shim hollow"
-    )
-
-
-__all__ = ["Hollow", "HollowError", "NodeSpec", "build", "main", "node_config", "plan", "pod_cidrs"]
+__all__ = ["Hollow", "HollowError", "NodeSpec", "node_config", "plan", "pod_cidrs"]

@@ -46,9 +46,9 @@ from cri_api import api_pb2 as pb
 
 from . import recovery
 from .container import Containers
-from .context import Shared, exit_info, parse_time
+from .context import Shared, exit_info
 from .engine import EngineClient
-from .engine_api import EngineAPI
+from .engine_api import EngineAPI, parse_time
 from .events import EventWatcher
 from .exec import Execs
 from .image_fs import StoreUsage

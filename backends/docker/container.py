@@ -17,7 +17,8 @@ from cri_api import api_pb2 as pb
 
 from . import convert, pod_files
 from . import labels as lbl
-from .context import ENGINE_ID, PID, RESOLV, UPPER_DIR, Shared, engine_id, exit_info, parse_time
+from .context import ENGINE_ID, PID, RESOLV, UPPER_DIR, Shared, engine_id, exit_info
+from .engine_api import parse_time
 from .events import EventWatcher
 from .logs import DockerProcess
 from .pod_files import POD_FILES
@@ -137,10 +138,10 @@ class Containers:
         st = self._shared.states.containers.get(container.id)
         if st is None or not (st.watched or st.exit):
             return None
-        st.process = DockerProcess(self._shared, st, st.tty, after)
+        process = st.process = DockerProcess(self._shared, st, st.tty, after)
         if st.exit is not None:
-            st.process.exited(st.exit)
-        return st.process
+            process.exited(st.exit)
+        return process
 
     async def stop(self, container: ContainerRecord, timeout: int) -> ExitInfo:
         shared = self._shared

@@ -5,11 +5,10 @@ engine helpers every RPC family uses (create with rollback, remove, look-ups).
 from __future__ import annotations
 
 import asyncio
-import calendar
 import contextlib
 import time
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from backends.contract import ContainerRecord, EventSink, ExitInfo, SandboxRecord
 from backends.contract.errors import AlreadyExistsError, FailedPreconditionError, NotFoundError
@@ -17,42 +16,17 @@ from backends.linux import cgroups
 
 from . import convert
 from . import labels as lbl
-from .engine_api import EngineAPI
+from .engine_api import EngineAPI, parse_time
 from .image_volumes import ImageVolumes
+from .images import Images
 from .network import CniPods
 from .pod_files import PodFiles
 from .state import States
-
-if TYPE_CHECKING:
-    from .images import Images  # at run time a cycle: its image mirror imports parse_time
 
 ENGINE_ID = "engine_id"
 PID = "pid"
 RESOLV = "resolv_conf"
 UPPER_DIR = "upper_dir"
-
-
-def engine_time(ns: int) -> str:
-    """A time (ns since the epoch) as the engine's ``since`` parameter takes it, exactly.
-
-    A float of seconds keeps only about a quarter of a microsecond: resuming a
-    log at such a time repeats or skips lines written within it.
-    """
-    return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
-
-
-def parse_time(value: str | None) -> int:
-    """Engine RFC 3339 time (nanosecond precision, UTC) -> ns since the epoch; 0 for the zero time."""
-    if not value or value.startswith("0001-"):
-        return 0
-    value = value.rstrip("Z")
-    for sign in ("+", "-"):
-        idx = value.rfind(sign)
-        if idx > 10:
-            value = value[:idx]  # the engine reports UTC; a "+00:00" suffix carries nothing
-    main, _, frac = value.partition(".")
-    secs = calendar.timegm(time.strptime(main, "%Y-%m-%dT%H:%M:%S"))
-    return secs * 1_000_000_000 + int((frac + "000000000")[:9] or 0)
 
 
 def exit_info(state: dict[str, Any]) -> ExitInfo:

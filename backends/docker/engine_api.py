@@ -8,15 +8,41 @@ tests prove the fake honest.
 
 Every method raises the conditions of :mod:`backends.contract.errors`
 (NotFoundError for a missing object, UnavailableError for an engine that
-cannot be reached, ...), never a transport error.
+cannot be reached, ...), never a transport error. The engine's times are read
+and written here too (``parse_time``, ``engine_time``).
 """
 
 from __future__ import annotations
 
+import calendar
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
+
+
+def engine_time(ns: int) -> str:
+    """A time (ns since the epoch) as the engine's ``since`` parameter takes it, exactly.
+
+    A float of seconds keeps only about a quarter of a microsecond: resuming a
+    log at such a time repeats or skips lines written within it.
+    """
+    return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
+
+
+def parse_time(value: str | None) -> int:
+    """Engine RFC 3339 time (nanosecond precision, UTC) -> ns since the epoch; 0 for the zero time."""
+    if not value or value.startswith("0001-"):
+        return 0
+    value = value.rstrip("Z")
+    for sign in ("+", "-"):
+        idx = value.rfind(sign)
+        if idx > 10:
+            value = value[:idx]  # the engine reports UTC; a "+00:00" suffix carries nothing
+    main, _, frac = value.partition(".")
+    secs = calendar.timegm(time.strptime(main, "%Y-%m-%dT%H:%M:%S"))
+    return secs * 1_000_000_000 + int((frac + "000000000")[:9] or 0)
 
 
 class EngineStream(Protocol):

@@ -11,7 +11,8 @@ from backends.contract import ExitInfo
 from backends.contract.errors import CriError, NotFoundError
 
 from . import labels as lbl
-from .context import Shared, engine_time, exit_info
+from .context import Shared, exit_info
+from .engine_api import engine_time
 from .state import ContainerState, Tracked
 
 _EXIT_RECHECK = 1.0  # s between looks at a container that died while the engine did not answer

@@ -33,8 +33,7 @@ import structlog
 from backends.contract import ImageInfo, image_user
 from backends.contract.errors import CriError, NotFoundError
 
-from .context import parse_time
-from .engine_api import EngineAPI
+from .engine_api import EngineAPI, parse_time
 
 log = structlog.get_logger(__name__)
 

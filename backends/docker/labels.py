@@ -61,12 +61,6 @@ def decode_sandbox_config(value: str) -> pb.PodSandboxConfig:
     return cfg
 
 
-def decode_container_config(value: str) -> pb.ContainerConfig:
-    cfg = pb.ContainerConfig()
-    cfg.ParseFromString(base64.b64decode(value))
-    return cfg
-
-
 def ours(instance: str) -> dict[str, list[str]]:
     """An engine list filter for the objects of one shim instance."""
     return {"label": [KIND, f"{INSTANCE}={instance}"]}

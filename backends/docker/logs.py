@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 from backends.contract import ExitInfo, ExitLatch, LogMarks, Output
 from backends.contract.errors import CriError, NotFoundError
 
-from .context import Shared, engine_time, parse_time
+from .context import Shared
+from .engine_api import engine_time, parse_time
 from .state import ContainerState, LogFollow
 
 _READS_AFTER_EXIT = 3  # refused log reads after the exit before the output is taken as ended

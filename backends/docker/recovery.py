@@ -13,7 +13,8 @@ from backends.contract.errors import NotFoundError
 
 from . import convert
 from . import labels as lbl
-from .context import ENGINE_ID, PID, Shared, exit_info, parse_time
+from .context import ENGINE_ID, PID, Shared, exit_info
+from .engine_api import parse_time
 from .warm import WARM_ID
 
 log = structlog.get_logger(__name__)

@@ -8,14 +8,23 @@ its OOM flag, its layer's usage).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from backends.contract import ExitInfo
+from backends.contract import ExitInfo, ExitLatch
 
 from .engine_api import EngineStream
 
-if TYPE_CHECKING:
-    from .logs import DockerProcess
+
+class Followed(Protocol):
+    """What the table holds of a running container's process: :class:`.logs.DockerProcess`,
+    which imports this module (this one does not import it back)."""
+
+    @property
+    def exit(self) -> ExitLatch: ...
+
+    def exited(self, info: ExitInfo) -> None: ...
+
+    def stopped(self) -> None: ...
 
 
 @dataclasses.dataclass(eq=False)
@@ -47,7 +56,7 @@ class SandboxState(Tracked):
 
 @dataclasses.dataclass(eq=False)
 class ContainerState(Tracked):
-    process: DockerProcess | None = None  # while it runs: what the shim follows
+    process: Followed | None = None  # while it runs: what the shim follows
     follow: LogFollow | None = None  # the open stream of its process's output
     tty: bool = False
     exit: ExitInfo | None = None  # how it ended, heard before anything followed it

@@ -45,9 +45,6 @@ class HttpRequest:
                 values += [v.strip() for v in value.split(",") if v.strip()]
         return values
 
-    def has_token(self, name: str, token: str) -> bool:
-        return token.lower() in (v.lower() for v in self.get_all(name))
-
 
 async def read_request(reader: asyncio.StreamReader) -> HttpRequest | None:
     """The next request head; None at a clean EOF before any byte."""

@@ -89,8 +89,8 @@ def test_cni_section() -> None:
     ids=["serve-defaults", "serve-both", "hollow-level", "hollow-format"],
 )
 def test_log_options_override_the_logging_section(argv: list[str], level: str, fmt: str) -> None:
-    from shim import cli, hollow
+    from shim import cli
 
     args = cli._parser().parse_args(argv)
-    cfg = cli.build_config(args) if args.command == "serve" else hollow.build(args).config
+    cfg = cli.build_config(args) if args.command == "serve" else cli.build_hollow(args).config
     assert (cfg.logging.level, cfg.logging.format) == (level, fmt)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from shim.transport.native.calls import Calls
 from shim.transport.native.connection import Connection
 from shim.transport.native.frames import PREFACE, encode_frame
-from shim.transport.native.server import NativeServer
 from shim.transport.native.stream import Stream
 from tests.transport.h2peer import grpc_frame
 
@@ -30,12 +30,6 @@ class FakeCalls:
         conn.reply(st, message[::-1], out)
 
 
-class FakeServer:
-    def __init__(self) -> None:
-        self.calls = FakeCalls()
-        self.connections: set[Connection] = set()
-
-
 class FakeTransport:
     def __init__(self) -> None:
         self.data = bytearray()
@@ -53,13 +47,13 @@ class FakeTransport:
 
 def connection(preface: bool = True) -> tuple[Connection, FakeCalls, FakeTransport]:
     """A connection made, and unless ``preface`` is False given the client's preface and SETTINGS."""
-    server = FakeServer()
-    conn = Connection(cast(NativeServer, server))
+    calls = FakeCalls()
+    conn = Connection(cast(Calls, calls), set())
     transport = FakeTransport()
     conn.connection_made(cast(Any, transport))
     if preface:
         conn.data_received(PREFACE + encode_frame(SETTINGS, 0, 0))
-    return conn, server.calls, transport
+    return conn, calls, transport
 
 
 def request(sid: int, block: bytes, message: bytes = b"") -> bytes:

@@ -13,7 +13,7 @@ import contextvars
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from grpc_health.v1 import health_pb2
 
@@ -31,7 +31,6 @@ from shim.transport.native.frames import (
 )
 
 if TYPE_CHECKING:
-    from shim.transport.native.connection import Connection
     from shim.transport.native.stream import Stream
 
 _OK = Code.OK  # read off the enum class on each call it was ~80 ns
@@ -197,6 +196,25 @@ class _Context:
 
 
 _CONTEXT = _Context()
+
+
+class Connection(Protocol):
+    """What a call needs of its HTTP/2 connection (:class:`.connection.Connection`, which imports
+    this module: this one does not import it back)."""
+
+    streams: dict[int, Stream]
+
+    def write(self, out: list[Chunk]) -> None: ...
+
+    def trailers_only(self, st: Stream, code: Code, detail: str, out: list[Chunk]) -> None: ...
+
+    def reply(self, st: Stream, message: bytes, out: list[Chunk]) -> None: ...
+
+    def send_message(self, st: Stream, message: bytes, out: list[Chunk] | None = None) -> None: ...
+
+    def finish(self, st: Stream, code: Code, detail: str, out: list[Chunk] | None = None) -> None: ...
+
+    async def wait_sent(self, st: Stream) -> None: ...
 
 
 class Calls:

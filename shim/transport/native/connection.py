@@ -3,7 +3,9 @@
 A :class:`Connection` is the asyncio protocol of one client socket. Frames are
 read from its data callback; what they answer is gathered in a list and
 written once per read. A peer that breaks the protocol gets GOAWAY and the
-connection is closed. The gRPC side of a stream is :mod:`.calls`.
+connection is closed. The gRPC side of a stream is :mod:`.calls`: a connection is
+given its server's :class:`.calls.Calls` and set of open connections, and knows
+nothing else of the server.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import structlog
 from hpack import HPACKError
@@ -21,6 +23,7 @@ from shim.transport.native.calls import (
     OK_TRAILERS,
     RESPONSE_HEADERS,
     Abort,
+    Calls,
     RequestHead,
     cancel,
     frame_message,
@@ -74,9 +77,6 @@ from shim.transport.native.frames import (
 from shim.transport.native.hpack_in import BlockDecoder, Header
 from shim.transport.native.stream import Stream
 
-if TYPE_CHECKING:
-    from shim.transport.native.server import NativeServer
-
 log = structlog.get_logger("transport.native")
 
 FRAME_MAX = 16384  # what we accept; we never raise it
@@ -105,8 +105,11 @@ def _frame_cut_short(buf: bytearray) -> bool:
 class Connection(asyncio.Protocol):
     """One client's HTTP/2 connection: the asyncio protocol of its socket."""
 
-    def __init__(self, server: NativeServer) -> None:
-        self.server = server
+    def __init__(self, calls: Calls, connections: set[Connection]) -> None:
+        # The server's calls (their dispatch, limits, stopping flag) and its open connections,
+        # which this one joins while its socket is open.
+        self.calls = calls
+        self.connections = connections
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.preface = False
@@ -131,7 +134,7 @@ class Connection(asyncio.Protocol):
     # ------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
-        self.server.connections.add(self)
+        self.connections.add(self)
         settings = struct.pack(
             ">HIHIHI",
             SETTINGS_MAX_CONCURRENT_STREAMS,
@@ -148,7 +151,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.server.connections.discard(self)
+        self.connections.discard(self)
         for st in list(self.streams.values()):
             self._drop(st)
         self.streams.clear()
@@ -279,7 +282,7 @@ class Connection(asyncio.Protocol):
             return
         if out:
             self.transport.write(b"".join(out))
-        if self.going_away and self.server.calls.stopping and not self.streams:
+        if self.going_away and self.calls.stopping and not self.streams:
             self.close()
 
     def _idle(self, sid: int) -> bool:
@@ -387,7 +390,7 @@ class Connection(asyncio.Protocol):
                 STREAM_CLOSED if sid in self.streams else PROTOCOL_ERROR, f"stream {sid} reused"
             )
         self.last_sid = sid
-        if self.going_away or self.server.calls.stopping or len(self.streams) >= MAX_STREAMS:
+        if self.going_away or self.calls.stopping or len(self.streams) >= MAX_STREAMS:
             self._send_reset(sid, REFUSED_STREAM, out)
             return
         # A client sends the same block for each call of a method: the decoder gives back the same
@@ -432,8 +435,8 @@ class Connection(asyncio.Protocol):
             return  # a stream we reset or answered: its data is dropped
         data = unpad(flags, payload) if flags & PADDED else payload
         st.received += len(data)
-        if st.received > self.server.calls.max_message_bytes + 5:
-            why = f"received a message larger than the maximum ({self.server.calls.max_message_bytes} bytes)"
+        if st.received > self.calls.max_message_bytes + 5:
+            why = f"received a message larger than the maximum ({self.calls.max_message_bytes} bytes)"
             self.trailers_only(st, Code.RESOURCE_EXHAUSTED, why, out)
             return
         if flags & END_STREAM and not st.body:
@@ -472,7 +475,7 @@ class Connection(asyncio.Protocol):
         except Abort as exc:
             self.trailers_only(st, exc.code, exc.detail, out)
             return
-        self.server.calls.dispatch(self, st, message, out)
+        self.calls.dispatch(self, st, message, out)
 
     def _release(self, st: Stream) -> None:
         """What the stream holds of the connection: its unread request, its wait for window, its deadline."""

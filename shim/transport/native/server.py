@@ -23,7 +23,9 @@ class NativeServer:
         """Serve on ``sock``, a listening unix socket (``listen_socket``, or systemd's)."""
         loop = asyncio.get_running_loop()
         self.calls.context = contextvars.copy_context()  # the caller's: its tasks log as it does
-        self._server = await loop.create_unix_server(lambda: Connection(self), sock=sock)
+        self._server = await loop.create_unix_server(
+            lambda: Connection(self.calls, self.connections), sock=sock
+        )
 
     async def stop(self, grace: float | None) -> None:
         """No new calls; calls under way get ``grace`` seconds, then are cancelled."""
