@@ -28,14 +28,18 @@ has to be asked), the plain path's coroutine; the servicer settles either.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import operator
+from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
+from backends.contract import ImageInfo, ImagesNow
 from cri_api import api_pb2 as pb
+from shim.cri.image import image_pb, merged_fs_info, wanted_image
 from shim.cri.messages import container_pb, sandbox_pb
 
 if TYPE_CHECKING:
     from shim.cri.container import ContainerService
+    from shim.cri.image import ImageService
     from shim.cri.runtime import RuntimeService
     from shim.cri.sandbox import SandboxService
     from shim.cri.store import Table
@@ -221,3 +225,66 @@ class EncodedAnswers:
             return self._containers.status(req)
         c = self._containers.find(req.container_id)
         return self._container_status.get(c, lambda: self._containers.status(req).SerializeToString())
+
+
+class EncodedImages:
+    """ListImages and ImageFsInfo answered from what the image stores hold in memory (docker's
+    mirror of the engine's list and its usage figures, the fake's store) when every store can,
+    without waiting: else the image service's coroutine."""
+
+    def __init__(self, images: ImageService) -> None:
+        self._images = images
+        self._entries: dict[str, tuple[ImageInfo, bytes]] = {}  # by image ID
+        # The last ImageFsInfo answered from memory: the stores' answers, and it encoded.
+        self._fs_kept: tuple[list[pb.ImageFsInfoResponse], bytes] | None = None
+        self._now: list[ImagesNow] | None = None
+
+    def _in_memory(self) -> list[ImagesNow] | None:
+        """The stores, if every one of them can answer from memory (a registry is fixed)."""
+        if self._now is None:
+            stores = self._images.stores()
+            self._now = [s for s in stores if isinstance(s, ImagesNow)] if stores else []
+            if len(self._now) != len(stores):
+                self._now = []
+        return self._now or None
+
+    def list_images(self, req: pb.ListImagesRequest) -> bytes | Coroutine[Any, Any, pb.ListImagesResponse]:
+        stores = self._in_memory()
+        if stores is not None and len(stores) == 1 and not wanted_image(req):
+            infos = stores[0].list_images_now()
+            if infos is not None:
+                encoded = self._encode(infos)
+                if encoded is not None:
+                    return encoded
+        return self._images.list_(req)
+
+    def _encode(self, infos: list[ImageInfo]) -> bytes | None:
+        """Each image's entry, encoded once and reused while the store hands out the same image;
+        None when an ID comes twice (merged by the service)."""
+        entries: dict[str, tuple[ImageInfo, bytes]] = {}
+        for info in infos:
+            if info.id in entries:
+                return None
+            hit = self._entries.get(info.id)
+            if hit is None or (hit[0] is not info and hit[0] != info):
+                hit = (info, field1_entry(image_pb(info).SerializeToString()))
+            entries[info.id] = hit
+        self._entries = entries
+        return b"".join(entry for _info, entry in entries.values())
+
+    def image_fs_info(
+        self, req: pb.ImageFsInfoRequest
+    ) -> bytes | Coroutine[Any, Any, pb.ImageFsInfoResponse]:
+        """Kept encoded while the stores hand out the same figures (docker's change every ten
+        seconds or so, and the kubelet asks far more often)."""
+        stores = self._in_memory()
+        infos = [s.image_fs_info_now() for s in stores] if stores is not None else []
+        if not infos or any(info is None for info in infos):
+            return self._images.fs_info(req)
+        figures: list[pb.ImageFsInfoResponse] = infos  # type: ignore[assignment]
+        kept = self._fs_kept
+        if kept is not None and len(kept[0]) == len(figures) and all(map(operator.is_, kept[0], figures)):
+            return kept[1]
+        data = merged_fs_info(figures).SerializeToString()
+        self._fs_kept = (figures, data)
+        return data

@@ -63,9 +63,7 @@ class ContainerService:
         validate.container_config(cfg, req.HasField("config"))
         if not req.pod_sandbox_id:
             raise InvalidArgumentError("pod_sandbox_id must not be empty")
-        sb = shim.store.sandboxes.find(req.pod_sandbox_id)
-        if not sb.committed:
-            raise NotFoundError(f"pod sandbox {req.pod_sandbox_id!r} not found")
+        sb = shim.store.sandboxes.find(req.pod_sandbox_id, made=True)
         if not sb.status.ready:
             raise FailedPreconditionError(f"pod sandbox {sb.id} is not ready; cannot create containers in it")
         log_path = validate.log_path(sb.config.log_directory, cfg.log_path)
@@ -319,7 +317,7 @@ class ContainerService:
         return pb.AttachResponse(url=self._streaming().attach_url(req))
 
     async def port_forward(self, req: pb.PortForwardRequest) -> pb.PortForwardResponse:
-        sb = self.shim.store.sandboxes.find(req.pod_sandbox_id)
+        sb = self.shim.store.sandboxes.find(req.pod_sandbox_id, made=True)
         backend = self.shim.backend(sb.backend)
         if not backend.capabilities & Capability.PORT_FORWARD:
             raise UnimplementedError(f"runtime handler {sb.backend!r} does not support PortForward")
@@ -386,10 +384,7 @@ class ContainerService:
     # ------------------------------------------------------------------ helpers
     def find(self, ref: str) -> ContainerRecord:
         """The created container whose ID is or starts with ``ref``, else NOT_FOUND."""
-        c = self.shim.store.containers.find(ref)
-        if not c.committed:
-            raise NotFoundError(f"container {ref!r} not found")
-        return c
+        return self.shim.store.containers.find(ref, made=True)
 
     def _running_with(self, ref: str, cap: Capability, what: str) -> ContainerRecord:
         c = self.find(ref)

@@ -3,23 +3,25 @@
 An image request goes to the backend of ``image.runtime_handler`` ("" is
 the default handler). ListImages merges every backend that keeps images,
 one entry per image ID. Concurrent pulls of the same image by the same
-backend with the same credentials share one pull.
+backend with the same credentials share one pull. ListImages and ImageFsInfo
+are polled: shim/cri/answers.py answers them from what the stores hold in
+memory when it can, as these methods would.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
-import operator
-from collections.abc import Coroutine, Iterable
-from typing import Any
+from collections.abc import Iterable
 
 import structlog
 
-from backends.contract import Backend, Capability, ImageInfo, ImagesNow
+from backends.contract import Backend, Capability, ImageInfo
+from backends.reference import BadReference
+from backends.reference import parse as parse_reference
 from cri_api import api_pb2 as pb
-from shim.cri.answers import field1_entry
 from shim.cri.errors import InvalidArgumentError
 from shim.cri.state import Shim
 
@@ -30,11 +32,7 @@ class ImageService:
     def __init__(self, shim: Shim) -> None:
         self.shim = shim
         self._pulls: dict[tuple[str, str, str], asyncio.Task[str]] = {}
-        self._encoded = _EncodedImages()
-        self._answers_now: dict[str, bool] = {}  # by backend name: answers from memory
         self._stores: list[Backend] | None = None  # the image stores, default first
-        # The last ImageFsInfo answered from memory: the stores' answers, and it encoded.
-        self._fs_kept: tuple[list[pb.ImageFsInfoResponse], bytes] | None = None
 
     def _backend(self, spec: pb.ImageSpec) -> Backend:
         try:
@@ -71,40 +69,23 @@ class ImageService:
         ref = await asyncio.shield(task)
         return pb.PullImageResponse(image_ref=ref)
 
-    def _now(self, backend: Backend) -> ImagesNow | None:
-        """``backend`` as a store that can answer from memory, if it is one."""
-        known = self._answers_now.get(backend.name)
-        if known is None:
-            known = self._answers_now[backend.name] = isinstance(backend, ImagesNow)
-        return backend if known else None  # type: ignore[return-value]
+    def stores(self) -> list[Backend]:
+        """The backends that keep images, the default handler's first (a registry is fixed)."""
+        stores = self._stores
+        if stores is None:
+            registry = self.shim.registry
+            names = [registry.default, *(n for n in registry.names() if n != registry.default)]
+            stores = [b for b in (registry.get(n) for n in names) if b.capabilities & Capability.IMAGES]
+            self._stores = stores
+        return stores
 
-    def list_(self, req: pb.ListImagesRequest) -> bytes | Coroutine[Any, Any, pb.ListImagesResponse | bytes]:
-        """Plain, not async: a store that has its list in memory (docker's mirror) is
-        answered at once, and the call settles without a task; else the coroutine."""
-        want = req.filter.image.image if req.HasField("filter") and req.filter.HasField("image") else ""
-        backends = [b for b in self.shim.registry if b.capabilities & Capability.IMAGES]
-        store = self._now(backends[0]) if len(backends) == 1 and not want else None
-        infos = store.list_images_now() if store is not None else None
-        if infos is not None:
-            encoded = self._encoded.encode(infos)
-            if encoded is not None:
-                return encoded
-        return self._list(req)
-
-    async def _list(self, req: pb.ListImagesRequest) -> pb.ListImagesResponse | bytes:
-        want = req.filter.image.image if req.HasField("filter") and req.filter.HasField("image") else ""
+    async def list_(self, req: pb.ListImagesRequest) -> pb.ListImagesResponse:
+        """Every store's images, one entry per image ID (the tags and digests of all), filtered
+        by ``filter.image`` if it is set."""
+        want = wanted_image(req)
+        stores = self.stores()
+        lists = await asyncio.gather(*(b.list_images() for b in stores))
         merged: dict[str, pb.Image] = {}
-        backends = [b for b in self.shim.registry if b.capabilities & Capability.IMAGES]
-        # One store (the usual node) is awaited directly: a task costs a turn of the loop.
-        lists = (
-            [await backends[0].list_images()]
-            if len(backends) == 1
-            else await asyncio.gather(*(b.list_images() for b in backends))
-        )
-        if len(lists) == 1 and not want:
-            encoded = self._encoded.encode(lists[0])
-            if encoded is not None:
-                return encoded
         for infos in lists:
             for info in infos:
                 seen = merged.get(info.id)
@@ -139,45 +120,19 @@ class ImageService:
         await self._backend(req.image).remove_image(req.image)
         return pb.RemoveImageResponse()
 
-    def fs_info(self, req: pb.ImageFsInfoRequest) -> bytes | Coroutine[Any, Any, pb.ImageFsInfoResponse]:
+    async def fs_info(self, req: pb.ImageFsInfoRequest) -> pb.ImageFsInfoResponse:
         """Every handler's stores, the default handler's first: the kubelet reads entry 0 of
         each list for its image GC and imagefs eviction signals. A filesystem named by two
-        handlers (one engine behind both) is listed once. Plain, not async: stores with
-        their figures in memory are answered at once, without a task, and the encoded
-        answer is kept while they hand out the same figures (docker's change every ten
-        seconds or so, and the kubelet asks far more often)."""
-        stores = self._image_stores()
-        infos = []
-        for b in stores:
-            now = self._now(b)
-            info = now.image_fs_info_now() if now is not None else None
-            if info is None:
-                return self._fs_info(stores)
-            infos.append(info)
-        kept = self._fs_kept
-        if kept is not None and len(kept[0]) == len(infos) and all(map(operator.is_, kept[0], infos)):
-            return kept[1]
-        data = _merged(infos).SerializeToString()
-        self._fs_kept = (infos, data)
-        return data
-
-    def _image_stores(self) -> list[Backend]:
-        """The backends that keep images, the default handler's first (a registry is fixed)."""
-        stores = self._stores
-        if stores is None:
-            registry = self.shim.registry
-            names = [registry.default, *(n for n in registry.names() if n != registry.default)]
-            stores = [b for b in (registry.get(n) for n in names) if b.capabilities & Capability.IMAGES]
-            self._stores = stores
-        return stores
-
-    async def _fs_info(self, stores: list[Backend]) -> pb.ImageFsInfoResponse:
-        if len(stores) == 1:
-            return _merged([await stores[0].image_fs_info()])
-        return _merged(await asyncio.gather(*(b.image_fs_info() for b in stores)))
+        handlers (one engine behind both) is listed once."""
+        return merged_fs_info(await asyncio.gather(*(b.image_fs_info() for b in self.stores())))
 
 
-def _merged(infos: list[pb.ImageFsInfoResponse]) -> pb.ImageFsInfoResponse:
+def wanted_image(req: pb.ListImagesRequest) -> str:
+    """The image a ListImages filter names, "" for none."""
+    return req.filter.image.image if req.HasField("filter") and req.filter.HasField("image") else ""
+
+
+def merged_fs_info(infos: list[pb.ImageFsInfoResponse]) -> pb.ImageFsInfoResponse:
     """One answer of the stores' ``infos``, each filesystem (by mountpoint) once, in order."""
     if len(infos) == 1 and _distinct_all(infos[0]):
         return infos[0]
@@ -204,27 +159,6 @@ def _distinct(filesystems: Iterable[pb.FilesystemUsage]) -> bool:
     return len(set(mountpoints)) == len(mountpoints)
 
 
-class _EncodedImages:
-    """Each image's entry of a ListImagesResponse, encoded once and reused while the store
-    answers with the same image (the docker backend's mirror hands out the same objects)."""
-
-    def __init__(self) -> None:
-        self._entries: dict[str, tuple[ImageInfo, bytes]] = {}
-
-    def encode(self, infos: list[ImageInfo]) -> bytes | None:
-        """The response, encoded; None when an ID comes twice (merged the general way)."""
-        entries: dict[str, tuple[ImageInfo, bytes]] = {}
-        for info in infos:
-            if info.id in entries:
-                return None
-            hit = self._entries.get(info.id)
-            if hit is None or (hit[0] is not info and hit[0] != info):
-                hit = (info, field1_entry(image_pb(info).SerializeToString()))
-            entries[info.id] = hit
-        self._entries = entries
-        return b"".join(entry for _info, entry in entries.values())
-
-
 def image_pb(info: ImageInfo) -> pb.Image:
     """The CRI's Image of what a backend's store reports (built here once for every backend)."""
     img = pb.Image(
@@ -242,10 +176,18 @@ def image_pb(info: ImageInfo) -> pb.Image:
 
 
 def _matches(img: pb.Image, want: str) -> bool:
+    """Whether ``want`` (an ID or its prefix, a reference as written or in full, a repository
+    for all its tags) names ``img``: the names ImageStatus and PullImage accept for it."""
     if img.id == want or img.id.removeprefix("sha256:").startswith(want.removeprefix("sha256:")):
         return True
-    return (
-        want in img.repo_tags
-        or want in img.repo_digests
-        or any(t.startswith(want + ":") for t in img.repo_tags)
+    names = {want}
+    with contextlib.suppress(BadReference):
+        ref = parse_reference(want)
+        tagged = bool(ref.digest) or ":" in want.rpartition("/")[2]
+        names.add(ref.name if tagged else ref.repository)
+    return any(
+        name in img.repo_tags
+        or name in img.repo_digests
+        or any(t.startswith(name + ":") for t in img.repo_tags)
+        for name in names
     )

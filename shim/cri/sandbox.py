@@ -121,8 +121,8 @@ class SandboxService:
         return pb.RemovePodSandboxResponse()
 
     def find(self, ref: str) -> SandboxRecord:
-        """The pod sandbox whose ID is or starts with ``ref``, else NOT_FOUND."""
-        return self.shim.store.sandboxes.find(ref)
+        """The made pod sandbox whose ID is or starts with ``ref``, else NOT_FOUND."""
+        return self.shim.store.sandboxes.find(ref, made=True)
 
     def status(self, req: pb.PodSandboxStatusRequest) -> pb.PodSandboxStatusResponse:
         sb = self.find(req.pod_sandbox_id)
@@ -232,7 +232,7 @@ class SandboxService:
         ``linux.resources`` and ``linux.overhead``), across a restart too. Best effort for the
         kubelet, which goes on with the resize whatever the answer."""
         shim = self.shim
-        sb = shim.store.sandboxes.find(req.pod_sandbox_id)
+        sb = self.find(req.pod_sandbox_id)
         backend = shim.backend(sb.backend)
         if not backend.capabilities & Capability.UPDATE_SANDBOX_RESOURCES or not isinstance(
             backend, SandboxResourceUpdater

@@ -32,7 +32,7 @@ import structlog
 from google.protobuf.message import DecodeError, Message
 
 from cri_api import api_pb2 as pb
-from shim.cri.answers import EncodedAnswers, field1_entry
+from shim.cri.answers import EncodedAnswers, EncodedImages, field1_entry
 from shim.cri.codes import Code
 from shim.cri.container import ContainerService
 from shim.cri.errors import CriError, InvalidArgumentError, status_code
@@ -116,18 +116,12 @@ def _chunked(entries: Callable[[Any], Any]) -> Callable[[Any], AsyncIterator[byt
     return stream
 
 
-def _entries_of(
-    answer: Callable[[Any], Any], response: type[Message]
-) -> Callable[[Any], Awaitable[list[bytes]]]:
+def _entries_of(answer: Callable[[Any], Awaitable[Message]]) -> Callable[[Any], Awaitable[list[bytes]]]:
     """The encoded elements of field 1 (the listed items) of what a List RPC answers."""
-    (listed,) = [f.name for f in response.DESCRIPTOR.fields if f.number == 1]
 
     async def entries(req: Any) -> list[bytes]:
-        resp = answer(req)
-        if asyncio.iscoroutine(resp):
-            resp = await resp
-        if isinstance(resp, bytes):
-            resp = response.FromString(resp)
+        resp = await answer(req)
+        (listed,) = [f.name for f in resp.DESCRIPTOR.fields if f.number == 1]
         return [field1_entry(item.SerializeToString()) for item in getattr(resp, listed)]
 
     return entries
@@ -166,9 +160,10 @@ class CriServicer:
         sb = SandboxService(shim)
         ct = ContainerService(shim)
         im = ImageService(shim)
-        fast = EncodedAnswers(rt, sb, ct)
+        fast, fast_images = EncodedAnswers(rt, sb, ct), EncodedImages(im)
         # The services (the plain path) and the encoded answers the polled RPCs are served from.
-        self.runtime, self.sandboxes, self.containers, self.images, self.answers = rt, sb, ct, im, fast
+        self.runtime, self.sandboxes, self.containers, self.images = rt, sb, ct, im
+        self.answers, self.image_answers = fast, fast_images
         self.runtime_rpcs = [
             Rpc("Version", pb.VersionRequest, fast.version, True),
             Rpc("Status", pb.StatusRequest, rt.status, True),
@@ -202,54 +197,38 @@ class CriServicer:
             Rpc("GetContainerEvents", pb.GetEventsRequest, self._container_events, True, stream=True),
             # Stream* twins: the entries of their List with the same filter, in chunks.
             Rpc(
-                "StreamPodSandboxes",
-                pb.ListPodSandboxRequest,
-                _chunked(fast.pod_sandbox_entries),
-                True,
-                stream=True,
+                "StreamPodSandboxes", pb.ListPodSandboxRequest, _chunked(fast.pod_sandbox_entries), True, True
             ),
-            Rpc(
-                "StreamContainers",
-                pb.ListContainersRequest,
-                _chunked(fast.container_entries),
-                True,
-                stream=True,
-            ),
+            Rpc("StreamContainers", pb.ListContainersRequest, _chunked(fast.container_entries), True, True),
             Rpc(
                 "StreamContainerStats",
                 pb.ListContainerStatsRequest,
-                _chunked(_entries_of(ct.list_stats, pb.ListContainerStatsResponse)),
+                _chunked(_entries_of(ct.list_stats)),
                 True,
-                stream=True,
+                True,
             ),
             Rpc(
                 "StreamPodSandboxStats",
                 pb.ListPodSandboxStatsRequest,
-                _chunked(_entries_of(sb.list_stats, pb.ListPodSandboxStatsResponse)),
+                _chunked(_entries_of(sb.list_stats)),
                 True,
-                stream=True,
+                True,
             ),
             Rpc(
                 "StreamPodSandboxMetrics",
                 pb.ListPodSandboxMetricsRequest,
-                _chunked(_entries_of(sb.metrics, pb.ListPodSandboxMetricsResponse)),
+                _chunked(_entries_of(sb.metrics)),
                 True,
-                stream=True,
+                True,
             ),
         ]
         self.image_rpcs = [
             Rpc("PullImage", pb.PullImageRequest, im.pull, False),
-            Rpc("ListImages", pb.ListImagesRequest, im.list_, True),
+            Rpc("ListImages", pb.ListImagesRequest, fast_images.list_images, True),
             Rpc("ImageStatus", pb.ImageStatusRequest, im.status, True),
             Rpc("RemoveImage", pb.RemoveImageRequest, im.remove, False),
-            Rpc("ImageFsInfo", pb.ImageFsInfoRequest, im.fs_info, True),
-            Rpc(
-                "StreamImages",
-                pb.ListImagesRequest,
-                _chunked(_entries_of(im.list_, pb.ListImagesResponse)),
-                True,
-                stream=True,
-            ),
+            Rpc("ImageFsInfo", pb.ImageFsInfoRequest, fast_images.image_fs_info, True),
+            Rpc("StreamImages", pb.ListImagesRequest, _chunked(_entries_of(im.list_)), True, True),
         ]
 
     # ------------------------------------------------------------------ calls

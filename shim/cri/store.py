@@ -81,22 +81,28 @@ class Table(Generic[R]):
             self.version += 1
 
     @overload
-    def find(self, ref: str) -> R: ...
+    def find(self, ref: str, *, made: bool = False) -> R: ...
 
     @overload
     def find(self, ref: str, *, missing: Literal["none", "quiet"]) -> R | None: ...
 
-    def find(self, ref: str, *, missing: Literal["error", "none", "quiet"] = "error") -> R | None:
+    def find(
+        self, ref: str, *, missing: Literal["error", "none", "quiet"] = "error", made: bool = False
+    ) -> R | None:
         """The record whose ID is ``ref`` or starts with it (crictl users type short IDs).
 
         An empty or ambiguous ``ref`` is INVALID_ARGUMENT. None that matches is
         NOT_FOUND, or, with ``missing="none"``, None (idempotent Stop/Remove); with
         ``missing="quiet"`` an ambiguous ``ref`` is None too (a List filter that
-        matches nothing).
+        matches nothing). ``made``: a record whose creation is still under way
+        (not committed, not listed) is NOT_FOUND too.
         """
-        record = self._by_id.get(ref)
-        if record is not None:
-            return record
+        record = self._by_id.get(ref) or self._by_prefix(ref, missing)
+        if made and record is not None and not record.committed:
+            raise NotFoundError(f"{self.kind} {ref!r} not found")
+        return record
+
+    def _by_prefix(self, ref: str, missing: Literal["error", "none", "quiet"]) -> R | None:
         if not ref:
             raise InvalidArgumentError(f"{self.kind} ID must not be empty")
         found = [r for i, r in self._by_id.items() if i.startswith(ref)] if len(ref) < 64 else []

@@ -1,5 +1,6 @@
-"""ImageService over one store: ListImages answered pre-encoded, ImageFsInfo passed through,
-with the same answers as the general merge of several stores."""
+"""ListImages and ImageFsInfo at the edge (shim/cri/answers.py EncodedImages) over the image
+service: answered encoded from what stores hold in memory, else by the service's coroutine, and
+always what the service itself answers."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from backends.contract import Capability, ImageInfo
 from cri_api import api_pb2 as pb
+from shim.cri.answers import EncodedImages
 from shim.cri.image import ImageService, image_pb
 from shim.cri.state import Shim
 
@@ -50,9 +52,25 @@ async def settled(answer: Any) -> Any:
     return await answer if asyncio.iscoroutine(answer) else answer
 
 
-async def fs_answer(svc: ImageService) -> pb.ImageFsInfoResponse:
+class Edge:
+    """The polled image RPCs as the servicer serves them, and the service behind them."""
+
+    def __init__(self, plain: ImageService) -> None:
+        self.plain = plain
+        self.fast = EncodedImages(plain)
+
+    def list_(self, req: pb.ListImagesRequest) -> Any:
+        return self.fast.list_images(req)
+
+    def fs_info(self, req: pb.ImageFsInfoRequest) -> Any:
+        return self.fast.image_fs_info(req)
+
+
+async def fs_answer(svc: Edge) -> pb.ImageFsInfoResponse:
     resp = await settled(svc.fs_info(pb.ImageFsInfoRequest()))
-    return pb.ImageFsInfoResponse.FromString(resp) if isinstance(resp, bytes) else resp
+    got = pb.ImageFsInfoResponse.FromString(resp) if isinstance(resp, bytes) else resp
+    assert got == await svc.plain.fs_info(pb.ImageFsInfoRequest())
+    return got
 
 
 class Registry:
@@ -70,9 +88,9 @@ class Registry:
         return self.stores[name or self.default]
 
 
-def service(*stores: Store) -> ImageService:
+def service(*stores: Store) -> Edge:
     shim: Any = type("ShimStub", (), {"registry": Registry(*stores)})()
-    return ImageService(cast(Shim, shim))
+    return Edge(ImageService(cast(Shim, shim)))
 
 
 IMAGES = [
@@ -84,16 +102,18 @@ IMAGES = [
 ]
 
 
-async def listed(svc: ImageService, want: str = "") -> list[pb.Image]:
+async def listed(svc: Edge, want: str = "") -> list[pb.Image]:
     req = pb.ListImagesRequest()
     if want:
         req.filter.image.image = want
     resp = await settled(svc.list_(req))
-    return list((pb.ListImagesResponse.FromString(resp) if isinstance(resp, bytes) else resp).images)
+    got = pb.ListImagesResponse.FromString(resp) if isinstance(resp, bytes) else resp
+    assert got == await svc.plain.list_(req)  # the edge answers what the service answers
+    return list(got.images)
 
 
 async def test_one_store_is_answered_encoded_as_the_messages_would_be() -> None:
-    store = Store()
+    store = NowStore()
     store.images = list(IMAGES)
     svc = service(store)
     assert isinstance(await settled(svc.list_(pb.ListImagesRequest())), bytes)
@@ -102,7 +122,7 @@ async def test_one_store_is_answered_encoded_as_the_messages_would_be() -> None:
 
 
 async def test_a_changed_image_is_encoded_again() -> None:
-    store = Store()
+    store = NowStore()
     store.images = list(IMAGES)
     svc = service(store)
     await listed(svc)
@@ -112,7 +132,7 @@ async def test_a_changed_image_is_encoded_again() -> None:
 
 
 async def test_a_twice_listed_id_and_a_filter_take_the_general_way() -> None:
-    store = Store()
+    store = NowStore()
     other_tags = ImageInfo(id=IMAGES[0].id, repo_tags=("a:9",), repo_digests=("a@sha256:1",))
     store.images = [IMAGES[0], other_tags]
     svc = service(store)
@@ -210,3 +230,12 @@ async def test_image_fs_info_of_several_stores_from_memory_default_first() -> No
     later = svc.fs_info(pb.ImageFsInfoRequest())
     assert asyncio.iscoroutine(later)
     assert await later == got
+
+
+async def test_a_store_that_cannot_answer_from_memory_is_asked() -> None:
+    store = Store()
+    store.images = list(IMAGES)
+    svc = service(store)
+    assert asyncio.iscoroutine(pending := svc.list_(pb.ListImagesRequest()))
+    assert list((await pending).images) == [image_pb(i) for i in IMAGES]
+    assert await listed(svc) == [image_pb(i) for i in IMAGES]
