@@ -11,7 +11,7 @@ machine's CPUs in the steady phase (every pod Running, nothing changing: the mac
 N at rest), or the machine's available memory falls under --min-available MiB.
 At the end, one summary table over the steps and what stopped the sweep. Figures only.
 
-Run as root from the repository root, with the binaries (README "A cluster of cri-shim nodes"):
+Run as root from the repository root, with the binaries (docs/cluster.md):
     CRI_SHIM_K8S_BIN_DIR=/work/tools/bin .venv/bin/python bench/cluster_scale.py \\
         [--steps 5,10,20,30,40,60] [--pods-per-node 30] [--rest 30] [--json out.json]
 """

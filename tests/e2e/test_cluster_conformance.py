@@ -1,7 +1,7 @@
 """The conformance runner's command lines (tests/e2e/cluster/conformance.py); no cluster needed.
 
 The run itself is opt-in (``python -m tests.e2e.cluster conformance`` on a cluster that ``up``
-left running) and takes an hour or more; its figures are in the README.
+left running) and takes an hour or more; its figures are in docs/cluster.md ("Results").
 """
 
 from __future__ import annotations
