@@ -223,7 +223,7 @@ class Server:
         self.shim = shim
         for name, backend in registry.items():
             try:
-                await backend.start(shim)
+                await backend.lifecycle.start(shim)
             except Exception as exc:
                 # A runtime that is down at boot is reported by Status and
                 # recovers later; the shim itself must come up.
@@ -351,7 +351,7 @@ class Server:
             self.shim.store.close()
             for _, backend in self.shim.registry.items():
                 try:
-                    await backend.close()
+                    await backend.lifecycle.close()
                 except Exception as exc:
                     log.error("backend.close_failed", handler=backend.name, error=str(exc))
         if self.socket_path and self.config.server.listen.startswith(("unix://", "/")):

@@ -31,7 +31,7 @@ class Containers:
         self._events = events
         self._hugetlb_said: set[str] = set()  # reasons hugepage limits were passed over, logged once
 
-    async def create(self, container: ContainerRecord, sandbox: SandboxRecord) -> None:
+    async def create_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> None:
         shared = self._shared
         config = container.config
         ref = container.image_ref or config.image.image
@@ -100,7 +100,7 @@ class Containers:
             # ContainerStatus reports which image each image volume is (Mount.image.image_ref).
             container.backend_data.setdefault("image_volumes", {})[mnt.container_path] = image_id
 
-    async def start(self, container: ContainerRecord) -> Started:
+    async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> Started:
         shared = self._shared
         eid = engine_id(container)
         shared.states.container(container.id, eid).died = False
@@ -132,7 +132,7 @@ class Containers:
             shared.spawn(self._events.report_exit(st))
         return Started(started, process)
 
-    def reattach(self, container: ContainerRecord, after: LogMarks | None) -> DockerProcess | None:
+    async def reattach(self, container: ContainerRecord, after: LogMarks | None) -> DockerProcess | None:
         """The process of a container recovery found running (and watches)."""
         st = self._shared.states.containers.get(container.id)
         if st is None or not (st.watched or st.exit):
@@ -142,7 +142,7 @@ class Containers:
             st.process.exited(st.exit)
         return st.process
 
-    async def stop(self, container: ContainerRecord, timeout: int) -> ExitInfo:
+    async def stop_container(self, container: ContainerRecord, timeout: int) -> ExitInfo:
         shared = self._shared
         eid = engine_id(container)
         st = shared.states.container(container.id, eid)
@@ -164,7 +164,7 @@ class Containers:
             st.watched = False
             st.stopping = False
 
-    async def remove(self, container: ContainerRecord) -> None:
+    async def remove_container(self, container: ContainerRecord) -> None:
         self._shared.states.drop_container(container.id)
         # Without an engine ID (a create that failed or was given up), look the container up by its label.
         eid = container.backend_data.get(ENGINE_ID) or await self._shared.engine_id_of(container.id)
@@ -191,7 +191,7 @@ class Containers:
                 self._hugetlb_said.add(why)
                 log.warning("hugepage limits not applied", container_id=container.id, reason=why)
 
-    async def update_resources(
+    async def update_container_resources(
         self, container: ContainerRecord, resources: pb.LinuxContainerResources
     ) -> None:
         eid = engine_id(container)

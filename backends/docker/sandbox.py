@@ -25,7 +25,7 @@ class Sandboxes:
         self._pause_present = False  # checked (pulled if needed) once, then trusted until a create fails
         self.warm = warm  # None: no pool
 
-    async def run(self, sandbox: SandboxRecord) -> SandboxNetwork:
+    async def run_sandbox(self, sandbox: SandboxRecord) -> SandboxNetwork:
         if self.warm is None:
             return await self._run(sandbox)
         self.warm.starting += 1
@@ -105,7 +105,7 @@ class Sandboxes:
         sandbox.backend_data.pop(ENGINE_ID, None)
         sandbox.backend_data.pop(WARM_ID, None)
 
-    async def stop(self, sandbox: SandboxRecord) -> None:
+    async def stop_sandbox(self, sandbox: SandboxRecord) -> None:
         shared = self._shared
         unreleased: CriError | None = None
         if NETNS in sandbox.backend_data and shared.cni is not None:
@@ -136,7 +136,7 @@ class Sandboxes:
             if st is not None:
                 st.stopping = False
 
-    async def remove(self, sandbox: SandboxRecord) -> None:
+    async def remove_sandbox(self, sandbox: SandboxRecord) -> None:
         shared = self._shared
         if NETNS in sandbox.backend_data and shared.cni is not None:
             await shared.cni.release(sandbox)

@@ -100,7 +100,7 @@ async def send(io: StreamIO, stream: str, data: bytes) -> None:
 
 
 class FakeLifecycle:
-    """The Lifecycle protocol in memory (and UpdateContainerResources, which it accepts)."""
+    """The Lifecycle part in memory, and the Resources part (it accepts new limits)."""
 
     def __init__(
         self,
@@ -129,6 +129,7 @@ class FakeLifecycle:
     # ------------------------------------------------------------------ the backend itself
     async def start(self, events: EventSink) -> None:
         self.events = events
+        self.images.load()
 
     async def close(self) -> None:
         for cid, r in self.running.items():
@@ -416,3 +417,8 @@ class FakeLifecycle:
         self, container: ContainerRecord, resources: pb.LinuxContainerResources
     ) -> None:
         pass  # accepted: the fake enforces no limits
+
+    async def update_sandbox_resources(
+        self, sandbox: SandboxRecord, request: pb.UpdatePodSandboxResourcesRequest
+    ) -> None:
+        pass  # accepted (the shim records them): the fake enforces no limits

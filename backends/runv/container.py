@@ -54,7 +54,9 @@ class Containers:
             image_sub_path=mnt.image_sub_path,
         )
 
-    async def create(self, container: contract.ContainerRecord, sandbox: contract.SandboxRecord) -> None:
+    async def create_container(
+        self, container: contract.ContainerRecord, sandbox: contract.SandboxRecord
+    ) -> None:
         shared = self._shared
         hv = shared.hv
         pod = shared.pod(sandbox.id)
@@ -167,7 +169,7 @@ class Containers:
         proc = pod.procs[cid] = VmProcess(stream, stamped)
         return proc
 
-    async def start(
+    async def start_container(
         self, container: contract.ContainerRecord, sandbox: contract.SandboxRecord
     ) -> contract.Started:
         pod = self._shared.pod(sandbox.id)
@@ -191,7 +193,7 @@ class Containers:
             proc.exit.set(contract.ExitInfo(state.exit_code, state.finished_at, state.reason))
         return proc
 
-    async def stop(self, container: contract.ContainerRecord, timeout: int) -> contract.ExitInfo:
+    async def stop_container(self, container: contract.ContainerRecord, timeout: int) -> contract.ExitInfo:
         pod = self._shared.pods.get(container.sandbox_id)
         if pod is None or pod.dead:
             return contract.ExitInfo(VM_CRASH_EXIT, time.time_ns(), VM_CRASH_REASON, "the pod's VM is gone")
@@ -211,7 +213,7 @@ class Containers:
         self._shared.report_exit(pod, container.id, info)
         return info
 
-    async def remove(self, container: contract.ContainerRecord) -> None:
+    async def remove_container(self, container: contract.ContainerRecord) -> None:
         shared = self._shared
         pod = shared.pods.get(container.sandbox_id)
         if pod is not None and not pod.dead and pod.agent is not None and not pod.agent.closed:
@@ -225,7 +227,7 @@ class Containers:
             pod.procs.pop(container.id, None)
         shared.forget(container.id)
 
-    async def update_resources(
+    async def update_container_resources(
         self, container: contract.ContainerRecord, resources: pb.LinuxContainerResources
     ) -> None:
         shared = self._shared

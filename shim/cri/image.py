@@ -17,9 +17,9 @@ from typing import Any
 
 import structlog
 
-from backends.contract import Backend, Capability, ImageInfo, ImagesNow
+from backends.contract import Backend, ImageInfo, Images
 from cri_api import api_pb2 as pb
-from shim.cri.errors import InvalidArgumentError
+from shim.cri.errors import InvalidArgumentError, UnimplementedError
 from shim.cri.list_cache import field1_entry
 from shim.cri.state import Shim
 
@@ -31,8 +31,7 @@ class ImageService:
         self.shim = shim
         self._pulls: dict[tuple[str, str, str], asyncio.Task[str]] = {}
         self._encoded = _EncodedImages()
-        self._answers_now: dict[str, bool] = {}  # by backend name: answers from memory
-        self._stores: list[Backend] | None = None  # the image stores, default first
+        self._stores: list[Images] | None = None  # the image stores, default first
         # The last ImageFsInfo answered from memory: the stores' answers, and it encoded.
         self._fs_kept: tuple[list[pb.ImageFsInfoResponse], bytes] | None = None
 
@@ -42,6 +41,12 @@ class ImageService:
         except LookupError as exc:
             raise InvalidArgumentError(f"image.runtime_handler: {exc}") from None
         return backend
+
+    @staticmethod
+    def _store_of(backend: Backend) -> Images:
+        if backend.images is None:
+            raise UnimplementedError(f"runtime handler {backend.name!r} does not support images")
+        return backend.images
 
     @staticmethod
     def _require_image(spec: pb.ImageSpec, present: bool) -> None:
@@ -64,27 +69,19 @@ class ImageService:
         task = self._pulls.get(key)
         if task is None:
             sandbox = req.sandbox_config if req.HasField("sandbox_config") else None
-            task = asyncio.ensure_future(backend.pull_image(req.image, auth, sandbox))
+            task = asyncio.ensure_future(self._store_of(backend).pull_image(req.image, auth, sandbox))
             self._pulls[key] = task
             task.add_done_callback(lambda _t: self._pulls.pop(key, None))
         # A client that gives up must not cancel the pull others wait for.
         ref = await asyncio.shield(task)
         return pb.PullImageResponse(image_ref=ref)
 
-    def _now(self, backend: Backend) -> ImagesNow | None:
-        """``backend`` as a store that can answer from memory, if it is one."""
-        known = self._answers_now.get(backend.name)
-        if known is None:
-            known = self._answers_now[backend.name] = isinstance(backend, ImagesNow)
-        return backend if known else None  # type: ignore[return-value]
-
     def list_(self, req: pb.ListImagesRequest) -> bytes | Coroutine[Any, Any, pb.ListImagesResponse | bytes]:
         """Plain, not async: a store that has its list in memory (docker's mirror) is
         answered at once, and the call settles without a task; else the coroutine."""
         want = req.filter.image.image if req.HasField("filter") and req.filter.HasField("image") else ""
-        backends = [b for b in self.shim.registry if b.capabilities & Capability.IMAGES]
-        store = self._now(backends[0]) if len(backends) == 1 and not want else None
-        infos = store.list_images_now() if store is not None else None
+        stores = [b.images for b in self.shim.registry if b.images is not None]
+        infos = stores[0].list_images_now() if len(stores) == 1 and not want else None
         if infos is not None:
             encoded = self._encoded.encode(infos)
             if encoded is not None:
@@ -94,12 +91,12 @@ class ImageService:
     async def _list(self, req: pb.ListImagesRequest) -> pb.ListImagesResponse | bytes:
         want = req.filter.image.image if req.HasField("filter") and req.filter.HasField("image") else ""
         merged: dict[str, pb.Image] = {}
-        backends = [b for b in self.shim.registry if b.capabilities & Capability.IMAGES]
+        stores = [b.images for b in self.shim.registry if b.images is not None]
         # One store (the usual node) is awaited directly: a task costs a turn of the loop.
         lists = (
-            [await backends[0].list_images()]
-            if len(backends) == 1
-            else await asyncio.gather(*(b.list_images() for b in backends))
+            [await stores[0].list_images()]
+            if len(stores) == 1
+            else await asyncio.gather(*(s.list_images() for s in stores))
         )
         if len(lists) == 1 and not want:
             encoded = self._encoded.encode(lists[0])
@@ -124,7 +121,7 @@ class ImageService:
 
     async def status(self, req: pb.ImageStatusRequest) -> pb.ImageStatusResponse:
         self._require_image(req.image, req.HasField("image"))
-        info = await self._backend(req.image).image_status(req.image)
+        info = await self._store_of(self._backend(req.image)).image_status(req.image)
         resp = pb.ImageStatusResponse()
         # A missing image is not an error: the response simply has no image.
         if info is not None:
@@ -136,7 +133,7 @@ class ImageService:
 
     async def remove(self, req: pb.RemoveImageRequest) -> pb.RemoveImageResponse:
         self._require_image(req.image, req.HasField("image"))
-        await self._backend(req.image).remove_image(req.image)
+        await self._store_of(self._backend(req.image)).remove_image(req.image)
         return pb.RemoveImageResponse()
 
     def fs_info(self, req: pb.ImageFsInfoRequest) -> bytes | Coroutine[Any, Any, pb.ImageFsInfoResponse]:
@@ -148,9 +145,8 @@ class ImageService:
         seconds or so, and the kubelet asks far more often)."""
         stores = self._image_stores()
         infos = []
-        for b in stores:
-            now = self._now(b)
-            info = now.image_fs_info_now() if now is not None else None
+        for store in stores:
+            info = store.image_fs_info_now()
             if info is None:
                 return self._fs_info(stores)
             infos.append(info)
@@ -161,20 +157,20 @@ class ImageService:
         self._fs_kept = (infos, data)
         return data
 
-    def _image_stores(self) -> list[Backend]:
+    def _image_stores(self) -> list[Images]:
         """The backends that keep images, the default handler's first (a registry is fixed)."""
         stores = self._stores
         if stores is None:
             registry = self.shim.registry
             names = [registry.default, *(n for n in registry.names() if n != registry.default)]
-            stores = [b for b in (registry.get(n) for n in names) if b.capabilities & Capability.IMAGES]
+            stores = [b.images for b in (registry.get(n) for n in names) if b.images is not None]
             self._stores = stores
         return stores
 
-    async def _fs_info(self, stores: list[Backend]) -> pb.ImageFsInfoResponse:
+    async def _fs_info(self, stores: list[Images]) -> pb.ImageFsInfoResponse:
         if len(stores) == 1:
             return _merged([await stores[0].image_fs_info()])
-        return _merged(await asyncio.gather(*(b.image_fs_info() for b in stores)))
+        return _merged(await asyncio.gather(*(s.image_fs_info() for s in stores)))
 
 
 def _merged(infos: list[pb.ImageFsInfoResponse]) -> pb.ImageFsInfoResponse:
