@@ -57,7 +57,7 @@ from backends.linux import procfs  # noqa: E402
 from backends.linux.cgroups import Cgroup  # noqa: E402
 from backends.runv.backend import RunvBackend  # noqa: E402
 from backends.runv.hypervisor import MIB, VM, VMSpec  # noqa: E402
-from backends.runv.network import PodNetwork  # noqa: E402
+from backends.runv.network import BridgeNetwork  # noqa: E402
 from cri_api import api_pb2 as pb  # noqa: E402
 from shim.cri.container_io import ContainerIO  # noqa: E402
 from shim.cri.errors import ResourceExhaustedError  # noqa: E402
@@ -508,7 +508,7 @@ def remove_leftovers(cfgs: list[dict[str, Any]]) -> None:
             with contextlib.suppress(OSError):
                 os.rmdir(d)
         shutil.rmtree(cfg["run_dir"], ignore_errors=True)
-    asyncio.run(PodNetwork(cfgs[0]["network"]).remove_bridge())
+    asyncio.run(BridgeNetwork(cfgs[0]["network"]).remove_bridge())
 
 
 def main() -> int:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from backends.contract import Backend
-from backends.registry import Registry, create_backend
+from backends.registry import HandlerRegistry, create_backend
 from shim.config import Config
 from shim.cri.errors import CriError, UnimplementedError
 from shim.cri.recovery import recover
@@ -210,7 +210,7 @@ class Server:
         backends = self._build_backends()
         if self.wrap_backend is not None:
             backends = {name: self.wrap_backend(b) for name, b in backends.items()}
-        registry = Registry(backends, cfg.default_handler)
+        registry = HandlerRegistry(backends, cfg.default_handler)
         shim = Shim(
             self.config,
             registry,

@@ -28,12 +28,12 @@ from .events import EventWatcher
 from .exec import Execs
 from .image_fs import StoreUsage
 from .image_volumes import ImageVolumes
-from .images import DockerImages, Images
+from .images import DockerImages, EngineImages
 from .lifecycle import DockerLifecycle
 from .logs import LogResume
 from .network import CniPods
 from .pod_files import PodFiles
-from .stats import Stats
+from .stats import DockerStats
 from .warm import PoolSettings, WarmPauses
 
 __all__ = ["DockerBackend", "LogResume", "exit_info", "parse_time"]
@@ -66,7 +66,7 @@ class DockerBackend:
         self.engine: EngineAPI = engine or EngineClient(endpoint, call_timeout=call_timeout)
         self._shared = Shared(
             self.engine,
-            Images(self.engine, pause_image, pull_no_progress_timeout),
+            EngineImages(self.engine, pause_image, pull_no_progress_timeout),
             instance=self.instance,
             network=network,
             runtimes=dict(runtimes or {}),
@@ -90,8 +90,8 @@ class DockerBackend:
             cgroup_driver=cgroup_driver,
         )
         self.resources = self.lifecycle
-        self.images = DockerImages(self._shared.images, self._store_usage)
-        self.stats = self.metrics = Stats(self._shared)
+        self.images = DockerImages(self._shared.engine_images, self._store_usage)
+        self.stats = self.metrics = DockerStats(self._shared)
         self.checkpoint: Checkpoint | None = None
 
     @property

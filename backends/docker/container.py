@@ -36,7 +36,7 @@ class Containers:
         config = container.config
         ref = container.image_ref or config.image.image
         try:
-            container.image_ref = await shared.images.resolve(ref)
+            container.image_ref = await shared.engine_images.resolve(ref)
         except NotFoundError as exc:
             raise NotFoundError(f"image {ref!r} not found") from exc
         pause_id = sandbox.backend_data.get(ENGINE_ID)
@@ -44,7 +44,9 @@ class Containers:
             raise FailedPreconditionError(f"sandbox {sandbox.id} has no pause container")
         # The engine would choose the same (the config's, else the image's, else SIGTERM); choosing
         # it here and naming it in the engine's config makes what ContainerStatus says the truth.
-        stop_signal = decide_stop_signal(container, await shared.images.stop_signal(container.image_ref))
+        stop_signal = decide_stop_signal(
+            container, await shared.engine_images.stop_signal(container.image_ref)
+        )
         ns = config.linux.security_context.namespace_options
         target = await shared.engine_id_of(ns.target_id) if ns.pid == pb.TARGET and ns.target_id else ""
         cfg = convert.container_config(
@@ -87,7 +89,7 @@ class Containers:
             if not (mnt.HasField("image") and mnt.image.image):
                 continue
             try:
-                image_id = await shared.images.resolve(mnt.image.image)
+                image_id = await shared.engine_images.resolve(mnt.image.image)
             except NotFoundError as exc:
                 raise NotFoundError(
                     f"image {mnt.image.image!r} of mount {mnt.container_path} not found"

@@ -24,7 +24,7 @@ from .pod_files import PodFiles
 from .state import States
 
 if TYPE_CHECKING:
-    from .images import Images  # at run time a cycle: its image mirror imports parse_time
+    from .images import EngineImages  # at run time a cycle: its image mirror imports parse_time
 
 ENGINE_ID = "engine_id"
 PID = "pid"
@@ -89,7 +89,7 @@ class Shared:
     def __init__(
         self,
         engine: EngineAPI,
-        images: Images,
+        engine_images: EngineImages,
         *,
         instance: str,
         network: str,
@@ -102,7 +102,7 @@ class Shared:
         self.engine = engine
         self.volumes = volumes or ImageVolumes("")
         self.pod_files = pod_files or PodFiles("")
-        self.images = images
+        self.engine_images = engine_images
         self.instance = instance
         self.network = network  # the engine network of pods when CNI does not wire them
         self.cni = cni

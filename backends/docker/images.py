@@ -72,7 +72,7 @@ def registry_auth(auth: pb.AuthConfig | None, ref: str) -> str | None:
     return base64.urlsafe_b64encode(json.dumps(body).encode()).decode()
 
 
-class Images:
+class EngineImages:
     def __init__(self, engine: EngineAPI, pause_image: str, no_progress_timeout: float) -> None:
         self._engine = engine
         self.pause_image = pause_image
@@ -226,7 +226,7 @@ class DockerImages:
     """The Images part: the engine's images by the CRI's image specs, and the image store's
     filesystem figures (:mod:`.image_fs`)."""
 
-    def __init__(self, images: Images, usage: StoreUsage) -> None:
+    def __init__(self, images: EngineImages, usage: StoreUsage) -> None:
         self.engine_images = images
         self.usage = usage
 

@@ -37,9 +37,9 @@ class Sandboxes:
     async def _run(self, sandbox: SandboxRecord) -> SandboxNetwork:
         shared = self._shared
         config = sandbox.config
-        image = shared.images.pause_image
+        image = shared.engine_images.pause_image
         if not self._pause_present:
-            await shared.images.ensure(image)
+            await shared.engine_images.ensure(image)
             self._pause_present = True
         host_net = convert.sandbox_host_network(config)
         cni = shared.cni if shared.cni is not None and shared.cni.adds and not host_net else None
@@ -66,7 +66,7 @@ class Sandboxes:
                 engine_id = await shared.create(name, cfg, sandbox.backend_data)
             except NotFoundError:
                 # The pause image was removed since we last looked.
-                await shared.images.ensure(image)
+                await shared.engine_images.ensure(image)
                 engine_id = await shared.create(name, cfg, sandbox.backend_data)
         try:
             if warm is None:

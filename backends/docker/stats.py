@@ -19,7 +19,7 @@ from . import labels as lbl
 from .context import ENGINE_ID, PID, UPPER_DIR, Shared
 
 
-class Stats:
+class DockerStats:
     """Per-object samples (the layer usage) live in the state table."""
 
     def __init__(self, shared: Shared) -> None:
@@ -125,7 +125,7 @@ class Stats:
                     names[ct.id] = lbl.container_name(ct.id, ct.config)
                 out[sb.id] = PodMetrics(
                     name=lbl.sandbox_name(sb.id, sb.config),
-                    image=self._shared.images.pause_image,
+                    image=self._shared.engine_images.pause_image,
                     interfaces=interfaces,
                     containers=found,
                     container_names=names,

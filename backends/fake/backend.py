@@ -24,7 +24,7 @@ from backends.contract import Backend, Capability, Checkpoint, EventSink, ExecRe
 from backends.contract.pool import PoolFigures
 from backends.fake.exec import FakeExec
 from backends.fake.faults import FaultInjector
-from backends.fake.images import ImageStore
+from backends.fake.images import FakeImages
 from backends.fake.lifecycle import FakeLifecycle
 from backends.fake.program import Programs
 from backends.fake.stats import FakeStats
@@ -42,7 +42,7 @@ class FakeRuntime:
         self.name = name
         self.capabilities = CAPABILITIES
         self.programs = Programs(name, options)
-        self.images = ImageStore(options, clock)
+        self.images = FakeImages(options, clock)
         self.lifecycle = FakeLifecycle(options, self.images, self.programs, clock)
         self.images.containers = self.lifecycle.containers  # whose writable layers ImageFsInfo counts
         self.exec = FakeExec(options, self.lifecycle, self.programs)

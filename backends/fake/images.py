@@ -67,7 +67,7 @@ class FakeImage:
         )
 
 
-class ImageStore:
+class FakeImages:
     """Pull, list, status, remove and the filesystem figures of the fake's images."""
 
     def __init__(self, options: Mapping[str, Any], clock: Callable[[], int] = time.time_ns) -> None:

@@ -37,7 +37,7 @@ from backends.contract import (
 )
 from backends.fake import environment, servers, shell
 from backends.fake.files import ContainerFiles
-from backends.fake.images import ImageStore
+from backends.fake.images import FakeImages
 from backends.fake.pids import PidNamespaces
 from backends.fake.ports import ContainerNetwork, PodPorts
 from backends.fake.program import OutputLine, Program, Programs
@@ -105,7 +105,7 @@ class FakeLifecycle:
     def __init__(
         self,
         options: Mapping[str, Any],
-        images: ImageStore,
+        images: FakeImages,
         programs: Programs,
         clock: Callable[[], int] = time.time_ns,
     ) -> None:

@@ -28,9 +28,9 @@ from backends.runv.agent import rro
 from backends.runv.drivers.qemu import QemuHypervisor
 from backends.runv.drivers.stub import StubHypervisor
 from backends.runv.hypervisor import MIB, Fault, Hypervisor
-from backends.runv.images.service import Images
+from backends.runv.images.service import VmImages
 from backends.runv.images.store import ImageStore
-from backends.runv.network import PodNetwork
+from backends.runv.network import BridgeNetwork
 from backends.runv.pool import PoolConfig
 
 from .context import VM_CRASH_EXIT, VM_CRASH_REASON, Shared
@@ -38,7 +38,7 @@ from .exec import Execs
 from .lifecycle import VmLifecycle
 from .sandbox import vm_size
 from .state import VmProcess
-from .stats import Stats
+from .stats import RunvStats
 from .warm import WarmVMs
 
 __all__ = ["VM_CRASH_EXIT", "VM_CRASH_REASON", "RunvBackend", "VmProcess"]
@@ -91,7 +91,7 @@ class RunvBackend:
         self.image_store = ImageStore(os.path.join(self.root, "images"), config.get("insecure_registries"))
         net_config = dict(config.get("network") or {})
         net_config.setdefault("owner", hashlib.sha256(os.path.abspath(self.root).encode()).hexdigest()[:12])
-        self.net = PodNetwork(net_config)
+        self.net = BridgeNetwork(net_config)
         containers_dir = os.path.join(self.root, "containers")
         self._shared = Shared(
             self.hv,
@@ -112,7 +112,7 @@ class RunvBackend:
         )
         self.warm = WarmVMs(self._shared, self.pool_config, self.pool_shape)
         self.pool = self.warm.pool
-        self.images = Images(self.image_store, containers_dir)
+        self.images = VmImages(self.image_store, containers_dir)
         self.lifecycle = VmLifecycle(
             self._shared,
             self.warm,
@@ -122,7 +122,7 @@ class RunvBackend:
         )
         self.resources = self.lifecycle
         self.exec = Execs(self._shared)
-        self.stats = self.metrics = Stats(self._shared)
+        self.stats = self.metrics = RunvStats(self._shared)
         self.checkpoint: contract.Checkpoint | None = None
 
     @property

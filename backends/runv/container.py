@@ -16,7 +16,7 @@ import structlog
 from backends import contract
 from backends.contract import errors
 from backends.runv.agent import messages as m
-from backends.runv.images.service import Images
+from backends.runv.images.service import VmImages
 from cri_api import api_pb2 as pb
 
 from . import spec as specs
@@ -27,7 +27,7 @@ log = structlog.get_logger(__name__)
 
 
 class Containers:
-    def __init__(self, shared: Shared, images: Images) -> None:
+    def __init__(self, shared: Shared, images: VmImages) -> None:
         self._shared = shared
         self._images = images
         self._selinux_said = False
@@ -37,7 +37,7 @@ class Containers:
         shared = self._shared
         img = await self._images.find(mnt.image.image, [mnt.image.user_specified_image])
         lowers = []
-        for layer in shared.images.lowers(img):
+        for layer in shared.image_store.lowers(img):
             tag = "layer-" + os.path.basename(os.path.dirname(layer))[:12]
             lowers.append(await shared.hv.attach_share(pod.vm, tag, layer, readonly=True))
         if not lowers:
@@ -73,7 +73,7 @@ class Containers:
         try:
             rw = await hv.attach_share(pod.vm, f"ct-{container.id[:12]}", host_dir, readonly=False)
             lowers = []
-            for layer in shared.images.lowers(img):
+            for layer in shared.image_store.lowers(img):
                 tag = "layer-" + os.path.basename(os.path.dirname(layer))[:12]
                 lowers.append(await hv.attach_share(pod.vm, tag, layer, readonly=True))
             mounts: list[m.Mount] = []

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from backends import contract
 from backends.contract.pool import Pool
 from backends.runv.drivers.stub import StubHypervisor
-from backends.runv.images.service import Images
+from backends.runv.images.service import VmImages
 from cri_api import api_pb2 as pb
 
 from . import recovery
@@ -30,7 +30,7 @@ from .warm import WarmVMs
 
 class VmLifecycle(Sandboxes, Containers):
     def __init__(
-        self, shared: Shared, warm: WarmVMs, images: Images, *, runc: str, cgroup_driver: str
+        self, shared: Shared, warm: WarmVMs, images: VmImages, *, runc: str, cgroup_driver: str
     ) -> None:
         Sandboxes.__init__(self, shared, warm)
         Containers.__init__(self, shared, images)

@@ -20,7 +20,7 @@ from cri_api import api_pb2 as pb
 from .context import Shared
 
 
-class Stats:
+class RunvStats:
     def __init__(self, shared: Shared) -> None:
         self._shared = shared
 

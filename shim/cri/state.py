@@ -25,7 +25,7 @@ from backends.contract import (
     ExitInfo,
     SandboxRecord,
 )
-from backends.registry import Registry
+from backends.registry import HandlerRegistry
 from cri_api import api_pb2 as pb
 from shim.config import Config
 from shim.cri.container_io import ContainerIO, CriLogWriter, last_log_marks
@@ -66,7 +66,7 @@ class Shim:
     def __init__(
         self,
         config: Config,
-        registry: Registry,
+        registry: HandlerRegistry,
         store: Store,
         *,
         clock: Callable[[], int] = time.time_ns,

@@ -902,7 +902,7 @@ async def test_pause_image_pulled_again_when_removed(harness: Harness) -> None:
 
 
 async def test_image_id_cache_follows_retags(harness: Harness) -> None:
-    images = harness.backend._shared.images
+    images = harness.backend._shared.engine_images
     moving = f"127.0.0.1:5000/crishim-moving:{INSTANCE}"
     busybox_id = harness.engine.inspect_image(BUSYBOX)["Id"]
     pause_id = harness.engine.inspect_image(PAUSE)["Id"]

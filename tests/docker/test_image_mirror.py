@@ -25,7 +25,7 @@ from tests.docker.test_docker_logic import Kit, new_kit
 @pytest.fixture
 async def kit() -> AsyncIterator[Kit]:
     k = await new_kit()
-    await until(lambda: k.backend._shared.images.mirror.synced)
+    await until(lambda: k.backend._shared.engine_images.mirror.synced)
     yield k
     await k.events.close()
     await k.backend.lifecycle.close()
@@ -37,7 +37,9 @@ def by_id(images: list[ImageInfo]) -> dict[str, ImageInfo]:
 
 async def matches_engine(kit: Kit) -> bool:
     """The backend's answer is what the engine lists now (same images, order and fields)."""
-    return await kit.backend.images.list_images() == await kit.backend._shared.images.mirror.from_engine()
+    return (
+        await kit.backend.images.list_images() == await kit.backend._shared.engine_images.mirror.from_engine()
+    )
 
 
 async def test_the_list_is_served_from_memory_once_read(kit: Kit) -> None:
@@ -85,7 +87,7 @@ async def test_images_of_the_same_second_are_listed_in_one_order(kit: Kit) -> No
     first = await backend.images.list_images()
     for _ in range(10):
         assert await backend.images.list_images() == first
-        assert await backend._shared.images.mirror.from_engine() == first
+        assert await backend._shared.engine_images.mirror.from_engine() == first
     tied = [i.id for i in first if i.id in made]
     assert tied == sorted(made)
 
@@ -127,7 +129,7 @@ async def test_a_caller_after_an_event_waits_for_the_read_it_started(kit: Kit) -
 async def test_the_list_without_waiting_only_while_nothing_heard_is_pending(kit: Kit) -> None:
     """list_images_now answers what list_images would, or None when list_images would have
     to wait (a heard change not read yet) or ask the engine (stream down)."""
-    engine, backend, mirror = kit.engine, kit.backend, kit.backend._shared.images.mirror
+    engine, backend, mirror = kit.engine, kit.backend, kit.backend._shared.engine_images.mirror
     assert backend.images.list_images_now() == await backend.images.list_images()
     gate = engine.gates["image_list"] = asyncio.Event()
     reads = engine.count("image_list")
@@ -146,7 +148,7 @@ async def test_the_list_without_waiting_only_while_nothing_heard_is_pending(kit:
 
 
 async def test_a_broken_stream_falls_back_to_the_engine_until_read_again(kit: Kit) -> None:
-    engine, mirror = kit.engine, kit.backend._shared.images.mirror
+    engine, mirror = kit.engine, kit.backend._shared.engine_images.mirror
     engine.fail("events", UnavailableError("docker engine unreachable"))  # the first reconnect fails
     engine.break_events()
     await until(lambda: not mirror.synced)
@@ -172,7 +174,7 @@ async def test_own_pulls_and_removals_are_read_at_once(kit: Kit) -> None:
     assert image_id not in by_id(await backend.images.list_images())
     assert engine.count("image_list") == reads  # from memory, before any event came
     await until(lambda: engine.count("image_list") > reads)  # the events, late
-    await until(lambda: kit.backend._shared.images.mirror.synced)
+    await until(lambda: kit.backend._shared.engine_images.mirror.synced)
     assert await matches_engine(kit)
 
 

@@ -33,12 +33,12 @@ async def holder(backend: DockerBackend, tag: str) -> str:
 
 async def answers_as_the_engine(backend: DockerBackend) -> bool:
     listed: list[ImageInfo] = await backend.images.list_images()
-    return listed == await backend._shared.images.mirror.from_engine()
+    return listed == await backend._shared.engine_images.mirror.from_engine()
 
 
 async def test_host_changes_show_in_list_images(harness: Harness) -> None:
     backend, engine = harness.backend, harness.engine
-    await until(lambda: backend._shared.images.mirror.synced)
+    await until(lambda: backend._shared.engine_images.mirror.synced)
     busybox_id = engine.inspect_image(BUSYBOX)["Id"]
     pause_id = engine.inspect_image(PAUSE)["Id"]
     try:
@@ -61,7 +61,7 @@ async def test_host_changes_show_in_list_images(harness: Harness) -> None:
     await until(lambda: _held_by(backend, ref, ""))
     # Others share this engine and may be changing its images: the same answer, eventually.
     await until(lambda: answers_as_the_engine(backend))
-    assert backend._shared.images.mirror.synced
+    assert backend._shared.engine_images.mirror.synced
 
 
 async def _held_by(backend: DockerBackend, tag: str, image_id: str) -> bool:
@@ -70,7 +70,7 @@ async def _held_by(backend: DockerBackend, tag: str, image_id: str) -> bool:
 
 async def test_own_pull_and_removal_are_listed_at_once(harness: Harness) -> None:
     backend = harness.backend
-    await until(lambda: backend._shared.images.mirror.synced)
+    await until(lambda: backend._shared.engine_images.mirror.synced)
     ref = await asyncio.to_thread(push_own_image, harness.engine)
     image_id = await backend.images.pull_image(pb.ImageSpec(image=ref), None, None)
     assert ref in (await tags_of(backend))[image_id]
@@ -82,7 +82,7 @@ async def test_a_broken_event_stream_sends_list_images_to_the_engine(
     engine: docker.APIClient, tmp_path: Path
 ) -> None:
     async with behind_proxy(engine, tmp_path) as (proxy, h):
-        mirror = h.backend._shared.images.mirror
+        mirror = h.backend._shared.engine_images.mirror
         await until(lambda: mirror.synced)
         proxy.cut_events()
         await until(lambda: not mirror.synced)

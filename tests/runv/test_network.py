@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from backends.runv.backend import RunvBackend
-from backends.runv.network import PodNetwork, host_ports
+from backends.runv.network import BridgeNetwork, host_ports
 from cri_api import api_pb2 as pb
 from shim.cri import errors
 from tests.runv.helpers import Events, MemorySink, container_record, needs_vm, sandbox_record
@@ -85,14 +85,14 @@ def test_host_ports_selects_published_ipv4_ports() -> None:
 
 def test_ipam_allocates_persists_and_releases(tmp_path: Path) -> None:
     cfg = {"subnet": "10.94.0.0/29", "ipam_dir": str(tmp_path), "owner": "a"}
-    net = PodNetwork(cfg)
+    net = BridgeNetwork(cfg)
     ips = [net.allocate(f"sb{i}") for i in range(5)]
     # .0 network, .1 gateway, .7 broadcast: .2-.6 are the pod IPs.
     assert ips == [f"10.94.0.{i}" for i in range(2, 7)]
     with pytest.raises(errors.ResourceExhaustedError):
         net.allocate("sb5")
     # Another backend sharing the bridge (its own owner) sees them taken, and cannot free them.
-    other = PodNetwork(dict(cfg, owner="b"))
+    other = BridgeNetwork(dict(cfg, owner="b"))
     with pytest.raises(errors.ResourceExhaustedError):
         other.allocate("x")
     other.release("10.94.0.2", "sb0")
@@ -102,7 +102,7 @@ def test_ipam_allocates_persists_and_releases(tmp_path: Path) -> None:
     net.release("10.94.0.2", "sb0")
     assert net.allocate("sb6") == "10.94.0.2"
     # A restarted backend (same owner) finds its allocations and drops unknown ones.
-    again = PodNetwork(cfg)
+    again = BridgeNetwork(cfg)
     assert again.in_use() == {f"10.94.0.{i}": f"sb{i - 2 if i > 2 else 6}" for i in range(2, 7)}
     again.release_unknown({"sb6", "sb1"})
     assert again.in_use() == {"10.94.0.2": "sb6", "10.94.0.3": "sb1"}
@@ -110,7 +110,7 @@ def test_ipam_allocates_persists_and_releases(tmp_path: Path) -> None:
 
 
 def test_veth_names_fit_ifnamsiz() -> None:
-    host, peer = PodNetwork.veth_names("0123456789abcdef")
+    host, peer = BridgeNetwork.veth_names("0123456789abcdef")
     assert (host, peer) == ("rv0123456789abc", "rp0123456789abc")
     assert len(host) <= 15 and len(peer) <= 15
 

@@ -64,7 +64,7 @@ async def fs_answer(svc: ImageService) -> pb.ImageFsInfoResponse:
     return pb.ImageFsInfoResponse.FromString(resp) if isinstance(resp, bytes) else resp
 
 
-class Registry:
+class RegistryStub:
     def __init__(self, *stores: Store) -> None:
         self.stores = {s.name: s for s in stores}
         self.default = stores[0].name
@@ -80,7 +80,7 @@ class Registry:
 
 
 def service(*stores: Store) -> ImageService:
-    shim: Any = type("ShimStub", (), {"registry": Registry(*stores)})()
+    shim: Any = type("ShimStub", (), {"registry": RegistryStub(*stores)})()
     return ImageService(cast(Shim, shim))
 
 

@@ -18,7 +18,7 @@ from cri_api import api_pb2 as pb
 from .store import Credentials, Image, ImageStore
 
 
-class Images:
+class VmImages:
     def __init__(self, store: ImageStore, containers_dir: str) -> None:
         self._store = store
         self._containers_dir = containers_dir
