@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from backends.contract.records import (
         ContainerRecord,
         ContainerStatus,
+        EffectiveUser,
         SandboxRecord,
         SandboxStatus,
     )
@@ -85,6 +86,7 @@ _WHERE = {
     "ContainerRecord": "records",
     "ContainerStatus": "records",
     "ContainerUsage": "usage",
+    "EffectiveUser": "records",
     "EventSink": "protocols",
     "Exec": "protocols",
     "ExecResult": "values",
@@ -138,6 +140,7 @@ __all__ = [
     "ContainerRecord",
     "ContainerStatus",
     "ContainerUsage",
+    "EffectiveUser",
     "EventSink",
     "Exec",
     "ExecResult",

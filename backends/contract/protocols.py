@@ -138,7 +138,8 @@ class Lifecycle(Protocol):
 
     # ---- containers
     async def create_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> None:
-        """Create the container (not started); sets container.image_ref."""
+        """Create the container (not started); sets container.image_ref, and what the shim reports
+        of it: ``stop_signal`` (``decide_stop_signal``), ``image_volume_refs``, ``effective_user``."""
 
     async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> Started:
         """Start it; return the start time and its process (output and exit), which the shim follows."""

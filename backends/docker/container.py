@@ -100,7 +100,7 @@ class Containers:
                 raise InvalidArgumentError(f"mount paths may not contain ':' ({mnt.container_path})")
             cfg["HostConfig"]["Binds"].append(f"{source}:{mnt.container_path}:ro,rprivate")
             # ContainerStatus reports which image each image volume is (Mount.image.image_ref).
-            container.backend_data.setdefault("image_volumes", {})[mnt.container_path] = image_id
+            container.image_volume_refs[mnt.container_path] = image_id
 
     async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> Started:
         shared = self._shared

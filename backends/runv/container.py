@@ -45,7 +45,7 @@ class Containers:
                 f"image {mnt.image.image!r} of {mnt.container_path} has no layers"
             )
         # ContainerStatus reports which image each image volume is (Mount.image.image_ref).
-        container.backend_data.setdefault("image_volumes", {})[mnt.container_path] = img.id
+        container.image_volume_refs[mnt.container_path] = img.id
         return m.Mount(
             source="",
             destination=mnt.container_path,
@@ -130,8 +130,8 @@ class Containers:
                     gid_mappings=[m.IdMap(g.container_id, g.host_id, g.length) for g in userns.gids],
                 )
             created = await agent.call(m.CreateRequest(id=container.id, spec=spec))
-            user = {"uid": created.uid, "gid": created.gid, "groups": created.groups}
-            container.backend_data["user"] = user  # ContainerStatus.user: the effective identity
+            # ContainerStatus.user: the effective identity
+            container.effective_user = contract.EffectiveUser(created.uid, created.gid, tuple(created.groups))
         except BaseException:
             shutil.rmtree(host_dir, ignore_errors=True)
             raise

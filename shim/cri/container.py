@@ -21,7 +21,6 @@ from backends.contract import (
     ExitInfo,
     SandboxRecord,
 )
-from backends.contract.values import STOP_SIGNAL
 from cri_api import api_pb2 as pb
 from shim.cri import stats_messages, validate
 from shim.cri.container_io import CriLogWriter, touch_log
@@ -212,8 +211,7 @@ class ContainerService:
     def status(self, req: pb.ContainerStatusRequest) -> pb.ContainerStatusResponse | bytes:
         c = self._get(req.container_id)
         if not req.verbose:
-            data = c.backend_data
-            key = (c.status, c.resources, c.image_name, c.log_path, len(data), data.get(STOP_SIGNAL))
+            key = (c.status, c.resources, c.image_name, c.log_path, c.stop_signal, c.effective_user)
             return self._status_cache.get(c.id, c, key, lambda: _status_bytes(c))
         resp = pb.ContainerStatusResponse(status=container_status_pb(c))
         if req.verbose:
