@@ -35,7 +35,7 @@ def create_backend(kind: str, name: str, options: Mapping[str, Any]) -> Backend:
     return backend
 
 
-class Registry:
+class HandlerRegistry:
     """The backends of one shim, by runtime handler name."""
 
     def __init__(self, backends: Mapping[str, Backend], default: str) -> None:

@@ -44,7 +44,7 @@ CONTAINERD_SOCK = "/run/containerd-cri/containerd.sock"
 # Stop grace of the app container: sleep as PID 1 ignores SIGTERM, so any
 # grace would be spent waiting; 0 measures the stop path itself (SIGKILL).
 APP_STOP_TIMEOUT = 0
-# Grace the docker backend gives the pause container (backends/docker/backend.py
+# Grace the docker backend gives the pause container (backends/docker/sandbox.py
 # _STOP_PAUSE_TIMEOUT); pause exits at once on SIGTERM, so it is never waited for.
 PAUSE_STOP_TIMEOUT = 10
 # Label on every raw-engine container of this run, for the cleanup.

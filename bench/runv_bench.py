@@ -57,7 +57,7 @@ from backends.linux import procfs  # noqa: E402
 from backends.linux.cgroups import Cgroup  # noqa: E402
 from backends.runv.backend import RunvBackend  # noqa: E402
 from backends.runv.hypervisor import MIB, VM, VMSpec  # noqa: E402
-from backends.runv.network import PodNetwork  # noqa: E402
+from backends.runv.network import BridgeNetwork  # noqa: E402
 from cri_api import api_pb2 as pb  # noqa: E402
 from shim.cri.container_io import ContainerIO  # noqa: E402
 from shim.cri.errors import ResourceExhaustedError  # noqa: E402
@@ -164,7 +164,7 @@ async def in_process(cfg: dict[str, Any], vms: int, density_max: int) -> dict[st
     """Boot, start and memory figures of one driver; the density run too unless ``density_max`` is 0."""
     backend = RunvBackend("runv", cfg)
     figures: dict[str, float] = {}
-    await backend.start(_Events())
+    await backend.lifecycle.start(_Events())
     followed = ContainerIO(lambda _cid, _info: None)
     boots: list[float] = []
     # The driver's create alone, apart from what run_sandbox adds around it.
@@ -182,22 +182,22 @@ async def in_process(cfg: dict[str, Any], vms: int, density_max: int) -> dict[st
     pods: list[contract.SandboxRecord] = []
     try:
         t0 = time.perf_counter()
-        await backend.pull_image(pb.ImageSpec(image=BUSYBOX), None, None)
+        await backend.images.pull_image(pb.ImageSpec(image=BUSYBOX), None, None)
         print(f"runv image store: pulled {BUSYBOX} in {time.perf_counter() - t0:.1f} s")
         # One untimed pod first (first-use costs: imports, bridge, chain).
         warm = _sandbox("warm")
-        await backend.run_sandbox(warm)
-        await backend.remove_sandbox(warm)
+        await backend.lifecycle.run_sandbox(warm)
+        await backend.lifecycle.remove_sandbox(warm)
         boots.clear()
         for i in range(vms):
             sb = _sandbox(f"b{i}")
             t0 = time.perf_counter()
-            await backend.run_sandbox(sb)
+            await backend.lifecycle.run_sandbox(sb)
             pods.append(sb)
             t1 = time.perf_counter()
             ct = _container(sb)
-            await backend.create_container(ct, sb)
-            started = await backend.start_container(ct, sb)
+            await backend.lifecycle.create_container(ct, sb)
+            started = await backend.lifecycle.start_container(ct, sb)
             followed.follow(ct.id, started.process, None)  # as the shim does; `sleep` writes nothing
             t2 = time.perf_counter()
             run_sb.append(t1 - t0)
@@ -240,7 +240,7 @@ async def in_process(cfg: dict[str, Any], vms: int, density_max: int) -> dict[st
         while len(pods) < density_max:
             sb = _sandbox(f"d{len(pods)}")
             try:
-                await backend.run_sandbox(sb)
+                await backend.lifecycle.run_sandbox(sb)
             except ResourceExhaustedError as exc:
                 refused = str(exc)
                 break
@@ -270,10 +270,10 @@ async def in_process(cfg: dict[str, Any], vms: int, density_max: int) -> dict[st
     finally:
         for sb in pods:
             try:
-                await backend.remove_sandbox(sb)
+                await backend.lifecycle.remove_sandbox(sb)
             except Exception as exc:
                 print(f"  cleanup: {sb.id[:12]}: {exc!r}", file=sys.stderr)
-        await backend.close()
+        await backend.lifecycle.close()
 
 
 # ---------------------------------------------------------------- cri-shim child with both handlers
@@ -508,7 +508,7 @@ def remove_leftovers(cfgs: list[dict[str, Any]]) -> None:
             with contextlib.suppress(OSError):
                 os.rmdir(d)
         shutil.rmtree(cfg["run_dir"], ignore_errors=True)
-    asyncio.run(PodNetwork(cfgs[0]["network"]).remove_bridge())
+    asyncio.run(BridgeNetwork(cfgs[0]["network"]).remove_bridge())
 
 
 def main() -> int:

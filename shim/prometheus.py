@@ -6,7 +6,8 @@ What it exports (all prefixed ``cri_shim_``):
   by ``method`` and status ``code``, from the servicer's observer;
 - ``backend_call_duration_seconds`` by ``handler`` and ``method`` and
   ``backend_errors_total`` by ``handler``, ``method`` and ``error`` (the
-  exception class), from a timing proxy around each backend. Exec, attach and
+  exception class), from a timing proxy around each backend's parts (the
+  ``method`` is the part's: ``run_sandbox``, ``pull_image``...). Exec, attach and
   port-forward are not timed: they last as long as the client's session;
 - ``pod_sandboxes`` / ``containers`` by ``handler`` and CRI ``state``, read
   from the shim's store at scrape time;
@@ -35,7 +36,7 @@ import inspect
 import socket
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, cast
+from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
@@ -44,7 +45,8 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from backends.contract import Backend
-from backends.contract.protocols import WarmPool
+from backends.contract.protocols import PARTS
+from backends.contract.proxy import BackendProxy
 from cri_api import api_pb2 as pb
 from shim import __version__
 from shim.cri.servicer import RpcObserver
@@ -129,8 +131,7 @@ class ShimMetrics:
 
     # ------------------------------------------------------------------ backends
     def wrap_backend(self, backend: Backend) -> Backend:
-        # The proxy forwards attribute access, which mypy cannot see as the protocol.
-        return cast(Backend, TimedBackend(backend, self))
+        return TimedBackend(backend, self)
 
     def pulled(self, backend: Backend, image: pb.ImageSpec, ref: str, seconds: float) -> None:
         self.pulls.labels(backend.name, "success").inc()
@@ -145,13 +146,16 @@ class ShimMetrics:
 
     async def _count_size(self, backend: Backend, image: pb.ImageSpec, ref: str) -> None:
         # Asked of the unwrapped backend, so the lookup is not counted as a call of the shim's.
+        images = backend.images
+        if images is None:
+            return
         spec = pb.ImageSpec()
         spec.CopyFrom(image)
         if ref:
             spec.image = ref
         try:
             async with asyncio.timeout(SIZE_LOOKUP_TIMEOUT):
-                found = await backend.image_status(spec)
+                found = await images.image_status(spec)
         except Exception as exc:
             log.debug("metrics.image_size_unknown", image=image.image, error=str(exc))
             return
@@ -173,40 +177,36 @@ class ShimMetrics:
         return encoder(self.registry), content_type
 
 
-class TimedBackend:
-    """A Backend that times every coroutine method of the one it wraps.
+class TimedBackend(BackendProxy):
+    """A Backend that times every coroutine method of the parts of the one it wraps.
 
-    Attributes (``name``, ``capabilities``, a fake's spy helpers, ...) are read
+    Its other attributes (``name``, ``capabilities``, a fake's spy helpers, ...) are read
     from and written to the wrapped backend, so the shim and tests see no
     difference; coroutine methods stay coroutine functions.
     """
 
-    __slots__ = ("_inner", "_metrics")
-
     def __init__(self, inner: Backend, metrics: ShimMetrics) -> None:
-        object.__setattr__(self, "_inner", inner)
-        object.__setattr__(self, "_metrics", metrics)
+        self._metrics = metrics
+        super().__init__(inner, self._around)
 
-    @property
-    def wrapped(self) -> Backend:
-        inner: Backend = object.__getattribute__(self, "_inner")
-        return inner
+    def _around(self, method: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        if method in UNTIMED_METHODS or not inspect.iscoroutinefunction(fn):
+            return fn
+        if method == "pull_image":
+            return _timed_pull(self._inner, self._metrics, fn)
+        return _timed(self._inner, self._metrics, method, fn)
 
     def __getattr__(self, attr: str) -> Any:
-        inner: Backend = object.__getattribute__(self, "_inner")
-        value = getattr(inner, attr)
-        if attr in UNTIMED_METHODS or attr.startswith("_") or not inspect.iscoroutinefunction(value):
-            return value
-        metrics: ShimMetrics = object.__getattribute__(self, "_metrics")
-        if attr == "pull_image":
-            return _timed_pull(inner, metrics, value)
-        return _timed(inner, metrics, attr, value)
+        # Only for what this object lacks (its own names are set first, in __init__).
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        return getattr(self._inner, attr)
 
     def __setattr__(self, attr: str, value: Any) -> None:
-        setattr(object.__getattribute__(self, "_inner"), attr, value)
-
-    def __repr__(self) -> str:
-        return f"TimedBackend({object.__getattribute__(self, '_inner')!r})"
+        if attr.startswith("_") or attr in PARTS:
+            object.__setattr__(self, attr, value)
+        else:
+            setattr(self._inner, attr, value)
 
 
 def _timed(inner: Backend, metrics: ShimMetrics, method: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -314,7 +314,7 @@ def _warm_pools(backends: Iterable[tuple[str, Backend]]) -> Iterable[Metric]:
         "cri_shim_warm_sandboxes_taken", "RunPodSandbox calls served by a warm sandbox.", labels=["handler"]
     )
     for name, backend in backends:
-        figures = backend.warm_figures() if isinstance(backend, WarmPool) else None
+        figures = backend.warm_figures()
         if figures is not None:
             ready.add_metric([name], figures.ready)
             wanted.add_metric([name], figures.size)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from backends.contract import Backend
-from backends.registry import Registry, create_backend
+from backends.registry import HandlerRegistry, create_backend
 from shim.config import Config
 from shim.cri.errors import CriError, UnimplementedError
 from shim.cri.recovery import recover
@@ -210,7 +210,7 @@ class Server:
         backends = self._build_backends()
         if self.wrap_backend is not None:
             backends = {name: self.wrap_backend(b) for name, b in backends.items()}
-        registry = Registry(backends, cfg.default_handler)
+        registry = HandlerRegistry(backends, cfg.default_handler)
         shim = Shim(
             self.config,
             registry,
@@ -223,7 +223,7 @@ class Server:
         self.shim = shim
         for name, backend in registry.items():
             try:
-                await backend.start(shim)
+                await backend.lifecycle.start(shim)
             except Exception as exc:
                 # A runtime that is down at boot is reported by Status and
                 # recovers later; the shim itself must come up.
@@ -351,7 +351,7 @@ class Server:
             self.shim.store.close()
             for _, backend in self.shim.registry.items():
                 try:
-                    await backend.close()
+                    await backend.lifecycle.close()
                 except Exception as exc:
                     log.error("backend.close_failed", handler=backend.name, error=str(exc))
         if self.socket_path and self.config.server.listen.startswith(("unix://", "/")):

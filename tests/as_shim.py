@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from backends.contract import ContainerRecord, MetricsBackend, SandboxRecord, Stats
+from backends.contract import ContainerRecord, Metrics, SandboxRecord, Stats
 from cri_api import api_pb2 as pb
 from shim.cri import sandbox_metrics, stats_messages
 
@@ -44,7 +44,7 @@ class AsShim:
 
     @staticmethod
     async def sandbox_metrics(
-        backend: MetricsBackend, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
+        backend: Metrics, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
     ) -> list[pb.PodSandboxMetrics]:
         got = await backend.sandbox_metrics(sandboxes, containers)
         return [sandbox_metrics.pod_metrics(sb, got.get(sb.id), containers) for sb in sandboxes]

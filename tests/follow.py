@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from backends.contract import Backend, ContainerRecord, ExitInfo, LogMarks, SandboxRecord
+from backends.contract import ContainerRecord, ExitInfo, Lifecycle, LogMarks, SandboxRecord
 from shim.cri.container_io import ContainerIO, LogWriter
 
 
@@ -55,7 +55,7 @@ class Follower:
         self.changed.set()
 
     async def start(
-        self, backend: Backend, ct: ContainerRecord, sb: SandboxRecord, log: LogWriter | None = None
+        self, backend: Lifecycle, ct: ContainerRecord, sb: SandboxRecord, log: LogWriter | None = None
     ) -> int:
         """StartContainer: start it and follow its process; the start time."""
         started = await backend.start_container(ct, sb)
@@ -64,7 +64,7 @@ class Follower:
 
     async def reattach(
         self,
-        backend: Backend,
+        backend: Lifecycle,
         ct: ContainerRecord,
         log: LogWriter | None = None,
         after: LogMarks | None = None,
@@ -76,7 +76,7 @@ class Follower:
         self.io.follow(ct.id, process, log)
         return True
 
-    async def stop(self, backend: Backend, ct: ContainerRecord, timeout: int) -> ExitInfo:
+    async def stop(self, backend: Lifecycle, ct: ContainerRecord, timeout: int) -> ExitInfo:
         """StopContainer: the exit is recorded once the output is in."""
         info = await backend.stop_container(ct, timeout)
         await self.io.drain(ct.id)

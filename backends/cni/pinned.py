@@ -29,7 +29,7 @@ from typing import Any
 import structlog
 
 from backends.cni.client import Readiness
-from backends.cni.pods import CNI, PodNetwork, pod_network, settings_from
+from backends.cni.pods import CNI, CniPodNetwork, pod_network, settings_from
 from backends.contract import SandboxNetwork, SandboxRecord
 from backends.contract.errors import CriError, FailedPreconditionError, InvalidArgumentError
 from backends.linux import netns
@@ -43,7 +43,7 @@ class CniPods:
     """One handler's pods on CNI: ``adds`` when its ``pod_network`` is ``cni``; either way it
     releases what pods made with CNI hold."""
 
-    def __init__(self, network: PodNetwork, pin_dir: str, *, adds: bool) -> None:
+    def __init__(self, network: CniPodNetwork, pin_dir: str, *, adds: bool) -> None:
         self.network = network
         self.pin_dir = pin_dir
         self.adds = adds
@@ -60,7 +60,7 @@ class CniPods:
             raise InvalidArgumentError(
                 f"[handlers.{handler}] pods on CNI need a state_dir (for their namespaces)"
             )
-        network = PodNetwork(settings_from(handler, table or {}, state_dir))
+        network = CniPodNetwork(settings_from(handler, table or {}, state_dir))
         return cls(network, os.path.join(state_dir, "netns"), adds=mode == CNI)
 
     async def readiness(self) -> Readiness:

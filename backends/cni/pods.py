@@ -11,7 +11,7 @@
   ``portmap`` plugin publishes them), ``bandwidth`` from the ``kubernetes.io/ingress-bandwidth``
   and ``egress-bandwidth`` annotations, ``dns`` from the pod's DNS config; ``ipRanges`` is the
   client's, from the pod CIDR;
-- :class:`PodNetwork`: ADD a pod (its addresses, IPv4 first, as the CRI reports them), DEL it,
+- :class:`CniPodNetwork`: ADD a pod (its addresses, IPv4 first, as the CRI reports them), DEL it,
   release what pods no longer there held, readiness and the pod CIDR.
 """
 
@@ -159,7 +159,7 @@ def attachment(sandbox_id: str, netns: str, config: pb.PodSandboxConfig) -> Atta
     )
 
 
-class PodNetwork:
+class CniPodNetwork:
     """One handler's pods on the node's network."""
 
     def __init__(self, settings: CniSettings) -> None:

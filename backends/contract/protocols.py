@@ -1,16 +1,25 @@
-"""The narrow protocols between the CRI layer and a backend.
+"""The contract between the CRI layer and a backend: a :class:`Backend` made of parts.
 
-Every method is a coroutine on the shim's event loop and must not block it;
+Every coroutine method is called on the shim's event loop and must not block it;
 blocking calls go to worker threads. A backend raises the conditions of
 :mod:`backends.contract.errors`; anything else is a bug (UNKNOWN).
 
-``Backend`` is the core every runtime handler has: lifecycle, images and
-recovery. What only some have is an optional protocol of its own
-(``ExecSyncBackend``, ``StreamingBackend``, ``StatsBackend``,
-``MetricsBackend``, ``ResourceUpdater``, ...), which the shim checks with
-``isinstance`` before calling, together with the ``Capability`` flags a
-backend declares (a flag may be off where the method exists: a fake
-configured without it).
+A ``Backend`` has a name, its :class:`Capability` flags (what it honours in the
+configs it is given) and one attribute per part:
+
+- ``lifecycle`` (:class:`Lifecycle`), always there: start, health, recovery, pods and containers;
+- ``images`` (:class:`Images`), ``exec`` (:class:`Exec`: ExecSync, exec, attach,
+  port-forward), ``stats`` (:class:`Stats`), ``metrics`` (:class:`Metrics`),
+  ``resources`` (:class:`Resources`: UpdateContainerResources and
+  UpdatePodSandboxResources) and ``checkpoint`` (:class:`Checkpoint`): each None
+  where the backend has no such part. The shim answers an RPC whose part is None with
+  UNIMPLEMENTED; nothing else says whether a backend can serve it.
+
+Besides them, three plain methods every backend has (each with a neutral answer
+where it has nothing to say): ``why_not``, ``set_pod_cidr`` and ``warm_figures``.
+One object may serve as several parts (the fake's lifecycle is its resources too). A method's
+name is unique across the parts: wrappers of a backend's calls (:mod:`backends.contract.proxy`)
+name each call by it.
 """
 
 from __future__ import annotations
@@ -36,23 +45,12 @@ from cri_api import api_pb2 as pb
 
 
 class Capability(enum.Flag):
-    """What a backend can do beyond the core pod/container lifecycle.
-
-    An RPC whose capability the chosen backend lacks is answered with
-    UNIMPLEMENTED by the shim, never by the backend.
+    """What a backend honours in the configs it is given (which RPCs it serves is said by
+    its parts). A config asking for what the chosen backend lacks is refused by the shim,
+    never by the backend.
     """
 
     NONE = 0
-    EXEC_SYNC = enum.auto()
-    EXEC = enum.auto()  # streaming exec
-    ATTACH = enum.auto()
-    PORT_FORWARD = enum.auto()
-    STATS = enum.auto()  # container and sandbox stats
-    METRICS = enum.auto()  # ListMetricDescriptors / ListPodSandboxMetrics
-    UPDATE_RESOURCES = enum.auto()  # UpdateContainerResources
-    UPDATE_SANDBOX_RESOURCES = enum.auto()
-    CHECKPOINT = enum.auto()
-    IMAGES = enum.auto()  # has its own image store
     HOST_NETWORK = enum.auto()
     USER_NAMESPACES = enum.auto()
     RECURSIVE_READ_ONLY_MOUNTS = enum.auto()
@@ -105,10 +103,7 @@ class PortStream(Protocol):
 
 @runtime_checkable
 class Lifecycle(Protocol):
-    """Pods and containers: what every runtime handler does."""
-
-    name: str
-    capabilities: Capability
+    """Pods and containers: the part every backend has."""
 
     async def start(self, events: EventSink) -> None:
         """Connect to the runtime. Called once before any other method."""
@@ -143,7 +138,8 @@ class Lifecycle(Protocol):
 
     # ---- containers
     async def create_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> None:
-        """Create the container (not started); sets container.image_ref."""
+        """Create the container (not started); sets container.image_ref, and what the shim reports
+        of it: ``stop_signal`` (``decide_stop_signal``), ``image_volume_refs``, ``effective_user``."""
 
     async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> Started:
         """Start it; return the start time and its process (output and exit), which the shim follows."""
@@ -165,7 +161,7 @@ class Lifecycle(Protocol):
 
 @runtime_checkable
 class Images(Protocol):
-    """The handler's image store (the IMAGES capability: a store of its own)."""
+    """The handler's image store: PullImage, ListImages, ImageStatus, RemoveImage, ImageFsInfo."""
 
     async def pull_image(
         self, image: pb.ImageSpec, auth: pb.AuthConfig | None, sandbox_config: pb.PodSandboxConfig | None
@@ -182,13 +178,9 @@ class Images(Protocol):
 
     async def image_fs_info(self) -> pb.ImageFsInfoResponse: ...
 
-
-@runtime_checkable
-class ImagesNow(Protocol):
-    """A store that can often answer from memory (optional): the answer without waiting,
-    or None when only the coroutine of ``Images`` can give it. The image service asks this
-    first, so that a call answered from memory settles without a task."""
-
+    # The answers without waiting, from memory, or None when only the coroutine above can give
+    # them (a store that never can returns None). The shim asks these first, so that a call
+    # answered from memory settles without a task.
     def list_images_now(self) -> list[ImageInfo] | None: ...
 
     def image_fs_info_now(self) -> pb.ImageFsInfoResponse | None: ...
@@ -196,7 +188,7 @@ class ImagesNow(Protocol):
 
 @runtime_checkable
 class Exec(Protocol):
-    """Commands in a running container, and streams to it (EXEC_SYNC, EXEC, ATTACH, PORT_FORWARD)."""
+    """Commands in a running container, and streams to it: ExecSync, Exec, Attach, PortForward."""
 
     async def exec_sync(self, container: ContainerRecord, cmd: Sequence[str]) -> ExecResult:
         """Run cmd in the container until it ends. The shim times it out by cancelling the
@@ -212,7 +204,7 @@ class Exec(Protocol):
 
 @runtime_checkable
 class Stats(Protocol):
-    """Usage figures (STATS), as measured: the shim builds the CRI messages and the CPU rate."""
+    """Usage figures, as measured: the shim builds the CRI messages and the CPU rate."""
 
     async def container_stats(self, containers: Sequence[ContainerRecord]) -> dict[str, ContainerUsage]:
         """Figures of each given container that the backend can measure."""
@@ -224,25 +216,8 @@ class Stats(Protocol):
 
 
 @runtime_checkable
-class Resources(Protocol):
-    """Limits changed on a running container (UPDATE_RESOURCES)."""
-
-    async def update_container_resources(
-        self, container: ContainerRecord, resources: pb.LinuxContainerResources
-    ) -> None: ...
-
-
-@runtime_checkable
-class Backend(Lifecycle, Images, Exec, Stats, Resources, Protocol):
-    """What every backend implements; the capability flags say which parts are on."""
-
-
-# ---- optional: only some backends have these, and the shim asks with isinstance.
-
-
-@runtime_checkable
-class MetricsBackend(Protocol):
-    """ListPodSandboxMetrics (METRICS): the figures of cAdvisor's container_* families.
+class Metrics(Protocol):
+    """ListPodSandboxMetrics: the figures of cAdvisor's container_* families.
 
     The shim names the families and builds the metrics (``shim/cri/sandbox_metrics.py``);
     a backend reports, per pod, its running containers' samples with their
@@ -255,8 +230,13 @@ class MetricsBackend(Protocol):
 
 
 @runtime_checkable
-class SandboxResourceUpdater(Protocol):
-    """UpdatePodSandboxResources (UPDATE_SANDBOX_RESOURCES)."""
+class Resources(Protocol):
+    """Limits changed on a running container (UpdateContainerResources) and on a pod
+    (UpdatePodSandboxResources)."""
+
+    async def update_container_resources(
+        self, container: ContainerRecord, resources: pb.LinuxContainerResources
+    ) -> None: ...
 
     async def update_sandbox_resources(
         self, sandbox: SandboxRecord, request: pb.UpdatePodSandboxResourcesRequest
@@ -264,33 +244,56 @@ class SandboxResourceUpdater(Protocol):
 
 
 @runtime_checkable
-class ExplainsLimits(Protocol):
-    """A backend that says why it lacks a capability: the shim's refusal then carries the reason
-    (what an operator needs to know to choose another handler)."""
-
-    def why_not(self, capability: Capability) -> str:
-        """Why this backend cannot do ``capability``; "" when it has nothing to say."""
-
-
-@runtime_checkable
-class PodCidrTaker(Protocol):
-    """A backend whose pods take their addresses from the node's range, as the kubelet gives it."""
-
-    def set_pod_cidr(self, cidr: str) -> None:
-        """The node's pod CIDR (UpdateRuntimeConfig, or the one saved before a restart): pods made
-        from now on get addresses in it; pods that have one keep it."""
-
-
-@runtime_checkable
-class Checkpointer(Protocol):
-    """CheckpointContainer (CHECKPOINT)."""
+class Checkpoint(Protocol):
+    """CheckpointContainer."""
 
     async def checkpoint_container(self, container: ContainerRecord, location: str, timeout: int) -> None: ...
 
 
 @runtime_checkable
-class WarmPool(Protocol):
-    """A backend that makes sandboxes ahead of their pods (``backends.contract.pool``)."""
+class Backend(Protocol):
+    """One runtime handler: its name, its flags, its parts (None: the part is absent)."""
+
+    name: str
+
+    @property
+    def capabilities(self) -> Capability:
+        """May grow at ``start``, once the runtime has said what it allows (docker's image volumes)."""
+
+    @property
+    def lifecycle(self) -> Lifecycle: ...
+
+    @property
+    def images(self) -> Images | None: ...
+
+    @property
+    def exec(self) -> Exec | None: ...
+
+    @property
+    def stats(self) -> Stats | None: ...
+
+    @property
+    def metrics(self) -> Metrics | None: ...
+
+    @property
+    def resources(self) -> Resources | None: ...
+
+    @property
+    def checkpoint(self) -> Checkpoint | None: ...
+
+    def why_not(self, capability: Capability) -> str:
+        """Why this backend lacks ``capability``, said in the shim's refusal (what an operator
+        needs to know to choose another handler); "" when it has nothing to say."""
+
+    def set_pod_cidr(self, cidr: str) -> None:
+        """The node's pod CIDR (UpdateRuntimeConfig, or the one saved before a restart): pods
+        made from now on get addresses in it, where the backend allocates them (nothing to do
+        where it does not); pods that have one keep it."""
 
     def warm_figures(self) -> PoolFigures | None:
-        """The pool's figures, for the metrics; None when it is off."""
+        """The figures of the sandboxes made ahead of their pods (``backends.contract.pool``), for
+        the metrics; None when the backend keeps no such pool."""
+
+
+# The names of a Backend's parts, in the order above.
+PARTS = ("lifecycle", "images", "exec", "stats", "metrics", "resources", "checkpoint")

@@ -2,15 +2,17 @@
 
 The shim owns every CRI rule (IDs, names, the state machine, validation,
 filters, idempotency, persistence, log paths); a backend performs effects and
-may keep its own small bookkeeping in ``record.backend_data`` (persisted by
-the shim, never read by it). Records carry the original CRI config messages.
+may keep its own small bookkeeping in ``record.backend_data``, which the shim
+persists and never reads. What the shim reports of a backend's work is in typed
+fields the backend sets (a container's ``stop_signal``, ``image_volume_refs``,
+``effective_user``). Records carry the original CRI config messages.
 
 Only the shim's store changes a record once it is made (``shim/cri/store.py``
-says in which order); a backend fills in its own fields (``image_ref``,
-``backend_data``, ...) of a record it is creating or starting, and the shim's
-write that follows records them. ``revision`` counts the store's changes of a
-record: whatever is built from a record (an encoded answer) is good while the
-revision it was built at is the record's.
+says in which order); a backend fills in its own fields (``image_ref``, the
+typed fields above, ``backend_data``) of a record it is creating or starting,
+and the shim's write that follows records them. ``revision`` counts the store's
+changes of a record: whatever is built from a record (an encoded answer) is
+good while the revision it was built at is the record's.
 """
 
 from __future__ import annotations
@@ -79,6 +81,16 @@ class ContainerStatus:
         return pb.CONTAINER_CREATED
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class EffectiveUser:
+    """Who a container's processes are, as the runtime resolved it in the image: the uid, the
+    gid and the supplementary groups (ContainerStatus.user)."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+
+
 @dataclasses.dataclass(slots=True, eq=False)
 class ContainerRecord:
     id: str
@@ -91,6 +103,10 @@ class ContainerRecord:
     image_name: str = ""  # the image as the client named it
     status: ContainerStatus = ContainerStatus()
     resources: pb.ContainerResources | None = None  # after UpdateContainerResources
+    # What the backend decided at create, which the shim reports (ContainerStatus) and keeps:
+    stop_signal: int = 0  # the CRI Signal it is stopped with (decide_stop_signal); 0: none decided
+    image_volume_refs: dict[str, str] = dataclasses.field(default_factory=dict)  # container path -> image ID
+    effective_user: EffectiveUser | None = None  # None: not resolved by the runtime
     backend_data: dict[str, Any] = dataclasses.field(default_factory=dict)
     committed: bool = False
     revision: int = dataclasses.field(default=0, repr=False, compare=False)

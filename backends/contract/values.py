@@ -136,27 +136,23 @@ def cri_signal(text: str) -> int:
     return value if host_signal(value) is not None else pb.RUNTIME_DEFAULT
 
 
-STOP_SIGNAL = "stop_signal"  # the key in a container record's backend_data
-
-
 def decide_stop_signal(container: ContainerRecord, image_signal: str) -> int:
     """The signal the runtime stops ``container`` with, as a CRI ``Signal``, recorded in its
-    ``backend_data`` for ContainerStatus: its config's ``stop_signal``, else the image's
+    ``stop_signal`` for ContainerStatus: its config's ``stop_signal``, else the image's
     STOPSIGNAL (``image_signal``, as the image config writes it), else SIGTERM, as every
     runtime does."""
     chosen: int = container.config.stop_signal
     if host_signal(chosen) is None:
         chosen = cri_signal(image_signal) or pb.SIGTERM
-    container.backend_data[STOP_SIGNAL] = pb.Signal.Name(chosen)
+    container.stop_signal = chosen
     return chosen
 
 
 def recorded_stop_signal(container: ContainerRecord) -> int:
     """The stop signal :func:`decide_stop_signal` recorded; for a container created before
     records held one, its config's, else SIGTERM."""
-    name = container.backend_data.get(STOP_SIGNAL)
-    if isinstance(name, str) and name in pb.Signal.keys():
-        return int(pb.Signal.Value(name))
+    if container.stop_signal:
+        return container.stop_signal
     chosen: int = container.config.stop_signal
     return chosen if host_signal(chosen) is not None else pb.SIGTERM
 

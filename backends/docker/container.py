@@ -32,12 +32,12 @@ class Containers:
         self._events = events
         self._hugetlb_said: set[str] = set()  # reasons hugepage limits were passed over, logged once
 
-    async def create(self, container: ContainerRecord, sandbox: SandboxRecord) -> None:
+    async def create_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> None:
         shared = self._shared
         config = container.config
         ref = container.image_ref or config.image.image
         try:
-            container.image_ref = await shared.images.resolve(ref)
+            container.image_ref = await shared.engine_images.resolve(ref)
         except NotFoundError as exc:
             raise NotFoundError(f"image {ref!r} not found") from exc
         pause_id = sandbox.backend_data.get(ENGINE_ID)
@@ -45,7 +45,9 @@ class Containers:
             raise FailedPreconditionError(f"sandbox {sandbox.id} has no pause container")
         # The engine would choose the same (the config's, else the image's, else SIGTERM); choosing
         # it here and naming it in the engine's config makes what ContainerStatus says the truth.
-        stop_signal = decide_stop_signal(container, await shared.images.stop_signal(container.image_ref))
+        stop_signal = decide_stop_signal(
+            container, await shared.engine_images.stop_signal(container.image_ref)
+        )
         ns = config.linux.security_context.namespace_options
         target = await shared.engine_id_of(ns.target_id) if ns.pid == pb.TARGET and ns.target_id else ""
         cfg = convert.container_config(
@@ -88,7 +90,7 @@ class Containers:
             if not (mnt.HasField("image") and mnt.image.image):
                 continue
             try:
-                image_id = await shared.images.resolve(mnt.image.image)
+                image_id = await shared.engine_images.resolve(mnt.image.image)
             except NotFoundError as exc:
                 raise NotFoundError(
                     f"image {mnt.image.image!r} of mount {mnt.container_path} not found"
@@ -99,9 +101,9 @@ class Containers:
                 raise InvalidArgumentError(f"mount paths may not contain ':' ({mnt.container_path})")
             cfg["HostConfig"]["Binds"].append(f"{source}:{mnt.container_path}:ro,rprivate")
             # ContainerStatus reports which image each image volume is (Mount.image.image_ref).
-            container.backend_data.setdefault("image_volumes", {})[mnt.container_path] = image_id
+            container.image_volume_refs[mnt.container_path] = image_id
 
-    async def start(self, container: ContainerRecord) -> Started:
+    async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> Started:
         shared = self._shared
         eid = engine_id(container)
         shared.states.container(container.id, eid).died = False
@@ -133,7 +135,7 @@ class Containers:
             shared.spawn(self._events.report_exit(st))
         return Started(started, process)
 
-    def reattach(self, container: ContainerRecord, after: LogMarks | None) -> DockerProcess | None:
+    async def reattach(self, container: ContainerRecord, after: LogMarks | None) -> DockerProcess | None:
         """The process of a container recovery found running (and watches)."""
         st = self._shared.states.containers.get(container.id)
         if st is None or not (st.watched or st.exit):
@@ -143,7 +145,7 @@ class Containers:
             process.exited(st.exit)
         return process
 
-    async def stop(self, container: ContainerRecord, timeout: int) -> ExitInfo:
+    async def stop_container(self, container: ContainerRecord, timeout: int) -> ExitInfo:
         shared = self._shared
         eid = engine_id(container)
         st = shared.states.container(container.id, eid)
@@ -165,7 +167,7 @@ class Containers:
             st.watched = False
             st.stopping = False
 
-    async def remove(self, container: ContainerRecord) -> None:
+    async def remove_container(self, container: ContainerRecord) -> None:
         self._shared.states.drop_container(container.id)
         # Without an engine ID (a create that failed or was given up), look the container up by its label.
         eid = container.backend_data.get(ENGINE_ID) or await self._shared.engine_id_of(container.id)
@@ -192,7 +194,7 @@ class Containers:
                 self._hugetlb_said.add(why)
                 log.warning("hugepage limits not applied", container_id=container.id, reason=why)
 
-    async def update_resources(
+    async def update_container_resources(
         self, container: ContainerRecord, resources: pb.LinuxContainerResources
     ) -> None:
         eid = engine_id(container)

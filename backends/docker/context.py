@@ -18,7 +18,7 @@ from . import convert
 from . import labels as lbl
 from .engine_api import EngineAPI, parse_time
 from .image_volumes import ImageVolumes
-from .images import Images
+from .images import EngineImages
 from .network import CniPods
 from .pod_files import PodFiles
 from .state import States
@@ -63,7 +63,7 @@ class Shared:
     def __init__(
         self,
         engine: EngineAPI,
-        images: Images,
+        engine_images: EngineImages,
         *,
         instance: str,
         network: str,
@@ -76,7 +76,7 @@ class Shared:
         self.engine = engine
         self.volumes = volumes or ImageVolumes("")
         self.pod_files = pod_files or PodFiles("")
-        self.images = images
+        self.engine_images = engine_images
         self.instance = instance
         self.network = network  # the engine network of pods when CNI does not wire them
         self.cni = cni

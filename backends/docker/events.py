@@ -42,7 +42,7 @@ class EventWatcher:
             except CriError:
                 await asyncio.sleep(1)
                 continue
-            shared.images.mirror.connected()
+            shared.engine_images.mirror.connected()
             # Anything that died while we were not listening.
             shared.spawn(self._check_watched())
             try:
@@ -50,7 +50,7 @@ class EventWatcher:
                     since = int(ev.get("timeNano") or time.time_ns())
                     action = ev.get("Action", ev.get("status"))
                     if ev.get("Type") == "image" or action == "commit":
-                        shared.images.mirror.changed()
+                        shared.engine_images.mirror.changed()
                         continue
                     attrs = (ev.get("Actor") or {}).get("Attributes") or {}
                     cri_id = attrs.get(lbl.ID, "")
@@ -68,7 +68,7 @@ class EventWatcher:
                         st.died = True  # its start has yet to watch it: the start looks at this
             finally:
                 resp.close()
-                shared.images.mirror.disconnected()
+                shared.engine_images.mirror.disconnected()
             await asyncio.sleep(0.2)
 
     async def _check_watched(self) -> None:

@@ -39,7 +39,7 @@ class Execs:
             if info.get("Running") and pid:
                 await self._shared.engine.run(lambda: streams.kill_tree(pid))
 
-    async def run_sync(self, container: ContainerRecord, cmd: Sequence[str]) -> ExecResult:
+    async def exec_sync(self, container: ContainerRecord, cmd: Sequence[str]) -> ExecResult:
         eid = engine_id(container)
         exec_id = await self._shared.engine.exec_create(eid, list(cmd), stdin=False, tty=False, stderr=True)
         resp = await self._shared.engine.exec_start(exec_id, tty=False)
@@ -59,7 +59,7 @@ class Execs:
             resp.close()
         return ExecResult(exit_code=await self._exec_exit(exec_id), stdout=bytes(out), stderr=bytes(err))
 
-    async def run(self, container: ContainerRecord, cmd: Sequence[str], io: StreamIO) -> int:
+    async def exec(self, container: ContainerRecord, cmd: Sequence[str], io: StreamIO) -> int:
         eid = engine_id(container)
         exec_id = await self._shared.engine.exec_create(
             eid, list(cmd), stdin=io.stdin, tty=io.tty, stderr=io.stderr and not io.tty

@@ -23,6 +23,7 @@ from backends.reference import DEFAULT_DOMAIN, BadReference, Reference, parse
 from cri_api import api_pb2 as pb
 
 from .engine_api import EngineAPI
+from .image_fs import StoreUsage
 from .image_mirror import ImageMirror
 
 log = structlog.get_logger(__name__)
@@ -71,7 +72,7 @@ def registry_auth(auth: pb.AuthConfig | None, ref: str) -> str | None:
     return base64.urlsafe_b64encode(json.dumps(body).encode()).decode()
 
 
-class Images:
+class EngineImages:
     def __init__(self, engine: EngineAPI, pause_image: str, no_progress_timeout: float) -> None:
         self._engine = engine
         self.pause_image = pause_image
@@ -219,6 +220,38 @@ class Images:
                 return
             raise
         self.mirror.removed(str(info["Id"]))
+
+
+class DockerImages:
+    """The Images part: the engine's images by the CRI's image specs, and the image store's
+    filesystem figures (:mod:`.image_fs`)."""
+
+    def __init__(self, images: EngineImages, usage: StoreUsage) -> None:
+        self.engine_images = images
+        self.usage = usage
+
+    async def pull_image(
+        self, image: pb.ImageSpec, auth: pb.AuthConfig | None, sandbox_config: pb.PodSandboxConfig | None
+    ) -> str:
+        return await self.engine_images.pull(image.image, auth)
+
+    async def list_images(self) -> list[ImageInfo]:
+        return await self.engine_images.list()
+
+    def list_images_now(self) -> list[ImageInfo] | None:
+        return self.engine_images.list_now()
+
+    async def image_status(self, image: pb.ImageSpec) -> ImageInfo | None:
+        return await self.engine_images.status(image.image)
+
+    async def remove_image(self, image: pb.ImageSpec) -> None:
+        await self.engine_images.remove(image.image)
+
+    async def image_fs_info(self) -> pb.ImageFsInfoResponse:
+        return await self.usage.fs_info()
+
+    def image_fs_info_now(self) -> pb.ImageFsInfoResponse | None:
+        return self.usage.fs_info_now()
 
 
 def _pull_error(ref: str, message: str) -> CriError:

@@ -25,7 +25,7 @@ class Sandboxes:
         self._pause_present = False  # checked (pulled if needed) once, then trusted until a create fails
         self.warm = warm  # None: no pool
 
-    async def run(self, sandbox: SandboxRecord) -> SandboxNetwork:
+    async def run_sandbox(self, sandbox: SandboxRecord) -> SandboxNetwork:
         if self.warm is None:
             return await self._run(sandbox)
         self.warm.starting += 1
@@ -37,9 +37,9 @@ class Sandboxes:
     async def _run(self, sandbox: SandboxRecord) -> SandboxNetwork:
         shared = self._shared
         config = sandbox.config
-        image = shared.images.pause_image
+        image = shared.engine_images.pause_image
         if not self._pause_present:
-            await shared.images.ensure(image)
+            await shared.engine_images.ensure(image)
             self._pause_present = True
         host_net = convert.sandbox_host_network(config)
         cni = shared.cni if shared.cni is not None and shared.cni.adds and not host_net else None
@@ -66,7 +66,7 @@ class Sandboxes:
                 engine_id = await shared.create(name, cfg, sandbox.backend_data)
             except NotFoundError:
                 # The pause image was removed since we last looked.
-                await shared.images.ensure(image)
+                await shared.engine_images.ensure(image)
                 engine_id = await shared.create(name, cfg, sandbox.backend_data)
         try:
             if warm is None:
@@ -105,7 +105,7 @@ class Sandboxes:
         sandbox.backend_data.pop(ENGINE_ID, None)
         sandbox.backend_data.pop(WARM_ID, None)
 
-    async def stop(self, sandbox: SandboxRecord) -> None:
+    async def stop_sandbox(self, sandbox: SandboxRecord) -> None:
         shared = self._shared
         unreleased: CriError | None = None
         if NETNS in sandbox.backend_data and shared.cni is not None:
@@ -136,7 +136,7 @@ class Sandboxes:
             if st is not None:
                 st.stopping = False
 
-    async def remove(self, sandbox: SandboxRecord) -> None:
+    async def remove_sandbox(self, sandbox: SandboxRecord) -> None:
         shared = self._shared
         if NETNS in sandbox.backend_data and shared.cni is not None:
             await shared.cni.release(sandbox)

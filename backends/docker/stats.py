@@ -19,7 +19,7 @@ from . import labels as lbl
 from .context import ENGINE_ID, PID, UPPER_DIR, Shared
 
 
-class Stats:
+class DockerStats:
     """Per-object samples (the layer usage) live in the state table."""
 
     def __init__(self, shared: Shared) -> None:
@@ -59,7 +59,7 @@ class Stats:
             inodes_free=vfs.f_ffree,
         )
 
-    async def containers(self, containers: Sequence[ContainerRecord]) -> dict[str, ContainerUsage]:
+    async def container_stats(self, containers: Sequence[ContainerRecord]) -> dict[str, ContainerUsage]:
         def one(ct: ContainerRecord) -> ContainerUsage:
             sample = None if ct.status.finished_at else self._sample(ct)
             return ContainerUsage(sample or cgroups.Sample(timestamp=time.time_ns()), self._layer(ct))
@@ -69,7 +69,7 @@ class Stats:
 
         return await self._shared.engine.run(work)
 
-    async def sandboxes(
+    async def sandbox_stats(
         self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
     ) -> dict[str, SandboxUsage]:
         def work() -> dict[str, SandboxUsage]:
@@ -97,7 +97,7 @@ class Stats:
 
         return await self._shared.engine.run(work)
 
-    async def metrics(
+    async def sandbox_metrics(
         self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
     ) -> dict[str, PodMetrics]:
         def work() -> dict[str, PodMetrics]:
@@ -125,7 +125,7 @@ class Stats:
                     names[ct.id] = lbl.container_name(ct.id, ct.config)
                 out[sb.id] = PodMetrics(
                     name=lbl.sandbox_name(sb.id, sb.config),
-                    image=self._shared.images.pause_image,
+                    image=self._shared.engine_images.pause_image,
                     interfaces=interfaces,
                     containers=found,
                     container_names=names,

@@ -129,7 +129,7 @@ class WarmPauses:
             handler,
             0,
             kubelet_host_network_pod(),
-            image=shared.images.pause_image,
+            image=shared.engine_images.pause_image,
             network=shared.network,
             runtime=shared.runtime(handler),
             cgroup_parent=shared.cgroup_parent,
@@ -158,7 +158,7 @@ class WarmPauses:
         self.made.add(warm_id)
         data: dict[str, Any] = {}
         try:
-            await shared.images.ensure(str(cfg["Image"]))
+            await shared.engine_images.ensure(str(cfg["Image"]))
             eid = await shared.create(lbl.warm_name(warm_id), cfg, data)
         except BaseException:
             # Cancelled mid-create (the pool closes): the engine finished the create all the

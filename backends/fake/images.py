@@ -29,7 +29,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from backends.contract import ImageInfo, errors
@@ -67,7 +67,7 @@ class FakeImage:
         )
 
 
-class ImageStore:
+class FakeImages:
     """Pull, list, status, remove and the filesystem figures of the fake's images."""
 
     def __init__(self, options: Mapping[str, Any], clock: Callable[[], int] = time.time_ns) -> None:
@@ -90,6 +90,7 @@ class ImageStore:
                 if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                     raise ValueError(f"images.{name}.{key} must be a list of strings")
         self._missing = [str(p) for p in options.get("missing_images", [])]
+        self.containers: Collection[str] = ()  # the created containers (the lifecycle's), for ImageFsInfo
         self._available = [str(p) for p in options.get("available_images", [])]
 
     def load(self) -> None:
@@ -132,6 +133,10 @@ class ImageStore:
     async def list_images(self) -> list[ImageInfo]:
         return self.infos()
 
+    def list_images_now(self) -> list[ImageInfo]:
+        """Always from memory: the store is memory (so are the two answers below)."""
+        return self.infos()
+
     def infos(self) -> list[ImageInfo]:
         return [i.info() for i in self._images.values()]
 
@@ -150,6 +155,12 @@ class ImageStore:
         """Where the simulated writable layers live: a directory of its own, as a runtime's
         container store apart from its image store ("" without a state directory)."""
         return os.path.join(self.state_dir, "containers") if self.state_dir else ""
+
+    async def image_fs_info(self) -> pb.ImageFsInfoResponse:
+        return self.fs_info(len(self.containers))
+
+    def image_fs_info_now(self) -> pb.ImageFsInfoResponse:
+        return self.fs_info(len(self.containers))
 
     def fs_info(self, containers: int) -> pb.ImageFsInfoResponse:
         """ImageFsInfo, with the writable layers of ``containers`` containers."""

@@ -37,7 +37,7 @@ from backends.contract import (
 )
 from backends.fake import environment, servers, shell
 from backends.fake.files import ContainerFiles
-from backends.fake.images import ImageStore
+from backends.fake.images import FakeImages
 from backends.fake.pids import PidNamespaces
 from backends.fake.ports import ContainerNetwork, PodPorts
 from backends.fake.program import OutputLine, Program, Programs
@@ -100,12 +100,12 @@ async def send(io: StreamIO, stream: str, data: bytes) -> None:
 
 
 class FakeLifecycle:
-    """The Lifecycle protocol in memory (and UpdateContainerResources, which it accepts)."""
+    """The Lifecycle part in memory, and the Resources part (it accepts new limits)."""
 
     def __init__(
         self,
         options: Mapping[str, Any],
-        images: ImageStore,
+        images: FakeImages,
         programs: Programs,
         clock: Callable[[], int] = time.time_ns,
     ) -> None:
@@ -129,6 +129,7 @@ class FakeLifecycle:
     # ------------------------------------------------------------------ the backend itself
     async def start(self, events: EventSink) -> None:
         self.events = events
+        self.images.load()
 
     async def close(self) -> None:
         for cid, r in self.running.items():
@@ -416,3 +417,8 @@ class FakeLifecycle:
         self, container: ContainerRecord, resources: pb.LinuxContainerResources
     ) -> None:
         pass  # accepted: the fake enforces no limits
+
+    async def update_sandbox_resources(
+        self, sandbox: SandboxRecord, request: pb.UpdatePodSandboxResourcesRequest
+    ) -> None:
+        pass  # accepted (the shim records them): the fake enforces no limits

@@ -16,7 +16,7 @@ import structlog
 from backends import contract
 from backends.contract import errors
 from backends.runv.agent import messages as m
-from backends.runv.images.service import Images
+from backends.runv.images.service import VmImages
 from cri_api import api_pb2 as pb
 
 from . import spec as specs
@@ -27,7 +27,7 @@ log = structlog.get_logger(__name__)
 
 
 class Containers:
-    def __init__(self, shared: Shared, images: Images) -> None:
+    def __init__(self, shared: Shared, images: VmImages) -> None:
         self._shared = shared
         self._images = images
         self._selinux_said = False
@@ -37,7 +37,7 @@ class Containers:
         shared = self._shared
         img = await self._images.find(mnt.image.image, [mnt.image.user_specified_image])
         lowers = []
-        for layer in shared.images.lowers(img):
+        for layer in shared.image_store.lowers(img):
             tag = "layer-" + os.path.basename(os.path.dirname(layer))[:12]
             lowers.append(await shared.hv.attach_share(pod.vm, tag, layer, readonly=True))
         if not lowers:
@@ -45,7 +45,7 @@ class Containers:
                 f"image {mnt.image.image!r} of {mnt.container_path} has no layers"
             )
         # ContainerStatus reports which image each image volume is (Mount.image.image_ref).
-        container.backend_data.setdefault("image_volumes", {})[mnt.container_path] = img.id
+        container.image_volume_refs[mnt.container_path] = img.id
         return m.Mount(
             source="",
             destination=mnt.container_path,
@@ -54,7 +54,9 @@ class Containers:
             image_sub_path=mnt.image_sub_path,
         )
 
-    async def create(self, container: contract.ContainerRecord, sandbox: contract.SandboxRecord) -> None:
+    async def create_container(
+        self, container: contract.ContainerRecord, sandbox: contract.SandboxRecord
+    ) -> None:
         shared = self._shared
         hv = shared.hv
         pod = shared.pod(sandbox.id)
@@ -71,7 +73,7 @@ class Containers:
         try:
             rw = await hv.attach_share(pod.vm, f"ct-{container.id[:12]}", host_dir, readonly=False)
             lowers = []
-            for layer in shared.images.lowers(img):
+            for layer in shared.image_store.lowers(img):
                 tag = "layer-" + os.path.basename(os.path.dirname(layer))[:12]
                 lowers.append(await hv.attach_share(pod.vm, tag, layer, readonly=True))
             mounts: list[m.Mount] = []
@@ -128,8 +130,8 @@ class Containers:
                     gid_mappings=[m.IdMap(g.container_id, g.host_id, g.length) for g in userns.gids],
                 )
             created = await agent.call(m.CreateRequest(id=container.id, spec=spec))
-            user = {"uid": created.uid, "gid": created.gid, "groups": created.groups}
-            container.backend_data["user"] = user  # ContainerStatus.user: the effective identity
+            # ContainerStatus.user: the effective identity
+            container.effective_user = contract.EffectiveUser(created.uid, created.gid, tuple(created.groups))
         except BaseException:
             shutil.rmtree(host_dir, ignore_errors=True)
             raise
@@ -167,7 +169,7 @@ class Containers:
         proc = pod.procs[cid] = VmProcess(stream, stamped)
         return proc
 
-    async def start(
+    async def start_container(
         self, container: contract.ContainerRecord, sandbox: contract.SandboxRecord
     ) -> contract.Started:
         pod = self._shared.pod(sandbox.id)
@@ -191,7 +193,7 @@ class Containers:
             proc.exit.set(contract.ExitInfo(state.exit_code, state.finished_at, state.reason))
         return proc
 
-    async def stop(self, container: contract.ContainerRecord, timeout: int) -> contract.ExitInfo:
+    async def stop_container(self, container: contract.ContainerRecord, timeout: int) -> contract.ExitInfo:
         pod = self._shared.pods.get(container.sandbox_id)
         if pod is None or pod.dead:
             return contract.ExitInfo(VM_CRASH_EXIT, time.time_ns(), VM_CRASH_REASON, "the pod's VM is gone")
@@ -211,7 +213,7 @@ class Containers:
         self._shared.report_exit(pod, container.id, info)
         return info
 
-    async def remove(self, container: contract.ContainerRecord) -> None:
+    async def remove_container(self, container: contract.ContainerRecord) -> None:
         shared = self._shared
         pod = shared.pods.get(container.sandbox_id)
         if pod is not None and not pod.dead and pod.agent is not None and not pod.agent.closed:
@@ -225,7 +227,7 @@ class Containers:
             pod.procs.pop(container.id, None)
         shared.forget(container.id)
 
-    async def update_resources(
+    async def update_container_resources(
         self, container: contract.ContainerRecord, resources: pb.LinuxContainerResources
     ) -> None:
         shared = self._shared

@@ -23,7 +23,7 @@ from backends.runv.agent.client import AgentClient
 from backends.runv.agent.protocol import AgentError
 from backends.runv.hypervisor import Hypervisor
 from backends.runv.images.store import ImageStore
-from backends.runv.network import PodNetwork
+from backends.runv.network import BridgeNetwork
 
 from .state import Pod
 
@@ -39,8 +39,8 @@ class Shared:
     def __init__(
         self,
         hv: Hypervisor,
-        net: PodNetwork,
-        images: ImageStore,
+        net: BridgeNetwork,
+        image_store: ImageStore,
         *,
         containers_dir: str,
         agent_timeout: float | None,
@@ -51,7 +51,7 @@ class Shared:
         self.hv = hv
         self.net = net  # the backend's own bridge
         self.cni = cni  # pods on CNI (cninet.py); None: the handler has no CNI settings
-        self.images = images
+        self.image_store = image_store
         self.containers_dir = containers_dir  # the containers' writable layers, one directory each
         # Unset: the driver's (seconds of work for an agent on an emulated CPU), else 10 s.
         self.agent_timeout_setting = agent_timeout

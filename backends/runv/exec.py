@@ -80,7 +80,7 @@ class Execs:
             await asyncio.gather(*helpers, reader, call, return_exceptions=True)
             stream.forget()
 
-    async def run_sync(self, container: contract.ContainerRecord, cmd: Sequence[str]) -> contract.ExecResult:
+    async def exec_sync(self, container: contract.ContainerRecord, cmd: Sequence[str]) -> contract.ExecResult:
         out = bytearray()
         err = bytearray()
 
@@ -90,7 +90,7 @@ class Execs:
         code = await self._exec(container, cmd, False, False, collect)
         return contract.ExecResult(code, bytes(out), bytes(err))
 
-    async def run(
+    async def exec(
         self, container: contract.ContainerRecord, cmd: Sequence[str], io: contract.StreamIO
     ) -> int:
         async def forward(ch: int, data: bytes) -> None:

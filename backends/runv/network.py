@@ -77,7 +77,7 @@ def _write_sysctl(path: str, value: str) -> None:
         fh.write(value)
 
 
-class PodNetwork:
+class BridgeNetwork:
     """The bridge, the pod IPs and the host-port rules of one runv backend."""
 
     def __init__(self, config: dict[str, Any]) -> None:

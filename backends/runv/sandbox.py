@@ -78,7 +78,7 @@ class Sandboxes:
         self._shared = shared
         self._warm = warm
 
-    async def run(self, sandbox: contract.SandboxRecord) -> contract.SandboxNetwork:
+    async def run_sandbox(self, sandbox: contract.SandboxRecord) -> contract.SandboxNetwork:
         shared = self._shared
         cfg = sandbox.config
         res = cfg.linux.resources
@@ -176,7 +176,7 @@ class Sandboxes:
         except Exception as exc:  # BootError and friends: the VM is already gone
             raise errors.UnavailableError(f"VM boot failed: {exc or type(exc).__name__}") from exc
 
-    async def update_resources(
+    async def update_sandbox_resources(
         self, sandbox: contract.SandboxRecord, request: pb.UpdatePodSandboxResourcesRequest
     ) -> None:
         """The pod's new resources on its VM (the driver says what its VMs can take); the VM's
@@ -210,7 +210,7 @@ class Sandboxes:
             memory=limits.memory_bytes,
         )
 
-    async def stop(self, sandbox: contract.SandboxRecord) -> None:
+    async def stop_sandbox(self, sandbox: contract.SandboxRecord) -> None:
         shared = self._shared
         unreleased: errors.CriError | None = None
         if NETNS in sandbox.backend_data and shared.cni is not None:
@@ -260,7 +260,7 @@ class Sandboxes:
         del shared.pods[sandbox.id]
         await plumbing.unplumb(shared, sandbox)
 
-    async def remove(self, sandbox: contract.SandboxRecord) -> None:
+    async def remove_sandbox(self, sandbox: contract.SandboxRecord) -> None:
         if NETNS in sandbox.backend_data and self._shared.cni is not None:
             await self._shared.cni.release(sandbox)  # a plugin's failure is logged, never raised
         await self._stop_vm(sandbox)

@@ -12,8 +12,8 @@ from backends.runv.images.store import Image
 from cri_api import api_pb2 as pb
 
 
-def resources(res: pb.LinuxContainerResources) -> m.Resources:
-    return m.Resources(
+def resources(res: pb.LinuxContainerResources) -> m.ContainerLimits:
+    return m.ContainerLimits(
         cpu_quota=res.cpu_quota,
         cpu_period=res.cpu_period,
         cpu_shares=res.cpu_shares,

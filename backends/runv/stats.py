@@ -20,7 +20,7 @@ from cri_api import api_pb2 as pb
 from .context import Shared
 
 
-class Stats:
+class RunvStats:
     def __init__(self, shared: Shared) -> None:
         self._shared = shared
 
@@ -32,7 +32,7 @@ class Stats:
             shared.layer_usage_of[cid] = layer
         return layer
 
-    async def containers(
+    async def container_stats(
         self, containers: Sequence[contract.ContainerRecord]
     ) -> dict[str, contract.ContainerUsage]:
         async def one(ct: contract.ContainerRecord) -> contract.ContainerUsage | None:
@@ -56,10 +56,10 @@ class Stats:
         got = await asyncio.gather(*(one(ct) for ct in containers))
         return {ct.id: u for ct, u in zip(containers, got, strict=True) if u is not None}
 
-    async def sandboxes(
+    async def sandbox_stats(
         self, sandboxes: Sequence[contract.SandboxRecord], containers: Sequence[contract.ContainerRecord]
     ) -> dict[str, contract.SandboxUsage]:
-        per_ct = await self.containers(containers)
+        per_ct = await self.container_stats(containers)
         out: dict[str, contract.SandboxUsage] = {}
         for sb in sandboxes:
             pod = self._shared.pods.get(sb.id)
@@ -78,7 +78,7 @@ class Stats:
             out[sb.id] = contract.SandboxUsage(sample, containers=mine)
         return out
 
-    async def metrics(
+    async def sandbox_metrics(
         self, sandboxes: Sequence[contract.SandboxRecord], containers: Sequence[contract.ContainerRecord]
     ) -> dict[str, contract.PodMetrics]:
         """cAdvisor's container_* figures, from each VM's agent (its containers' cgroups and

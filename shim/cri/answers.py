@@ -32,7 +32,7 @@ import operator
 from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from backends.contract import ImageInfo, ImagesNow
+from backends.contract import ImageInfo
 from cri_api import api_pb2 as pb
 from shim.cri.image import image_pb, merged_fs_info, wanted_image
 from shim.cri.messages import container_pb, sandbox_pb
@@ -237,20 +237,10 @@ class EncodedImages:
         self._entries: dict[str, tuple[ImageInfo, bytes]] = {}  # by image ID
         # The last ImageFsInfo answered from memory: the stores' answers, and it encoded.
         self._fs_kept: tuple[list[pb.ImageFsInfoResponse], bytes] | None = None
-        self._now: list[ImagesNow] | None = None
-
-    def _in_memory(self) -> list[ImagesNow] | None:
-        """The stores, if every one of them can answer from memory (a registry is fixed)."""
-        if self._now is None:
-            stores = self._images.stores()
-            self._now = [s for s in stores if isinstance(s, ImagesNow)] if stores else []
-            if len(self._now) != len(stores):
-                self._now = []
-        return self._now or None
 
     def list_images(self, req: pb.ListImagesRequest) -> bytes | Coroutine[Any, Any, pb.ListImagesResponse]:
-        stores = self._in_memory()
-        if stores is not None and len(stores) == 1 and not wanted_image(req):
+        stores = self._images.stores()
+        if len(stores) == 1 and not wanted_image(req):
             infos = stores[0].list_images_now()
             if infos is not None:
                 encoded = self._encode(infos)
@@ -277,8 +267,7 @@ class EncodedImages:
     ) -> bytes | Coroutine[Any, Any, pb.ImageFsInfoResponse]:
         """Kept encoded while the stores hand out the same figures (docker's change every ten
         seconds or so, and the kubelet asks far more often)."""
-        stores = self._in_memory()
-        infos = [s.image_fs_info_now() for s in stores] if stores is not None else []
+        infos = [s.image_fs_info_now() for s in self._images.stores()]
         if not infos or any(info is None for info in infos):
             return self._images.fs_info(req)
         figures: list[pb.ImageFsInfoResponse] = infos  # type: ignore[assignment]

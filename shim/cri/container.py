@@ -14,10 +14,9 @@ import structlog
 
 from backends.contract import (
     Backend,
-    Capability,
-    Checkpointer,
     ContainerRecord,
     ContainerStatus,
+    Exec,
 )
 from cri_api import api_pb2 as pb
 from shim.cri import stats_messages, validate
@@ -109,7 +108,7 @@ class ContainerService:
                     validate.container_config(adjusted, True)
                     validate.mounts_for(adjusted, backend.capabilities, sb.backend)
                     shim.store.update(record, config=adjusted)
-                await backend.create_container(record, sb)
+                await backend.lifecycle.create_container(record, sb)
                 # Acknowledged means recorded. The creation time is when it became visible,
                 # after the backend's work.
                 shim.store.update(record, committed=True, created_at=shim.clock())
@@ -137,7 +136,7 @@ class ContainerService:
             shim.store.update(c)  # a full disk is found before the container starts
             await shim.nri.start_container(sb, c)  # a plugin's refusal leaves it created
             try:
-                started = await backend.start_container(c, sb)
+                started = await backend.lifecycle.start_container(c, sb)
             except Exception as exc:
                 # As containerd does: a container that failed to start is exited, with the reason.
                 now = shim.clock()
@@ -153,7 +152,7 @@ class ContainerService:
             except BaseException:
                 # Not recorded, so not started: the disk filled up in between.
                 with contextlib.suppress(Exception):
-                    await backend.stop_container(c, 0)
+                    await backend.lifecycle.stop_container(c, 0)
                 raise
             shim.publish(c, pb.CONTAINER_STARTED_EVENT)
             shim.nri.post_start_container(sb, c)
@@ -225,8 +224,8 @@ class ContainerService:
         plugins are not consulted about again."""
         shim = self.shim
         c = self.find(req.container_id)
-        backend = shim.backend(c.backend)
-        if not backend.capabilities & Capability.UPDATE_RESOURCES:
+        updater = shim.backend(c.backend).resources
+        if updater is None:
             raise UnimplementedError(f"runtime handler {c.backend!r} cannot update container resources")
         if not req.HasField("linux"):
             if req.HasField("windows"):
@@ -245,7 +244,7 @@ class ContainerService:
             res = pb.ContainerResources()
             res.linux.CopyFrom(linux)
             shim.store.update(c)  # a full disk refuses the update before the container sees it
-            await backend.update_container_resources(c, linux)
+            await updater.update_container_resources(c, linux)
             shim.store.record_effect(c, resources=res)
             if sb is not None:
                 shim.nri.post_update_container(sb, c)
@@ -272,17 +271,16 @@ class ContainerService:
         return pb.ReopenContainerLogResponse()
 
     async def exec_sync(self, req: pb.ExecSyncRequest) -> pb.ExecSyncResponse:
-        c = self._running_with(req.container_id, Capability.EXEC_SYNC, "ExecSync")
+        c, streams = self._running_with(req.container_id, "ExecSync")
         if not req.cmd:
             raise InvalidArgumentError("cmd must not be empty")
         if req.timeout < 0:
             raise InvalidArgumentError("timeout must not be negative")
         timeout = float(min(req.timeout, MAX_TIMEOUT))
-        backend = self.shim.backend(c.backend)
         try:
             # The timeout once for every backend: the cancelled call kills what it started.
             async with asyncio.timeout(timeout or None):
-                result = await backend.exec_sync(c, list(req.cmd))
+                result = await streams.exec_sync(c, list(req.cmd))
         except TimeoutError:
             raise DeadlineExceededError(f"command {list(req.cmd)!r} timed out after {timeout:g}s") from None
         return pb.ExecSyncResponse(
@@ -298,7 +296,7 @@ class ContainerService:
         return self.shim.streaming
 
     async def exec(self, req: pb.ExecRequest) -> pb.ExecResponse:
-        c = self._running_with(req.container_id, Capability.EXEC, "Exec")
+        c, _ = self._running_with(req.container_id, "Exec")
         if not req.cmd:
             raise InvalidArgumentError("cmd must not be empty")
         if not (req.stdin or req.stdout or req.stderr):
@@ -309,7 +307,7 @@ class ContainerService:
         return pb.ExecResponse(url=self._streaming().exec_url(req))
 
     async def attach(self, req: pb.AttachRequest) -> pb.AttachResponse:
-        self._running_with(req.container_id, Capability.ATTACH, "Attach")
+        self._running_with(req.container_id, "Attach")
         if not (req.stdin or req.stdout or req.stderr):
             raise InvalidArgumentError("one of stdin, stdout and stderr must be set")
         if req.tty and req.stderr:
@@ -318,8 +316,7 @@ class ContainerService:
 
     async def port_forward(self, req: pb.PortForwardRequest) -> pb.PortForwardResponse:
         sb = self.shim.store.sandboxes.find(req.pod_sandbox_id, made=True)
-        backend = self.shim.backend(sb.backend)
-        if not backend.capabilities & Capability.PORT_FORWARD:
+        if self.shim.backend(sb.backend).exec is None:
             raise UnimplementedError(f"runtime handler {sb.backend!r} does not support PortForward")
         if not sb.status.ready:
             raise FailedPreconditionError(f"pod sandbox {sb.id} is not ready")
@@ -331,10 +328,10 @@ class ContainerService:
     # ------------------------------------------------------------------ stats
     async def stats(self, req: pb.ContainerStatsRequest) -> pb.ContainerStatsResponse:
         c = self.find(req.container_id)
-        backend = self.shim.backend(c.backend)
-        if not backend.capabilities & Capability.STATS:
+        stats = self.shim.backend(c.backend).stats
+        if stats is None:
             raise UnimplementedError(f"runtime handler {c.backend!r} does not report stats")
-        got = await backend.container_stats([c])
+        got = await stats.container_stats([c])
         return pb.ContainerStatsResponse(
             stats=stats_messages.container_stats(c, got.get(c.id), self.shim.cpu_rates, self.shim.clock())
         )
@@ -358,10 +355,10 @@ class ContainerService:
             by_backend.setdefault(c.backend, []).append(c)
 
         async def one(name: str, group: list[ContainerRecord]) -> list[pb.ContainerStats]:
-            backend = shim.backend(name)
-            if not backend.capabilities & Capability.STATS:
+            stats = shim.backend(name).stats
+            if stats is None:
                 return []
-            got = await backend.container_stats(group)
+            got = await stats.container_stats(group)
             now = shim.clock()
             return [stats_messages.container_stats(c, got.get(c.id), shim.cpu_rates, now) for c in group]
 
@@ -375,10 +372,10 @@ class ContainerService:
 
     async def checkpoint(self, req: pb.CheckpointContainerRequest) -> pb.CheckpointContainerResponse:
         c = self.find(req.container_id)
-        backend = self.shim.backend(c.backend)
-        if not backend.capabilities & Capability.CHECKPOINT or not isinstance(backend, Checkpointer):
+        checkpoint = self.shim.backend(c.backend).checkpoint
+        if checkpoint is None:
             raise UnimplementedError(f"runtime handler {c.backend!r} does not support checkpointing")
-        await backend.checkpoint_container(c, req.location, req.timeout)
+        await checkpoint.checkpoint_container(c, req.location, req.timeout)
         return pb.CheckpointContainerResponse()
 
     # ------------------------------------------------------------------ helpers
@@ -386,14 +383,15 @@ class ContainerService:
         """The created container whose ID is or starts with ``ref``, else NOT_FOUND."""
         return self.shim.store.containers.find(ref, made=True)
 
-    def _running_with(self, ref: str, cap: Capability, what: str) -> ContainerRecord:
+    def _running_with(self, ref: str, what: str) -> tuple[ContainerRecord, Exec]:
+        """The running container, and its backend's Exec part (``what`` needs it)."""
         c = self.find(ref)
-        backend = self.shim.backend(c.backend)
-        if not backend.capabilities & cap:
+        streams = self.shim.backend(c.backend).exec
+        if streams is None:
             raise UnimplementedError(f"runtime handler {c.backend!r} does not support {what}")
         if c.status.state != pb.CONTAINER_RUNNING:
             raise FailedPreconditionError(f"container {c.id} is {_STATE_NAMES[c.status.state]}, not running")
-        return c
+        return c, streams
 
 
 def _find_or_none(shim: Shim, ref: str) -> ContainerRecord | None:
@@ -407,7 +405,7 @@ async def _undo_container(shim: Shim, record: ContainerRecord) -> None:
 
     async def undo() -> None:
         try:
-            await backend.remove_container(record)
+            await backend.lifecycle.remove_container(record)
         except Exception as exc:
             log.error("container.rollback_failed", container_id=record.id, error=str(exc))
 
@@ -429,8 +427,11 @@ async def display_image(backend: Backend, spec: pb.ImageSpec) -> str:
         return image
     if spec.user_specified_image:
         return spec.user_specified_image
+    images = backend.images
+    if images is None:
+        return image
     with contextlib.suppress(CriError):
-        info = await backend.image_status(spec)
+        info = await images.image_status(spec)
         if info is not None and info.repo_tags:
             return info.repo_tags[0]
     return image

@@ -18,11 +18,11 @@ from collections.abc import Iterable
 
 import structlog
 
-from backends.contract import Backend, Capability, ImageInfo
+from backends.contract import Backend, ImageInfo, Images
 from backends.reference import BadReference
 from backends.reference import parse as parse_reference
 from cri_api import api_pb2 as pb
-from shim.cri.errors import InvalidArgumentError
+from shim.cri.errors import InvalidArgumentError, UnimplementedError
 from shim.cri.state import Shim
 
 log = structlog.get_logger("image")
@@ -32,7 +32,7 @@ class ImageService:
     def __init__(self, shim: Shim) -> None:
         self.shim = shim
         self._pulls: dict[tuple[str, str, str], asyncio.Task[str]] = {}
-        self._stores: list[Backend] | None = None  # the image stores, default first
+        self._stores: list[Images] | None = None  # the image stores, default first
 
     def _backend(self, spec: pb.ImageSpec) -> Backend:
         try:
@@ -40,6 +40,12 @@ class ImageService:
         except LookupError as exc:
             raise InvalidArgumentError(f"image.runtime_handler: {exc}") from None
         return backend
+
+    @staticmethod
+    def _store_of(backend: Backend) -> Images:
+        if backend.images is None:
+            raise UnimplementedError(f"runtime handler {backend.name!r} does not support images")
+        return backend.images
 
     @staticmethod
     def _require_image(spec: pb.ImageSpec, present: bool) -> None:
@@ -62,20 +68,20 @@ class ImageService:
         task = self._pulls.get(key)
         if task is None:
             sandbox = req.sandbox_config if req.HasField("sandbox_config") else None
-            task = asyncio.ensure_future(backend.pull_image(req.image, auth, sandbox))
+            task = asyncio.ensure_future(self._store_of(backend).pull_image(req.image, auth, sandbox))
             self._pulls[key] = task
             task.add_done_callback(lambda _t: self._pulls.pop(key, None))
         # A client that gives up must not cancel the pull others wait for.
         ref = await asyncio.shield(task)
         return pb.PullImageResponse(image_ref=ref)
 
-    def stores(self) -> list[Backend]:
-        """The backends that keep images, the default handler's first (a registry is fixed)."""
+    def stores(self) -> list[Images]:
+        """The handlers' image stores, the default handler's first (a registry is fixed)."""
         stores = self._stores
         if stores is None:
             registry = self.shim.registry
             names = [registry.default, *(n for n in registry.names() if n != registry.default)]
-            stores = [b for b in (registry.get(n) for n in names) if b.capabilities & Capability.IMAGES]
+            stores = [b.images for b in (registry.get(n) for n in names) if b.images is not None]
             self._stores = stores
         return stores
 
@@ -84,7 +90,7 @@ class ImageService:
         by ``filter.image`` if it is set."""
         want = wanted_image(req)
         stores = self.stores()
-        lists = await asyncio.gather(*(b.list_images() for b in stores))
+        lists = await asyncio.gather(*(s.list_images() for s in stores))
         merged: dict[str, pb.Image] = {}
         for infos in lists:
             for info in infos:
@@ -105,7 +111,7 @@ class ImageService:
 
     async def status(self, req: pb.ImageStatusRequest) -> pb.ImageStatusResponse:
         self._require_image(req.image, req.HasField("image"))
-        info = await self._backend(req.image).image_status(req.image)
+        info = await self._store_of(self._backend(req.image)).image_status(req.image)
         resp = pb.ImageStatusResponse()
         # A missing image is not an error: the response simply has no image.
         if info is not None:
@@ -117,14 +123,14 @@ class ImageService:
 
     async def remove(self, req: pb.RemoveImageRequest) -> pb.RemoveImageResponse:
         self._require_image(req.image, req.HasField("image"))
-        await self._backend(req.image).remove_image(req.image)
+        await self._store_of(self._backend(req.image)).remove_image(req.image)
         return pb.RemoveImageResponse()
 
     async def fs_info(self, req: pb.ImageFsInfoRequest) -> pb.ImageFsInfoResponse:
         """Every handler's stores, the default handler's first: the kubelet reads entry 0 of
         each list for its image GC and imagefs eviction signals. A filesystem named by two
         handlers (one engine behind both) is listed once."""
-        return merged_fs_info(await asyncio.gather(*(b.image_fs_info() for b in self.stores())))
+        return merged_fs_info(await asyncio.gather(*(s.image_fs_info() for s in self.stores())))
 
 
 def wanted_image(req: pb.ListImagesRequest) -> str:

@@ -88,23 +88,23 @@ def container_status_pb(c: ContainerRecord) -> pb.ContainerStatus:
     out.labels.update(cfg.labels)
     out.annotations.update(cfg.annotations)
     out.mounts.extend(cfg.mounts)
-    volumes = c.backend_data.get("image_volumes")
-    if isinstance(volumes, dict):  # which image each image volume is, by its digest
+    volumes = c.image_volume_refs
+    if volumes:  # which image each image volume is, by its digest
         for mnt in out.mounts:
             ref = volumes.get(mnt.container_path)
             if ref and mnt.HasField("image"):
-                mnt.image.image_ref = str(ref)
+                mnt.image.image_ref = ref
     if c.resources is not None:
         out.resources.CopyFrom(c.resources)
     elif cfg.linux.HasField("resources"):
         out.resources.linux.CopyFrom(cfg.linux.resources)
     sc = cfg.linux.security_context
-    effective = c.backend_data.get("user")
-    if isinstance(effective, dict):  # what the runtime resolved in the image
+    effective = c.effective_user
+    if effective is not None:  # what the runtime resolved in the image
         user = out.user.linux
-        user.uid = int(effective.get("uid", 0))
-        user.gid = int(effective.get("gid", 0))
-        user.supplemental_groups.extend(int(g) for g in effective.get("groups", []))
+        user.uid = effective.uid
+        user.gid = effective.gid
+        user.supplemental_groups.extend(effective.groups)
     elif sc.HasField("run_as_user") or sc.HasField("run_as_group") or sc.supplemental_groups:
         user = out.user.linux
         user.uid = sc.run_as_user.value

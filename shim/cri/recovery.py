@@ -34,10 +34,10 @@ async def recover(shim: Shim) -> None:
         containers = [c for c in store.containers.values() if c.backend == name]
         if not sandboxes and not containers:
             with contextlib.suppress(Exception):
-                await backend.recover([], [])
+                await backend.lifecycle.recover([], [])
             continue
         try:
-            seen_sb, seen_ct = await backend.recover(sandboxes, containers)
+            seen_sb, seen_ct = await backend.lifecycle.recover(sandboxes, containers)
         except Exception as exc:
             # The runtime is down: keep every record as it is; Status says why.
             log.error("recovery.backend_unavailable", handler=name, error=str(exc))
@@ -97,7 +97,7 @@ async def recover(shim: Shim) -> None:
 
 async def _drop_container(shim: Shim, c: ContainerRecord) -> None:
     try:
-        await shim.backend(c.backend).remove_container(c)
+        await shim.backend(c.backend).lifecycle.remove_container(c)
     except Exception as exc:
         log.warning("recovery.leftover_remove_failed", container_id=c.id, error=str(exc))
     shim.store.remove(c)
@@ -106,8 +106,8 @@ async def _drop_container(shim: Shim, c: ContainerRecord) -> None:
 async def _drop_sandbox(shim: Shim, s: SandboxRecord) -> None:
     backend = shim.backend(s.backend)
     try:
-        await backend.stop_sandbox(s)
-        await backend.remove_sandbox(s)
+        await backend.lifecycle.stop_sandbox(s)
+        await backend.lifecycle.remove_sandbox(s)
     except Exception as exc:
         log.warning("recovery.leftover_remove_failed", sandbox_id=s.id, error=str(exc))
     for c in shim.store.containers_of(s.id):

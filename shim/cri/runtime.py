@@ -33,7 +33,7 @@ class RuntimeService:
     async def status(self, req: pb.StatusRequest) -> pb.StatusResponse:
         shim = self.shim
         names = shim.registry.names()
-        healths = await asyncio.gather(*(shim.registry.get(n).health() for n in names))
+        healths = await asyncio.gather(*(shim.registry.get(n).lifecycle.health() for n in names))
         by_name = dict(zip(names, healths, strict=True))
         default = by_name[shim.registry.default]
         resp = pb.StatusResponse()
@@ -81,7 +81,7 @@ class RuntimeService:
         return resp
 
     async def runtime_config(self, req: pb.RuntimeConfigRequest) -> pb.RuntimeConfigResponse:
-        return self.shim.registry.get("").runtime_config()
+        return self.shim.registry.get("").lifecycle.runtime_config()
 
     async def update_runtime_config(
         self, req: pb.UpdateRuntimeConfigRequest

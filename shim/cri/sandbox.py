@@ -10,14 +10,12 @@ import json
 import structlog
 
 from backends.contract import (
-    Backend,
     Capability,
     ContainerRecord,
     ExitInfo,
-    MetricsBackend,
     SandboxRecord,
-    SandboxResourceUpdater,
     SandboxStatus,
+    Stats,
 )
 from cri_api import api_pb2 as pb
 from shim.cri import sandbox_metrics, stats_messages, validate
@@ -53,7 +51,7 @@ class SandboxService:
         ):
             raise UnimplementedError(f"runtime handler {backend_name!r} does not support host networking")
         validate.userns_for(
-            cfg, backend.capabilities, backend_name, validate.why_not(backend, Capability.USER_NAMESPACES)
+            cfg, backend.capabilities, backend_name, backend.why_not(Capability.USER_NAMESPACES)
         )
         sid = shim.fresh_id()
         name = sandbox_name(cfg.metadata)
@@ -75,7 +73,7 @@ class SandboxService:
                 raise
             told_nri = False
             try:
-                net = await backend.run_sandbox(record)
+                net = await backend.lifecycle.run_sandbox(record)
                 # NRI plugins see the pod made (with its addresses) before anyone
                 # else can: not listed, not ready, no container can join it yet.
                 addresses = SandboxStatus(ready=False, ip=net.ip, additional_ips=net.additional_ips)
@@ -115,7 +113,7 @@ class SandboxService:
                 await stop_sandbox(shim, sb)
             for c in shim.store.containers_of(sb.id):
                 await shim.remove_container(c)
-            await shim.backend(sb.backend).remove_sandbox(sb)
+            await shim.backend(sb.backend).lifecycle.remove_sandbox(sb)
             shim.store.remove(sb)
             await shim.nri.remove_pod_sandbox(sb)
         return pb.RemovePodSandboxResponse()
@@ -152,9 +150,9 @@ class SandboxService:
     # ------------------------------------------------------------------ stats
     async def stats(self, req: pb.PodSandboxStatsRequest) -> pb.PodSandboxStatsResponse:
         sb = self.find(req.pod_sandbox_id)
-        backend = _stats_backend(self.shim, sb)
+        stats = _stats_of(self.shim, sb)
         containers = self.shim.store.containers_of(sb.id)
-        got = await backend.sandbox_stats([sb], containers)
+        got = await stats.sandbox_stats([sb], containers)
         return pb.PodSandboxStatsResponse(
             stats=stats_messages.sandbox_stats(
                 sb, got.get(sb.id), containers, self.shim.cpu_rates, self.shim.clock()
@@ -182,13 +180,13 @@ class SandboxService:
         return resp
 
     async def _backend_stats(self, name: str, group: list[SandboxRecord]) -> list[pb.PodSandboxStats]:
-        backend = self.shim.backend(name)
-        if not backend.capabilities & Capability.STATS:
+        stats = self.shim.backend(name).stats
+        if stats is None:
             return []
         containers: list[ContainerRecord] = []
         for sb in group:
             containers.extend(self.shim.store.containers_of(sb.id))
-        got = await backend.sandbox_stats(group, containers)
+        got = await stats.sandbox_stats(group, containers)
         now = self.shim.clock()
         return [
             stats_messages.sandbox_stats(sb, got[sb.id], containers, self.shim.cpu_rates, now)
@@ -200,11 +198,7 @@ class SandboxService:
         self, req: pb.ListMetricDescriptorsRequest
     ) -> pb.ListMetricDescriptorsResponse:
         # Every handler that exports metrics; one descriptor per name.
-        exporting = [
-            b
-            for _, b in self.shim.registry.items()
-            if b.capabilities & Capability.METRICS and isinstance(b, MetricsBackend)
-        ]
+        exporting = [b for _, b in self.shim.registry.items() if b.metrics is not None]
         if not exporting:
             raise UnimplementedError("no runtime handler exports metrics")
         return pb.ListMetricDescriptorsResponse(descriptors=sandbox_metrics.descriptors())
@@ -213,11 +207,12 @@ class SandboxService:
         resp = pb.ListPodSandboxMetricsResponse()
         store = self.shim.store
         for _, backend in self.shim.registry.items():
-            if not backend.capabilities & Capability.METRICS or not isinstance(backend, MetricsBackend):
+            metrics = backend.metrics
+            if metrics is None:
                 continue
             sandboxes = [sb for sb in store.sandboxes.values() if sb.backend == backend.name and sb.committed]
             containers = [c for sb in sandboxes for c in store.containers_of(sb.id) if c.committed]
-            got = await backend.sandbox_metrics(sandboxes, containers)
+            got = await metrics.sandbox_metrics(sandboxes, containers)
             resp.pod_metrics.extend(
                 sandbox_metrics.pod_metrics(sb, got.get(sb.id), containers) for sb in sandboxes
             )
@@ -233,10 +228,8 @@ class SandboxService:
         kubelet, which goes on with the resize whatever the answer."""
         shim = self.shim
         sb = self.find(req.pod_sandbox_id)
-        backend = shim.backend(sb.backend)
-        if not backend.capabilities & Capability.UPDATE_SANDBOX_RESOURCES or not isinstance(
-            backend, SandboxResourceUpdater
-        ):
+        updater = shim.backend(sb.backend).resources
+        if updater is None:
             raise UnimplementedError(f"runtime handler {sb.backend!r} cannot update pod sandbox resources")
         overhead = req.overhead if req.HasField("overhead") else None
         resources = req.resources if req.HasField("resources") else None
@@ -260,17 +253,17 @@ class SandboxService:
                 config.linux.resources.CopyFrom(resources)
             await shim.nri.update_pod_sandbox(sb, overhead, resources)
             shim.store.update(sb)  # a full disk refuses the update before the backend applies it
-            await backend.update_sandbox_resources(sb, req)
+            await updater.update_sandbox_resources(sb, req)
             shim.store.record_effect(sb, config=config)  # with what the backend noted of it (a VM's size)
             shim.nri.post_update_pod_sandbox(sb)
         return pb.UpdatePodSandboxResourcesResponse()
 
 
-def _stats_backend(shim: Shim, sb: SandboxRecord) -> Backend:
-    backend = shim.backend(sb.backend)
-    if not backend.capabilities & Capability.STATS:
+def _stats_of(shim: Shim, sb: SandboxRecord) -> Stats:
+    stats = shim.backend(sb.backend).stats
+    if stats is None:
         raise UnimplementedError(f"runtime handler {sb.backend!r} does not report stats")
-    return backend
+    return stats
 
 
 async def stop_sandbox(shim: Shim, sb: SandboxRecord) -> None:
@@ -293,7 +286,7 @@ async def stop_sandbox(shim: Shim, sb: SandboxRecord) -> None:
         # NRI plugins hear of the stop once, with the containers stopped and the pod's
         # infrastructure still up (what the plugin may want to look at or release).
         await shim.nri.stop_pod_sandbox(sb)
-    await backend.stop_sandbox(sb)
+    await backend.lifecycle.stop_sandbox(sb)
     if sb.status.ready:
         # A stop is never refused for a full disk: it is how a node under disk
         # pressure evicts. The pod is stopped; its record is written when the disk
@@ -308,7 +301,8 @@ async def _undo_sandbox(shim: Shim, record: SandboxRecord) -> None:
     async def undo() -> None:
         # Each step whatever the other did (a failed stop must not keep the pod's remains);
         # the original error is what the client must see.
-        for step in (backend.stop_sandbox, backend.remove_sandbox):
+        lifecycle = backend.lifecycle
+        for step in (lifecycle.stop_sandbox, lifecycle.remove_sandbox):
             try:
                 await step(record)
             except Exception as exc:

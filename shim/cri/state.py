@@ -23,10 +23,9 @@ from backends.contract import (
     ContainerRecord,
     ContainerStatus,
     ExitInfo,
-    PodCidrTaker,
     SandboxRecord,
 )
-from backends.registry import Registry
+from backends.registry import HandlerRegistry
 from cri_api import api_pb2 as pb
 from shim.config import Config
 from shim.cri.container_io import ContainerIO, CriLogWriter, last_log_marks
@@ -67,7 +66,7 @@ class Shim:
     def __init__(
         self,
         config: Config,
-        registry: Registry,
+        registry: HandlerRegistry,
         store: Store,
         *,
         clock: Callable[[], int] = time.time_ns,
@@ -104,17 +103,16 @@ class Shim:
                 return i
 
     def hand_pod_cidr(self) -> None:
-        """Give the node's pod CIDR to every backend that allocates pod addresses itself."""
+        """Give the node's pod CIDR to every backend (those that allocate pod addresses take it)."""
         if not self.pod_cidr:
             return
         for name, backend in self.registry.items():
-            if isinstance(backend, PodCidrTaker):
-                try:
-                    backend.set_pod_cidr(self.pod_cidr)
-                except (ValueError, CriError) as exc:
-                    # A CNI config template that cannot be rendered, say: the network is then
-                    # not ready, and Status says so.
-                    log.warning("pod_cidr.refused", handler=name, cidr=self.pod_cidr, error=str(exc))
+            try:
+                backend.set_pod_cidr(self.pod_cidr)
+            except (ValueError, CriError) as exc:
+                # A CNI config template that cannot be rendered, say: the network is then
+                # not ready, and Status says so.
+                log.warning("pod_cidr.refused", handler=name, cidr=self.pod_cidr, error=str(exc))
 
     # ------------------------------------------------------------------ container IO
     def follow(self, c: ContainerRecord, process: ContainerProcess) -> None:
@@ -124,7 +122,7 @@ class Shim:
     async def reattach(self, backend: Backend, c: ContainerRecord) -> bool:
         """Follow a container a restarted shim found running; False if it is not running any more."""
         marks = await asyncio.to_thread(last_log_marks, c.log_path)
-        process = await backend.reattach(c, marks)
+        process = await backend.lifecycle.reattach(c, marks)
         if process is None:
             return False
         self.follow(c, process)
@@ -132,7 +130,7 @@ class Shim:
 
     async def stop_container(self, backend: Backend, c: ContainerRecord, timeout: int) -> None:
         """Stop a running container and record its exit once its output is in the log."""
-        info = await backend.stop_container(c, timeout)
+        info = await backend.lifecycle.stop_container(c, timeout)
         await self.io.drain(c.id)
         self.record_exit(c, info)
 
@@ -146,7 +144,7 @@ class Shim:
             backend = self.backend(c.backend)
             if c.status.state == pb.CONTAINER_RUNNING:
                 await self.stop_container(backend, c, 0)
-            await backend.remove_container(c)
+            await backend.lifecycle.remove_container(c)
             self.store.remove(c)
             self.io.close(c.id)
         self.publish(c, pb.CONTAINER_DELETED_EVENT)

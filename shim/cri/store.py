@@ -25,7 +25,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 
 import structlog
 
-from backends.contract import ContainerRecord, ContainerStatus, SandboxRecord, SandboxStatus
+from backends.contract import ContainerRecord, ContainerStatus, EffectiveUser, SandboxRecord, SandboxStatus
 from cri_api import api_pb2 as pb
 from shim.cri.errors import (
     AlreadyExistsError,
@@ -214,13 +214,39 @@ def container_to_json(r: ContainerRecord) -> dict[str, Any]:
             "unknown": s.unknown,
         },
         "resources": _b64(r.resources) if r.resources is not None else None,
+        "stop_signal": pb.Signal.Name(r.stop_signal) if r.stop_signal else "",
+        "image_volume_refs": r.image_volume_refs,
+        "effective_user": _user_to_json(r.effective_user),
         "backend_data": r.backend_data,
         "committed": r.committed,
     }
 
 
+def _user_to_json(u: EffectiveUser | None) -> dict[str, Any] | None:
+    return None if u is None else {"uid": u.uid, "gid": u.gid, "groups": list(u.groups)}
+
+
+def _user_from_json(u: Any) -> EffectiveUser | None:
+    if not isinstance(u, dict):
+        return None
+    return EffectiveUser(
+        int(u.get("uid", 0)), int(u.get("gid", 0)), tuple(int(g) for g in u.get("groups") or ())
+    )
+
+
 def container_from_json(d: dict[str, Any]) -> ContainerRecord:
     s = d["status"]
+    data = dict(d.get("backend_data") or {})
+    if "stop_signal" not in d:
+        # Written before these were fields: the backend kept them in its backend_data, where this
+        # shim no longer looks. Moved out, so that an upgrade keeps what ContainerStatus reports.
+        d = {
+            **d,
+            "stop_signal": data.pop("stop_signal", ""),
+            "image_volume_refs": data.pop("image_volumes", {}),
+            "effective_user": data.pop("user", None),
+        }
+    signal = d["stop_signal"]
     return ContainerRecord(
         id=d["id"],
         sandbox_id=d["sandbox_id"],
@@ -240,7 +266,10 @@ def container_from_json(d: dict[str, Any]) -> ContainerRecord:
             unknown=bool(s.get("unknown")),
         ),
         resources=_unb64(pb.ContainerResources, d["resources"]) if d.get("resources") else None,
-        backend_data=dict(d.get("backend_data") or {}),
+        stop_signal=int(pb.Signal.Value(signal)) if signal in pb.Signal.keys() else 0,
+        image_volume_refs={str(k): str(v) for k, v in dict(d["image_volume_refs"] or {}).items()},
+        effective_user=_user_from_json(d["effective_user"]),
+        backend_data=data,
         committed=bool(d.get("committed")),
     )
 

@@ -6,7 +6,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from backends.contract import Capability, ExplainsLimits, host_signal
+from backends.contract import Capability, host_signal
 from cri_api import api_pb2 as pb
 from shim.cri.errors import InvalidArgumentError, UnimplementedError
 
@@ -100,11 +100,6 @@ def groups_policy_for(cfg: pb.ContainerConfig, caps: Capability, handler: str) -
             f"config.linux.security_context.supplemental_groups_policy: handler {handler!r} cannot honour "
             "Strict (it merges the image's groups)",
         )
-
-
-def why_not(backend: object, capability: Capability) -> str:
-    """The backend's reason for lacking ``capability`` (``ExplainsLimits``), or ""."""
-    return backend.why_not(capability) if isinstance(backend, ExplainsLimits) else ""
 
 
 def userns_for(cfg: pb.PodSandboxConfig, caps: Capability, handler: str, why: str = "") -> None:

@@ -84,8 +84,8 @@ def test_the_stop_signal_is_the_configs_else_the_images_else_term(config: int, i
     record = ContainerRecord("c", "s", "b", pb.ContainerConfig(stop_signal=config), 1, "")  # type: ignore[arg-type]
     assert recorded_stop_signal(record) == (config if config in (pb.SIGUSR1,) else pb.SIGTERM)
     assert decide_stop_signal(record, image) == want
-    assert recorded_stop_signal(record) == want  # kept in backend_data, which the shim persists
-    assert record.backend_data["stop_signal"] == pb.Signal.Name(want)
+    assert recorded_stop_signal(record) == want  # kept in the record, which the shim persists
+    assert record.stop_signal == want and record.backend_data == {}
 
 
 def test_seccomp_is_read_once_for_every_backend(tmp_path: Path) -> None:

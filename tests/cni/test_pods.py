@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from backends.cni import Bandwidth, PluginError
-from backends.cni.pods import PodNetwork, attachment, bandwidth, pod_network, quantity, settings_from
+from backends.cni.pods import CniPodNetwork, attachment, bandwidth, pod_network, quantity, settings_from
 from backends.contract.errors import InternalError, InvalidArgumentError
 from cri_api import api_pb2 as pb
 from tests.cni.conftest import Env
@@ -112,9 +112,9 @@ def test_settings_errors_name_the_key(table: dict[str, Any], message: str) -> No
         settings_from("docker", table)
 
 
-def network(env: Env, *plugins: dict[str, Any]) -> PodNetwork:
+def network(env: Env, *plugins: dict[str, Any]) -> CniPodNetwork:
     env.write({"cniVersion": "1.0.0", "name": "net1", "plugins": list(plugins)})
-    return PodNetwork(
+    return CniPodNetwork(
         settings_from("h", {"conf_dir": str(env.conf_dir), "bin_dirs": [str(env.bin_dir)]}, str(env.root))
     )
 

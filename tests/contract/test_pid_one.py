@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from backends.contract import Capability
 from cri_api import api_pb2 as pb
 from tests.contract.conftest import Cri
 from tests.contract.test_contract import create, run_pod, wait_state
@@ -47,7 +46,7 @@ async def test_sleep_as_pid_one_ignores_term_and_is_killed_after_the_timeout(cri
 
 
 async def test_a_trapped_stop_signal_runs_the_trap(cri: Cri) -> None:
-    if not cri.backend.capabilities & Capability.EXEC_SYNC:
+    if cri.backend.exec is None:
         pytest.skip(f"{cri.kind} declares no ExecSync")
     pod, sc, linux = await _pod(cri, pb.CONTAINER)
     script = 'trap "exit 0" TERM; touch /tmp/ready; sleep 100 & wait'

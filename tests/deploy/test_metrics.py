@@ -252,10 +252,18 @@ async def test_backend_proxy_forwards_attributes_and_coroutines(running: Running
     assert proxy.name == inner.name == "fake"
     assert proxy.capabilities == inner.capabilities
     assert isinstance(proxy, Backend)
-    for method in ("run_sandbox", "pull_image", "health", "exec", "start", "close"):
-        assert inspect.iscoroutinefunction(getattr(proxy, method)), method
-    assert not inspect.iscoroutinefunction(proxy.runtime_config)
-    assert proxy.runtime_config() == inner.runtime_config()
+    for part, method in (
+        ("lifecycle", "run_sandbox"),
+        ("images", "pull_image"),
+        ("lifecycle", "health"),
+        ("exec", "exec"),
+        ("lifecycle", "start"),
+        ("lifecycle", "close"),
+    ):
+        assert inspect.iscoroutinefunction(getattr(getattr(proxy, part), method)), method
+    assert proxy.metrics is inner.metrics is None and proxy.checkpoint is None  # absent parts stay absent
+    assert not inspect.iscoroutinefunction(proxy.lifecycle.runtime_config)
+    assert proxy.lifecycle.runtime_config() == inner.lifecycle.runtime_config()
     # Writes reach the wrapped backend (tests flip a fake's readiness this way).
     proxy.runtime_ready = False
     assert inner.runtime_ready is False  # type: ignore[attr-defined]

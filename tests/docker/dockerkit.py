@@ -79,30 +79,30 @@ class Harness:
     async def run_sandbox(self, sb: SandboxRecord | None = None) -> SandboxRecord:
         sb = sb or sandbox_record()
         self.sandboxes.append(sb)
-        net = await self.backend.run_sandbox(sb)
+        net = await self.backend.lifecycle.run_sandbox(sb)
         sb.committed = True
         sb.status = type(sb.status)(ready=True, ip=net.ip)
         return sb
 
     async def create(self, ct: ContainerRecord, sb: SandboxRecord) -> ContainerRecord:
         self.containers.append(ct)
-        await self.backend.create_container(ct, sb)
+        await self.backend.lifecycle.create_container(ct, sb)
         ct.committed = True
         return ct
 
     async def cleanup(self) -> None:
         for ct in self.containers:
-            await self.backend.remove_container(ct)
+            await self.backend.lifecycle.remove_container(ct)
         for sb in self.sandboxes:
-            await self.backend.stop_sandbox(sb)
-            await self.backend.remove_sandbox(sb)
+            await self.backend.lifecycle.stop_sandbox(sb)
+            await self.backend.lifecycle.remove_sandbox(sb)
 
 
 @contextlib.asynccontextmanager
 async def harnessed(backend: DockerBackend, engine: docker.APIClient) -> AsyncIterator[Harness]:
     """The backend started, and after the test what it made removed and the backend closed."""
     events = Events()
-    await backend.start(events)
+    await backend.lifecycle.start(events)
     h = Harness(backend, events, engine)
     try:
         yield h
@@ -111,7 +111,7 @@ async def harnessed(backend: DockerBackend, engine: docker.APIClient) -> AsyncIt
         await h.events.close()
         # A test may have replaced the backend (a restart); close the one in use too.
         for b in {id(backend): backend, id(h.backend): h.backend}.values():
-            await b.close()
+            await b.lifecycle.close()
 
 
 class HttpGet:
@@ -137,5 +137,5 @@ def unstarted_backend() -> DockerBackend:
 
 async def new_backend(events: Events) -> DockerBackend:
     backend = unstarted_backend()
-    await backend.start(events)
+    await backend.lifecycle.start(events)
     return backend

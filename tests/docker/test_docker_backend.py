@@ -51,9 +51,9 @@ def log_records(path: Path) -> list[tuple[str, str, str]]:
 
 async def test_is_a_backend(harness: Harness) -> None:
     assert isinstance(harness.backend, Backend)
-    health = await harness.backend.health()
+    health = await harness.backend.lifecycle.health()
     assert health.runtime_ready and health.network_ready
-    assert harness.backend.runtime_config().linux.cgroup_driver in (pb.CGROUPFS, pb.SYSTEMD)
+    assert harness.backend.lifecycle.runtime_config().linux.cgroup_driver in (pb.CGROUPFS, pb.SYSTEMD)
 
 
 async def test_sandbox_run_stop_remove(harness: Harness) -> None:
@@ -73,13 +73,13 @@ async def test_sandbox_run_stop_remove(harness: Harness) -> None:
     resolv = await asyncio.to_thread(Path(info["ResolvConfPath"]).read_text)
     assert "nameserver 10.0.0.10" in resolv and "search svc.local" in resolv and "options ndots:5" in resolv
 
-    await harness.backend.stop_sandbox(sb)
+    await harness.backend.lifecycle.stop_sandbox(sb)
     assert not harness.engine.inspect_container(eid)["State"]["Running"]
-    await harness.backend.stop_sandbox(sb)  # idempotent
-    await harness.backend.remove_sandbox(sb)
+    await harness.backend.lifecycle.stop_sandbox(sb)  # idempotent
+    await harness.backend.lifecycle.remove_sandbox(sb)
     with pytest.raises(docker.errors.NotFound):
         harness.engine.inspect_container(eid)
-    await harness.backend.remove_sandbox(sb)  # idempotent
+    await harness.backend.lifecycle.remove_sandbox(sb)  # idempotent
     assert sb.id not in harness.events.not_ready
 
 
@@ -95,7 +95,7 @@ async def test_container_exit_code_and_logs(harness: Harness, tmp_path: Path) ->
     )
     assert ct.image_ref.startswith("sha256:")
     log_path = tmp_path / "c.log"
-    started = await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(log_path)))
+    started = await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(log_path)))
     assert abs(started - time.time_ns()) < 30e9
     exit_info = await harness.events.exit_of(ct.id)
     assert exit_info.exit_code == 3
@@ -114,11 +114,11 @@ async def test_stop_timeout_kills(harness: Harness, tmp_path: Path) -> None:
         container_record(sb, ["sh", "-c", "trap '' TERM; touch /tmp/ready; sleep 1000 & wait; sleep 1000"]),
         sb,
     )
-    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     # A TERM that came before the trap was set would end it at once.
-    await harness.backend.exec_sync(ct, ["sh", "-c", "until [ -e /tmp/ready ]; do sleep 0.05; done"])
+    await harness.backend.exec.exec_sync(ct, ["sh", "-c", "until [ -e /tmp/ready ]; do sleep 0.05; done"])
     t0 = time.monotonic()
-    info = await harness.backend.stop_container(ct, 1)
+    info = await harness.backend.lifecycle.stop_container(ct, 1)
     elapsed = time.monotonic() - t0
     assert 0.9 <= elapsed < 10, elapsed
     assert info.exit_code == 137
@@ -129,8 +129,8 @@ async def test_stop_timeout_kills(harness: Harness, tmp_path: Path) -> None:
 async def test_exec_sync_streams_and_code(harness: Harness, tmp_path: Path) -> None:
     sb = await harness.run_sandbox()
     ct = await harness.create(container_record(sb, ["sleep", "1000"]), sb)
-    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
-    res = await harness.backend.exec_sync(ct, ["sh", "-c", "echo hi; echo oops >&2; exit 7"])
+    await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    res = await harness.backend.exec.exec_sync(ct, ["sh", "-c", "echo hi; echo oops >&2; exit 7"])
     assert (res.exit_code, res.stdout, res.stderr) == (7, b"hi\n", b"oops\n")
     # The timeout and its kill are in tests/contract (every backend).
 
@@ -138,17 +138,17 @@ async def test_exec_sync_streams_and_code(harness: Harness, tmp_path: Path) -> N
 async def test_stats(harness: Harness, tmp_path: Path) -> None:
     sb = await harness.run_sandbox()
     ct = await harness.create(container_record(sb, ["sh", "-c", "while :; do :; done"]), sb)
-    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     await asyncio.sleep(0.3)
     shim = AsShim()  # the CPU rate is the shim's, from the previous sample
-    first = (await shim.container_stats(harness.backend, [ct]))[ct.id]
+    first = (await shim.container_stats(harness.backend.stats, [ct]))[ct.id]
     await asyncio.sleep(0.3)
-    stats = (await shim.container_stats(harness.backend, [ct]))[ct.id]
+    stats = (await shim.container_stats(harness.backend.stats, [ct]))[ct.id]
     assert stats.attributes.id == ct.id and stats.attributes.labels["role"] == "c"
     assert stats.cpu.usage_core_nano_seconds.value > first.cpu.usage_core_nano_seconds.value > 0
     assert stats.cpu.usage_nano_cores.value > 100_000_000  # a busy loop uses a good part of a core
     assert stats.memory.working_set_bytes.value > 0
-    pod = (await AsShim().sandbox_stats(harness.backend, [sb], [ct]))[sb.id]
+    pod = (await AsShim().sandbox_stats(harness.backend.stats, [sb], [ct]))[sb.id]
     assert pod.attributes.id == sb.id
     assert [c.attributes.id for c in pod.linux.containers] == [ct.id]
     assert pod.linux.process.process_count.value >= 2  # pause + the loop
@@ -166,11 +166,11 @@ async def test_pod_metrics(harness: Harness, tmp_path: Path) -> None:
         sb,
     )
     idle = await harness.create(container_record(sb, ["sleep", "1000"], name="idle"), sb)
-    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     ct.status = dataclasses.replace(ct.status, started_at=time.time_ns())
     await asyncio.sleep(1.2)  # past one whole second of CPU time, at half a core
     descriptors = {d.name: list(d.label_keys) for d in AsShim.metric_descriptors()}
-    [pod] = await AsShim.sandbox_metrics(harness.backend, [sb], [ct, idle])
+    [pod] = await AsShim.sandbox_metrics(harness.backend.metrics, [sb], [ct, idle])
     assert pod.pod_sandbox_id == sb.id
     # Only running containers are measured (idle was never started).
     assert [c.container_id for c in pod.container_metrics] == [ct.id]
@@ -252,14 +252,14 @@ async def test_hugepage_limits(harness: Harness, tmp_path: Path) -> None:
     ct = await harness.create(
         container_record(sb, ["sleep", "1000"], linux=pb.LinuxContainerConfig(resources=res)), sb
     )
-    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     pid = ct.backend_data["pid"]
     assert hugetlb_file(pid, "2MB").read_text().strip() == str(4 << 20)
     if "hugepages-1048576kB" in sizes:
         assert hugetlb_file(pid, "1GB").read_text().strip() == "0"
     ct.status = dataclasses.replace(ct.status, started_at=time.time_ns())
     res.hugepage_limits[0].limit = 8 << 20
-    await harness.backend.update_container_resources(ct, res)
+    await harness.backend.resources.update_container_resources(ct, res)
     assert hugetlb_file(pid, "2MB").read_text().strip() == str(8 << 20)
 
 
@@ -292,12 +292,12 @@ class Session:
 async def test_streaming_exec_stdin_half_close(harness: Harness, tmp_path: Path) -> None:
     sb = await harness.run_sandbox()
     ct = await harness.create(container_record(sb, ["sleep", "1000"]), sb)
-    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     io = Session(b"hello\nworld\n")
-    code = await harness.backend.exec(ct, ["sh", "-c", "cat; echo done >&2; exit 4"], io)
+    code = await harness.backend.exec.exec(ct, ["sh", "-c", "cat; echo done >&2; exit 4"], io)
     assert (code, bytes(io.out), bytes(io.err)) == (4, b"hello\nworld\n", b"done\n")
     tty = Session(None, tty=True)
-    code = await harness.backend.exec(ct, ["sh", "-c", "sleep 0.3; stty size"], tty)
+    code = await harness.backend.exec.exec(ct, ["sh", "-c", "sleep 0.3; stty size"], tty)
     assert code == 0 and b"30 100" in tty.out
 
 
@@ -307,9 +307,9 @@ async def test_port_forward_into_pod(harness: Harness, tmp_path: Path) -> None:
         container_record(sb, ["sh", "-c", "echo pong > /tmp/index.html; httpd -f -p 127.0.0.1:8080 -h /tmp"]),
         sb,
     )
-    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     await asyncio.wait_for(
-        harness.backend.exec_sync(
+        harness.backend.exec.exec_sync(
             ct,
             ["sh", "-c", "until wget -q -O /dev/null http://127.0.0.1:8080/index.html; do sleep 0.1; done"],
         ),
@@ -318,21 +318,21 @@ async def test_port_forward_into_pod(harness: Harness, tmp_path: Path) -> None:
 
     conn = HttpGet("/index.html")
     # 127.0.0.1:8080 exists only inside the pod's network namespace.
-    await asyncio.wait_for(harness.backend.port_forward(sb, 8080, conn), 10)
+    await asyncio.wait_for(harness.backend.exec.port_forward(sb, 8080, conn), 10)
     assert conn.got.startswith(b"HTTP/1.") and conn.got.endswith(b"pong\n"), bytes(conn.got)
 
 
 async def test_recover_after_restart(harness: Harness, tmp_path: Path) -> None:
     sb = await harness.run_sandbox()
     running = await harness.create(container_record(sb, ["sleep", "1000"], name="run"), sb)
-    await harness.events.start(harness.backend, running, sb, CriLogWriter(str(tmp_path / "a.log")))
+    await harness.events.start(harness.backend.lifecycle, running, sb, CriLogWriter(str(tmp_path / "a.log")))
     exited = await harness.create(container_record(sb, ["sh", "-c", "exit 5"], name="ex"), sb)
-    await harness.events.start(harness.backend, exited, sb, CriLogWriter(str(tmp_path / "b.log")))
+    await harness.events.start(harness.backend.lifecycle, exited, sb, CriLogWriter(str(tmp_path / "b.log")))
     await harness.events.exit_of(exited.id)
     leftover = await harness.create(container_record(sb, ["true"], name="left"), sb)
     left_eid = leftover.backend_data["engine_id"]
     await harness.events.close()
-    await harness.backend.close()
+    await harness.backend.lifecycle.close()
 
     events = Events()
     harness.backend = await new_backend(events)
@@ -340,7 +340,7 @@ async def test_recover_after_restart(harness: Harness, tmp_path: Path) -> None:
     # The shim's records as persisted: the leftover's record was never committed.
     leftover.committed = False
     kept = [running, exited, leftover]
-    sandboxes, containers = await harness.backend.recover([sb], kept)
+    sandboxes, containers = await harness.backend.lifecycle.recover([sb], kept)
     assert sandboxes[sb.id].exists and sandboxes[sb.id].running
     assert sandboxes[sb.id].status == SandboxStatus(ready=True, ip=sb.status.ip)
     assert containers[running.id].exists and containers[running.id].running
@@ -350,8 +350,8 @@ async def test_recover_after_restart(harness: Harness, tmp_path: Path) -> None:
     assert not containers[leftover.id].exists
     with pytest.raises(docker.errors.NotFound):
         harness.engine.inspect_container(left_eid)
-    assert await events.reattach(harness.backend, running, CriLogWriter(str(tmp_path / "a.log")))
-    assert not await events.reattach(harness.backend, exited)
+    assert await events.reattach(harness.backend.lifecycle, running, CriLogWriter(str(tmp_path / "a.log")))
+    assert not await events.reattach(harness.backend.lifecycle, exited)
 
     # The recovered backend still sees exits it did not ask for.
     harness.engine.kill(running.backend_data["engine_id"], "SIGKILL")
@@ -367,22 +367,22 @@ async def test_log_resumes_exactly_after_a_restart(harness: Harness, tmp_path: P
     script = f"i=0; while [ $i -lt {lines} ]; do i=$((i+1)); echo $i; echo e$i >&2; done; sleep 1000"
     sb = await harness.run_sandbox()
     ct = await harness.create(container_record(sb, ["sh", "-c", script], log_path=str(log_path)), sb)
-    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(log_path)))
+    await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(log_path)))
     for _ in range(100):
         await asyncio.sleep(0.05)
         if log_path.exists() and log_path.stat().st_size > 20_000:
             break
     await harness.events.close()
-    await harness.backend.close()
+    await harness.backend.lifecycle.close()
     assert len(log_records(log_path)) < 2 * lines  # cut in the middle
 
     events = Events()
     harness.backend = await new_backend(events)
     harness.events = events
-    _, seen = await harness.backend.recover([sb], [ct])
+    _, seen = await harness.backend.lifecycle.recover([sb], [ct])
     assert seen[ct.id].running
     after = last_log_marks(str(log_path))
-    assert await events.reattach(harness.backend, ct, CriLogWriter(str(log_path)), after)
+    assert await events.reattach(harness.backend.lifecycle, ct, CriLogWriter(str(log_path)), after)
     for _ in range(200):
         if len(log_records(log_path)) >= 2 * lines:
             break
@@ -412,9 +412,9 @@ async def test_create_given_up_leaves_nothing(harness: Harness, kind: str) -> No
     backend.engine.request = slow_answer  # type: ignore[method-assign]
     if kind == "container":
         assert isinstance(rec, ContainerRecord)
-        call = asyncio.create_task(backend.create_container(rec, sb))
+        call = asyncio.create_task(backend.lifecycle.create_container(rec, sb))
     else:
-        call = asyncio.create_task(backend.run_sandbox(sb))
+        call = asyncio.create_task(backend.lifecycle.run_sandbox(sb))
     await asyncio.sleep(0.5)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -423,10 +423,10 @@ async def test_create_given_up_leaves_nothing(harness: Harness, kind: str) -> No
     assert rec.backend_data.get("engine_id")  # learnt, though the caller had gone
     # What the shim's rollback does.
     if isinstance(rec, ContainerRecord):
-        await backend.remove_container(rec)
+        await backend.lifecycle.remove_container(rec)
     else:
-        await backend.stop_sandbox(rec)
-        await backend.remove_sandbox(rec)
+        await backend.lifecycle.stop_sandbox(rec)
+        await backend.lifecycle.remove_sandbox(rec)
     left = harness.engine.containers(all=True, filters={"label": f"{lbl.ID}={rec.id}"})
     assert left == []
 
@@ -451,20 +451,20 @@ def push_own_image(engine: docker.APIClient) -> str:
 async def test_images_pull_list_status_remove(harness: Harness) -> None:
     backend = harness.backend
     ref = await asyncio.to_thread(push_own_image, harness.engine)
-    assert await backend.image_status(pb.ImageSpec(image=ref)) is None
-    image_id = await backend.pull_image(pb.ImageSpec(image=ref), None, None)
+    assert await backend.images.image_status(pb.ImageSpec(image=ref)) is None
+    image_id = await backend.images.pull_image(pb.ImageSpec(image=ref), None, None)
     assert image_id.startswith("sha256:")
-    listed = {i.id: i for i in await backend.list_images()}
+    listed = {i.id: i for i in await backend.images.list_images()}
     assert ref in listed[image_id].repo_tags
-    status = await backend.image_status(pb.ImageSpec(image=ref))
+    status = await backend.images.image_status(pb.ImageSpec(image=ref))
     assert status is not None and status.id == image_id and status.size > 0
     assert any(d.startswith("127.0.0.1:5000/crishim-test@sha256:") for d in status.repo_digests)
-    by_digest = await backend.image_status(pb.ImageSpec(image=status.repo_digests[0]))
+    by_digest = await backend.images.image_status(pb.ImageSpec(image=status.repo_digests[0]))
     assert by_digest is not None and by_digest.id == image_id
-    pause = await backend.image_status(pb.ImageSpec(image=PAUSE))
+    pause = await backend.images.image_status(pb.ImageSpec(image=PAUSE))
     assert pause is not None and pause.uid == 65535 and pause.pinned
 
-    fs = await backend.image_fs_info()
+    fs = await backend.images.image_fs_info()
     store = fs.image_filesystems[0]
     assert os.path.isdir(store.fs_id.mountpoint)  # the kubelet stats it
     # The store's usage, not the disk's: less than what the filesystem holding it has in use.
@@ -476,17 +476,19 @@ async def test_images_pull_list_status_remove(harness: Harness) -> None:
     harness.engine.tag(ref, extra)
     # Concurrent removals of one image all succeed, and it is gone when each
     # returns (critest's "simultaneous RemoveImage").
-    removals = [backend.remove_image(pb.ImageSpec(image=r)) for r in (ref, image_id, ref, image_id)]
+    removals = [backend.images.remove_image(pb.ImageSpec(image=r)) for r in (ref, image_id, ref, image_id)]
     await asyncio.gather(*removals)
-    assert await backend.image_status(pb.ImageSpec(image=image_id)) is None
-    assert await backend.image_status(pb.ImageSpec(image=ref)) is None
-    assert await backend.image_status(pb.ImageSpec(image=extra)) is None  # every tag went
-    await backend.remove_image(pb.ImageSpec(image=ref))  # absent: no error
+    assert await backend.images.image_status(pb.ImageSpec(image=image_id)) is None
+    assert await backend.images.image_status(pb.ImageSpec(image=ref)) is None
+    assert await backend.images.image_status(pb.ImageSpec(image=extra)) is None  # every tag went
+    await backend.images.remove_image(pb.ImageSpec(image=ref))  # absent: no error
     with pytest.raises(NotFoundError):
-        await backend.pull_image(pb.ImageSpec(image="127.0.0.1:5000/nothing-here:1"), None, None)
-    again = await asyncio.gather(*(backend.pull_image(pb.ImageSpec(image=ref), None, None) for _ in range(3)))
+        await backend.images.pull_image(pb.ImageSpec(image="127.0.0.1:5000/nothing-here:1"), None, None)
+    again = await asyncio.gather(
+        *(backend.images.pull_image(pb.ImageSpec(image=ref), None, None) for _ in range(3))
+    )
     assert again == [image_id] * 3
-    await backend.remove_image(pb.ImageSpec(image=image_id))
+    await backend.images.remove_image(pb.ImageSpec(image=image_id))
 
 
 async def test_create_with_missing_image_is_not_found(harness: Harness) -> None:
@@ -494,7 +496,7 @@ async def test_create_with_missing_image_is_not_found(harness: Harness) -> None:
     ct = container_record(sb, ["true"])
     ct.config.image.image = "127.0.0.1:5000/absent:0"
     with pytest.raises(NotFoundError):
-        await harness.backend.create_container(ct, sb)
+        await harness.backend.lifecycle.create_container(ct, sb)
 
 
 async def test_attach_stdin_once(harness: Harness, tmp_path: Path) -> None:
@@ -506,9 +508,9 @@ async def test_attach_stdin_once(harness: Harness, tmp_path: Path) -> None:
         sb,
     )
     log_path = tmp_path / "l.log"
-    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(log_path)))
+    await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(log_path)))
     io = Session(b"ping\n")
-    await asyncio.wait_for(harness.backend.attach(ct, io), 10)
+    await asyncio.wait_for(harness.backend.exec.attach(ct, io), 10)
     assert bytes(io.out) == b"got:ping\n" and bytes(io.err) == b"bye\n"
     assert (await harness.events.exit_of(ct.id)).exit_code == 0
     assert ("stdout", "F", "got:ping") in log_records(log_path)
@@ -546,8 +548,8 @@ async def test_published_port_and_security_settings(harness: Harness, tmp_path: 
         ),
         sb,
     )
-    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
-    res = await harness.backend.exec_sync(
+    await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    res = await harness.backend.exec.exec_sync(
         ct, ["sh", "-c", "id; cat /proc/sys/net/ipv4/ip_unprivileged_port_start; touch /x"]
     )
     assert b"uid=33" in res.stdout and b"gid=33" in res.stdout and b"50" in res.stdout, res.stdout
@@ -579,16 +581,16 @@ async def test_published_port_and_security_settings(harness: Harness, tmp_path: 
 async def test_engine_down_is_unavailable(tmp_path: Path) -> None:
     events = Events()
     backend = create("docker", {"endpoint": f"unix://{tmp_path}/absent.sock"})
-    await backend.start(events)
+    await backend.lifecycle.start(events)
     try:
-        health = await backend.health()
+        health = await backend.lifecycle.health()
         assert not health.runtime_ready and health.reason == "DockerDaemonNotReady"
         with pytest.raises(UnavailableError):
-            await backend.list_images()
+            await backend.images.list_images()
         with pytest.raises(UnavailableError):
-            await backend.run_sandbox(sandbox_record())
+            await backend.lifecycle.run_sandbox(sandbox_record())
     finally:
-        await backend.close()
+        await backend.lifecycle.close()
 
 
 async def test_recover_resumes_output_without_repeats(harness: Harness, tmp_path: Path) -> None:
@@ -601,19 +603,19 @@ async def test_recover_resumes_output_without_repeats(harness: Harness, tmp_path
     )
     log_path = tmp_path / "c.log"
     ct.log_path = str(log_path)
-    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(log_path)))
+    await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(log_path)))
     await asyncio.sleep(0.6)
     await harness.events.close()
-    await harness.backend.close()  # the shim goes down while the container keeps printing
+    await harness.backend.lifecycle.close()  # the shim goes down while the container keeps printing
     await asyncio.sleep(0.4)
 
     events = Events()
     harness.backend = await new_backend(events)
     harness.events = events
-    _, seen = await harness.backend.recover([sb], [ct])
+    _, seen = await harness.backend.lifecycle.recover([sb], [ct])
     assert seen[ct.id].running
     after = last_log_marks(str(log_path))
-    assert await events.reattach(harness.backend, ct, CriLogWriter(str(log_path)), after)
+    assert await events.reattach(harness.backend.lifecycle, ct, CriLogWriter(str(log_path)), after)
     await events.exit_of(ct.id)
     numbers = [int(content) for stream, _tag, content in log_records(log_path) if stream == "stdout"]
     assert numbers == list(range(40))
@@ -622,15 +624,15 @@ async def test_recover_resumes_output_without_repeats(harness: Harness, tmp_path
 async def test_exec_client_gone_ends_process(harness: Harness, tmp_path: Path) -> None:
     sb = await harness.run_sandbox()
     ct = await harness.create(container_record(sb, ["sleep", "1000"]), sb)
-    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
-    session = asyncio.create_task(harness.backend.exec(ct, ["sleep", "301"], Session(None)))
+    await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    session = asyncio.create_task(harness.backend.exec.exec(ct, ["sleep", "301"], Session(None)))
     await asyncio.sleep(0.5)
-    ps = await harness.backend.exec_sync(ct, ["ps", "-o", "args"])
+    ps = await harness.backend.exec.exec_sync(ct, ["ps", "-o", "args"])
     assert b"sleep 301" in ps.stdout
     session.cancel()
     with pytest.raises(asyncio.CancelledError):
         await session
-    ps = await harness.backend.exec_sync(ct, ["ps", "-o", "args"])
+    ps = await harness.backend.exec.exec_sync(ct, ["ps", "-o", "args"])
     assert b"sleep 301" not in ps.stdout, ps.stdout
 
 
@@ -712,7 +714,7 @@ async def behind_proxy(
     backend = create(
         "docker", {"endpoint": f"unix://{proxy.path}", "pause_image": PAUSE, "instance": INSTANCE}
     )
-    await backend.start(events)
+    await backend.lifecycle.start(events)
     h = Harness(backend, events, engine)
     try:
         yield proxy, h
@@ -720,14 +722,14 @@ async def behind_proxy(
         proxy.refusing = False
         await h.cleanup()
         await events.close()
-        await backend.close()
+        await backend.lifecycle.close()
         await proxy.down()
 
 
 async def start_sleeper(h: Harness, tmp_path: Path) -> ContainerRecord:
     sb = await h.run_sandbox()
     ct = await h.create(container_record(sb, ["sleep", "1000"]), sb)
-    await h.events.start(h.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await h.events.start(h.backend.lifecycle, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     return ct
 
 
@@ -737,25 +739,25 @@ async def test_engine_outage_and_return(engine: docker.APIClient, tmp_path: Path
         ct = await start_sleeper(h, tmp_path)
 
         await proxy.down()
-        health = await backend.health()
+        health = await backend.lifecycle.health()
         assert not health.runtime_ready and health.reason
         with pytest.raises(UnavailableError):
-            await backend.list_images()
+            await backend.images.list_images()
         with pytest.raises(UnavailableError):
-            await backend.exec_sync(ct, ["true"])
+            await backend.exec.exec_sync(ct, ["true"])
         # It dies while the shim cannot hear the engine.
         engine.kill(ct.backend_data["engine_id"], "SIGKILL")
         await asyncio.sleep(0.5)
 
         await proxy.up()
         for _ in range(50):
-            if (await backend.health()).runtime_ready:
+            if (await backend.lifecycle.health()).runtime_ready:
                 break
             await asyncio.sleep(0.1)
-        assert (await backend.health()).runtime_ready
+        assert (await backend.lifecycle.health()).runtime_ready
         info = await h.events.exit_of(ct.id, timeout=15)
         assert info.exit_code in (137, 143)
-        assert [i.id for i in await backend.list_images()]
+        assert [i.id for i in await backend.images.list_images()]
 
 
 async def test_exit_heard_while_the_engine_cannot_be_asked(engine: docker.APIClient, tmp_path: Path) -> None:
@@ -855,17 +857,17 @@ async def test_pull_without_progress_times_out(engine: docker.APIClient) -> None
         "docker",
         {"endpoint": ENDPOINT, "pause_image": PAUSE, "pull_no_progress_timeout": 2, "instance": INSTANCE},
     )
-    await backend.start(Events())
+    await backend.lifecycle.start(Events())
     ref = f"127.0.0.1:{registry.port}/stall:{INSTANCE}"
     try:
         t0 = time.monotonic()
         with pytest.raises(DeadlineExceededError) as info:
-            await backend.pull_image(pb.ImageSpec(image=ref), None, None)
+            await backend.images.pull_image(pb.ImageSpec(image=ref), None, None)
         assert "no progress for 2s" in str(info.value)
         assert 2 <= time.monotonic() - t0 < 15
         assert registry.blob_requests >= 1  # it did get as far as the layers
     finally:
-        await backend.close()
+        await backend.lifecycle.close()
         await registry.stop()
 
 
@@ -883,7 +885,7 @@ async def test_pod_dns(harness: Harness, tmp_path: Path) -> None:
         sb,
     )
     log_path = tmp_path / "c.log"
-    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(log_path)))
+    await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(log_path)))
     info = await harness.events.exit_of(ct.id, timeout=60)
     assert info.exit_code == 0  # OOMKilled is in tests/contract (every backend)
     out = [content for stream, _tag, content in log_records(log_path) if stream == "stdout"]
@@ -896,11 +898,11 @@ async def test_pause_image_pulled_again_when_removed(harness: Harness) -> None:
     harness.engine.remove_image(PAUSE, force=True)
     sb = await harness.run_sandbox()
     assert sb.status.ip
-    assert await harness.backend.image_status(pb.ImageSpec(image=PAUSE)) is not None
+    assert await harness.backend.images.image_status(pb.ImageSpec(image=PAUSE)) is not None
 
 
 async def test_image_id_cache_follows_retags(harness: Harness) -> None:
-    images = harness.backend.images
+    images = harness.backend._shared.engine_images
     moving = f"127.0.0.1:5000/crishim-moving:{INSTANCE}"
     busybox_id = harness.engine.inspect_image(BUSYBOX)["Id"]
     pause_id = harness.engine.inspect_image(PAUSE)["Id"]
@@ -931,7 +933,7 @@ async def test_failed_sandbox_leaves_nothing(harness: Harness) -> None:
     await harness.run_sandbox(sandbox_record("first", port_mappings=mapping))
     second = sandbox_record("second", port_mappings=mapping)
     with pytest.raises(CriError):
-        await harness.backend.run_sandbox(second)
+        await harness.backend.lifecycle.run_sandbox(second)
     assert "engine_id" not in second.backend_data
     rows = harness.engine.containers(all=True, filters={"label": f"io.cri-shim.id={second.id}"})
     assert rows == []
@@ -943,7 +945,7 @@ async def test_long_line_split_into_partial_records(harness: Harness, tmp_path: 
         container_record(sb, ["sh", "-c", "head -c 40000 /dev/zero | tr '\\0' a; echo; echo next"]), sb
     )
     log_path = tmp_path / "c.log"
-    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(log_path)))
+    await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(log_path)))
     await harness.events.exit_of(ct.id)
     records = log_records(log_path)
     assert [(tag, len(content)) for _s, tag, content in records] == [
@@ -968,14 +970,16 @@ async def test_all_output_is_logged_when_the_exit_is_reported(
     sb = await harness.run_sandbox()
     ct = await harness.create(container_record(sb, ["sh", "-c", script]), sb)
     log_path = tmp_path / "c.log"
-    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(log_path)))
+    await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(log_path)))
     if how == "stopped":
         for _ in range(200):
-            done = await harness.backend.exec_sync(ct, ["test", "-e", "/tmp/done"])
+            done = await harness.backend.exec.exec_sync(ct, ["test", "-e", "/tmp/done"])
             if done.exit_code == 0:
                 break
             await asyncio.sleep(0.05)
-        info = await harness.events.stop(harness.backend, ct, 0)  # StopContainer: drained, then recorded
+        info = await harness.events.stop(
+            harness.backend.lifecycle, ct, 0
+        )  # StopContainer: drained, then recorded
         assert info.exit_code in (137, 143)
     else:
         assert (await harness.events.exit_of(ct.id)).exit_code == 3
@@ -992,18 +996,20 @@ async def test_masked_and_readonly_paths(harness: Harness, tmp_path: Path) -> No
         container_record(sb, ["sleep", "1000"], linux=pb.LinuxContainerConfig(security_context=sc)), sb
     )
     try:
-        await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+        await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     except CriError as exc:
         # Say what the image holds, so that a failure here tells image from runtime.
         plain = await harness.create(container_record(sb, ["sleep", "1000"], name="plain"), sb)
-        await harness.events.start(harness.backend, plain, sb, CriLogWriter(str(tmp_path / "p.log")))
-        listing = await harness.backend.exec_sync(plain, ["ls", "-li", "/bin/ls", "/bin/sleep"])
+        await harness.events.start(
+            harness.backend.lifecycle, plain, sb, CriLogWriter(str(tmp_path / "p.log"))
+        )
+        listing = await harness.backend.exec.exec_sync(plain, ["ls", "-li", "/bin/ls", "/bin/sleep"])
         pytest.fail(f"start with /bin/ls masked failed: {exc}; image: {listing.stdout!r} {listing.stderr!r}")
-    masked = await harness.backend.exec_sync(ct, ["/bin/ls", "/"])
+    masked = await harness.backend.exec.exec_sync(ct, ["/bin/ls", "/"])
     assert masked.exit_code != 0  # /bin/ls is /dev/null now
-    shell = await harness.backend.exec_sync(ct, ["sh", "-c", "echo alive"])
+    shell = await harness.backend.exec.exec_sync(ct, ["sh", "-c", "echo alive"])
     assert shell.stdout == b"alive\n"  # busybox itself is not masked with it
-    ro = await harness.backend.exec_sync(ct, ["touch", "/tmp/x"])
+    ro = await harness.backend.exec.exec_sync(ct, ["touch", "/tmp/x"])
     assert ro.exit_code != 0 and b"Read-only file system" in ro.stderr
 
 
@@ -1013,13 +1019,13 @@ async def test_image_fs_info_counts_writable_layers_apart(harness: Harness, tmp_
     backend = harness.backend
     sb = await harness.run_sandbox()
     ct = await harness.create(container_record(sb, ["sleep", "1000"]), sb)
-    await harness.events.start(backend, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
+    await harness.events.start(backend.lifecycle, ct, sb, CriLogWriter(str(tmp_path / "l.log")))
     await backend._store_usage._measure()  # type: ignore[attr-defined]
-    before = await backend.image_fs_info()
-    res = await backend.exec_sync(ct, ["sh", "-c", "head -c 8388608 /dev/urandom > /big && sync"])
+    before = await backend.images.image_fs_info()
+    res = await backend.exec.exec_sync(ct, ["sh", "-c", "head -c 8388608 /dev/urandom > /big && sync"])
     assert res.exit_code == 0, res.stderr
     await backend._store_usage._measure()  # type: ignore[attr-defined]
-    after = await backend.image_fs_info()
+    after = await backend.images.image_fs_info()
     (images,), (writable,) = after.image_filesystems, after.container_filesystems
     assert images.fs_id.mountpoint == writable.fs_id.mountpoint and os.path.isdir(images.fs_id.mountpoint)
     grew = writable.used_bytes.value - before.container_filesystems[0].used_bytes.value

@@ -92,12 +92,12 @@ def pod(name: str, **config: Any) -> SandboxRecord:
 
 async def started(h: Harness, sb: SandboxRecord, command: list[str]) -> ContainerRecord:
     ct = await h.create(container_record(sb, command), sb)
-    await h.events.start(h.backend, ct, sb)
+    await h.events.start(h.backend.lifecycle, ct, sb)
     return ct
 
 
 async def eth0(h: Harness, ct: ContainerRecord) -> str:
-    out = await h.backend.exec_sync(ct, ["ip", "-o", "-4", "addr", "show", "dev", "eth0"])
+    out = await h.backend.exec.exec_sync(ct, ["ip", "-o", "-4", "addr", "show", "dev", "eth0"])
     assert out.exit_code == 0, out
     return out.stdout.decode().split()[3]
 
@@ -117,21 +117,21 @@ async def test_pods_get_addresses_of_the_network_and_reach_each_other(pods: Harn
     c2 = await started(pods, two, ["sleep", "3600"])
     assert await eth0(pods, c1) == f"{ip1}/24"  # the app container is in the pod's namespace
     assert await eth0(pods, c2) == f"{ip2}/24"
-    ping = await pods.backend.exec_sync(c1, ["ping", "-c1", "-W5", ip2])
+    ping = await pods.backend.exec.exec_sync(c1, ["ping", "-c1", "-W5", ip2])
     assert ping.exit_code == 0, ping
 
-    await pods.backend.stop_container(c1, 0)
-    await pods.backend.stop_sandbox(one)
+    await pods.backend.lifecycle.stop_container(c1, 0)
+    await pods.backend.lifecycle.stop_sandbox(one)
     assert net.reserved() == {ip2: two.id}
     assert len(net.ports()) == 1
     assert net.pins() == [two.id]
-    await pods.backend.stop_sandbox(one)  # idempotent
-    await pods.backend.remove_container(c1)
-    await pods.backend.remove_sandbox(one)
-    await pods.backend.stop_container(c2, 0)
-    await pods.backend.stop_sandbox(two)
-    await pods.backend.remove_container(c2)
-    await pods.backend.remove_sandbox(two)
+    await pods.backend.lifecycle.stop_sandbox(one)  # idempotent
+    await pods.backend.lifecycle.remove_container(c1)
+    await pods.backend.lifecycle.remove_sandbox(one)
+    await pods.backend.lifecycle.stop_container(c2, 0)
+    await pods.backend.lifecycle.stop_sandbox(two)
+    await pods.backend.lifecycle.remove_container(c2)
+    await pods.backend.lifecycle.remove_sandbox(two)
     assert net.reserved() == {}
     assert net.ports() == []
     assert net.cached() == []
@@ -152,7 +152,7 @@ async def test_the_engine_makes_no_network_and_the_pod_has_its_own_files(
 
     show = ["sh", "-c", "hostname; cat /etc/resolv.conf; cat /etc/hosts"]
     ct = await started(pods, sb, ["sleep", "3600"])
-    out = await pods.backend.exec_sync(ct, show)
+    out = await pods.backend.exec.exec_sync(ct, show)
     assert out.exit_code == 0, out
     text = out.stdout.decode()
     assert text.startswith("files\n")
@@ -167,17 +167,17 @@ async def test_the_engine_makes_no_network_and_the_pod_has_its_own_files(
         sb, ["sleep", "3600"], name="m", mounts=[pb.Mount(container_path="/etc/hosts", host_path=str(own))]
     )
     await pods.create(mounted, sb)
-    await pods.events.start(pods.backend, mounted, sb)
-    out = await pods.backend.exec_sync(mounted, ["cat", "/etc/hosts", "/etc/resolv.conf"])
+    await pods.events.start(pods.backend.lifecycle, mounted, sb)
+    out = await pods.backend.exec.exec_sync(mounted, ["cat", "/etc/hosts", "/etc/resolv.conf"])
     assert out.exit_code == 0, out
     assert out.stdout.decode().startswith("10.1.2.3\tfiles\nsearch ns.svc.cluster.local\n")
 
     for c in (ct, mounted):
-        await pods.backend.stop_container(c, 0)
-    await pods.backend.stop_sandbox(sb)
+        await pods.backend.lifecycle.stop_container(c, 0)
+    await pods.backend.lifecycle.stop_sandbox(sb)
     for c in (ct, mounted):
-        await pods.backend.remove_container(c)
-    await pods.backend.remove_sandbox(sb)
+        await pods.backend.lifecycle.remove_container(c)
+    await pods.backend.lifecycle.remove_sandbox(sb)
     assert not files.exists()
 
 
@@ -191,7 +191,7 @@ async def test_a_host_port_answers_on_the_host_and_port_forward_reaches_the_pod(
     # portmap publishes the port, not the engine.
     assert pods.engine.inspect_container(sb.backend_data["engine_id"])["HostConfig"]["PortBindings"] == {}
     ct = await started(pods, sb, ["sh", "-c", "echo pong > /tmp/index.html; httpd -f -p 8080 -h /tmp"])
-    await pods.backend.exec_sync(
+    await pods.backend.exec.exec_sync(
         ct, ["sh", "-c", "until wget -q -O /dev/null http://127.0.0.1:8080/index.html; do sleep 0.1; done"]
     )
 
@@ -203,11 +203,11 @@ async def test_a_host_port_answers_on_the_host_and_port_forward_reaches_the_pod(
     assert any(f"--dports {port}" in line for _, _, line in net.iptables())
 
     conn = HttpGet("/index.html")
-    await asyncio.wait_for(pods.backend.port_forward(sb, 8080, conn), 10)
+    await asyncio.wait_for(pods.backend.exec.port_forward(sb, 8080, conn), 10)
     assert conn.got.endswith(b"pong\n"), bytes(conn.got)
 
-    await pods.backend.stop_container(ct, 0)
-    await pods.backend.stop_sandbox(sb)
+    await pods.backend.lifecycle.stop_container(ct, 0)
+    await pods.backend.lifecycle.stop_sandbox(sb)
     assert net.iptables() == set()
 
 
@@ -242,18 +242,18 @@ async def test_network_ready_follows_the_config_without_a_restart(
     engine: docker.APIClient, net: CniNet
 ) -> None:
     backend = net.backend()
-    await backend.start(Events())
+    await backend.lifecycle.start(Events())
     try:
-        health = await backend.health()
+        health = await backend.lifecycle.health()
         assert (health.runtime_ready, health.network_ready) == (True, False)
         assert health.reason == "NetworkPluginNotReady" and str(net.conf_dir) in health.message
         net.write_conflist()
-        health = await backend.health()
+        health = await backend.lifecycle.health()
         assert (health.runtime_ready, health.network_ready) == (True, True)
         (net.conf_dir / "10-test.conflist").write_text("{")
-        assert "invalid JSON" in (await backend.health()).message
+        assert "invalid JSON" in (await backend.lifecycle.health()).message
     finally:
-        await backend.close()
+        await backend.lifecycle.close()
 
 
 async def test_the_pod_cidr_reaches_host_local_as_ip_ranges(engine: docker.APIClient, net: CniNet) -> None:
@@ -274,14 +274,14 @@ async def test_a_plugin_that_fails_or_hangs_leaves_nothing(
     """Also when the client gives up (the call is cancelled) while a plugin runs."""
     pids = break_add(net, how)
     backend = net.backend(plugin_timeout=TIMEOUT)
-    await backend.start(Events())
+    await backend.lifecycle.start(Events())
     sb = pod(
         "broken", port_mappings=[pb.PortMapping(container_port=80, host_port=30000 + secrets.randbelow(2000))]
     )
     try:
-        await run_broken(backend.run_sandbox(sb), how, pids)
+        await run_broken(backend.lifecycle.run_sandbox(sb), how, pids)
     finally:
-        await backend.close()
+        await backend.lifecycle.close()
     assert net.reserved() == {}
     assert net.ports() == []
     assert net.iptables() == set()
@@ -297,10 +297,10 @@ async def test_stop_after_the_config_was_removed_frees_the_address(pods: Harness
     )
     assert list(net.reserved()) == [sb.status.ip]
     (net.conf_dir / "10-test.conflist").unlink()
-    assert not (await pods.backend.health()).network_ready
-    await pods.backend.stop_sandbox(sb)
+    assert not (await pods.backend.lifecycle.health()).network_ready
+    await pods.backend.lifecycle.stop_sandbox(sb)
     assert net.reserved() == {} and net.ports() == [] and net.iptables() == set()
-    await pods.backend.remove_sandbox(sb)
+    await pods.backend.lifecycle.remove_sandbox(sb)
 
 
 async def test_a_failing_del_fails_the_stop_but_never_the_remove(pods: Harness, net: CniNet) -> None:
@@ -308,13 +308,13 @@ async def test_a_failing_del_fails_the_stop_but_never_the_remove(pods: Harness, 
     net.write_conflist({"type": "breaker", "fake": {"DEL": {"error": {"code": 11, "msg": "busy"}}}})
     sb = await pods.run_sandbox(pod("sticky"))
     with pytest.raises(PluginError, match=r"breaker DEL failed \(code 11\): busy"):
-        await pods.backend.stop_sandbox(sb)
+        await pods.backend.lifecycle.stop_sandbox(sb)
     eid = sb.backend_data["engine_id"]
     assert not pods.engine.inspect_container(eid)["State"]["Running"]  # the pod is stopped all the same
     assert pods.events.not_ready == {sb.id: "CNI DEL failed"}  # so a remove needs no stop first
     with pytest.raises(PluginError):
-        await pods.backend.stop_sandbox(sb)  # a stop again DELs again
-    await pods.backend.remove_sandbox(sb)  # logs the plugin's failure
+        await pods.backend.lifecycle.stop_sandbox(sb)  # a stop again DELs again
+    await pods.backend.lifecycle.remove_sandbox(sb)  # logs the plugin's failure
     with pytest.raises(docker.errors.NotFound):
         pods.engine.inspect_container(eid)
     assert net.pins() == []
@@ -330,20 +330,20 @@ async def test_a_restart_releases_what_pods_with_no_record_hold(
     async with harnessed(net.backend(), engine) as h:
         kept = await h.run_sandbox(pod("kept"))
         lost = pod("lost")  # the shim dies after its ADD, before its record is committed
-        lost_ip = (await h.backend.run_sandbox(lost)).ip
+        lost_ip = (await h.backend.lifecycle.run_sandbox(lost)).ip
         assert net.reserved() == {kept.status.ip: kept.id, lost_ip: lost.id}
         assert len(net.pins()) == 2
 
-        await h.backend.close()  # the shim dies
+        await h.backend.lifecycle.close()  # the shim dies
         h.backend = net.backend()  # and starts again: nothing in memory
-        await h.backend.start(h.events)
-        seen, _ = await h.backend.recover([kept], [])
+        await h.backend.lifecycle.start(h.events)
+        seen, _ = await h.backend.lifecycle.recover([kept], [])
         assert seen[kept.id].exists and seen[kept.id].running
         assert seen[kept.id].status == SandboxStatus(ready=True, ip=kept.status.ip)
         assert net.reserved() == {kept.status.ip: kept.id}
         assert net.pins() == [kept.id] and len(net.ports()) == 1
         assert engine.containers(all=True, filters={"label": f"io.cri-shim.id={lost.id}"}) == []
         assert os.listdir(net.state_dir / "pod-files") == [kept.id]  # the lost pod's files swept
-        await h.backend.stop_sandbox(kept)  # DEL from the cache a previous process wrote
+        await h.backend.lifecycle.stop_sandbox(kept)  # DEL from the cache a previous process wrote
         assert net.reserved() == {} and net.ports() == []
     assert net.pins() == [] and net.cached() == []

@@ -38,16 +38,16 @@ class Kit:
 
     async def pod(self) -> SandboxRecord:
         sb = sandbox_record()
-        await self.backend.run_sandbox(sb)
+        await self.backend.lifecycle.run_sandbox(sb)
         sb.committed = True
         return sb
 
     async def running(self, sb: SandboxRecord, **config: object) -> ContainerRecord:
         ct = container_record(sb, ["sleep", "1000"], **config)  # type: ignore[arg-type]
-        await self.backend.create_container(ct, sb)
+        await self.backend.lifecycle.create_container(ct, sb)
         ct.committed = True
         self.logs[ct.id] = Sink()
-        await self.events.start(self.backend, ct, sb, self.logs[ct.id])
+        await self.events.start(self.backend.lifecycle, ct, sb, self.logs[ct.id])
         return ct
 
 
@@ -73,7 +73,7 @@ async def new_kit(engine: FakeEngine | None = None) -> Kit:
         engine.add_image(BUSYBOX)
     events = Events()
     backend = DockerBackend("docker", engine=engine, pause_image=PAUSE, instance="logic")
-    await backend.start(events)
+    await backend.lifecycle.start(events)
     await asyncio.sleep(0)  # the event watcher subscribes
     return Kit(engine, backend, events)
 
@@ -83,7 +83,7 @@ async def kit() -> AsyncIterator[Kit]:
     k = await new_kit()
     yield k
     await k.events.close()
-    await k.backend.close()
+    await k.backend.lifecycle.close()
 
 
 async def test_lifecycle_maps_to_engine_calls(kit: Kit) -> None:
@@ -92,12 +92,12 @@ async def test_lifecycle_maps_to_engine_calls(kit: Kit) -> None:
     eid = ct.backend_data["engine_id"]
     assert kit.engine.containers[eid].running
     assert ct.backend_data["pid"] == kit.engine.containers[eid].pid
-    info = await kit.backend.stop_container(ct, 5)
+    info = await kit.backend.lifecycle.stop_container(ct, 5)
     assert (info.exit_code, info.reason) == (143, "Error")
     assert await kit.events.exit_of(ct.id, timeout=5) == info  # the process ends with the stop's exit
-    await kit.backend.remove_container(ct)
-    await kit.backend.stop_sandbox(sb)
-    await kit.backend.remove_sandbox(sb)
+    await kit.backend.lifecycle.remove_container(ct)
+    await kit.backend.lifecycle.stop_sandbox(sb)
+    await kit.backend.lifecycle.remove_sandbox(sb)
     assert kit.engine.containers == {}
     ops = [op for op, _ in kit.engine.calls if op.endswith("_container")]
     assert ops[:2] == ["create_container", "start_container"]
@@ -108,7 +108,7 @@ async def test_failed_sandbox_start_leaves_nothing(kit: Kit) -> None:
     kit.engine.fail("start_container", InternalError("no network"))
     sb = sandbox_record()
     with pytest.raises(InternalError):
-        await kit.backend.run_sandbox(sb)
+        await kit.backend.lifecycle.run_sandbox(sb)
     assert kit.engine.containers == {}
     assert "engine_id" not in sb.backend_data
     assert kit.backend.states.sandboxes == {}
@@ -117,7 +117,7 @@ async def test_failed_sandbox_start_leaves_nothing(kit: Kit) -> None:
 async def test_leftover_of_the_same_name_is_replaced(kit: Kit) -> None:
     sb = sandbox_record()
     await kit.engine.create_container(lbl.sandbox_name(sb.id, sb.config), {"Image": PAUSE})
-    await kit.backend.run_sandbox(sb)
+    await kit.backend.lifecycle.run_sandbox(sb)
     assert len(kit.engine.containers) == 1
     assert kit.engine.count("remove_container") == 1
 
@@ -129,7 +129,7 @@ async def test_exit_reported_once_with_oom_reason(kit: Kit) -> None:
     info = await kit.events.exit_of(ct.id, timeout=5)
     assert (info.exit_code, info.reason) == (137, "OOMKilled")
     reported = dict(kit.events.exits)
-    await kit.backend._events._check_watched()  # a reconnect looks again: nothing new
+    await kit.backend.lifecycle._events._check_watched()  # a reconnect looks again: nothing new
     await asyncio.sleep(0.1)
     assert kit.events.exits == reported and len(reported) == 1
 
@@ -203,10 +203,10 @@ async def test_remove_drops_all_per_object_state(kit: Kit) -> None:
     kit.backend.states.sandboxes[sb.id].cpu_prev = (1, 1)
     process = st.process
     assert process is not None and ct.id in kit.events.io
-    await kit.events.stop(kit.backend, ct, 0)
-    await kit.backend.remove_container(ct)
-    await kit.backend.stop_sandbox(sb)
-    await kit.backend.remove_sandbox(sb)
+    await kit.events.stop(kit.backend.lifecycle, ct, 0)
+    await kit.backend.lifecycle.remove_container(ct)
+    await kit.backend.lifecycle.stop_sandbox(sb)
+    await kit.backend.lifecycle.remove_sandbox(sb)
     await asyncio.sleep(0)
     assert kit.backend.states.containers == {} and kit.backend.states.sandboxes == {}
     assert process.exit.info is not None and ct.id not in kit.events.io  # nothing follows it any more
@@ -217,16 +217,16 @@ async def test_recovery_adopts_marks_and_removes(kit: Kit) -> None:
     running = await kit.running(sb)
     gone = await kit.running(sb, name="gone")
     stray = container_record(sb, ["true"], name="stray")
-    await kit.backend.create_container(stray, sb)  # never committed: a leftover
+    await kit.backend.lifecycle.create_container(stray, sb)  # never committed: a leftover
     del kit.engine.containers[gone.backend_data["engine_id"]]
     kit.engine.exit(running.backend_data["engine_id"], 0)
-    await kit.backend.close()
+    await kit.backend.lifecycle.close()
 
     later = await new_kit(kit.engine)
     try:
         for r in (sb, running, gone):
             r.backend_data.pop("engine_id", None)
-        sbs, cts = await later.backend.recover([sb], [running, gone])
+        sbs, cts = await later.backend.lifecycle.recover([sb], [running, gone])
         assert sbs[sb.id].exists and sbs[sb.id].running
         assert cts[running.id].exists and not cts[running.id].running
         assert cts[running.id].exit is not None and cts[running.id].exit.reason == "Completed"
@@ -235,7 +235,7 @@ async def test_recovery_adopts_marks_and_removes(kit: Kit) -> None:
         assert running.backend_data["engine_id"]
         assert later.backend.states.sandboxes[sb.id].watched
     finally:
-        await later.backend.close()
+        await later.backend.lifecycle.close()
 
 
 async def test_hugepage_reasons_passed_over_are_said_once(kit: Kit, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -253,7 +253,7 @@ async def test_hugepage_reasons_passed_over_are_said_once(kit: Kit, monkeypatch:
     await kit.running(sb, name="b", linux=pb.LinuxContainerConfig(resources=res))
     assert [s[2] for s in said] == [[("2MB", 2 << 20)]] * 2
     assert said[0][:2] == (a.backend_data["pid"], a.backend_data["engine_id"])
-    assert kit.backend._containers._hugetlb_said == {"no hugetlb controller"}
+    assert kit.backend.lifecycle._hugetlb_said == {"no hugetlb controller"}
 
 
 async def test_engine_down_is_unavailable() -> None:
@@ -261,14 +261,14 @@ async def test_engine_down_is_unavailable() -> None:
     engine.down = True
     k = await new_kit(engine)
     try:
-        health = await k.backend.health()
+        health = await k.backend.lifecycle.health()
         assert not health.runtime_ready and health.reason == "DockerDaemonNotReady"
         with pytest.raises(UnavailableError):
-            await k.backend.list_images()
+            await k.backend.images.list_images()
         with pytest.raises(UnavailableError):
-            await k.backend.run_sandbox(sandbox_record())
+            await k.backend.lifecycle.run_sandbox(sandbox_record())
     finally:
-        await k.backend.close()
+        await k.backend.lifecycle.close()
 
 
 async def test_missing_image_is_not_found_and_creates_nothing(kit: Kit) -> None:
@@ -277,7 +277,7 @@ async def test_missing_image_is_not_found_and_creates_nothing(kit: Kit) -> None:
     ct = container_record(sb, ["true"])
     ct.config.image.image = "127.0.0.1:5000/absent:1"
     with pytest.raises(NotFoundError):
-        await kit.backend.create_container(ct, sb)
+        await kit.backend.lifecycle.create_container(ct, sb)
     assert kit.engine.count("create_container") == 1  # the pause container only
     assert ct.id not in kit.backend.states.containers
 
@@ -285,7 +285,7 @@ async def test_missing_image_is_not_found_and_creates_nothing(kit: Kit) -> None:
 async def test_exec_sync_through_the_engine(kit: Kit) -> None:
     sb = await kit.pod()
     ct = await kit.running(sb)
-    result = await kit.backend.exec_sync(ct, ["echo", "ok"])
+    result = await kit.backend.exec.exec_sync(ct, ["echo", "ok"])
     assert (result.exit_code, result.stdout) == (0, b"ok\n")
     assert ("exec_create", ["echo", "ok"]) in kit.engine.calls
 
@@ -315,13 +315,13 @@ async def test_pod_resources_are_the_kubelets_cgroup_and_need_one(kit: Kit) -> N
     without has no pod-level cgroup at all and is refused."""
     req = pb.UpdatePodSandboxResourcesRequest(resources=pb.LinuxContainerResources(cpu_shares=512))
     kubelets = sandbox_record(linux=pb.LinuxPodSandboxConfig(cgroup_parent="/kubepods/burstable/pod1"))
-    await kit.backend.run_sandbox(kubelets)
+    await kit.backend.lifecycle.run_sandbox(kubelets)
     before = len(kit.engine.calls)
-    await kit.backend.update_sandbox_resources(kubelets, req)
+    await kit.backend.resources.update_sandbox_resources(kubelets, req)
     assert len(kit.engine.calls) == before
     bare = await kit.pod()
     with pytest.raises(FailedPreconditionError, match="no cgroup_parent"):
-        await kit.backend.update_sandbox_resources(bare, req)
+        await kit.backend.resources.update_sandbox_resources(bare, req)
 
 
 async def test_a_pod_in_its_own_user_namespace_is_refused_saying_why(short_tmp: str) -> None:
@@ -383,22 +383,22 @@ async def test_cgroup_driver_is_the_engines_and_parents_must_match_it(
     backend = DockerBackend(
         "docker", engine=engine, pause_image=PAUSE, instance="logic-cg", cgroup_driver=other
     )
-    await backend.start(events)
+    await backend.lifecycle.start(events)
     try:
         want = pb.SYSTEMD if engine_driver == "systemd" else pb.CGROUPFS
-        assert backend.runtime_config().linux.cgroup_driver == want
+        assert backend.lifecycle.runtime_config().linux.cgroup_driver == want
         sb = sandbox_record(linux=pb.LinuxPodSandboxConfig(cgroup_parent=parent))
         if refused:
             with pytest.raises(InvalidArgumentError, match=refused):
-                await backend.run_sandbox(sb)
+                await backend.lifecycle.run_sandbox(sb)
             assert not engine.containers
         else:
-            await backend.run_sandbox(sb)
+            await backend.lifecycle.run_sandbox(sb)
             (pause,) = engine.containers.values()
             assert pause.config["HostConfig"]["CgroupParent"] == parent
     finally:
         await events.close()
-        await backend.close()
+        await backend.lifecycle.close()
 
 
 async def test_a_death_heard_during_the_start_is_reported(kit: Kit) -> None:
@@ -406,7 +406,7 @@ async def test_a_death_heard_during_the_start_is_reported(kit: Kit) -> None:
     backend watches it: its die event, heard meanwhile, is not lost."""
     sb = await kit.pod()
     ct = container_record(sb, ["true"])
-    await kit.backend.create_container(ct, sb)
+    await kit.backend.lifecycle.create_container(ct, sb)
     ct.committed = True
     eid = ct.backend_data["engine_id"]
     engine = kit.engine
@@ -420,7 +420,7 @@ async def test_a_death_heard_during_the_start_is_reported(kit: Kit) -> None:
         return info
 
     engine.inspect_container = inspect_then_die  # type: ignore[method-assign]
-    await kit.events.start(kit.backend, ct, sb, Sink())
+    await kit.events.start(kit.backend.lifecycle, ct, sb, Sink())
     engine.inspect_container = plain  # type: ignore[method-assign]
     info = await kit.events.exit_of(ct.id, timeout=5)
     assert info.exit_code == 0
@@ -448,9 +448,9 @@ async def test_a_pool_closed_while_the_engine_creates_an_item_leaves_no_containe
     backend = DockerBackend(
         "docker", engine=engine, pause_image=PAUSE, instance="logic", pool=PoolSettings(size=1)
     )
-    await backend.start(events)
+    await backend.lifecycle.start(events)
     await asyncio.wait_for(engine.creating.wait(), 5)
-    closing = asyncio.ensure_future(backend.close())
+    closing = asyncio.ensure_future(backend.lifecycle.close())
     await asyncio.sleep(0.05)
     engine.release.set()
     await asyncio.wait_for(closing, 5)

@@ -61,10 +61,10 @@ async def test_the_reported_stop_signal_is_the_one_the_engine_sends(
     info = harness.engine.inspect_container(ct.backend_data["engine_id"])
     assert info["Config"]["StopSignal"] == pb.Signal.Name(want).replace("PLUS", "+")
     log = tmp_path / "c.log"
-    await harness.events.start(harness.backend, ct, sb, CriLogWriter(str(log)))
+    await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(log)))
     ready = ["sh", "-c", "until [ -e /tmp/ready ]; do sleep 0.05; done"]
-    await harness.backend.exec_sync(ct, ready)
-    exit_info = await harness.backend.stop_container(ct, 30)
+    await harness.backend.exec.exec_sync(ct, ready)
+    exit_info = await harness.backend.lifecycle.stop_container(ct, 30)
     assert exit_info.exit_code == 0
     await harness.events.exit_of(ct.id)
     assert [line.rsplit(" ", 1)[-1] for line in log.read_text().splitlines()] == [said]

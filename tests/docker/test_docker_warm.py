@@ -55,7 +55,7 @@ async def pooled_backend(events: Events, size: int) -> DockerBackend:
             "pool": {"size": size, "refill_interval": 0.0, "max_cpu": 0},
         },
     )
-    await backend.start(events)
+    await backend.lifecycle.start(events)
     return backend
 
 
@@ -68,7 +68,7 @@ async def pooled(engine: docker.APIClient) -> AsyncIterator[Harness]:
     finally:
         await h.cleanup()
         await h.events.close()
-        await h.backend.close()
+        await h.backend.lifecycle.close()
 
 
 def ready(h: Harness, n: int) -> Callable[[], bool]:
@@ -85,7 +85,7 @@ def warm_rows(engine: docker.APIClient) -> list[dict[str, Any]]:
 async def output_of(h: Harness, sb: Any, tmp_path: Path, name: str, script: str) -> str:
     log = tmp_path / f"{name}.log"
     ct = await h.create(container_record(sb, ["sh", "-c", script], name=name), sb)
-    await h.events.start(h.backend, ct, sb, CriLogWriter(str(log)))
+    await h.events.start(h.backend.lifecycle, ct, sb, CriLogWriter(str(log)))
     await h.events.exit_of(ct.id)
     return "".join(line.split(" ", 3)[3] + "\n" for line in log.read_text().splitlines())
 
@@ -117,7 +117,7 @@ async def test_a_host_network_pod_takes_a_warm_pause_container_and_looks_cold(
     finally:
         await cold.cleanup()
         await events.close()
-        await cold_backend.close()
+        await cold_backend.lifecycle.close()
     w_lines, c_lines = warm_out.splitlines(), cold_out.splitlines()
     assert w_lines[0] == c_lines[0] == socket.gethostname()
     assert "nameserver 10.96.0.10" in warm_out and "options ndots:5" in warm_out
@@ -165,7 +165,7 @@ async def test_pool_items_are_reclaimed_after_a_crash_and_removed_at_stop(engine
         await until(ready(h, 2), 30)
         assert len(warm_rows(engine)) == 3  # two in the pool, one now the pod's
         # The shim dies (its pool is never closed); the next one recovers from the records.
-        sandboxes, _ = await after.recover([sb], [])
+        sandboxes, _ = await after.lifecycle.recover([sb], [])
         assert sandboxes[sb.id].exists and sandboxes[sb.id].running
         rows = warm_rows(engine)
         assert [r["Id"] for r in rows] == [sb.backend_data["engine_id"]]  # the pool items are gone
@@ -178,14 +178,14 @@ async def test_pool_items_are_reclaimed_after_a_crash_and_removed_at_stop(engine
     finally:
         await events.close()
         await events2.close()
-        await crashed.close()
-        await after.close()
+        await crashed.lifecycle.close()
+        await after.lifecycle.close()
     # A clean stop removes what the pool holds.
     events3 = Events()
     backend = await pooled_backend(events3, 2)
     h3 = Harness(backend, events3, engine)
     await until(ready(h3, 2), 30)
-    await backend.close()
+    await backend.lifecycle.close()
     await events3.close()
     assert warm_rows(engine) == []
 
@@ -204,7 +204,7 @@ async def test_recovery_keeps_the_items_its_own_pool_made_and_removes_a_dead_shi
         assert crashed.warm is not None and after.warm is not None
         mine = after.warm.pool.ready[0].engine_id
         theirs = crashed.warm.pool.ready[0].engine_id
-        await after.recover([], [])
+        await after.lifecycle.recover([], [])
         ids = {r["Id"] for r in warm_rows(engine)}
         assert mine in ids and theirs not in ids
         # The kept item serves a pod.
@@ -215,8 +215,8 @@ async def test_recovery_keeps_the_items_its_own_pool_made_and_removes_a_dead_shi
     finally:
         await events.close()
         await events2.close()
-        await crashed.close()
-        await after.close()
+        await crashed.lifecycle.close()
+        await after.lifecycle.close()
     assert warm_rows(engine) == []
 
 

@@ -23,7 +23,7 @@ MOVING = f"127.0.0.1:5000/crishim-mirror:{INSTANCE}"
 
 
 async def tags_of(backend: DockerBackend) -> dict[str, tuple[str, ...]]:
-    return {i.id: i.repo_tags for i in await backend.list_images()}
+    return {i.id: i.repo_tags for i in await backend.images.list_images()}
 
 
 async def holder(backend: DockerBackend, tag: str) -> str:
@@ -32,13 +32,13 @@ async def holder(backend: DockerBackend, tag: str) -> str:
 
 
 async def answers_as_the_engine(backend: DockerBackend) -> bool:
-    listed: list[ImageInfo] = await backend.list_images()
-    return listed == await backend.images.mirror.from_engine()
+    listed: list[ImageInfo] = await backend.images.list_images()
+    return listed == await backend._shared.engine_images.mirror.from_engine()
 
 
 async def test_host_changes_show_in_list_images(harness: Harness) -> None:
     backend, engine = harness.backend, harness.engine
-    await until(lambda: backend.images.mirror.synced)
+    await until(lambda: backend._shared.engine_images.mirror.synced)
     busybox_id = engine.inspect_image(BUSYBOX)["Id"]
     pause_id = engine.inspect_image(PAUSE)["Id"]
     try:
@@ -55,13 +55,13 @@ async def test_host_changes_show_in_list_images(harness: Harness) -> None:
     await asyncio.to_thread(engine.pull, ref)
     own_id = engine.inspect_image(ref)["Id"]
     await until(lambda: _held_by(backend, ref, own_id))
-    info = {i.id: i for i in await backend.list_images()}[own_id]
+    info = {i.id: i for i in await backend.images.list_images()}[own_id]
     assert info.size > 0 and any(d.startswith("127.0.0.1:5000/crishim-test@") for d in info.repo_digests)
     engine.remove_image(ref)
     await until(lambda: _held_by(backend, ref, ""))
     # Others share this engine and may be changing its images: the same answer, eventually.
     await until(lambda: answers_as_the_engine(backend))
-    assert backend.images.mirror.synced
+    assert backend._shared.engine_images.mirror.synced
 
 
 async def _held_by(backend: DockerBackend, tag: str, image_id: str) -> bool:
@@ -70,11 +70,11 @@ async def _held_by(backend: DockerBackend, tag: str, image_id: str) -> bool:
 
 async def test_own_pull_and_removal_are_listed_at_once(harness: Harness) -> None:
     backend = harness.backend
-    await until(lambda: backend.images.mirror.synced)
+    await until(lambda: backend._shared.engine_images.mirror.synced)
     ref = await asyncio.to_thread(push_own_image, harness.engine)
-    image_id = await backend.pull_image(pb.ImageSpec(image=ref), None, None)
+    image_id = await backend.images.pull_image(pb.ImageSpec(image=ref), None, None)
     assert ref in (await tags_of(backend))[image_id]
-    await backend.remove_image(pb.ImageSpec(image=ref))
+    await backend.images.remove_image(pb.ImageSpec(image=ref))
     assert image_id not in await tags_of(backend)
 
 
@@ -82,7 +82,7 @@ async def test_a_broken_event_stream_sends_list_images_to_the_engine(
     engine: docker.APIClient, tmp_path: Path
 ) -> None:
     async with behind_proxy(engine, tmp_path) as (proxy, h):
-        mirror = h.backend.images.mirror
+        mirror = h.backend._shared.engine_images.mirror
         await until(lambda: mirror.synced)
         proxy.cut_events()
         await until(lambda: not mirror.synced)

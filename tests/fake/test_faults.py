@@ -8,16 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from backends.contract import (
-    Backend,
-    Capability,
-    Checkpointer,
-    ContainerRecord,
-    ImagesNow,
-    MetricsBackend,
-    SandboxRecord,
-    SandboxResourceUpdater,
-)
+from backends.contract import Backend, Checkpoint, ContainerRecord, Metrics, Resources, SandboxRecord
 from backends.contract.errors import NotFoundError, UnavailableError
 from backends.contract.usage import PodMetrics
 from backends.fake import FakeBackend, FakeRuntime, FaultInjector
@@ -28,20 +19,33 @@ def sandbox(sid: str = "a" * 64) -> SandboxRecord:
     return SandboxRecord(id=sid, handler="", backend="x", config=pb.PodSandboxConfig(), created_at=0)
 
 
-class MetricsRuntime(FakeRuntime):
-    """A minimal backend with an optional protocol the fake lacks."""
-
+class PodMetricsPart:
     async def sandbox_metrics(
         self, sandboxes: Sequence[SandboxRecord], containers: Sequence[ContainerRecord]
     ) -> dict[str, PodMetrics]:
         return {s.id: PodMetrics(name=s.id[:12]) for s in sandboxes}
 
 
-class CheckpointRuntime(FakeRuntime):
-    checkpoints: list[str]
+class MetricsRuntime(FakeRuntime):
+    """A minimal backend with a part the fake lacks."""
+
+    def __init__(self, name: str, options: dict[str, object]) -> None:
+        super().__init__(name, options)
+        self.metrics = PodMetricsPart()
+
+
+class CheckpointPart:
+    def __init__(self) -> None:
+        self.checkpoints: list[str] = []
 
     async def checkpoint_container(self, container: ContainerRecord, location: str, timeout: int) -> None:
-        self.checkpoints = [*getattr(self, "checkpoints", []), location]
+        self.checkpoints.append(location)
+
+
+class CheckpointRuntime(FakeRuntime):
+    def __init__(self, name: str, options: dict[str, object]) -> None:
+        super().__init__(name, options)
+        self.checkpoint = CheckpointPart()
 
 
 async def test_errors_are_fifo_per_method_and_never_reach_the_inner_backend() -> None:
@@ -51,12 +55,12 @@ async def test_errors_are_fifo_per_method_and_never_reach_the_inner_backend() ->
     faults.inject_error("run_sandbox", UnavailableError("second"))
     for expected in ("first", "second"):
         with pytest.raises(UnavailableError, match=expected):
-            await faults.run_sandbox(sandbox())
+            await faults.lifecycle.run_sandbox(sandbox())
         assert inner.lifecycle.sandboxes == {}
-    net = await faults.run_sandbox(sandbox())
+    net = await faults.lifecycle.run_sandbox(sandbox())
     assert net.ip == "10.88.0.2" and list(inner.lifecycle.sandboxes) == ["a" * 64]
     # Other methods were never affected, and every call is recorded, failed or not.
-    assert (await faults.health()).runtime_ready
+    assert (await faults.lifecycle.health()).runtime_ready
     assert [(c.method, c.args) for c in faults.calls] == [("run_sandbox", ("a" * 64,))] * 3 + [("health", ())]
 
 
@@ -64,8 +68,8 @@ async def test_latency_delays_only_its_method() -> None:
     faults = FaultInjector(FakeRuntime("inner", {}))
     faults.set_latency("list_images", 0.2)
     t0 = time.monotonic()
-    slow = asyncio.ensure_future(faults.list_images())
-    await faults.health()
+    slow = asyncio.ensure_future(faults.images.list_images())
+    await faults.lifecycle.health()
     assert time.monotonic() - t0 < 0.1  # the other method did not wait
     assert await slow == []
     assert time.monotonic() - t0 >= 0.2
@@ -84,10 +88,10 @@ async def test_configured_from_handler_options() -> None:
     )
     spec = pb.ImageSpec(image="busybox:1")
     with pytest.raises(NotFoundError, match="gone"):
-        await faults.pull_image(spec, None, None)
+        await faults.images.pull_image(spec, None, None)
     with pytest.raises(UnavailableError, match="injected UNAVAILABLE"):
-        await faults.pull_image(spec, None, None)
-    assert (await faults.pull_image(spec, None, None)).startswith("sha256:")
+        await faults.images.pull_image(spec, None, None)
+    assert (await faults.images.pull_image(spec, None, None)).startswith("sha256:")
     # The log is bounded, and stamped by the given clock.
     assert [(c.method, c.args, c.at) for c in faults.calls] == [
         ("pull_image", ("busybox:1",), 1),
@@ -102,9 +106,8 @@ async def test_is_a_backend_and_forwards_what_is_not_a_call() -> None:
     faults = FaultInjector(inner)
     assert isinstance(faults, Backend) and faults.wrapped is inner
     assert faults.name == "inner"
-    faults.capabilities = Capability.EXEC_SYNC
-    assert inner.capabilities == Capability.EXEC_SYNC
-    assert faults.runtime_config().linux.cgroup_driver == pb.SYSTEMD
+    assert faults.capabilities == inner.capabilities
+    assert faults.lifecycle.runtime_config().linux.cgroup_driver == pb.SYSTEMD
     assert list(faults.calls) == []  # runtime_config is not a call to fail
 
 
@@ -113,43 +116,44 @@ async def test_is_a_backend_and_forwards_what_is_not_a_call() -> None:
     [
         # The fake records pod resources (UpdatePodSandboxResources); metrics and checkpoints are
         # its subclasses' here.
-        (FakeRuntime, (SandboxResourceUpdater,)),
-        (MetricsRuntime, (MetricsBackend, SandboxResourceUpdater)),
-        (CheckpointRuntime, (Checkpointer, SandboxResourceUpdater)),
+        (FakeRuntime, ("resources",)),
+        (MetricsRuntime, ("metrics", "resources")),
+        (CheckpointRuntime, ("checkpoint", "resources")),
     ],
     ids=["fake", "metrics", "checkpoint"],
 )
-def test_optional_protocols_pass_through_only_when_the_inner_backend_has_them(
-    inner_cls: type[FakeRuntime], present: tuple[type, ...]
+def test_optional_parts_pass_through_only_when_the_inner_backend_has_them(
+    inner_cls: type[FakeRuntime], present: tuple[str, ...]
 ) -> None:
     faults = FaultInjector(inner_cls("inner", {}))
     assert isinstance(faults, FaultInjector) and isinstance(faults, Backend)
-    for proto in (MetricsBackend, Checkpointer, SandboxResourceUpdater):
-        assert isinstance(faults, proto) == (proto in present), proto.__name__
-    # One class per combination, not one per instance.
-    assert type(FaultInjector(inner_cls("other", {}))) is type(faults)
+    for part, proto in (("metrics", Metrics), ("checkpoint", Checkpoint), ("resources", Resources)):
+        got = getattr(faults, part)
+        assert (got is not None) == (part in present), part
+        assert got is None or isinstance(got, proto), part
 
 
 async def test_optional_calls_are_recorded_and_injectable() -> None:
     faults = FaultInjector(MetricsRuntime("inner", {}))
-    assert isinstance(faults, MetricsBackend)
+    assert faults.metrics is not None
     faults.inject_error("sandbox_metrics", UnavailableError("cadvisor down"))
     with pytest.raises(UnavailableError):
-        await faults.sandbox_metrics([sandbox("b" * 64)], [])
-    metrics = await faults.sandbox_metrics([sandbox("b" * 64)], [])
+        await faults.metrics.sandbox_metrics([sandbox("b" * 64)], [])
+    metrics = await faults.metrics.sandbox_metrics([sandbox("b" * 64)], [])
     assert {sid: m.name for sid, m in metrics.items()} == {"b" * 64: "b" * 12}
     assert [(c.method, c.args) for c in faults.calls] == [
         ("sandbox_metrics", (1,)),
         ("sandbox_metrics", (1,)),
     ]
 
-    checkpointing = FaultInjector(CheckpointRuntime("inner", {}))
-    assert isinstance(checkpointing, Checkpointer)
+    inner = CheckpointRuntime("inner", {})
+    checkpointing = FaultInjector(inner)
     container = ContainerRecord(
         id="c" * 64, sandbox_id="b" * 64, backend="x", config=pb.ContainerConfig(), created_at=0, log_path=""
     )
-    await checkpointing.checkpoint_container(container, "/tmp/x.tar", 5)
+    await checkpointing.checkpoint.checkpoint_container(container, "/tmp/x.tar", 5)
     assert checkpointing.calls_to("checkpoint_container")[0].args == ("c" * 64, "/tmp/x.tar", 5)
+    assert inner.checkpoint.checkpoints == ["/tmp/x.tar"]
 
 
 async def test_fake_backend_wears_the_injector_and_can_be_wrapped_again() -> None:
@@ -158,36 +162,34 @@ async def test_fake_backend_wears_the_injector_and_can_be_wrapped_again() -> Non
     outer = FaultInjector(fake)
     outer.inject_error("run_sandbox", UnavailableError("outer"))
     with pytest.raises(UnavailableError, match="outer"):
-        await outer.run_sandbox(sandbox())
+        await outer.lifecycle.run_sandbox(sandbox())
     assert fake.calls_to("run_sandbox") == []  # stopped in front of the fake
     with pytest.raises(UnavailableError, match="inner"):
-        await outer.run_sandbox(sandbox())
-    assert (await outer.run_sandbox(sandbox())).ip
+        await outer.lifecycle.run_sandbox(sandbox())
+    assert (await outer.lifecycle.run_sandbox(sandbox())).ip
     assert len(outer.calls_to("run_sandbox")) == 3 and len(fake.calls_to("run_sandbox")) == 2
     # The fake's own helpers reach its parts.
     fake.runtime_ready = False
-    assert not (await outer.health()).runtime_ready
+    assert not (await outer.lifecycle.health()).runtime_ready
     assert fake.runtime.lifecycle.runtime_ready is False
 
 
 async def test_images_are_answered_from_memory_unless_a_fault_waits_for_them() -> None:
-    """The fake's store is memory: ListImages and ImageFsInfo answer at once (ImagesNow), each
-    recorded as the call; a latency or an error set for one leaves only its coroutine, which
-    delays or fails it. A wrapper around the fake passes the protocol on."""
+    """The fake's store is memory: ListImages and ImageFsInfo answer at once (list_images_now,
+    image_fs_info_now), each recorded as the call; a latency or an error set for one leaves only
+    its coroutine, which delays or fails it. A wrapper around the fake passes that on."""
     fake = FakeBackend("fake", {"state_dir": ""})
-    assert isinstance(fake, ImagesNow)
-    assert fake.list_images_now() == await fake.list_images()
-    assert fake.image_fs_info_now() == await fake.image_fs_info()
+    assert fake.images.list_images_now() == await fake.images.list_images()
+    assert fake.images.image_fs_info_now() == await fake.images.image_fs_info()
     assert [c.method for c in fake.calls] == ["list_images", "list_images", "image_fs_info", "image_fs_info"]
     fake.set_latency("list_images", 0.01)
     fake.inject_error("image_fs_info", UnavailableError("disk gone"))
-    assert fake.list_images_now() is None and fake.image_fs_info_now() is None
+    assert fake.images.list_images_now() is None and fake.images.image_fs_info_now() is None
     with pytest.raises(UnavailableError, match="disk gone"):
-        await fake.image_fs_info()
-    assert fake.image_fs_info_now() is not None  # the error was used up
+        await fake.images.image_fs_info()
+    assert fake.images.image_fs_info_now() is not None  # the error was used up
     outer = FaultInjector(fake)
-    assert isinstance(outer, ImagesNow)
-    assert outer.list_images_now() is None  # the fake's own latency still holds
+    assert outer.images.list_images_now() is None  # the fake's own latency still holds
     fake.set_latency("list_images", 0)
-    assert outer.list_images_now() == []
+    assert outer.images.list_images_now() == []
     assert [c.method for c in outer.calls] == ["list_images"]

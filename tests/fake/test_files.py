@@ -13,7 +13,7 @@ from backends.contract import ContainerRecord, SandboxRecord
 from backends.contract.errors import InvalidArgumentError
 from backends.fake.exec import FakeExec
 from backends.fake.files import ContainerFiles, Mount
-from backends.fake.images import ImageStore
+from backends.fake.images import FakeImages
 from backends.fake.lifecycle import FakeLifecycle
 from backends.fake.program import Programs
 from backends.fake.servers import SERVE_ANNOTATION
@@ -70,7 +70,7 @@ def container(
 
 
 async def lifecycle() -> tuple[FakeLifecycle, Follower]:
-    images, programs = ImageStore({"pull_seconds": 0}), Programs("fake", {})
+    images, programs = FakeImages({"pull_seconds": 0}), Programs("fake", {})
     life = FakeLifecycle({}, images, programs)
     follower = Follower()
     await life.start(follower)
@@ -221,7 +221,7 @@ async def test_a_program_the_fake_cannot_run_runs_until_stopped() -> None:
 
 async def test_an_images_scripted_files_are_its_containers() -> None:
     rules = {"docker.io/library/busybox": {"files": {"/app/config": "mode=test\n"}}}
-    images = ImageStore({"pull_seconds": 0, "images": rules})
+    images = FakeImages({"pull_seconds": 0, "images": rules})
     life = FakeLifecycle({}, images, Programs("fake", {}))
     follower = Follower()
     await life.start(follower)
@@ -233,5 +233,5 @@ async def test_an_images_scripted_files_are_its_containers() -> None:
     res = await FakeExec({}, life, life.programs).exec_sync(c, ["cat", "/app/config", "/etc/hostname"])
     assert res.stdout == b"mode=test\nweb\n"
     with pytest.raises(ValueError, match="files"):
-        ImageStore({"images": {"busybox": {"files": {"relative": "x"}}}})
+        FakeImages({"images": {"busybox": {"files": {"relative": "x"}}}})
     await follower.stop(life, c, 0)

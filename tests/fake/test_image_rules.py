@@ -10,7 +10,7 @@ from backends.contract import ContainerRecord, ProcessPipe
 from backends.contract.errors import InvalidArgumentError, NotFoundError
 from backends.fake import create
 from backends.fake.environment import command_of
-from backends.fake.images import ImageStore
+from backends.fake.images import FakeImages
 from backends.fake.lifecycle import FakeLifecycle
 from cri_api import api_pb2 as pb
 from tests.fake.test_parts import container, parts, sandbox
@@ -19,8 +19,8 @@ AGNHOST = "registry.k8s.io/e2e-test-images/agnhost:2.56"
 PAUSE = "registry.k8s.io/pause:3.10.1"
 
 
-def store(**options: object) -> ImageStore:
-    s = ImageStore({"pull_seconds": 0, "pause_image": PAUSE, **options})
+def store(**options: object) -> FakeImages:
+    s = FakeImages({"pull_seconds": 0, "pause_image": PAUSE, **options})
     s.load()
     return s
 
@@ -84,7 +84,7 @@ async def test_agnhost_has_its_entrypoint_and_cmd_on_any_registry_and_by_id() ->
 
 def test_entrypoint_and_cmd_rules_are_checked() -> None:
     with pytest.raises(ValueError, match=r"images\.app\.cmd must be a list of strings"):
-        ImageStore({"images": {"app": {"cmd": "serve"}}})
+        FakeImages({"images": {"app": {"cmd": "serve"}}})
 
 
 def _with(command: list[str], args: list[str]) -> ContainerRecord:

@@ -16,7 +16,7 @@ from backends.contract.errors import (
     ResourceExhaustedError,
 )
 from backends.fake.exec import FakeExec
-from backends.fake.images import ImageStore
+from backends.fake.images import FakeImages
 from backends.fake.lifecycle import FakeLifecycle
 from backends.fake.program import PROGRAM_ANNOTATION, Programs
 from backends.fake.stats import FakeStats
@@ -41,9 +41,9 @@ def container(
     return ContainerRecord(id=cid, sandbox_id="5" * 64, backend="fake", config=cfg, created_at=0, log_path="")
 
 
-def parts(options: dict[str, object] | None = None) -> tuple[ImageStore, Programs, FakeLifecycle]:
+def parts(options: dict[str, object] | None = None) -> tuple[FakeImages, Programs, FakeLifecycle]:
     options = options or {}
-    images = ImageStore(options)
+    images = FakeImages(options)
     programs = Programs("fake", options)
     return images, programs, FakeLifecycle(options, images, programs)
 
@@ -53,14 +53,14 @@ def parts(options: dict[str, object] | None = None) -> tuple[ImageStore, Program
 
 async def test_image_store_persists_across_instances(tmp_path: Path) -> None:
     opts = {"state_dir": str(tmp_path), "pull_seconds": 0}
-    store = ImageStore(opts)
+    store = FakeImages(opts)
     store.load()
     iid = await store.pull_image(pb.ImageSpec(image="busybox:1"), None, None)
     await store.pull_image(pb.ImageSpec(image="docker.io/library/busybox:2"), None, None)
     saved = json.loads((tmp_path / "images.json").read_text())
     assert [d["id"] for d in saved] == [iid]  # two tags of one repository: one image
 
-    again = ImageStore(opts)
+    again = FakeImages(opts)
     again.load()
     found = await again.image_status(pb.ImageSpec(image="busybox:2"))
     assert found is not None and found.id == iid
@@ -71,7 +71,7 @@ async def test_image_store_persists_across_instances(tmp_path: Path) -> None:
 
 
 async def test_image_rules_missing_images_and_pinned_pause(tmp_path: Path) -> None:
-    store = ImageStore(
+    store = FakeImages(
         {
             "state_dir": str(tmp_path),
             "pull_seconds": 0,
@@ -101,7 +101,7 @@ async def test_image_rules_missing_images_and_pinned_pause(tmp_path: Path) -> No
     # Distinct simulated stores, both existing directories (the kubelet stats them).
     mounts = (fs.image_filesystems[0].fs_id.mountpoint, fs.container_filesystems[0].fs_id.mountpoint)
     assert mounts[0] != mounts[1] and all(os.path.isdir(m) for m in mounts)
-    assert not ImageStore({}).fs_info(containers=2).image_filesystems  # no state dir: nothing to report
+    assert not FakeImages({}).fs_info(containers=2).image_filesystems  # no state dir: nothing to report
 
 
 # ---------------------------------------------------------------------- programs

@@ -233,7 +233,7 @@ async def test_exit_during_start_is_recorded_after_it(scripted: Running, short_t
     from backends.contract import ExitInfo
 
     fake = scripted.fake
-    original = fake.start_container
+    original = fake.lifecycle.start_container
 
     async def start_then_die(container, sandbox):  # type: ignore[no-untyped-def]
         started = await original(container, sandbox)
@@ -241,7 +241,7 @@ async def test_exit_during_start_is_recorded_after_it(scripted: Running, short_t
         started.process.exit.set(ExitInfo(exit_code=5, finished_at=started.started_at + 1))
         return started
 
-    fake.start_container = start_then_die  # type: ignore[method-assign]
+    fake.lifecycle.start_container = start_then_die  # type: ignore[method-assign]
     events = scripted.rt.GetContainerEvents(pb.GetEventsRequest())
     got: list[int] = []
 

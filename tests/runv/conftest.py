@@ -115,12 +115,12 @@ async def runv(
 ) -> AsyncIterator[tuple[RunvBackend, Events]]:
     backend = RunvBackend("runv", runv_config)
     events = Events()
-    await backend.start(events)
-    backend.images.import_dir("test/busybox:1", str(busybox_rootfs), {"Env": ["IMAGE_ENV=1"]})
+    await backend.lifecycle.start(events)
+    backend.image_store.import_dir("test/busybox:1", str(busybox_rootfs), {"Env": ["IMAGE_ENV=1"]})
     try:
         yield backend, events
     finally:
         await events.close()
         for pod in list(backend._shared.pods.values()):
             await backend.hv.destroy(pod.vm)
-        await backend.close()
+        await backend.lifecycle.close()

@@ -51,7 +51,7 @@ class CniNet(Net):
         cni = {"conf_dir": str(self.conf_dir), "bin_dirs": [str(self.bin_dir), PLUGIN_DIR]}
         cfg = dict(self.config, pod_network="cni", cni=cni | settings.pop("cni", {}), **settings)
         backend = RunvBackend("runv", cfg)
-        backend.images.import_dir(IMAGE, str(self.rootfs))
+        backend.image_store.import_dir(IMAGE, str(self.rootfs))
         return backend
 
     @property
@@ -86,14 +86,14 @@ async def net(runv_config: dict[str, Any], busybox_rootfs: Path, tmp_path: Path)
 async def running(backend: RunvBackend) -> AsyncIterator[Events]:
     """The backend started; after, its pods' VMs destroyed (a failed test) and it closed."""
     events = Events()
-    await backend.start(events)
+    await backend.lifecycle.start(events)
     try:
         yield events
     finally:
         await events.close()
         for pod in list(backend._shared.pods.values()):
             await backend.hv.destroy(pod.vm)
-        await backend.close()
+        await backend.lifecycle.close()
 
 
 def pod(name: str, **config: Any) -> SandboxRecord:
@@ -106,13 +106,13 @@ def pod(name: str, **config: Any) -> SandboxRecord:
 
 async def started(backend: RunvBackend, events: Events, sb: SandboxRecord, script: str) -> ContainerRecord:
     ct = container_record(sb, IMAGE, ["sh", "-c", script])
-    await backend.create_container(ct, sb)
-    await events.start(backend, ct, sb, MemorySink())
+    await backend.lifecycle.create_container(ct, sb)
+    await events.start(backend.lifecycle, ct, sb, MemorySink())
     return ct
 
 
 async def inside(backend: RunvBackend, ct: ContainerRecord, *cmd: str) -> str:
-    res = await backend.exec_sync(ct, list(cmd))
+    res = await backend.exec.exec_sync(ct, list(cmd))
     assert res.exit_code == 0, res
     return res.stdout.decode()
 
@@ -122,7 +122,10 @@ async def test_pods_get_addresses_of_the_network_and_reach_each_other(net: CniNe
     backend = net.backend()
     async with running(backend) as events:
         one, two = pod("one"), pod("two")
-        ip1, ip2 = (await backend.run_sandbox(one)).ip, (await backend.run_sandbox(two)).ip
+        ip1, ip2 = (
+            (await backend.lifecycle.run_sandbox(one)).ip,
+            (await backend.lifecycle.run_sandbox(two)).ip,
+        )
         assert ip1 != ip2 and {ip1, ip2} <= {str(a) for a in net.subnet.hosts()}
         assert net.reserved() == {ip1: one.id, ip2: two.id}
         assert len(net.ports()) == 2 and backend.net.bridge_ports() == []  # not on runv's bridge
@@ -139,14 +142,14 @@ async def test_pods_get_addresses_of_the_network_and_reach_each_other(net: CniNe
         assert await inside(backend, c1, "sh", "-c", f"until nc {ip2} 8080; do sleep 0.1; done") == "pong\n"
         assert await _fetch(ip2, 8080) == b"pong\n"  # from the host, through the bridge's gateway
 
-        await backend.stop_sandbox(one)
+        await backend.lifecycle.stop_sandbox(one)
         assert net.reserved() == {ip2: two.id} and len(net.ports()) == 1 and net.pins() == [two.id]
-        await backend.stop_sandbox(one)  # idempotent
-        await backend.remove_sandbox(one)
-        await backend.remove_container(c1)
-        await backend.stop_sandbox(two)
-        await backend.remove_sandbox(two)
-        await backend.remove_container(c2)
+        await backend.lifecycle.stop_sandbox(one)  # idempotent
+        await backend.lifecycle.remove_sandbox(one)
+        await backend.lifecycle.remove_container(c1)
+        await backend.lifecycle.stop_sandbox(two)
+        await backend.lifecycle.remove_sandbox(two)
+        await backend.lifecycle.remove_container(c2)
         assert net.reserved() == {} and net.ports() == [] and net.pins() == [] and net.cached() == []
         assert events.not_ready == {}
     assert net.vms() == []
@@ -194,16 +197,16 @@ async def test_a_host_port_answers_on_the_host_through_portmap(net: CniNet) -> N
     port = 30000 + secrets.randbelow(2000)
     async with running(backend) as events:
         sb = pod("web", port_mappings=[pb.PortMapping(container_port=8080, host_port=port)])
-        await backend.run_sandbox(sb)
+        await backend.lifecycle.run_sandbox(sb)
         assert await backend.net.rules() == []  # runv's own DNAT is not used
         assert any(f"--dports {port}" in line for _, _, line in net.iptables())
         ct = await started(backend, events, sb, SERVER)
         assert await _fetch("127.0.0.1", port) == b"pong\n"
-        await backend.stop_container(ct, 0)
-        await backend.stop_sandbox(sb)
+        await backend.lifecycle.stop_container(ct, 0)
+        await backend.lifecycle.stop_sandbox(sb)
         assert net.iptables() == set()
-        await backend.remove_sandbox(sb)
-        await backend.remove_container(ct)
+        await backend.lifecycle.remove_sandbox(sb)
+        await backend.lifecycle.remove_container(ct)
 
 
 async def test_host_network_pods_are_not_on_cni(net: CniNet) -> None:
@@ -212,27 +215,27 @@ async def test_host_network_pods_are_not_on_cni(net: CniNet) -> None:
     async with running(backend):
         sb = pod("host")
         sb.config.linux.security_context.namespace_options.network = pb.NODE
-        assert (await backend.run_sandbox(sb)).ip == ""
+        assert (await backend.lifecycle.run_sandbox(sb)).ip == ""
         assert "netns" not in sb.backend_data
         assert net.reserved() == {} and net.pins() == [] and net.cached() == []
-        await backend.remove_sandbox(sb)
+        await backend.lifecycle.remove_sandbox(sb)
 
 
 async def test_network_ready_follows_the_config_and_the_pod_cidr_reaches_host_local(net: CniNet) -> None:
     backend = net.backend()
     async with running(backend):
-        health = await backend.health()
+        health = await backend.lifecycle.health()
         assert (health.runtime_ready, health.network_ready) == (True, False)
         assert health.reason == "NetworkPluginNotReady" and str(net.conf_dir) in health.message
         conf = net.conflist(ipam={})  # no ranges of its own: host-local takes the runtime's
         conf["plugins"][1]["capabilities"] = {"ipRanges": True}
         fakeplugin.write_json(net.conf_dir / "10-test.conflist", conf)
-        assert (await backend.health()).network_ready
+        assert (await backend.lifecycle.health()).network_ready
         backend.set_pod_cidr(str(net.subnet))
         sb = pod("ranged")
-        ip = (await backend.run_sandbox(sb)).ip
+        ip = (await backend.lifecycle.run_sandbox(sb)).ip
         assert ipaddress.ip_address(ip) in net.subnet and net.reserved() == {ip: sb.id}
-        await backend.remove_sandbox(sb)
+        await backend.lifecycle.remove_sandbox(sb)
         assert net.reserved() == {}
 
 
@@ -244,7 +247,7 @@ async def test_a_plugin_that_fails_or_hangs_leaves_nothing(net: CniNet, how: str
     port = 30000 + secrets.randbelow(2000)
     sb = pod("broken", port_mappings=[pb.PortMapping(container_port=80, host_port=port)])
     async with running(backend):
-        await run_broken(backend.run_sandbox(sb), how, pids)
+        await run_broken(backend.lifecycle.run_sandbox(sb), how, pids)
         assert backend._shared.pods == {} and backend.hv.capacity()[0] == 0
     assert net.reserved() == {} and net.ports() == [] and net.iptables() == set()
     assert net.pins() == [] and net.cached() == [] and net.vms() == []
@@ -255,13 +258,13 @@ async def test_stop_after_the_config_was_removed_frees_the_address(net: CniNet) 
     backend = net.backend()
     async with running(backend):
         sb = pod("orphan", port_mappings=[pb.PortMapping(container_port=80, host_port=31998)])
-        ip = (await backend.run_sandbox(sb)).ip
+        ip = (await backend.lifecycle.run_sandbox(sb)).ip
         assert list(net.reserved()) == [ip]
         (net.conf_dir / "10-test.conflist").unlink()
-        assert not (await backend.health()).network_ready
-        await backend.stop_sandbox(sb)
+        assert not (await backend.lifecycle.health()).network_ready
+        await backend.lifecycle.stop_sandbox(sb)
         assert net.reserved() == {} and net.ports() == [] and net.iptables() == set()
-        await backend.remove_sandbox(sb)
+        await backend.lifecycle.remove_sandbox(sb)
 
 
 async def test_a_failing_del_fails_the_stop_but_never_the_remove(net: CniNet) -> None:
@@ -270,15 +273,15 @@ async def test_a_failing_del_fails_the_stop_but_never_the_remove(net: CniNet) ->
     backend = net.backend()
     async with running(backend) as events:
         sb = pod("sticky")
-        await backend.run_sandbox(sb)
+        await backend.lifecycle.run_sandbox(sb)
         vm = backend._shared.pods[sb.id].vm
         with pytest.raises(PluginError, match=r"breaker DEL failed \(code 11\): busy"):
-            await backend.stop_sandbox(sb)
+            await backend.lifecycle.stop_sandbox(sb)
         assert not backend.hv.alive(vm)  # the pod is stopped all the same
         assert events.not_ready == {sb.id: "CNI DEL failed"}
         with pytest.raises(PluginError):
-            await backend.stop_sandbox(sb)  # a stop again DELs again
-        await backend.remove_sandbox(sb)  # logs the plugin's failure
+            await backend.lifecycle.stop_sandbox(sb)  # a stop again DELs again
+        await backend.lifecycle.remove_sandbox(sb)  # logs the plugin's failure
         assert net.pins() == []
         # What the DEL could not release stays cached, for the next start's recovery.
         assert net.cached() == [f"runv/{net.network}/{sb.id}/eth0.json"]
@@ -286,30 +289,30 @@ async def test_a_failing_del_fails_the_stop_but_never_the_remove(net: CniNet) ->
     (net.bin_dir / "breaker").unlink()
     again = net.backend()
     async with running(again):
-        await again.recover([], [])
+        await again.lifecycle.recover([], [])
         assert net.cached() == [] and net.reserved() == {} and net.ports() == []
 
 
 async def test_a_restart_releases_what_pods_with_no_record_hold(net: CniNet) -> None:
     net.write_conflist()
     first = net.backend()
-    await first.start(Events())
+    await first.lifecycle.start(Events())
     kept, lost = pod("kept"), pod("lost")  # the shim dies after lost's ADD, before its record
     try:
-        kept_ip = (await first.run_sandbox(kept)).ip
+        kept_ip = (await first.lifecycle.run_sandbox(kept)).ip
         kept.committed = True
-        lost_ip = (await first.run_sandbox(lost)).ip
+        lost_ip = (await first.lifecycle.run_sandbox(lost)).ip
         assert net.reserved() == {kept_ip: kept.id, lost_ip: lost.id} and len(net.pins()) == 2
     finally:
-        await first.close()  # the shim goes: its VMs stay
+        await first.lifecycle.close()  # the shim goes: its VMs stay
     second = net.backend()
     async with running(second):
-        seen, _ = await second.recover([kept], [])
+        seen, _ = await second.lifecycle.recover([kept], [])
         assert seen[kept.id].exists and seen[kept.id].running
         assert net.reserved() == {kept_ip: kept.id} and len(net.ports()) == 1
         assert net.pins() == [kept.id] and net.vms() == [kept.id[:16]]
-        await second.stop_sandbox(kept)  # DEL from the cache a previous process wrote
-        await second.remove_sandbox(kept)
+        await second.lifecycle.stop_sandbox(kept)  # DEL from the cache a previous process wrote
+        await second.lifecycle.remove_sandbox(kept)
     assert net.reserved() == {} and net.ports() == [] and net.pins() == [] and net.cached() == []
     assert net.vms() == []
 
@@ -318,20 +321,20 @@ async def test_a_warm_vm_is_added_when_a_pod_takes_it(net: CniNet) -> None:
     net.write_conflist()
     backend = net.backend(pool={"size": 1, "max_cpu": 0})
     async with running(backend) as events:
-        await backend.recover([], [])  # starts the pool
+        await backend.lifecycle.recover([], [])  # starts the pool
         await until(lambda: backend.pool.figures().ready == 1, 30)
         # Warm, it holds nothing of the network: the ADD needs the pod.
         assert net.reserved() == {} and net.ports() == [] and net.pins() == []
         sb = pod("warm")
-        ip = (await backend.run_sandbox(sb)).ip
+        ip = (await backend.lifecycle.run_sandbox(sb)).ip
         assert sb.backend_data.get("warm") is True
         assert net.reserved() == {ip: sb.id} and net.pins() == [sb.id]
         ct = await started(backend, events, sb, "sleep 3600")
         addr = await inside(backend, ct, "busybox", "ip", "-o", "-4", "addr", "show", "dev", "eth0")
         assert f"inet {ip}/24" in addr
-        await backend.stop_sandbox(sb)
-        await backend.remove_sandbox(sb)
-        await backend.remove_container(ct)
+        await backend.lifecycle.stop_sandbox(sb)
+        await backend.lifecycle.remove_sandbox(sb)
+        await backend.lifecycle.remove_container(ct)
         assert net.reserved() == {} and net.pins() == []
 
 
@@ -351,7 +354,7 @@ async def test_a_qemu_vm_gets_what_cni_gave_its_interface(net: CniNet) -> None:
     port = 30000 + secrets.randbelow(2000)
     async with running(backend) as events:
         sb = pod("vm", port_mappings=[pb.PortMapping(container_port=8080, host_port=port)])
-        ip = (await backend.run_sandbox(sb)).ip
+        ip = (await backend.lifecycle.run_sandbox(sb)).ip
         assert net.reserved() == {ip: sb.id} and len(net.ports()) == 1 and net.pins() == [sb.id]
         vm = backend._shared.pods[sb.id].vm
         assert QemuHypervisor.tap_name(vm.id) not in _taps()  # it is in QEMU's namespace
@@ -371,9 +374,9 @@ async def test_a_qemu_vm_gets_what_cni_gave_its_interface(net: CniNet) -> None:
         assert await _fetch(ip, 8080, timeout=60) == b"pong\n"
         assert await _fetch("127.0.0.1", port, timeout=60) == b"pong\n"
 
-        await backend.stop_sandbox(sb)
+        await backend.lifecycle.stop_sandbox(sb)
         assert not backend.hv.alive(vm)
         assert net.reserved() == {} and net.ports() == [] and net.pins() == [] and net.iptables() == set()
-        await backend.remove_sandbox(sb)
-        await backend.remove_container(ct)
+        await backend.lifecycle.remove_sandbox(sb)
+        await backend.lifecycle.remove_container(ct)
     assert net.vms() == [] and net.cached() == []

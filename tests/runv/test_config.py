@@ -113,4 +113,4 @@ def test_runtime_config_reports_the_configured_cgroup_driver(tmp_path: Path, dri
 
     backend = create("vm", {**_valid(tmp_path), "cgroup_driver": driver})
     want = pb.SYSTEMD if driver == "systemd" else pb.CGROUPFS
-    assert backend.runtime_config().linux.cgroup_driver == want
+    assert backend.lifecycle.runtime_config().linux.cgroup_driver == want

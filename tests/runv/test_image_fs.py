@@ -17,15 +17,15 @@ async def test_image_fs_info_names_the_image_store_and_the_writable_layers_apart
     two (it compares the devices); each list names one, with what it holds."""
     backend, events = runv
     sb = sandbox_record("fs")
-    await backend.run_sandbox(sb)
+    await backend.lifecycle.run_sandbox(sb)
     ct = container_record(sb, "test/busybox:1", ["sh", "-c", "head -c 4194304 /dev/zero > /big; sleep 3600"])
-    await backend.create_container(ct, sb)
-    await events.start(backend, ct, sb, MemorySink())
-    await backend.exec_sync(ct, ["sh", "-c", "until [ $(wc -c < /big) = 4194304 ]; do sleep 0.05; done"])
-    fs = await backend.image_fs_info()
+    await backend.lifecycle.create_container(ct, sb)
+    await events.start(backend.lifecycle, ct, sb, MemorySink())
+    await backend.exec.exec_sync(ct, ["sh", "-c", "until [ $(wc -c < /big) = 4194304 ]; do sleep 0.05; done"])
+    fs = await backend.images.image_fs_info()
     (images,), (writable,) = fs.image_filesystems, fs.container_filesystems
     assert images.fs_id.mountpoint != writable.fs_id.mountpoint
     assert os.path.isdir(images.fs_id.mountpoint) and os.path.isdir(writable.fs_id.mountpoint)
     assert images.used_bytes.value > 0 and writable.inodes_used.value > 0
-    await backend.stop_sandbox(sb)
-    await backend.remove_sandbox(sb)
+    await backend.lifecycle.stop_sandbox(sb)
+    await backend.lifecycle.remove_sandbox(sb)

@@ -25,17 +25,17 @@ async def test_an_image_volume_is_the_image_read_only(runv: tuple[RunvBackend, E
     backend, events = runv
     assert backend.capabilities & Capability.IMAGE_VOLUMES
     sb = sandbox_record("imgvol")
-    await backend.run_sandbox(sb)
+    await backend.lifecycle.run_sandbox(sb)
     ct = container_record(sb, IMAGE, ["sleep", "60"])
     ct.config.mounts.add(container_path="/mnt/iv", readonly=True, image=pb.ImageSpec(image=IMAGE))
     ct.config.mounts.add(
         container_path="/mnt/etc", readonly=True, image=pb.ImageSpec(image=IMAGE), image_sub_path="etc"
     )
-    await backend.create_container(ct, sb)
-    await events.start(backend, ct, sb, MemorySink())
+    await backend.lifecycle.create_container(ct, sb)
+    await events.start(backend.lifecycle, ct, sb, MemorySink())
 
     async def run(*cmd: str) -> int:
-        return (await backend.exec_sync(ct, list(cmd))).exit_code
+        return (await backend.exec.exec_sync(ct, list(cmd))).exit_code
 
     assert await run("ls", "/mnt/iv/bin/sh") == 0
     assert await run("sh", "-c", "echo x > /mnt/iv/x") != 0  # read-only
@@ -45,23 +45,23 @@ async def test_an_image_volume_is_the_image_read_only(runv: tuple[RunvBackend, E
     status = container_status_pb(ct)
     refs = {mnt.container_path: mnt.image.image_ref for mnt in status.mounts}
     assert refs == {"/mnt/iv": ct.image_ref, "/mnt/etc": ct.image_ref}
-    await backend.stop_container(ct, 1)
-    await backend.remove_container(ct)
+    await backend.lifecycle.stop_container(ct, 1)
+    await backend.lifecycle.remove_container(ct)
 
     missing = container_record(sb, IMAGE, ["sleep", "60"], name="missing")
     missing.config.mounts.add(
         container_path="/mnt/x", readonly=True, image=pb.ImageSpec(image=IMAGE), image_sub_path="not-there"
     )
     with pytest.raises(errors.InvalidArgumentError, match="not-there"):
-        await backend.create_container(missing, sb)
+        await backend.lifecycle.create_container(missing, sb)
     unknown = container_record(sb, IMAGE, ["sleep", "60"], name="unknown")
     unknown.config.mounts.add(
         container_path="/mnt/x", readonly=True, image=pb.ImageSpec(image="sha256:" + "0" * 64)
     )
     with pytest.raises(errors.NotFoundError):
-        await backend.create_container(unknown, sb)
-    await backend.stop_sandbox(sb)
-    await backend.remove_sandbox(sb)
+        await backend.lifecycle.create_container(unknown, sb)
+    await backend.lifecycle.stop_sandbox(sb)
+    await backend.lifecycle.remove_sandbox(sb)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount")

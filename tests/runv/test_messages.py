@@ -24,7 +24,7 @@ SPEC = m.ContainerSpec(
     stdin=True,
     add_caps=["CAP_NET_ADMIN"],
     drop_caps=["CAP_ALL"],
-    resources=m.Resources(cpu_quota=50_000, cpu_period=100_000, memory=64 << 20),
+    resources=m.ContainerLimits(cpu_quota=50_000, cpu_period=100_000, memory=64 << 20),
     mounts=[m.Mount(source="/shares/a", destination="/data", readonly=True, propagation="rslave")],
     pid_mode="pod",
     seccomp=m.Seccomp(profile={"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [{"names": ["read"]}]}),
@@ -58,14 +58,14 @@ MESSAGES: list[m.Message] = [
     m.OutputRequest(id="c1", stream=3),
     m.AttachRequest(id="c1", stream=5, stdin=True),
     m.ExecRequest(id="c1", stream=7, args=["ls"], env=["X=y"], stdin=True, tty=True),
-    m.ExecResult(exit_code=2),
+    m.ExecReply(exit_code=2),
     m.ExecKillRequest(stream=7, id="c1"),
     m.ResizeRequest(width=80, height=24, stream=7),
-    m.UpdateRequest(id="c1", resources=m.Resources(cpu_shares=512)),
+    m.UpdateRequest(id="c1", resources=m.ContainerLimits(cpu_shares=512)),
     m.StatsRequest(id="c1"),
-    m.Stats(cpu_ns=1, memory_bytes=2, working_set_bytes=3),
+    m.StatsReply(cpu_ns=1, memory_bytes=2, working_set_bytes=3),
     m.MetricsRequest(ids=["c1", "c2"]),
-    m.Metrics(
+    m.MetricsReply(
         containers={
             "c1": m.ContainerMetrics(
                 sample=Sample(timestamp=9, cpu_ns=10, memory_usage=None),
@@ -132,7 +132,7 @@ def test_a_minimal_peer_message_gets_the_defaults() -> None:
     assert req == m.CreateRequest(id="c", spec=m.ContainerSpec(args=["true"], rootfs=m.Rootfs(path="/r")))
     assert req.spec.pid_mode == "container" and req.spec.seccomp is None
     assert m.Seccomp.from_dict({"default": True}) == m.Seccomp(default=True)
-    assert m.Stats.from_dict({"cpu_ns": 5}) == m.Stats(cpu_ns=5)
+    assert m.StatsReply.from_dict({"cpu_ns": 5}) == m.StatsReply(cpu_ns=5)
 
 
 @pytest.mark.parametrize(
@@ -157,7 +157,7 @@ def test_a_minimal_peer_message_gets_the_defaults() -> None:
             "spec.user.uid: expected int, got str",
         ),
         (m.SetupRequest, {"dns": {"servers": "1.1.1.1"}}, "dns.servers: expected list, got str"),
-        (m.Metrics, {"containers": {"c1": {"sample": {}}}}, "containers.c1.sample.timestamp: missing"),
+        (m.MetricsReply, {"containers": {"c1": {"sample": {}}}}, "containers.c1.sample.timestamp: missing"),
     ],
     ids=[
         "missing",

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from backends.runv.backend import RunvBackend
-from backends.runv.network import PodNetwork, host_ports
+from backends.runv.network import BridgeNetwork, host_ports
 from cri_api import api_pb2 as pb
 from shim.cri import errors
 from tests.runv.helpers import Events, MemorySink, container_record, needs_vm, sandbox_record
@@ -85,14 +85,14 @@ def test_host_ports_selects_published_ipv4_ports() -> None:
 
 def test_ipam_allocates_persists_and_releases(tmp_path: Path) -> None:
     cfg = {"subnet": "10.94.0.0/29", "ipam_dir": str(tmp_path), "owner": "a"}
-    net = PodNetwork(cfg)
+    net = BridgeNetwork(cfg)
     ips = [net.allocate(f"sb{i}") for i in range(5)]
     # .0 network, .1 gateway, .7 broadcast: .2-.6 are the pod IPs.
     assert ips == [f"10.94.0.{i}" for i in range(2, 7)]
     with pytest.raises(errors.ResourceExhaustedError):
         net.allocate("sb5")
     # Another backend sharing the bridge (its own owner) sees them taken, and cannot free them.
-    other = PodNetwork(dict(cfg, owner="b"))
+    other = BridgeNetwork(dict(cfg, owner="b"))
     with pytest.raises(errors.ResourceExhaustedError):
         other.allocate("x")
     other.release("10.94.0.2", "sb0")
@@ -102,7 +102,7 @@ def test_ipam_allocates_persists_and_releases(tmp_path: Path) -> None:
     net.release("10.94.0.2", "sb0")
     assert net.allocate("sb6") == "10.94.0.2"
     # A restarted backend (same owner) finds its allocations and drops unknown ones.
-    again = PodNetwork(cfg)
+    again = BridgeNetwork(cfg)
     assert again.in_use() == {f"10.94.0.{i}": f"sb{i - 2 if i > 2 else 6}" for i in range(2, 7)}
     again.release_unknown({"sb6", "sb1"})
     assert again.in_use() == {"10.94.0.2": "sb6", "10.94.0.3": "sb1"}
@@ -110,7 +110,7 @@ def test_ipam_allocates_persists_and_releases(tmp_path: Path) -> None:
 
 
 def test_veth_names_fit_ifnamsiz() -> None:
-    host, peer = PodNetwork.veth_names("0123456789abcdef")
+    host, peer = BridgeNetwork.veth_names("0123456789abcdef")
     assert (host, peer) == ("rv0123456789abc", "rp0123456789abc")
     assert len(host) <= 15 and len(peer) <= 15
 
@@ -124,7 +124,7 @@ async def test_pod_ip_reachable_host_port_and_cleanup(runv: tuple[RunvBackend, E
     hport = _free_port()
     sb = sandbox_record("net")
     sb.config.port_mappings.add(container_port=8080, host_port=hport)
-    net = await backend.run_sandbox(sb)
+    net = await backend.lifecycle.run_sandbox(sb)
     ip = net.ip
     assert ipaddress.ip_address(ip) in backend.net.subnet and ip != backend.net.gateway
     data = sb.backend_data["net"]
@@ -135,14 +135,14 @@ async def test_pod_ip_reachable_host_port_and_cleanup(runv: tuple[RunvBackend, E
     assert len(await backend.net.rules()) == 1
 
     ct = container_record(sb, IMAGE, ["sh", "-c", SERVER])
-    await backend.create_container(ct, sb)
-    await events.start(backend, ct, sb, MemorySink())
+    await backend.lifecycle.create_container(ct, sb)
+    await events.start(backend.lifecycle, ct, sb, MemorySink())
     # Inside: eth0 with the pod IP and a default route via the gateway.
-    res = await backend.exec_sync(ct, ["sh", "-c", "ip addr show eth0; ip route"])
+    res = await backend.exec.exec_sync(ct, ["sh", "-c", "ip addr show eth0; ip route"])
     if res.exit_code == 0:  # busybox has the ip applet only when built with it
         assert f"inet {ip}/{backend.net.prefix}" in res.stdout.decode()
         assert f"default via {backend.net.gateway}" in res.stdout.decode()
-    ifaces = await backend.exec_sync(ct, ["cat", "/proc/net/dev"])
+    ifaces = await backend.exec.exec_sync(ct, ["cat", "/proc/net/dev"])
     assert b"eth0:" in ifaces.stdout
 
     assert await _fetch(ip, 8080) == b"pong\n"  # the pod IP, from the host
@@ -152,22 +152,22 @@ async def test_pod_ip_reachable_host_port_and_cleanup(runv: tuple[RunvBackend, E
     sb2 = sandbox_record("net2")
     sb2.config.port_mappings.add(container_port=8080, host_port=hport)
     with pytest.raises(errors.InvalidArgumentError):
-        await backend.run_sandbox(sb2)
+        await backend.lifecycle.run_sandbox(sb2)
     assert backend.net.bridge_ports() == [host_if]  # the failed pod left nothing
     assert backend.net.in_use() == {ip: sb.id}
     sb3 = sandbox_record("net3")
-    net3 = await backend.run_sandbox(sb3)
+    net3 = await backend.lifecycle.run_sandbox(sb3)
     assert net3.ip not in ("", ip)
 
-    await backend.stop_sandbox(sb)
+    await backend.lifecycle.stop_sandbox(sb)
     assert await _leftovers(backend, host_if) == dict(
         CLEAN, ips={net3.ip: sb3.id}, bridge_ports=[sb3.backend_data["net"]["host_if"]]
     )
     with pytest.raises(OSError):
         await asyncio.wait_for(asyncio.open_connection("127.0.0.1", hport), 2)
-    await backend.stop_sandbox(sb)  # idempotent
-    await backend.remove_sandbox(sb)
-    await backend.remove_sandbox(sb3)
+    await backend.lifecycle.stop_sandbox(sb)  # idempotent
+    await backend.lifecycle.remove_sandbox(sb)
+    await backend.lifecycle.remove_sandbox(sb3)
     assert await _leftovers(backend, sb3.backend_data.get("net", {}).get("host_if", "x")) == CLEAN
 
 
@@ -177,35 +177,35 @@ async def test_host_network_pod(runv: tuple[RunvBackend, Events]) -> None:
     sb = sandbox_record("hostnet")
     sb.config.linux.security_context.namespace_options.network = pb.NODE
     sb.config.port_mappings.add(container_port=8080, host_port=_free_port())  # nothing to map
-    net = await backend.run_sandbox(sb)
+    net = await backend.lifecycle.run_sandbox(sb)
     assert net.ip == ""
     assert "net" not in sb.backend_data
     vm_pid = backend._shared.pods[sb.id].vm.pid
     assert os.readlink(f"/proc/{vm_pid}/ns/net") == os.readlink("/proc/self/ns/net")
     assert backend.net.bridge_ports() == [] and await backend.net.rules() == []
-    await backend.remove_sandbox(sb)
+    await backend.lifecycle.remove_sandbox(sb)
 
     bad = sandbox_record("hostnet-sysctl")
     bad.config.linux.security_context.namespace_options.network = pb.NODE
     bad.config.linux.sysctls["net.ipv4.ip_forward"] = "1"
     with pytest.raises(errors.InvalidArgumentError):
-        await backend.run_sandbox(bad)
+        await backend.lifecycle.run_sandbox(bad)
 
 
 @needs_vm
 async def test_network_survives_restart(runv_config: dict[str, Any], busybox_rootfs: Path) -> None:
     first = RunvBackend("runv", dict(runv_config))
     ev1 = Events()
-    await first.start(ev1)
-    first.images.import_dir(IMAGE, str(busybox_rootfs))
+    await first.lifecycle.start(ev1)
+    first.image_store.import_dir(IMAGE, str(busybox_rootfs))
     hport = _free_port()
     sb = sandbox_record("netrestart")
     sb.config.port_mappings.add(container_port=8080, host_port=hport)
-    ip = (await first.run_sandbox(sb)).ip
+    ip = (await first.lifecycle.run_sandbox(sb)).ip
     sb.committed = True
     ct = container_record(sb, IMAGE, ["sh", "-c", SERVER])
-    await first.create_container(ct, sb)
-    await ev1.start(first, ct, sb, MemorySink())
+    await first.lifecycle.create_container(ct, sb)
+    await ev1.start(first.lifecycle, ct, sb, MemorySink())
     ct.committed = True
     # A pod of an earlier shim whose record is gone: its rule and IP are collected at recovery.
     ghost = sandbox_record("ghost")
@@ -214,24 +214,24 @@ async def test_network_survives_restart(runv_config: dict[str, Any], busybox_roo
     )
     first.net.reserve(ghost.id, "10.255.255.254")
     await ev1.close()
-    await first.close()
+    await first.lifecycle.close()
     assert await _fetch("127.0.0.1", hport) == b"pong\n"  # no shim: the kernel still forwards
 
     second = RunvBackend("runv", dict(runv_config))
-    await second.start(Events())
+    await second.lifecycle.start(Events())
     try:
-        sb_obs, _ = await second.recover([sb], [ct])
+        sb_obs, _ = await second.lifecycle.recover([sb], [ct])
         assert sb_obs[sb.id].running
         assert second.net.in_use() == {ip: sb.id}
         assert len(await second.net.rules()) == 1
         assert await _fetch(ip, 8080) == b"pong\n"
         # The recovered IP is not handed out again.
         other = sandbox_record("other")
-        assert (await second.run_sandbox(other)).ip != ip
-        await second.remove_sandbox(other)
-        await second.stop_sandbox(sb)
+        assert (await second.lifecycle.run_sandbox(other)).ip != ip
+        await second.lifecycle.remove_sandbox(other)
+        await second.lifecycle.stop_sandbox(sb)
         assert await _leftovers(second, sb.backend_data.get("net", {}).get("host_if", "x")) == CLEAN
     finally:
         for pod in list(second._shared.pods.values()):
             await second.hv.destroy(pod.vm)
-        await second.close()
+        await second.lifecycle.close()

@@ -75,13 +75,13 @@ async def test_a_restart_gets_what_the_log_is_missing(
     script = "echo one; echo two >&2; printf part; sleep 3; echo -more; echo three >&2; sleep 3600"
     first = RunvBackend("runv", dict(runv_config))
     ev1 = Events()
-    await first.start(ev1)
-    first.images.import_dir(IMAGE, str(busybox_rootfs))
+    await first.lifecycle.start(ev1)
+    first.image_store.import_dir(IMAGE, str(busybox_rootfs))
     sb = sandbox_record("resume")
-    await first.run_sandbox(sb)
+    await first.lifecycle.run_sandbox(sb)
     sb.committed = True
     ct = container_record(sb, IMAGE, ["sh", "-c", script])
-    await first.create_container(ct, sb)
+    await first.lifecycle.create_container(ct, sb)
     log = tmp_path / "c.log"
     writer = CriLogWriter(str(log))
 
@@ -94,7 +94,7 @@ async def test_a_restart_gets_what_the_log_is_missing(
                 writer.write(stream, data, at)
 
     seen = LosesStderr()
-    await ev1.start(first, ct, sb, seen)
+    await ev1.start(first.lifecycle, ct, sb, seen)
     ct.committed = True
     for _ in range(50):
         if b"part" in seen.data["stdout"] and seen.data["stderr"]:
@@ -102,17 +102,17 @@ async def test_a_restart_gets_what_the_log_is_missing(
         await asyncio.sleep(0.1)
     assert bytes(seen.data["stdout"]) == b"one\npart" and bytes(seen.data["stderr"]) == b"two\n"
     await ev1.close()
-    await first.close()
+    await first.lifecycle.close()
     writer.close(flush=False)  # the shim's shutdown: the pending "part" is not written
     assert _records(log) == [("stdout", "F", "one")]
 
     second = RunvBackend("runv", dict(runv_config))
     ev2 = Events()
-    await second.start(ev2)
+    await second.lifecycle.start(ev2)
     try:
-        await second.recover([sb], [ct])
+        await second.lifecycle.recover([sb], [ct])
         marks = last_log_marks(str(log))
-        assert await ev2.reattach(second, ct, CriLogWriter(str(log)), after=marks)
+        assert await ev2.reattach(second.lifecycle, ct, CriLogWriter(str(log)), after=marks)
         for _ in range(100):
             if len(_records(log)) >= 4:
                 break
@@ -126,12 +126,12 @@ async def test_a_restart_gets_what_the_log_is_missing(
                 ("stderr", "F", "three"),
             ]
         )
-        await second.stop_sandbox(sb)
+        await second.lifecycle.stop_sandbox(sb)
     finally:
         await ev2.close()
         for pod in list(second._shared.pods.values()):
             await second.hv.destroy(pod.vm)
-        await second.close()
+        await second.lifecycle.close()
 
 
 def test_a_read_longer_than_a_frame_is_cut_into_pieces_of_one_frame() -> None:

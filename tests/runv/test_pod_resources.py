@@ -54,15 +54,15 @@ def _request(sandbox_id: str, **res: object) -> pb.UpdatePodSandboxResourcesRequ
 async def test_the_pods_new_resources_size_its_vm(runv: tuple[RunvBackend, Events]) -> None:
     backend, events = runv
     sb = sandbox_record("resize", cpu_quota=100_000, cpu_period=100_000, memory_limit_in_bytes=256 * MIB)
-    await backend.run_sandbox(sb)
+    await backend.lifecycle.run_sandbox(sb)
     vm = backend._shared.pods[sb.id].vm
     cg = Cgroup(f"{backend.hv.cgroup_parent}/{vm.id}")  # type: ignore[attr-defined]
     assert _figures(cg)[:2] == (100_000, 288 * MIB)  # 1 vCPU, 256 MiB + the handler's 32
     # A container in the pod, so that the cpuset reaches the cgroups below the VM's too.
     ct = container_record(sb, IMAGE, ["sh", "-c", "head -c 64m /dev/zero > /dev/shm/fill; sleep 3600"])
-    await backend.create_container(ct, sb)
-    await events.start(backend, ct, sb, MemorySink())
-    await backend.exec_sync(
+    await backend.lifecycle.create_container(ct, sb)
+    await events.start(backend.lifecycle, ct, sb, MemorySink())
+    await backend.exec.exec_sync(
         ct, ["sh", "-c", "until [ $(wc -c < /dev/shm/fill) = 67108864 ]; do sleep 0.05; done"]
     )
 
@@ -74,22 +74,24 @@ async def test_the_pods_new_resources_size_its_vm(runv: tuple[RunvBackend, Event
         cpu_shares=1024,
         cpuset_cpus="0",
     )
-    await backend.update_sandbox_resources(sb, req)
+    await backend.resources.update_sandbox_resources(sb, req)
     assert _figures(cg) == (200_000, 416 * MIB, 1024, "0")
     assert (vm.vcpus, vm.memory_bytes) == (2, 416 * MIB)
     assert (sb.backend_data["vm"]["vcpus"], sb.backend_data["vm"]["memory_bytes"]) == (2, 416 * MIB)
     assert backend.hv.capacity()[0] == 2  # reserved: the node's capacity counts the new size
     # The container's processes are in the cpuset: they run on CPU 0 only.
-    allowed = await backend.exec_sync(ct, ["sh", "-c", "grep Cpus_allowed_list /proc/self/status"])
+    allowed = await backend.exec.exec_sync(ct, ["sh", "-c", "grep Cpus_allowed_list /proc/self/status"])
     assert allowed.stdout.split()[-1] == b"0", allowed.stdout
 
     # Memory below what the pod uses (64 MiB in its /dev/shm): refused, nothing changed.
     with pytest.raises(errors.FailedPreconditionError, match=r"below the .* MiB the pod uses"):
-        await backend.update_sandbox_resources(sb, _request(sb.id, memory_limit_in_bytes=16 * MIB))
+        await backend.resources.update_sandbox_resources(sb, _request(sb.id, memory_limit_in_bytes=16 * MIB))
     assert _figures(cg) == (200_000, 416 * MIB, 1024, "0") and vm.memory_bytes == 416 * MIB
     # More than the node has: refused by the capacity check, nothing changed.
     with pytest.raises(errors.ResourceExhaustedError):
-        await backend.update_sandbox_resources(sb, _request(sb.id, cpu_quota=900_000, cpu_period=100_000))
+        await backend.resources.update_sandbox_resources(
+            sb, _request(sb.id, cpu_quota=900_000, cpu_period=100_000)
+        )
     assert _figures(cg)[0] == 200_000 and vm.vcpus == 2 and backend.hv.capacity()[0] == 2
-    await backend.stop_sandbox(sb)
-    await backend.remove_sandbox(sb)
+    await backend.lifecycle.stop_sandbox(sb)
+    await backend.lifecycle.remove_sandbox(sb)

@@ -150,29 +150,29 @@ async def warm(
     runv_config["pool"] = {"size": 2, "max_cpu": 0, "refill_interval": 0}
     backend = RunvBackend("runv", runv_config)
     events = Events()
-    await backend.start(events)
-    backend.images.import_dir(IMAGE, str(busybox_rootfs), {"Env": ["IMAGE_ENV=1"]})
-    await backend.recover([], [])  # the pool starts after recovery
+    await backend.lifecycle.start(events)
+    backend.image_store.import_dir(IMAGE, str(busybox_rootfs), {"Env": ["IMAGE_ENV=1"]})
+    await backend.lifecycle.recover([], [])  # the pool starts after recovery
     try:
         yield backend, events
     finally:
         await events.close()
         for pod in list(backend._shared.pods.values()):
             await backend.hv.destroy(pod.vm)
-        await backend.close()
+        await backend.lifecycle.close()
 
 
 async def identity(backend: RunvBackend, events: Events, sb: Any) -> dict[str, str]:
     """What a container of the pod sees: hostname, DNS, its address and a sysctl."""
     ct = container_record(sb, IMAGE, ["sleep", "60"], name="probe")
-    await backend.create_container(ct, sb)
-    await events.start(backend, ct, sb, MemorySink())
+    await backend.lifecycle.create_container(ct, sb)
+    await events.start(backend.lifecycle, ct, sb, MemorySink())
     script = "hostname; cat /proc/sys/net/ipv4/ip_unprivileged_port_start; cat /etc/resolv.conf"
-    res = await backend.exec_sync(ct, ["sh", "-c", script])
+    res = await backend.exec.exec_sync(ct, ["sh", "-c", script])
     assert res.exit_code == 0, res
     hostname, port_start, *dns = res.stdout.decode().splitlines()
-    await backend.stop_container(ct, 1)
-    await backend.remove_container(ct)
+    await backend.lifecycle.stop_container(ct, 1)
+    await backend.lifecycle.remove_container(ct)
     return {"hostname": hostname, "dns": " ".join(dns), "sysctl": port_start}
 
 
@@ -188,7 +188,7 @@ async def test_a_warm_vm_is_handed_out_and_becomes_the_pod(warm: tuple[RunvBacke
     sb = sandbox_record("warm-pod")
     sb.config.linux.sysctls["net.ipv4.ip_unprivileged_port_start"] = "80"
     t0 = time.perf_counter()
-    net = await backend.run_sandbox(sb)
+    net = await backend.lifecycle.run_sandbox(sb)
     warm_ms = (time.perf_counter() - t0) * 1000
     assert sb.backend_data.get("warm") is True
     assert sb.backend_data["vm"]["id"] in pooled
@@ -196,7 +196,7 @@ async def test_a_warm_vm_is_handed_out_and_becomes_the_pod(warm: tuple[RunvBacke
 
     cold = sandbox_record("cold-pod", memory_limit_in_bytes=64 * MIB)  # smaller than the pool's shape: cold
     cold.config.linux.sysctls["net.ipv4.ip_unprivileged_port_start"] = "80"
-    await backend.run_sandbox(cold)
+    await backend.lifecycle.run_sandbox(cold)
     assert "warm" not in cold.backend_data
 
     # Indistinguishable to the pod: its own hostname, DNS, address and sysctls.
@@ -209,15 +209,15 @@ async def test_a_warm_vm_is_handed_out_and_becomes_the_pod(warm: tuple[RunvBacke
     # The pool refills; a bigger pod takes a warm VM and has it hot-plugged to its size.
     await until(lambda: len(backend.pool.ready) == 2, 30)
     big = sandbox_record("big-pod", cpu_quota=200_000, cpu_period=100_000, memory_limit_in_bytes=256 * MIB)
-    await backend.run_sandbox(big)
+    await backend.lifecycle.run_sandbox(big)
     assert big.backend_data.get("warm") is True
     vm = backend._shared.pods[big.id].vm
     assert vm.vcpus == 2 and vm.memory_bytes == 256 * MIB + backend.overhead_memory
     assert big.backend_data["vm"]["vcpus"] == 2
 
     for s in (sb, cold, big):
-        await backend.stop_sandbox(s)
-        await backend.remove_sandbox(s)
+        await backend.lifecycle.stop_sandbox(s)
+        await backend.lifecycle.remove_sandbox(s)
 
 
 @needs_vm
@@ -228,14 +228,14 @@ async def test_a_cold_boot_on_a_full_node_takes_the_room_of_warm_vms(
     await until(lambda: len(backend.pool.ready) == 2, 30)
     # 4 vCPUs on this node, 2 held by warm VMs: a 3-vCPU pod needs one of them back.
     sb = sandbox_record("needs-room", cpu_quota=300_000, cpu_period=100_000, memory_limit_in_bytes=64 * MIB)
-    await backend.run_sandbox(sb)
+    await backend.lifecycle.run_sandbox(sb)
     assert "warm" not in sb.backend_data
     assert len(backend.pool.ready) <= 1
-    await backend.stop_sandbox(sb)
-    await backend.remove_sandbox(sb)
+    await backend.lifecycle.stop_sandbox(sb)
+    await backend.lifecycle.remove_sandbox(sb)
     # Nothing can make room for what the node cannot hold at all.
     with pytest.raises(errors.ResourceExhaustedError):
-        await backend.run_sandbox(sandbox_record("too-big", cpu_quota=900_000, cpu_period=100_000))
+        await backend.lifecycle.run_sandbox(sandbox_record("too-big", cpu_quota=900_000, cpu_period=100_000))
 
 
 @needs_vm
@@ -244,8 +244,8 @@ async def test_warm_vms_of_a_killed_shim_are_reclaimed(
 ) -> None:
     runv_config["pool"] = {"size": 2, "max_cpu": 0, "refill_interval": 0}
     first = RunvBackend("runv", runv_config)
-    await first.start(Events())
-    await first.recover([], [])
+    await first.lifecycle.start(Events())
+    await first.lifecycle.recover([], [])
     await until(lambda: len(first.pool.ready) == 2, 30)
     orphans = [pod.vm for pod in first.pool.ready]
     # A SIGKILL: the process is gone, its VMs are not; nothing of `first` runs again.
@@ -258,8 +258,8 @@ async def test_warm_vms_of_a_killed_shim_are_reclaimed(
 
     runv_config["pool"] = {"size": 0}
     second = RunvBackend("runv", runv_config)
-    await second.start(Events())
-    await second.recover([], [])
+    await second.lifecycle.start(Events())
+    await second.lifecycle.recover([], [])
     try:
         for vm in orphans:
             assert not second.hv.alive(vm)
@@ -267,7 +267,7 @@ async def test_warm_vms_of_a_killed_shim_are_reclaimed(
         assert second.hv.capacity()[0] == 0
         assert second.net.in_use() == {}  # the warm VMs' IPs are free again
     finally:
-        await second.close()
+        await second.lifecycle.close()
 
 
 # ---------------------------------------------------------------- through the CRI
@@ -292,7 +292,7 @@ async def test_warm_and_cold_pods_look_the_same_to_every_cri_call(
 
     runv_config["pool"] = {"size": 1, "max_cpu": 0, "refill_interval": 0}
     backend = RunvBackend("runv", runv_config)
-    backend.images.import_dir(IMAGE, str(busybox_rootfs), {})
+    backend.image_store.import_dir(IMAGE, str(busybox_rootfs), {})
     cfg = dataclasses.replace(server_config(short_tmp, default_handler="runv"), handlers={})
     server = Server(cfg, backends={"runv": backend}, id_factory=make_ids("warmcri"))
     await server.start()

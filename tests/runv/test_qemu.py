@@ -442,12 +442,12 @@ async def test_a_pod_is_a_virtual_machine(
     subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(ro_dir / "tmp")], check=True)
     first = RunvBackend("runv", cfg)
     ev1 = Events()
-    await first.start(ev1)
-    first.images.import_dir(IMAGE, str(busybox_rootfs))
+    await first.lifecycle.start(ev1)
+    first.image_store.import_dir(IMAGE, str(busybox_rootfs))
     sb = sandbox_record("vm")
     second: RunvBackend | None = None
     try:
-        net = await first.run_sandbox(sb)
+        net = await first.lifecycle.run_sandbox(sb)
         sb.committed = True
         vm = first._shared.pods[sb.id].vm
         assert vm.driver == "qemu" and _alive(vm.pid) and net.ip
@@ -463,9 +463,9 @@ async def test_a_pod_is_a_virtual_machine(
                 pb.Mount(container_path="/rw", host_path=str(rw_dir)),
             ],
         )
-        await first.create_container(ct, sb)
+        await first.lifecycle.create_container(ct, sb)
         sink = MemorySink()
-        await ev1.start(first, ct, sb, sink)
+        await ev1.start(first.lifecycle, ct, sb, sink)
         ct.committed = True
         for _ in range(300):
             if b"hello from the guest" in sink.data["stdout"]:
@@ -474,20 +474,20 @@ async def test_a_pod_is_a_virtual_machine(
         assert b"hello from the guest" in sink.data["stdout"]
 
         # Its own kernel: the guest's release is Debian's, not necessarily the host's.
-        res = await first.exec_sync(ct, ["cat", "/proc/sys/kernel/osrelease"])
+        res = await first.exec.exec_sync(ct, ["cat", "/proc/sys/kernel/osrelease"])
         assert res.exit_code == 0 and res.stdout.strip() == _guest_release().encode(), res
-        res = await first.exec_sync(ct, ["sh", "-c", "cat /ro/data && echo from-vm > /rw/out"])
+        res = await first.exec.exec_sync(ct, ["sh", "-c", "cat /ro/data && echo from-vm > /rw/out"])
         assert (res.exit_code, res.stdout) == (0, b"from the host\n"), res
-        res = await first.exec_sync(ct, ["sh", "-c", "echo x > /ro/new"])
+        res = await first.exec.exec_sync(ct, ["sh", "-c", "echo x > /ro/new"])
         assert res.exit_code != 0 and b"Read-only" in res.stderr, res
-        res = await first.exec_sync(ct, ["sh", "-c", "echo y > /ro/tmp/y"])
+        res = await first.exec.exec_sync(ct, ["sh", "-c", "echo y > /ro/tmp/y"])
         assert res.exit_code == 0 and (ro_dir / "tmp" / "y").read_text() == "y\n", res
         assert (rw_dir / "out").read_text() == "from-vm\n" and not (ro_dir / "new").exists()
 
         port = FakePort(b"ping\n")
         for _ in range(100):  # nc may not listen yet
             try:
-                await first.port_forward(sb, 8080, port)
+                await first.exec.port_forward(sb, 8080, port)
             except errors.CriError:
                 await asyncio.sleep(0.2)
                 continue
@@ -496,27 +496,27 @@ async def test_a_pod_is_a_virtual_machine(
             port = FakePort(b"ping\n")
         assert bytes(port.got) == b"pong\n"
 
-        usage = await first.container_stats([ct])
+        usage = await first.stats.container_stats([ct])
         assert (usage[ct.id].sample.memory_usage or 0) > 0
         cpu, memory = first.hv.usage(vm)
         assert cpu > 0 and memory > 0  # the QEMU process, as the host sees it
 
         # The shim goes away; the VM stays and a new one takes it over through its sockets.
         await ev1.close()
-        await first.close()
+        await first.lifecycle.close()
         assert _alive(vm.pid)
         second = RunvBackend("runv", cfg)
         ev2 = Events()
-        await second.start(ev2)
-        sb_obs, ct_obs = await second.recover([sb], [ct])
+        await second.lifecycle.start(ev2)
+        sb_obs, ct_obs = await second.lifecycle.recover([sb], [ct])
         assert sb_obs[sb.id].running and ct_obs[ct.id].running
-        res = await second.exec_sync(ct, ["echo", "back"])
+        res = await second.exec.exec_sync(ct, ["echo", "back"])
         assert res.stdout == b"back\n"
 
-        await second.stop_container(ct, 2)
-        await second.remove_container(ct)
-        await second.stop_sandbox(sb)
-        await second.remove_sandbox(sb)
+        await second.lifecycle.stop_container(ct, 2)
+        await second.lifecycle.remove_container(ct)
+        await second.lifecycle.stop_sandbox(sb)
+        await second.lifecycle.remove_sandbox(sb)
         await ev2.close()
         assert not _alive(vm.pid)
         assert not os.path.exists(vm.state_dir)
@@ -526,8 +526,8 @@ async def test_a_pod_is_a_virtual_machine(
             if b is not None:
                 if sb.id in b._shared.pods:  # a failure half-way: the VM, its tap and its veth go
                     with contextlib.suppress(Exception):
-                        await b.stop_sandbox(sb)
-                await b.close()
+                        await b.lifecycle.stop_sandbox(sb)
+                await b.lifecycle.close()
         subprocess.run(["umount", "-l", str(ro_dir / "tmp")], check=False)
 
 
@@ -540,18 +540,18 @@ async def test_a_vm_that_does_not_boot_leaves_nothing(
 ) -> None:
     backend = RunvBackend("runv", _qemu_config(runv_config))
     events = Events()
-    await backend.start(events)
+    await backend.lifecycle.start(events)
     try:
         backend.inject(Fault.BOOT_FAILURE)
         sb = sandbox_record("noboot")
         with pytest.raises(errors.UnavailableError, match="injected boot failure"):
-            await backend.run_sandbox(sb)
+            await backend.lifecycle.run_sandbox(sb)
         assert backend.hv.capacity()[0] == 0
         assert [e for e in os.listdir(backend.hv.run_dir) if not e.startswith("initrd-")] == []  # type: ignore[attr-defined]
         assert QemuHypervisor.tap_name(sb.id[:16]) not in _taps()
     finally:
         await events.close()
-        await backend.close()
+        await backend.lifecycle.close()
 
 
 @pytest.mark.slow
@@ -561,28 +561,28 @@ async def test_a_vm_that_does_not_boot_leaves_nothing(
 async def test_a_crashed_vm_exits_its_containers(runv_config: dict[str, Any], busybox_rootfs: Path) -> None:
     backend = RunvBackend("runv", _qemu_config(runv_config))
     events = Events()
-    await backend.start(events)
-    backend.images.import_dir(IMAGE, str(busybox_rootfs))
+    await backend.lifecycle.start(events)
+    backend.image_store.import_dir(IMAGE, str(busybox_rootfs))
     sb = sandbox_record("crash")
     try:
-        await backend.run_sandbox(sb)
+        await backend.lifecycle.run_sandbox(sb)
         ct = container_record(sb, IMAGE, ["sleep", "600"])
-        await backend.create_container(ct, sb)
-        await events.start(backend, ct, sb, MemorySink())
+        await backend.lifecycle.create_container(ct, sb)
+        await events.start(backend.lifecycle, ct, sb, MemorySink())
         vm = backend._shared.pods[sb.id].vm
         backend.inject(Fault.CRASH, sb.id)  # SIGKILL of QEMU
         await events.wait_for(lambda: ct.id in events.exits and sb.id in events.not_ready, timeout=60)
         assert events.exits[ct.id].reason == VM_CRASH_REASON
         assert not _alive(vm.pid)
-        await backend.stop_sandbox(sb)
-        await backend.remove_container(ct)
+        await backend.lifecycle.stop_sandbox(sb)
+        await backend.lifecycle.remove_container(ct)
         assert not os.path.exists(vm.state_dir) and QemuHypervisor.tap_name(vm.id) not in _taps()
     finally:
         if sb.id in backend._shared.pods:
             with contextlib.suppress(Exception):
-                await backend.stop_sandbox(sb)
+                await backend.lifecycle.stop_sandbox(sb)
         await events.close()
-        await backend.close()
+        await backend.lifecycle.close()
 
 
 def _guest_release() -> str:

@@ -35,15 +35,15 @@ async def test_recursive_read_only_covers_submounts(runv: tuple[RunvBackend, Eve
     backend, events = runv
     assert backend.capabilities & Capability.RECURSIVE_READ_ONLY_MOUNTS
     sb = sandbox_record("rro")
-    await backend.run_sandbox(sb)
+    await backend.lifecycle.run_sandbox(sb)
     ct = container_record(sb, IMAGE, ["sleep", "60"])
     ct.config.mounts.add(host_path=str(tree), container_path="/rro", readonly=True, recursive_read_only=True)
     ct.config.mounts.add(host_path=str(tree), container_path="/ro", readonly=True)
-    await backend.create_container(ct, sb)
-    await events.start(backend, ct, sb, MemorySink())
+    await backend.lifecycle.create_container(ct, sb)
+    await events.start(backend.lifecycle, ct, sb, MemorySink())
 
     async def writable(path: str) -> bool:
-        res = await backend.exec_sync(ct, ["sh", "-c", f"echo x > {path}"])
+        res = await backend.exec.exec_sync(ct, ["sh", "-c", f"echo x > {path}"])
         return res.exit_code == 0
 
     assert not await writable("/rro/f")
@@ -51,10 +51,10 @@ async def test_recursive_read_only_covers_submounts(runv: tuple[RunvBackend, Eve
     assert not await writable("/ro/f")
     assert await writable("/ro/sub/f")  # plain read-only stops at the mount itself
     assert os.path.exists(tree / "sub" / "f")
-    await backend.stop_container(ct, 1)
-    await backend.remove_container(ct)
-    await backend.stop_sandbox(sb)
-    await backend.remove_sandbox(sb)
+    await backend.lifecycle.stop_container(ct, 1)
+    await backend.lifecycle.remove_container(ct)
+    await backend.lifecycle.stop_sandbox(sb)
+    await backend.lifecycle.remove_sandbox(sb)
 
 
 async def test_the_shim_reports_the_feature_per_handler(runv: tuple[RunvBackend, Events]) -> None:

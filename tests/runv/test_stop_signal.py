@@ -33,19 +33,19 @@ async def test_the_reported_stop_signal_is_the_one_sent(
     runv: tuple[RunvBackend, Events], busybox_rootfs: Path, image: str, asked: int, want: int, said: bytes
 ) -> None:
     backend, events = runv
-    backend.images.import_dir("test/usr1:1", str(busybox_rootfs), {"StopSignal": "SIGUSR1"})
+    backend.image_store.import_dir("test/usr1:1", str(busybox_rootfs), {"StopSignal": "SIGUSR1"})
     sb = sandbox_record("stops")
-    await backend.run_sandbox(sb)
+    await backend.lifecycle.run_sandbox(sb)
     ct = container_record(sb, image, ["sh", "-c", TRAPS], stop_signal=asked)
-    await backend.create_container(ct, sb)
+    await backend.lifecycle.create_container(ct, sb)
     assert container_status_pb(ct).stop_signal == want
     sink = MemorySink()
-    await events.start(backend, ct, sb, sink)
-    await backend.exec_sync(ct, ["sh", "-c", "until [ -e /tmp/ready ]; do sleep 0.05; done"])
-    info = await backend.stop_container(ct, 30)
+    await events.start(backend.lifecycle, ct, sb, sink)
+    await backend.exec.exec_sync(ct, ["sh", "-c", "until [ -e /tmp/ready ]; do sleep 0.05; done"])
+    info = await backend.lifecycle.stop_container(ct, 30)
     assert info.exit_code == 0
     await sink.closed.wait()
     assert bytes(sink.data["stdout"]) == said
-    await backend.remove_container(ct)
-    await backend.stop_sandbox(sb)
-    await backend.remove_sandbox(sb)
+    await backend.lifecycle.remove_container(ct)
+    await backend.lifecycle.stop_sandbox(sb)
+    await backend.lifecycle.remove_sandbox(sb)

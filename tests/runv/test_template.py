@@ -136,15 +136,15 @@ async def test_two_vms_share_nothing(stub: StubHypervisor) -> None:
 async def test_kill_of_vm_pid_takes_the_whole_vm(runv_config: dict[str, Any], busybox_rootfs: Path) -> None:
     backend = RunvBackend("runv", runv_config)
     events = Events()
-    await backend.start(events)
-    backend.images.import_dir("test/busybox:1", str(busybox_rootfs), {})
+    await backend.lifecycle.start(events)
+    backend.image_store.import_dir("test/busybox:1", str(busybox_rootfs), {})
     try:
         sb = sandbox_record("kill")
-        await backend.run_sandbox(sb)
+        await backend.lifecycle.run_sandbox(sb)
         vm = backend._shared.pods[sb.id].vm
         ct = container_record(sb, "test/busybox:1", ["sleep", "60"])
-        await backend.create_container(ct, sb)
-        await backend.start_container(ct, sb)
+        await backend.lifecycle.create_container(ct, sb)
+        await backend.lifecycle.start_container(ct, sb)
         cg = backend.hv._cgroup(vm.id)  # type: ignore[attr-defined]
         pids = set(cg.pids())
         assert len(pids) >= 3, pids  # VM process, agent, container
@@ -156,7 +156,7 @@ async def test_kill_of_vm_pid_takes_the_whole_vm(runv_config: dict[str, Any], bu
         await events.close()
         for pod in list(backend._shared.pods.values()):
             await backend.hv.destroy(pod.vm)
-        await backend.close()
+        await backend.lifecycle.close()
 
 
 async def test_agent_death_ends_the_vm_process(stub: StubHypervisor) -> None:
@@ -252,12 +252,12 @@ async def test_falls_back_when_the_template_cannot_start(runv_config: dict[str, 
 
 async def test_backend_start_brings_the_template_up_and_close_ends_it(runv_config: dict[str, Any]) -> None:
     backend = RunvBackend("runv", runv_config)
-    await backend.start(Events())
+    await backend.lifecycle.start(Events())
     hv = backend.hv
     assert isinstance(hv, StubHypervisor) and hv.template is not None and hv._preparing is not None
     await hv._preparing
     pid = hv.template.pid
     assert pid > 0 and _comm(pid).startswith("python")
-    await backend.close()
+    await backend.lifecycle.close()
     assert hv.template.pid == 0
     assert await _gone(pid)

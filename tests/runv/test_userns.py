@@ -22,13 +22,13 @@ async def test_a_pod_in_its_own_user_namespace(runv: tuple[RunvBackend, Events])
     userns.mode = pb.POD
     userns.uids.add(container_id=0, host_id=1000, length=100000)
     userns.gids.add(container_id=0, host_id=1000, length=100000)
-    await backend.run_sandbox(sb)
+    await backend.lifecycle.run_sandbox(sb)
     ct = container_record(
         sb, IMAGE, ["sh", "-c", "cat /proc/self/uid_map /proc/self/gid_map; id -u; sleep 60"]
     )
-    await backend.create_container(ct, sb)
+    await backend.lifecycle.create_container(ct, sb)
     sink = MemorySink()
-    await events.start(backend, ct, sb, sink)
+    await events.start(backend.lifecycle, ct, sb, sink)
     for _ in range(50):
         if sink.data["stdout"].count(b"\n") >= 3:
             break
@@ -36,9 +36,9 @@ async def test_a_pod_in_its_own_user_namespace(runv: tuple[RunvBackend, Events])
     lines = [line.split() for line in bytes(sink.data["stdout"]).decode().splitlines()]
     assert lines[:3] == [["0", "1000", "100000"], ["0", "1000", "100000"], ["0"]], lines
     # An exec joins the same user namespace.
-    res = await backend.exec_sync(ct, ["cat", "/proc/self/uid_map"])
+    res = await backend.exec.exec_sync(ct, ["cat", "/proc/self/uid_map"])
     assert res.stdout.split() == [b"0", b"1000", b"100000"]
-    await backend.stop_container(ct, 1)
-    await backend.remove_container(ct)
-    await backend.stop_sandbox(sb)
-    await backend.remove_sandbox(sb)
+    await backend.lifecycle.stop_container(ct, 1)
+    await backend.lifecycle.remove_container(ct)
+    await backend.lifecycle.stop_sandbox(sb)
+    await backend.lifecycle.remove_sandbox(sb)

@@ -34,7 +34,7 @@ def _alive(pid: int) -> bool:
 async def test_pod_lifecycle(runv: tuple[RunvBackend, Events]) -> None:
     backend, events = runv
     sb = sandbox_record("life")
-    net = await backend.run_sandbox(sb)
+    net = await backend.lifecycle.run_sandbox(sb)
     assert net.ip == sb.backend_data["net"]["ip"] != ""
     vm = backend._shared.pods[sb.id].vm
     assert (vm.vcpus, vm.memory_bytes) == (1, 128 * MIB)
@@ -45,18 +45,18 @@ async def test_pod_lifecycle(runv: tuple[RunvBackend, Events]) -> None:
         " echo $IMAGE_ENV; sleep 30 & wait"
     )
     ct = container_record(sb, IMAGE, ["sh", "-c", script])
-    await backend.create_container(ct, sb)
+    await backend.lifecycle.create_container(ct, sb)
     assert ct.image_ref.startswith("sha256:")
     sink = MemorySink()
-    started = await events.start(backend, ct, sb, sink)
+    started = await events.start(backend.lifecycle, ct, sb, sink)
     assert started > 0
 
-    res = await backend.exec_sync(ct, ["sh", "-c", "echo out; echo err >&2; exit 7"])
+    res = await backend.exec.exec_sync(ct, ["sh", "-c", "echo out; echo err >&2; exit 7"])
     assert (res.exit_code, res.stdout, res.stderr) == (7, b"out\n", b"err\n")
 
-    stats = await AsShim().container_stats(backend, [ct])
+    stats = await AsShim().container_stats(backend.stats, [ct])
     assert stats[ct.id].memory.working_set_bytes.value > 0
-    sb_stats = await AsShim().sandbox_stats(backend, [sb], [ct])
+    sb_stats = await AsShim().sandbox_stats(backend.stats, [sb], [ct])
     assert sb_stats[sb.id].linux.memory.usage_bytes.value > 0
 
     for _ in range(50):
@@ -68,27 +68,27 @@ async def test_pod_lifecycle(runv: tuple[RunvBackend, Events]) -> None:
     assert b"nameserver 10.0.0.10" in out and b"\n1\n" in out
     assert sink.data["stderr"] == b"oops\n"
 
-    info = await backend.stop_container(ct, timeout=5)
+    info = await backend.lifecycle.stop_container(ct, timeout=5)
     assert (info.exit_code, info.reason) == (0, "Completed")  # the TERM trap ran
     await asyncio.wait_for(sink.closed.wait(), 5)
     assert events.exits[ct.id].exit_code == 0
     assert sink.data["stdout"].endswith(b"bye\n")
-    await backend.remove_container(ct)
+    await backend.lifecycle.remove_container(ct)
     assert not os.path.exists(os.path.join(backend.root, "containers", ct.id))
 
-    await backend.stop_sandbox(sb)
+    await backend.lifecycle.stop_sandbox(sb)
     assert not _alive(vm.pid)
-    await backend.remove_sandbox(sb)
+    await backend.lifecycle.remove_sandbox(sb)
     assert not os.path.exists(vm.state_dir)
 
 
 async def test_vm_crash_exits_containers(runv: tuple[RunvBackend, Events]) -> None:
     backend, events = runv
     sb = sandbox_record("crash")
-    await backend.run_sandbox(sb)
+    await backend.lifecycle.run_sandbox(sb)
     ct = container_record(sb, IMAGE, ["sleep", "60"])
-    await backend.create_container(ct, sb)
-    await events.start(backend, ct, sb, MemorySink())
+    await backend.lifecycle.create_container(ct, sb)
+    await events.start(backend.lifecycle, ct, sb, MemorySink())
     ct_pid = (await backend._shared.pods[sb.id].agent.call(StateRequest(id=ct.id))).pid  # type: ignore[union-attr]
     vm_pid = backend._shared.pods[sb.id].vm.pid
 
@@ -99,26 +99,26 @@ async def test_vm_crash_exits_containers(runv: tuple[RunvBackend, Events]) -> No
     assert not _alive(vm_pid)
     del ct_pid  # a PID inside the VM's namespace; the cgroup check in the fixture covers it
     with pytest.raises(errors.FailedPreconditionError):
-        await backend.exec_sync(ct, ["true"])
-    await backend.stop_sandbox(sb)  # cleans up the dead VM's cgroup and state
-    await backend.remove_container(ct)
+        await backend.exec.exec_sync(ct, ["true"])
+    await backend.lifecycle.stop_sandbox(sb)  # cleans up the dead VM's cgroup and state
+    await backend.lifecycle.remove_container(ct)
 
 
 async def test_capacity_exhausted(runv: tuple[RunvBackend, Events]) -> None:
     backend, _events = runv
     big = sandbox_record("big", memory_limit_in_bytes=2 << 30)  # node has 1 GiB in this test
     with pytest.raises(errors.ResourceExhaustedError):
-        await backend.run_sandbox(big)
+        await backend.lifecycle.run_sandbox(big)
     assert backend.hv.capacity()[0] == 0
     pods = [sandbox_record(f"p{i}", cpu_quota=200_000, cpu_period=100_000) for i in range(3)]
-    await backend.run_sandbox(pods[0])
-    await backend.run_sandbox(pods[1])  # 2 + 2 vCPUs = the node's 4
+    await backend.lifecycle.run_sandbox(pods[0])
+    await backend.lifecycle.run_sandbox(pods[1])  # 2 + 2 vCPUs = the node's 4
     with pytest.raises(errors.ResourceExhaustedError):
-        await backend.run_sandbox(pods[2])
-    await backend.stop_sandbox(pods[0])
-    await backend.run_sandbox(pods[2])  # room again
+        await backend.lifecycle.run_sandbox(pods[2])
+    await backend.lifecycle.stop_sandbox(pods[0])
+    await backend.lifecycle.run_sandbox(pods[2])  # room again
     for p in pods[1:]:
-        await backend.stop_sandbox(p)
+        await backend.lifecycle.stop_sandbox(p)
     assert backend.hv.capacity()[0] == 0
 
 
@@ -127,7 +127,7 @@ async def test_boot_failure_leaves_nothing(runv: tuple[RunvBackend, Events]) -> 
     backend.inject(Fault.BOOT_FAILURE)
     sb = sandbox_record("noboot")
     with pytest.raises(errors.UnavailableError, match="boot"):
-        await backend.run_sandbox(sb)
+        await backend.lifecycle.run_sandbox(sb)
     assert "vm" not in sb.backend_data
     assert backend.hv.capacity()[0] == 0
     assert os.listdir(backend.hv.run_dir) == []  # type: ignore[attr-defined]
@@ -137,56 +137,56 @@ async def test_agent_hang(runv: tuple[RunvBackend, Events]) -> None:
     backend, _events = runv
     backend.agent_timeout = 0.5
     sb = sandbox_record("hang")
-    await backend.run_sandbox(sb)
+    await backend.lifecycle.run_sandbox(sb)
     ct = container_record(sb, IMAGE, ["sleep", "60"])
     backend._shared.pods[sb.id].agent.timeout = 0.5  # type: ignore[union-attr]
     backend.inject(Fault.AGENT_HANG, sb.id)
     with pytest.raises(errors.UnavailableError, match="did not answer"):
-        await backend.create_container(ct, sb)
+        await backend.lifecycle.create_container(ct, sb)
     vm_pid = backend._shared.pods[sb.id].vm.pid
-    await backend.stop_sandbox(sb)  # a hung agent is killed with its VM
+    await backend.lifecycle.stop_sandbox(sb)  # a hung agent is killed with its VM
     assert not _alive(vm_pid)
 
 
 async def test_recover_after_restart(runv_config: dict[str, object], busybox_rootfs: Path) -> None:
     first = RunvBackend("runv", dict(runv_config))
     ev1 = Events()
-    await first.start(ev1)
-    first.images.import_dir(IMAGE, str(busybox_rootfs))
+    await first.lifecycle.start(ev1)
+    first.image_store.import_dir(IMAGE, str(busybox_rootfs))
     sb = sandbox_record("recover")
-    await first.run_sandbox(sb)
+    await first.lifecycle.run_sandbox(sb)
     sb.committed = True
     ct = container_record(sb, IMAGE, ["sh", "-c", "while true; do echo tick; sleep 0.2; done"])
-    await first.create_container(ct, sb)
-    await ev1.start(first, ct, sb, MemorySink())
+    await first.lifecycle.create_container(ct, sb)
+    await ev1.start(first.lifecycle, ct, sb, MemorySink())
     ct.committed = True
     vm_pid = first._shared.pods[sb.id].vm.pid
     await ev1.close()
-    await first.close()  # the shim goes away; the VM stays
+    await first.lifecycle.close()  # the shim goes away; the VM stays
     assert _alive(vm_pid)
 
     second = RunvBackend("runv", dict(runv_config))
     ev2 = Events()
     sink = MemorySink()
-    await second.start(ev2)
+    await second.lifecycle.start(ev2)
     try:
-        sb_obs, ct_obs = await second.recover([sb], [ct])
+        sb_obs, ct_obs = await second.lifecycle.recover([sb], [ct])
         assert sb_obs[sb.id].exists and sb_obs[sb.id].running
         assert ct_obs[ct.id].exists and ct_obs[ct.id].running
-        assert await ev2.reattach(second, ct, sink)
-        res = await second.exec_sync(ct, ["echo", "back"])
+        assert await ev2.reattach(second.lifecycle, ct, sink)
+        res = await second.exec.exec_sync(ct, ["echo", "back"])
         assert res.stdout == b"back\n"
         for _ in range(30):
             if b"tick" in sink.data["stdout"]:
                 break
             await asyncio.sleep(0.1)
         assert b"tick" in sink.data["stdout"]  # output re-attached after the restart
-        await second.stop_sandbox(sb)
+        await second.lifecycle.stop_sandbox(sb)
         assert not _alive(vm_pid)
     finally:
         for pod in list(second._shared.pods.values()):
             await second.hv.destroy(pod.vm)
-        await second.close()
+        await second.lifecycle.close()
 
 
 async def test_recovery_sweeps_what_a_killed_run_sandbox_left(
@@ -196,29 +196,29 @@ async def test_recovery_sweeps_what_a_killed_run_sandbox_left(
     was: the next start removes the VM and the veth. An agent that refuses the connection
     makes that pod NOTREADY, and the others recover."""
     first = RunvBackend("runv", dict(runv_config))
-    await first.start(Events())
-    first.images.import_dir(IMAGE, str(busybox_rootfs))
+    await first.lifecycle.start(Events())
+    first.image_store.import_dir(IMAGE, str(busybox_rootfs))
     half = sandbox_record("half")
-    await first.run_sandbox(half)
+    await first.lifecycle.run_sandbox(half)
     host_if = first.net.veth_names(first._shared.pods[half.id].vm.id)[0]
     assert os.path.exists(f"/sys/class/net/{host_if}")
     half_pid = first._shared.pods[half.id].vm.pid
     good = sandbox_record("good")
-    await first.run_sandbox(good)
+    await first.lifecycle.run_sandbox(good)
     good.committed = True
     mute = sandbox_record("mute")
-    await first.run_sandbox(mute)
+    await first.lifecycle.run_sandbox(mute)
     mute.committed = True
-    await first.close()
+    await first.lifecycle.close()
     # The record the killed shim had persisted: not committed, nothing of the backend's in it.
     half = dataclasses.replace(half, backend_data={}, committed=False)
     # The agent of "mute" no longer accepts connections (its socket is gone).
     os.unlink(mute.backend_data["vm"]["channel"])
 
     second = RunvBackend("runv", dict(runv_config))
-    await second.start(Events())
+    await second.lifecycle.start(Events())
     try:
-        sb_obs, _ = await second.recover([half, good, mute], [])
+        sb_obs, _ = await second.lifecycle.recover([half, good, mute], [])
         assert not sb_obs[half.id].exists
         assert not _alive(half_pid)
         assert not os.path.exists(f"/sys/class/net/{host_if}")
@@ -230,7 +230,7 @@ async def test_recovery_sweeps_what_a_killed_run_sandbox_left(
             await second.hv.destroy(pod.vm)
         for sb in (good, mute):
             await plumbing.unplumb(second._shared, sb)
-        await second.close()
+        await second.lifecycle.close()
 
 
 def _registry_up() -> bool:
@@ -249,19 +249,19 @@ def _registry_up() -> bool:
 async def test_pulled_image_runs_in_vm(runv: tuple[RunvBackend, Events]) -> None:
     backend, events = runv
     ref = "127.0.0.1:5000/busybox:1.36"
-    image_id = await backend.pull_image(pb.ImageSpec(image=ref), None, None)
-    status = await backend.image_status(pb.ImageSpec(image=ref))
+    image_id = await backend.images.pull_image(pb.ImageSpec(image=ref), None, None)
+    status = await backend.images.image_status(pb.ImageSpec(image=ref))
     assert status is not None and status.id == image_id and ref in status.repo_tags
     sb = sandbox_record("pulled")
-    await backend.run_sandbox(sb)
+    await backend.lifecycle.run_sandbox(sb)
     ct = container_record(sb, ref, ["sleep", "30"])
-    await backend.create_container(ct, sb)
+    await backend.lifecycle.create_container(ct, sb)
     assert ct.image_ref == image_id
-    await events.start(backend, ct, sb, MemorySink())
-    res = await backend.exec_sync(ct, ["sh", "-c", "touch /new && ls / && grep -c . /etc/passwd"])
+    await events.start(backend.lifecycle, ct, sb, MemorySink())
+    res = await backend.exec.exec_sync(ct, ["sh", "-c", "touch /new && ls / && grep -c . /etc/passwd"])
     assert res.exit_code == 0 and b"new" in res.stdout, res
-    await backend.stop_sandbox(sb)
-    await backend.remove_container(ct)
+    await backend.lifecycle.stop_sandbox(sb)
+    await backend.lifecycle.remove_container(ct)
 
 
 class FakeIO:
@@ -292,24 +292,24 @@ class FakeIO:
 async def test_streaming_exec_port_forward_and_hotplug(runv: tuple[RunvBackend, Events]) -> None:
     backend, events = runv
     sb = sandbox_record("stream")
-    await backend.run_sandbox(sb)
+    await backend.lifecycle.run_sandbox(sb)
     # A one-shot TCP server inside the VM's network namespace.
     ct = container_record(sb, IMAGE, ["sh", "-c", "echo pong | nc -l -p 8080; sleep 30"])
-    await backend.create_container(ct, sb)
-    await events.start(backend, ct, sb, MemorySink())
+    await backend.lifecycle.create_container(ct, sb)
+    await events.start(backend.lifecycle, ct, sb, MemorySink())
 
     io = FakeIO([b"line1\n", b"line2\n"])
-    code = await backend.exec(ct, ["sh", "-c", "cat; echo e >&2; exit 4"], io)
+    code = await backend.exec.exec(ct, ["sh", "-c", "cat; echo e >&2; exit 4"], io)
     assert (code, bytes(io.out), bytes(io.err)) == (4, b"line1\nline2\n", b"e\n")
 
     tty = FakeIO(None, tty=True)
-    code = await backend.exec(ct, ["sh", "-c", "stty size 2>/dev/null || echo nostty; [ -t 1 ]"], tty)
+    code = await backend.exec.exec(ct, ["sh", "-c", "stty size 2>/dev/null || echo nostty; [ -t 1 ]"], tty)
     assert code == 0, bytes(tty.out)
 
     for _ in range(50):  # nc may not listen yet
         port = FakePort(b"ping\n")
         try:
-            await backend.port_forward(sb, 8080, port)
+            await backend.exec.port_forward(sb, 8080, port)
         except errors.CriError:
             await asyncio.sleep(0.1)
             continue
@@ -317,33 +317,33 @@ async def test_streaming_exec_port_forward_and_hotplug(runv: tuple[RunvBackend, 
     assert bytes(port.got) == b"pong\n"
 
     res = pb.LinuxContainerResources(cpu_quota=300_000, cpu_period=100_000, memory_limit_in_bytes=256 * MIB)
-    await backend.update_container_resources(ct, res)
+    await backend.resources.update_container_resources(ct, res)
     vm = backend._shared.pods[sb.id].vm
     assert vm.vcpus == 3 and vm.memory_bytes >= 256 * MIB  # hot-plugged
     with open(f"/sys/fs/cgroup/memory/{backend.hv.cgroup_parent}/{vm.id}/memory.limit_in_bytes") as fh:  # type: ignore[attr-defined]
         assert int(fh.read()) == vm.memory_bytes
     with pytest.raises(errors.ResourceExhaustedError):  # the test node has 4 vCPUs
-        await backend.update_container_resources(
+        await backend.resources.update_container_resources(
             ct, pb.LinuxContainerResources(cpu_quota=900_000, cpu_period=100_000)
         )
-    await backend.stop_sandbox(sb)
+    await backend.lifecycle.stop_sandbox(sb)
 
 
 async def test_attach_feeds_stdin(runv: tuple[RunvBackend, Events]) -> None:
     backend, events = runv
     sb = sandbox_record("attach")
-    await backend.run_sandbox(sb)
+    await backend.lifecycle.run_sandbox(sb)
     ct = container_record(sb, IMAGE, ["sh", "-c", "read line; echo got:$line"], stdin=True, stdin_once=True)
-    await backend.create_container(ct, sb)
+    await backend.lifecycle.create_container(ct, sb)
     sink = MemorySink()
-    await events.start(backend, ct, sb, sink)
+    await events.start(backend.lifecycle, ct, sb, sink)
     io = FakeIO([b"hi\n"])
-    await asyncio.wait_for(backend.attach(ct, io), 10)
+    await asyncio.wait_for(backend.exec.attach(ct, io), 10)
     assert bytes(io.out) == b"got:hi\n"
     assert sink.data["stdout"] == b"got:hi\n"  # the log sees what the attached client sees
     await events.wait_for(lambda: ct.id in events.exits)
     assert events.exits[ct.id].exit_code == 0
-    await backend.stop_sandbox(sb)
+    await backend.lifecycle.stop_sandbox(sb)
 
 
 @pytest.mark.skipif(
@@ -352,14 +352,14 @@ async def test_attach_feeds_stdin(runv: tuple[RunvBackend, Events]) -> None:
 async def test_image_pulled_elsewhere_is_fetched_by_name(runv: tuple[RunvBackend, Events]) -> None:
     backend, _events = runv
     ref = "127.0.0.1:5000/busybox:1.36"
-    assert await backend.image_status(pb.ImageSpec(image=ref)) is None
+    assert await backend.images.image_status(pb.ImageSpec(image=ref)) is None
     sb = sandbox_record("byname")
-    await backend.run_sandbox(sb)
+    await backend.lifecycle.run_sandbox(sb)
     ct = container_record(sb, ref, ["true"])
-    await backend.create_container(ct, sb)  # e.g. `crictl pull` went to the docker handler
-    status = await backend.image_status(pb.ImageSpec(image=ref))
+    await backend.lifecycle.create_container(ct, sb)  # e.g. `crictl pull` went to the docker handler
+    status = await backend.images.image_status(pb.ImageSpec(image=ref))
     assert status is not None and ct.image_ref == status.id
     with pytest.raises(errors.NotFoundError):
-        await backend.create_container(container_record(sb, "sha256:" + "e" * 64, ["true"]), sb)
-    await backend.stop_sandbox(sb)
-    await backend.remove_container(ct)
+        await backend.lifecycle.create_container(container_record(sb, "sha256:" + "e" * 64, ["true"]), sb)
+    await backend.lifecycle.stop_sandbox(sb)
+    await backend.lifecycle.remove_container(ct)

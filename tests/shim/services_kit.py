@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from backends.fake import PROGRAM_ANNOTATION, FakeBackend, error_from_spec
-from backends.registry import Registry
+from backends.registry import HandlerRegistry
 from cri_api import api_pb2 as pb
 from shim.config import Config
 from shim.cri.codes import Code
@@ -119,8 +119,8 @@ async def open_kit(
     config = dataclasses.replace(
         base, nri=dataclasses.replace(base.nri, enable=False, socket_path=os.path.join(root, "nri.sock"))
     )
-    shim = Shim(config, Registry({"fake": fake}, "fake"), store, id_factory=new_id)
-    await fake.start(shim)
+    shim = Shim(config, HandlerRegistry({"fake": fake}, "fake"), store, id_factory=new_id)
+    await fake.lifecycle.start(shim)
     kit = Kit(CriServicer(shim), fake, root, issued)
     try:
         for image in images:
@@ -129,7 +129,7 @@ async def open_kit(
     finally:
         await shim.io.aclose()
         store.close()
-        await fake.close()
+        await fake.lifecycle.close()
 
 
 # ---------------------------------------------------------------------- what exists

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from backends.contract import Capability, ImageInfo
+from backends.contract import ImageInfo
 from cri_api import api_pb2 as pb
 from shim.cri.answers import EncodedImages
 from shim.cri.image import ImageService, image_pb
@@ -18,20 +18,29 @@ from shim.cri.state import Shim
 
 
 class Store:
-    """A backend with an image store whose answers the test sets."""
+    """A backend whose image store (its Images part: itself) answers as the test sets."""
 
     name = "store"
-    capabilities = Capability.IMAGES
 
     def __init__(self) -> None:
-        self.images: list[ImageInfo] = []
+        self.infos: list[ImageInfo] = []
         self.fs = pb.ImageFsInfoResponse()
 
+    @property
+    def images(self) -> Store:
+        return self
+
     async def list_images(self) -> list[ImageInfo]:
-        return list(self.images)
+        return list(self.infos)
 
     async def image_fs_info(self) -> pb.ImageFsInfoResponse:
         return self.fs
+
+    def list_images_now(self) -> list[ImageInfo] | None:
+        return None  # only the coroutines answer
+
+    def image_fs_info_now(self) -> pb.ImageFsInfoResponse | None:
+        return None
 
 
 class NowStore(Store):
@@ -42,7 +51,7 @@ class NowStore(Store):
         self.ready = True
 
     def list_images_now(self) -> list[ImageInfo] | None:
-        return list(self.images) if self.ready else None
+        return list(self.infos) if self.ready else None
 
     def image_fs_info_now(self) -> pb.ImageFsInfoResponse | None:
         return self.fs if self.ready else None
@@ -73,7 +82,7 @@ async def fs_answer(svc: Edge) -> pb.ImageFsInfoResponse:
     return got
 
 
-class Registry:
+class RegistryStub:
     def __init__(self, *stores: Store) -> None:
         self.stores = {s.name: s for s in stores}
         self.default = stores[0].name
@@ -89,7 +98,7 @@ class Registry:
 
 
 def service(*stores: Store) -> Edge:
-    shim: Any = type("ShimStub", (), {"registry": Registry(*stores)})()
+    shim: Any = type("ShimStub", (), {"registry": RegistryStub(*stores)})()
     return Edge(ImageService(cast(Shim, shim)))
 
 
@@ -114,7 +123,7 @@ async def listed(svc: Edge, want: str = "") -> list[pb.Image]:
 
 async def test_one_store_is_answered_encoded_as_the_messages_would_be() -> None:
     store = NowStore()
-    store.images = list(IMAGES)
+    store.infos = list(IMAGES)
     svc = service(store)
     assert isinstance(await settled(svc.list_(pb.ListImagesRequest())), bytes)
     assert await listed(svc) == [image_pb(i) for i in IMAGES]
@@ -123,22 +132,22 @@ async def test_one_store_is_answered_encoded_as_the_messages_would_be() -> None:
 
 async def test_a_changed_image_is_encoded_again() -> None:
     store = NowStore()
-    store.images = list(IMAGES)
+    store.infos = list(IMAGES)
     svc = service(store)
     await listed(svc)
     changed = ImageInfo(id=IMAGES[0].id, repo_tags=("a:3",), size=11)
-    store.images = [changed, IMAGES[2]]
+    store.infos = [changed, IMAGES[2]]
     assert await listed(svc) == [image_pb(changed), image_pb(IMAGES[2])]
 
 
 async def test_a_twice_listed_id_and_a_filter_take_the_general_way() -> None:
     store = NowStore()
     other_tags = ImageInfo(id=IMAGES[0].id, repo_tags=("a:9",), repo_digests=("a@sha256:1",))
-    store.images = [IMAGES[0], other_tags]
+    store.infos = [IMAGES[0], other_tags]
     svc = service(store)
     [merged] = await listed(svc)
     assert list(merged.repo_tags) == ["a:1", "a:2", "a:9"] and list(merged.repo_digests) == ["a@sha256:1"]
-    store.images = list(IMAGES)
+    store.infos = list(IMAGES)
     assert [i.id for i in await listed(svc, "a:2")] == [IMAGES[0].id]
 
 
@@ -166,7 +175,7 @@ async def test_a_store_answering_from_memory_is_answered_without_a_coroutine(rea
     """What the store has in memory settles the call at once (no task on the native
     transport); when it has not, the coroutine gives the same answer."""
     store = NowStore()
-    store.images = list(IMAGES)
+    store.infos = list(IMAGES)
     store.fs = pb.ImageFsInfoResponse(
         image_filesystems=[usage("/i", 1)], container_filesystems=[usage("/c", 2)]
     )
@@ -234,7 +243,7 @@ async def test_image_fs_info_of_several_stores_from_memory_default_first() -> No
 
 async def test_a_store_that_cannot_answer_from_memory_is_asked() -> None:
     store = Store()
-    store.images = list(IMAGES)
+    store.infos = list(IMAGES)
     svc = service(store)
     assert asyncio.iscoroutine(pending := svc.list_(pb.ListImagesRequest()))
     assert list((await pending).images) == [image_pb(i) for i in IMAGES]

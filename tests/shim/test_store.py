@@ -5,10 +5,11 @@ import os
 
 import pytest
 
-from backends.contract import ContainerRecord, ContainerStatus, SandboxRecord, SandboxStatus
+from backends.contract import ContainerRecord, ContainerStatus, EffectiveUser, SandboxRecord, SandboxStatus
 from cri_api import api_pb2 as pb
 from shim.cri.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
-from shim.cri.store import StateDir, Store
+from shim.cri.messages import container_status_pb
+from shim.cri.store import StateDir, Store, container_from_json, container_to_json
 from tests.criutil import container_config, sandbox_config
 
 
@@ -61,6 +62,9 @@ def test_persistence_round_trip(tmp_path: object) -> None:
         created_at=5,
         log_path="/l",
         status=ContainerStatus(started_at=6, finished_at=7, exit_code=3, reason="Error"),
+        stop_signal=pb.SIGQUIT,
+        image_volume_refs={"/data": "sha256:" + "1" * 64},
+        effective_user=EffectiveUser(1000, 1001, (5, 6)),
         backend_data={"engine_id": "e"},
         committed=True,
     )
@@ -75,6 +79,11 @@ def test_persistence_round_trip(tmp_path: object) -> None:
     got = s2.containers.get(c.id)
     assert got is not None
     assert got.status == c.status and got.config == c.config and got.backend_data == {"engine_id": "e"}
+    assert (got.stop_signal, got.image_volume_refs, got.effective_user) == (
+        pb.SIGQUIT,
+        {"/data": "sha256:" + "1" * 64},
+        EffectiveUser(1000, 1001, (5, 6)),
+    )
     assert got.status.state == pb.CONTAINER_EXITED
     assert s2.sandboxes.get(sb.id).status == sb.status  # type: ignore[union-attr]
     assert len(s2.containers) == 1
@@ -198,3 +207,58 @@ def test_a_removed_record_is_gone_from_tables_names_index_and_disk(tmp_path: obj
     s.remove(sb)
     assert s.sandboxes.get(sb.id) is None and sb.id not in s.by_sandbox
     assert not os.path.exists(os.path.join(root, "sandboxes", sb.id + ".json"))
+
+
+def test_a_record_of_the_layout_before_the_typed_fields_loads_with_them_filled(tmp_path: object) -> None:
+    """What ContainerStatus reports of a backend's work (the stop signal, the image of each image
+    volume, the effective user) was in backend_data before it had fields of its own: a record
+    written then is loaded with them moved into the fields, and the rest of backend_data kept."""
+    mount = pb.Mount(container_path="/data", image=pb.ImageSpec(image="registry.example/data:1"))
+    config = container_config()
+    config.mounts.append(mount)
+    now = ContainerRecord(
+        id="b" * 64,
+        sandbox_id="a" * 64,
+        backend="runv",
+        config=config,
+        created_at=5,
+        log_path="",
+        committed=True,
+    )
+    old = container_to_json(now)
+    for key in ("stop_signal", "image_volume_refs", "effective_user"):
+        del old[key]
+    old["backend_data"] = {
+        "vm": "vm-1",
+        "stop_signal": "SIGUSR1",
+        "image_volumes": {"/data": "sha256:" + "2" * 64},
+        "user": {"uid": 1000, "gid": 1000, "groups": [1000, 1234]},
+    }
+    root = str(tmp_path)
+    os.makedirs(os.path.join(root, "containers"))
+    with open(os.path.join(root, "containers", now.id + ".json"), "w") as f:
+        json.dump(old, f)
+    s = Store(StateDir(root))
+    s.load()
+    got = s.containers.get(now.id)
+    assert got is not None
+    assert got.stop_signal == pb.SIGUSR1
+    assert got.image_volume_refs == {"/data": "sha256:" + "2" * 64}
+    assert got.effective_user == EffectiveUser(1000, 1000, (1000, 1234))
+    assert got.backend_data == {"vm": "vm-1"}  # the backend's own bookkeeping stays, opaque
+    status = container_status_pb(got)
+    assert status.stop_signal == pb.SIGUSR1
+    assert status.mounts[0].image.image_ref == "sha256:" + "2" * 64
+    assert (status.user.linux.uid, status.user.linux.gid, list(status.user.linux.supplemental_groups)) == (
+        1000,
+        1000,
+        [1000, 1234],
+    )
+    # Written again, it is in the new layout, and reads back the same.
+    again = container_from_json(json.loads(json.dumps(container_to_json(got))))
+    assert (again.stop_signal, again.image_volume_refs, again.effective_user, again.backend_data) == (
+        got.stop_signal,
+        got.image_volume_refs,
+        got.effective_user,
+        {"vm": "vm-1"},
+    )

@@ -23,6 +23,7 @@ __all__ = [
     "EXIT_EVENT",
     "REQUESTS",
     "AttachRequest",
+    "ContainerLimits",
     "ContainerList",
     "ContainerMetrics",
     "ContainerSpec",
@@ -32,13 +33,13 @@ __all__ = [
     "Dns",
     "Empty",
     "ExecKillRequest",
+    "ExecReply",
     "ExecRequest",
-    "ExecResult",
     "Hello",
     "HelloRequest",
     "ListRequest",
     "Message",
-    "Metrics",
+    "MetricsReply",
     "MetricsRequest",
     "Mount",
     "NetworkRequest",
@@ -48,7 +49,6 @@ __all__ = [
     "RemoveRequest",
     "Request",
     "ResizeRequest",
-    "Resources",
     "Rootfs",
     "Route",
     "Seccomp",
@@ -57,7 +57,7 @@ __all__ = [
     "SignalRequest",
     "StartRequest",
     "StateRequest",
-    "Stats",
+    "StatsReply",
     "StatsRequest",
     "UpdateRequest",
     "User",
@@ -240,12 +240,12 @@ class ContainerList(Message):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ExecResult(Message):
+class ExecReply(Message):
     exit_code: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Stats(Message):
+class StatsReply(Message):
     cpu_ns: int = 0
     memory_bytes: int = 0
     working_set_bytes: int = 0
@@ -258,7 +258,7 @@ class ContainerMetrics(Message):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Metrics(Message):
+class MetricsReply(Message):
     containers: dict[str, ContainerMetrics] = dataclasses.field(default_factory=dict)
     interfaces: list[Interface] = dataclasses.field(default_factory=list)
 
@@ -274,7 +274,7 @@ class Dns(Message):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Resources(Message):
+class ContainerLimits(Message):
     cpu_quota: int = 0
     cpu_period: int = 0  # 0: 100000
     cpu_shares: int = 0
@@ -356,7 +356,7 @@ class ContainerSpec(Message):
     no_new_privs: bool = False
     add_caps: list[str] = dataclasses.field(default_factory=list)  # CAP_ALL: all
     drop_caps: list[str] = dataclasses.field(default_factory=list)
-    resources: Resources = Resources()
+    resources: ContainerLimits = ContainerLimits()
     mounts: list[Mount] = dataclasses.field(default_factory=list)
     pid_mode: str = "container"  # container | pod | node | target
     pid_target: str = ""  # target: the container whose PID namespace it joins (an ephemeral container's)
@@ -477,9 +477,9 @@ class AttachRequest(Request[Empty]):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class ExecRequest(Request[ExecResult]):
+class ExecRequest(Request[ExecReply]):
     OP = "exec"
-    RESULT = ExecResult
+    RESULT = ExecReply
     id: str
     stream: int
     args: list[str]
@@ -513,20 +513,20 @@ class UpdateRequest(Request[Empty]):
     OP = "update"
     RESULT = Empty
     id: str
-    resources: Resources = Resources()
+    resources: ContainerLimits = ContainerLimits()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class StatsRequest(Request[Stats]):
+class StatsRequest(Request[StatsReply]):
     OP = "stats"
-    RESULT = Stats
+    RESULT = StatsReply
     id: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class MetricsRequest(Request[Metrics]):
+class MetricsRequest(Request[MetricsReply]):
     OP = "metrics"
-    RESULT = Metrics
+    RESULT = MetricsReply
     ids: list[str] = dataclasses.field(default_factory=list)
 
 

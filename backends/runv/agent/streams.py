@@ -28,8 +28,8 @@ from backends.runv.agent.messages import (
     AttachRequest,
     Empty,
     ExecKillRequest,
+    ExecReply,
     ExecRequest,
-    ExecResult,
     OutputRequest,
     PortForwardRequest,
     ResizeRequest,
@@ -85,7 +85,7 @@ async def _pump_stdin(c: Container, st: Stream, fd: int) -> None:
         c.stdin_w = None
 
 
-async def exec_(g: Guest, req: ExecRequest) -> ExecResult:
+async def exec_(g: Guest, req: ExecRequest) -> ExecReply:
     c = g.get(req.id)
     if c.exited.is_set() or c.status != "running":
         raise AgentError("failed", f"container {c.id} is not running")
@@ -168,7 +168,7 @@ async def exec_(g: Guest, req: ExecRequest) -> ExecResult:
             os.close(master)
     with contextlib.suppress(ConnectionLost):
         await st.close(Ch.STDOUT)
-    return ExecResult(exit_code=as_exit_code(code))
+    return ExecReply(exit_code=as_exit_code(code))
 
 
 async def _exec_stdin(st: Stream, fd: int, tty: bool) -> None:

@@ -18,14 +18,16 @@ from cri_api import api_pb2 as pb
 from .store import Credentials, Image, ImageStore
 
 
-class Images:
+class VmImages:
     def __init__(self, store: ImageStore, containers_dir: str) -> None:
         self._store = store
         self._containers_dir = containers_dir
         self._image_usage = UsageCache(store.root)
         self._layer_usage = UsageCache(containers_dir)
 
-    async def pull(self, image: pb.ImageSpec, auth: pb.AuthConfig | None) -> str:
+    async def pull_image(
+        self, image: pb.ImageSpec, auth: pb.AuthConfig | None, sandbox_config: pb.PodSandboxConfig | None
+    ) -> str:
         creds = None
         if auth is not None:
             creds = Credentials(
@@ -46,17 +48,23 @@ class Images:
             pinned=img.pinned,
         )
 
-    async def list(self) -> list[contract.ImageInfo]:
+    async def list_images(self) -> list[contract.ImageInfo]:
         return [self._info(i) for i in self._store.all()]
 
-    async def status(self, image: pb.ImageSpec) -> contract.ImageInfo | None:
+    def list_images_now(self) -> list[contract.ImageInfo] | None:
+        return None  # the coroutine answers
+
+    async def image_status(self, image: pb.ImageSpec) -> contract.ImageInfo | None:
         img = self._store.resolve(image.image)
         return None if img is None else self._info(img)
 
-    async def remove(self, image: pb.ImageSpec) -> None:
+    async def remove_image(self, image: pb.ImageSpec) -> None:
         await asyncio.to_thread(self._store.remove, image.image)
 
-    async def fs_info(self) -> pb.ImageFsInfoResponse:
+    def image_fs_info_now(self) -> pb.ImageFsInfoResponse | None:
+        return None  # measured on disk (cached a while) by the coroutine
+
+    async def image_fs_info(self) -> pb.ImageFsInfoResponse:
         """runv's own image store, and the directory of its containers' writable layers."""
         (used, inodes), (ct_used, ct_inodes) = await asyncio.gather(
             self._image_usage.get(), self._layer_usage.get()

@@ -86,7 +86,7 @@ def _hex(digest: str) -> str:
 # --------------------------------------------------------------------------- registry client
 
 
-class Registry:
+class RegistryClient:
     """Distribution API client for one pull (keeps the bearer token it obtained)."""
 
     def __init__(self, ref: reference.Reference, creds: Credentials | None, insecure: set[str]) -> None:
@@ -416,7 +416,7 @@ class ImageStore:
             del self._pulls[key]
 
     def _pull(self, ref: reference.Reference, creds: Credentials | None) -> str:
-        reg = Registry(ref, creds, self.insecure)
+        reg = RegistryClient(ref, creds, self.insecure)
         try:
             raw, media, digest = reg.manifest(ref.digest or ref.tag)
             doc = json.loads(raw)
@@ -459,7 +459,7 @@ class ImageStore:
             )
         return config_digest
 
-    def _fetch_layer(self, reg: Registry, digest: str, diff_id: str) -> None:
+    def _fetch_layer(self, reg: RegistryClient, digest: str, diff_id: str) -> None:
         snap = self.snapshot_dir(diff_id)
         if os.path.isdir(snap):
             return
