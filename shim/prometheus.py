@@ -75,50 +75,48 @@ class ShimMetrics:
         self.server = server
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.rpc_total = Counter(
-            "cri_shim_grpc_requests",
-            "CRI RPCs answered, by method and status code.",
-            ["method", "code"],
-            registry=r,
+
+        def counter(name: str, doc: str, labels: list[str]) -> Counter:
+            return Counter(name, doc, labels, registry=r)
+
+        def histogram(name: str, doc: str, labels: list[str], buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r)
+
+        self.rpc_total = counter(
+            "cri_shim_grpc_requests", "CRI RPCs answered, by method and status code.", ["method", "code"]
         )
-        self.rpc_seconds = Histogram(
+        self.rpc_seconds = histogram(
             "cri_shim_grpc_request_duration_seconds",
             "Time to answer a CRI RPC, by method and status code.",
             ["method", "code"],
-            buckets=RPC_BUCKETS,
-            registry=r,
+            RPC_BUCKETS,
         )
-        self.backend_seconds = Histogram(
+        self.backend_seconds = histogram(
             "cri_shim_backend_call_duration_seconds",
             "Duration of calls into a backend (runtime handler), by handler and method.",
             ["handler", "method"],
-            buckets=RPC_BUCKETS,
-            registry=r,
+            RPC_BUCKETS,
         )
-        self.backend_errors = Counter(
+        self.backend_errors = counter(
             "cri_shim_backend_errors",
             "Backend calls that raised, by handler, method and exception class.",
             ["handler", "method", "error"],
-            registry=r,
         )
-        self.pulls = Counter(
+        self.pulls = counter(
             "cri_shim_image_pulls",
             "Image pulls by handler and result (success, error).",
             ["handler", "result"],
-            registry=r,
         )
-        self.pull_seconds = Histogram(
+        self.pull_seconds = histogram(
             "cri_shim_image_pull_duration_seconds",
             "Duration of image pulls by the backend, by handler.",
             ["handler"],
-            buckets=PULL_BUCKETS,
-            registry=r,
+            PULL_BUCKETS,
         )
-        self.pull_bytes = Counter(
+        self.pull_bytes = counter(
             "cri_shim_image_pull_bytes",
             "Size of successfully pulled images, as their runtime reports it, by handler.",
             ["handler"],
-            registry=r,
         )
         r.register(_StateCollector(server))
         ProcessCollector(namespace="cri_shim", registry=r)

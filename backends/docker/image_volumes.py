@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 
 from backends.contract.errors import InternalError, InvalidArgumentError, NotFoundError
+from backends.linux.files import unclaimed
 from cri_api import api_pb2 as pb
 
 log = structlog.get_logger("docker.image_volumes")
@@ -109,9 +110,5 @@ class ImageVolumes:
 
     def sweep(self, known: Iterable[str]) -> None:
         """Release the stacks of containers this handler no longer has (after a restart)."""
-        if not self.root or not os.path.isdir(self.root):
-            return
-        keep = set(known)
-        for cid in os.listdir(self.root):
-            if cid not in keep:
-                self.release(cid)
+        for cid in unclaimed(self.root, known):
+            self.release(cid)

@@ -25,6 +25,7 @@ import os
 import shutil
 from collections.abc import Iterable
 
+from backends.linux.files import unclaimed
 from cri_api import api_pb2 as pb
 
 from . import convert
@@ -101,12 +102,8 @@ class PodFiles:
 
     def sweep(self, known: Iterable[str]) -> None:
         """Remove the files of pods this handler no longer has (after a restart)."""
-        if not self.root or not os.path.isdir(self.root):
-            return
-        keep = set(known)
-        for name in os.listdir(self.root):
-            if name not in keep:
-                self.remove(name)
+        for name in unclaimed(self.root, known):
+            self.remove(name)
 
 
 def binds(directory: str, config: pb.ContainerConfig) -> list[str]:

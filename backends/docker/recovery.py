@@ -64,41 +64,44 @@ async def recover(
             raise info
         rec.backend_data[ENGINE_ID] = info["Id"]
         infos[rec.id] = info
-    sb_seen: dict[str, Observed] = {}
-    for sb in sandboxes:
-        info = infos.get(sb.id, {})
-        if not info:
-            sb_seen[sb.id] = Observed(exists=False)
-            continue
-        running = bool(info["State"].get("Running"))
-        sb_state = shared.states.sandbox(sb.id, info["Id"], str(sb.backend_data.get(WARM_ID) or ""))
-        if running:
-            sb.backend_data[PID] = int(info["State"].get("Pid") or 0)
-            sb_state.watched = True
-        sb_seen[sb.id] = Observed(
-            exists=True,
-            running=running,
-            started_at=parse_time(info["State"].get("StartedAt")),
-            status=SandboxStatus(
-                ready=running,
-                ip=sb.status.ip or ("" if convert.sandbox_host_network(sb.config) else shared.ip_of(info)),
-                additional_ips=sb.status.additional_ips,
-            ),
-        )
-    ct_seen: dict[str, Observed] = {}
-    for ct in containers:
-        info = infos.get(ct.id, {})
-        if not info:
-            ct_seen[ct.id] = Observed(exists=False)
-            continue
-        state = info["State"]
-        running = bool(state.get("Running"))
-        started = parse_time(state.get("StartedAt"))
-        exited = exit_info(state) if not running and started else None
-        ct_state = shared.states.container(ct.id, info["Id"])
-        if running:
-            ct.backend_data[PID] = int(state.get("Pid") or 0)
-            ct_state.watched = True  # the shim follows it next (reattach)
-            ct_state.tty = bool(info["Config"].get("Tty"))
-        ct_seen[ct.id] = Observed(exists=True, running=running, exit=exited, started_at=started)
+    sb_seen = {sb.id: _seen_sandbox(shared, sb, infos.get(sb.id)) for sb in sandboxes}
+    ct_seen = {ct.id: _seen_container(shared, ct, infos.get(ct.id)) for ct in containers}
     return sb_seen, ct_seen
+
+
+def _seen_sandbox(shared: Shared, sb: SandboxRecord, info: dict[str, Any] | None) -> Observed:
+    """What the engine's inspection (``info``, None: no container) says of a pod's pause
+    container; a running one is watched again."""
+    if not info:
+        return Observed(exists=False)
+    running = bool(info["State"].get("Running"))
+    sb_state = shared.states.sandbox(sb.id, info["Id"], str(sb.backend_data.get(WARM_ID) or ""))
+    if running:
+        sb.backend_data[PID] = int(info["State"].get("Pid") or 0)
+        sb_state.watched = True
+    return Observed(
+        exists=True,
+        running=running,
+        started_at=parse_time(info["State"].get("StartedAt")),
+        status=SandboxStatus(
+            ready=running,
+            ip=sb.status.ip or ("" if convert.sandbox_host_network(sb.config) else shared.ip_of(info)),
+            additional_ips=sb.status.additional_ips,
+        ),
+    )
+
+
+def _seen_container(shared: Shared, ct: ContainerRecord, info: dict[str, Any] | None) -> Observed:
+    """What the engine's inspection (``info``, None: no container) says of a container."""
+    if not info:
+        return Observed(exists=False)
+    state = info["State"]
+    running = bool(state.get("Running"))
+    started = parse_time(state.get("StartedAt"))
+    exited = exit_info(state) if not running and started else None
+    ct_state = shared.states.container(ct.id, info["Id"])
+    if running:
+        ct.backend_data[PID] = int(state.get("Pid") or 0)
+        ct_state.watched = True  # the shim follows it next (reattach)
+        ct_state.tty = bool(info["Config"].get("Tty"))
+    return Observed(exists=True, running=running, exit=exited, started_at=started)

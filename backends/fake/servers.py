@@ -22,7 +22,6 @@ from backends.fake.shell.caller import Connection
 SERVE_ANNOTATION = "fake.cri-shim.io/serve"
 
 Server = str | dict[str, str]
-_TEXT = "text/plain; charset=utf-8"
 
 
 def parse_serve(c: ContainerRecord) -> dict[int, Server]:
@@ -56,17 +55,10 @@ async def serve(server: Server, stream: Connection) -> None:
         await stream.write(server.encode())
         return
     requests = http.Requests(stream)
-    while True:
-        try:
-            request = await requests.next()
-        except http.BadRequest as exc:
-            await stream.write(http.response(None, exc.status, _TEXT, f"{exc}\n".encode())[0])
-            return
-        if request is None:
-            return
+    while (request := await requests.next_or_refuse()) is not None:
         body = server.get(request.path)
         status, payload = (200, body) if body is not None else (404, "404 page not found\n")
-        data, close = http.response(request, status, _TEXT, payload.encode())
+        data, close = http.response(request, status, http.TEXT, payload.encode())
         await stream.write(data)
         if close:
             return

@@ -1,11 +1,12 @@
-"""Files written so that a reader, or a restart after a crash, sees the old content or the new, whole."""
+"""Files written so that a reader, or a restart after a crash, sees the old content or the new, whole;
+and what a folder of per-record entries holds that no record claims any more."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
 
@@ -41,3 +42,11 @@ def write_atomic(path: str, data: bytes) -> None:
     """Replace ``path`` with ``data`` (see :func:`replacing`)."""
     with replacing(path) as f:
         f.write(data)
+
+
+def unclaimed(folder: str, known: Iterable[str]) -> list[str]:
+    """The names in ``folder`` that are not in ``known``: none when ``folder`` is "" or not there."""
+    if not folder or not os.path.isdir(folder):
+        return []
+    keep = set(known)
+    return [name for name in os.listdir(folder) if name not in keep]

@@ -160,6 +160,35 @@ def _filter_key(
     )
 
 
+class ListAnswers(Generic[R]):
+    """One List RPC answered encoded: the entries of the records ``select`` picks by a filter
+    (:class:`ListCache`), and whole answers kept by filter at ``table``'s version (:class:`Answers`)."""
+
+    def __init__(
+        self, table: Table[Any], select: Callable[[Any], Iterable[R]], build: Callable[[R], Any]
+    ) -> None:
+        self._table = table
+        self._select = select
+        self._entries: ListCache[R] = ListCache(build)
+        self._answers = Answers()
+
+    def entries(self, f: pb.PodSandboxFilter | pb.ContainerFilter) -> list[bytes]:
+        return self._entries.entries(self._select(f))
+
+    def answer(self, f: pb.PodSandboxFilter | pb.ContainerFilter, by_id: str) -> bytes:
+        """The whole answer to filter ``f``; ``by_id``, the ID the filter names if it names one:
+        such an answer walks few records and is built each time."""
+        if by_id:
+            return self._entries.encode(self._select(f))
+        key = _filter_key(f)
+        version = self._table.version
+        kept = self._answers.get(key, version)
+        if kept is None:
+            kept = self._entries.encode(self._select(f))
+            self._answers.put(key, version, kept)
+        return kept
+
+
 class EncodedAnswers:
     """The polled RPCs of pods, containers and the runtime, answered as encoded bytes."""
 
@@ -169,13 +198,11 @@ class EncodedAnswers:
         self._sandboxes = sandboxes
         self._containers = containers
         store = sandboxes.shim.store
-        self._sandbox_table: Table[Any] = store.sandboxes
-        self._container_table: Table[Any] = store.containers
         self._version = runtime.version(pb.VersionRequest()).SerializeToString()
-        self._sandbox_entries: ListCache[Any] = ListCache(sandbox_pb)
-        self._container_entries: ListCache[Any] = ListCache(container_pb)
-        self._sandbox_answers = Answers()
-        self._container_answers = Answers()
+        self._sandbox_lists: ListAnswers[Any] = ListAnswers(store.sandboxes, sandboxes.select, sandbox_pb)
+        self._container_lists: ListAnswers[Any] = ListAnswers(
+            store.containers, containers.select, container_pb
+        )
         self._sandbox_status = StatusCache()
         self._container_status = StatusCache()
 
@@ -184,34 +211,18 @@ class EncodedAnswers:
 
     # ---- Lists: the entries (for the Stream* twins) and the whole answer
     def pod_sandbox_entries(self, req: pb.ListPodSandboxRequest) -> list[bytes]:
-        return self._sandbox_entries.entries(self._sandboxes.select(req.filter))
+        return self._sandbox_lists.entries(req.filter)
 
     def container_entries(self, req: pb.ListContainersRequest) -> list[bytes]:
-        return self._container_entries.entries(self._containers.select(req.filter))
+        return self._container_lists.entries(req.filter)
 
     def list_pod_sandbox(self, req: pb.ListPodSandboxRequest) -> bytes:
         f = req.filter
-        if f.id:
-            return self._sandbox_entries.encode(self._sandboxes.select(f))
-        key = _filter_key(f)
-        version = self._sandbox_table.version
-        kept = self._sandbox_answers.get(key, version)
-        if kept is None:
-            kept = self._sandbox_entries.encode(self._sandboxes.select(f))
-            self._sandbox_answers.put(key, version, kept)
-        return kept
+        return self._sandbox_lists.answer(f, f.id)
 
     def list_containers(self, req: pb.ListContainersRequest) -> bytes:
         f = req.filter
-        if f.id or f.pod_sandbox_id:
-            return self._container_entries.encode(self._containers.select(f))
-        key = _filter_key(f)
-        version = self._container_table.version
-        kept = self._container_answers.get(key, version)
-        if kept is None:
-            kept = self._container_entries.encode(self._containers.select(f))
-            self._container_answers.put(key, version, kept)
-        return kept
+        return self._container_lists.answer(f, f.id or f.pod_sandbox_id)
 
     # ---- Status (a verbose one is built each time: its info is for a human)
     def pod_sandbox_status(self, req: pb.PodSandboxStatusRequest) -> pb.PodSandboxStatusResponse | bytes:

@@ -26,7 +26,6 @@ from shim.cri.errors import (
     DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
-    NotFoundError,
     ResourceExhaustedError,
     UnimplementedError,
 )
@@ -86,12 +85,7 @@ class ContainerService:
             # this container among the pod's and waits for its lock, so the pod's
             # infrastructure is never torn down under a create in progress.
             async with shim.locks.hold(sb.id):
-                if shim.store.sandboxes.get(sb.id) is not sb:
-                    raise NotFoundError(f"pod sandbox {sb.id} was removed; cannot create containers in it")
-                if not sb.status.ready:
-                    raise FailedPreconditionError(
-                        f"pod sandbox {sb.id} is not ready; cannot create containers in it"
-                    )
+                shim.check_ready(sb, "; cannot create containers in it")
                 shim.store.container_names.reserve(name, cid)
                 await held.enter_async_context(shim.locks.hold(cid))
                 try:

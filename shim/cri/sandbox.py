@@ -20,9 +20,7 @@ from backends.contract import (
 from cri_api import api_pb2 as pb
 from shim.cri import sandbox_metrics, stats_messages, validate
 from shim.cri.errors import (
-    FailedPreconditionError,
     InvalidArgumentError,
-    NotFoundError,
     UnimplementedError,
 )
 from shim.cri.filters import with_labels
@@ -239,12 +237,7 @@ class SandboxService:
             if value is not None:
                 validate.linux_resources(value, field)
         async with shim.locks.hold(sb.id):
-            if shim.store.sandboxes.get(sb.id) is not sb:
-                raise NotFoundError(f"pod sandbox {sb.id} was removed")
-            if not sb.status.ready:
-                raise FailedPreconditionError(
-                    f"pod sandbox {sb.id} is not ready: its resources cannot change"
-                )
+            shim.check_ready(sb, ": its resources cannot change")
             config = pb.PodSandboxConfig()
             config.CopyFrom(sb.config)
             if overhead is not None:

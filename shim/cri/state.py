@@ -29,7 +29,7 @@ from backends.registry import HandlerRegistry
 from cri_api import api_pb2 as pb
 from shim.config import Config
 from shim.cri.container_io import ContainerIO, CriLogWriter, last_log_marks
-from shim.cri.errors import CriError, UnavailableError
+from shim.cri.errors import CriError, FailedPreconditionError, NotFoundError, UnavailableError
 from shim.cri.events import EventHub
 from shim.cri.messages import container_status_pb, sandbox_status_pb
 from shim.cri.stats_messages import CpuRates
@@ -155,6 +155,14 @@ class Shim:
         if c is None or c.status.finished_at:
             return
         self.record_exit(c, info)
+
+    def check_ready(self, sb: SandboxRecord, why: str) -> None:
+        """Under sb's lock, before a change to the pod: sb is still the store's and still ready,
+        else NotFound or FailedPrecondition, their message ending with ``why``."""
+        if self.store.sandboxes.get(sb.id) is not sb:
+            raise NotFoundError(f"pod sandbox {sb.id} was removed{why}")
+        if not sb.status.ready:
+            raise FailedPreconditionError(f"pod sandbox {sb.id} is not ready{why}")
 
     # ------------------------------------------------------------------ EventSink
     def sandbox_not_ready(self, sandbox_id: str, reason: str) -> None:

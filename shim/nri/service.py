@@ -37,7 +37,7 @@ import contextlib
 import os
 import re
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import structlog
@@ -212,10 +212,8 @@ class Nri:
                 if adjusted is None:
                     adjusted = pb.ContainerConfig()
                     adjusted.CopyFrom(c.config)
-                try:
+                with _applicable(plugin, "adjusted", c):
                     convert.adjust(adjusted, resp.adjust)
-                except convert.AdjustmentError as exc:
-                    raise _cannot_apply(plugin, "adjusted", exc, c) from None
             self._apply_updates(plugin, resp.update, skip=c.id)
         return adjusted
 
@@ -242,10 +240,8 @@ class Nri:
             resp = nri.UpdateContainerResponse.FromString(payload)
             for u in resp.update:
                 if u.container_id == c.id and u.linux.HasField("resources"):
-                    try:
+                    with _applicable(plugin, "updated", c):
                         convert.apply_resources(u.linux.resources, out)
-                    except convert.AdjustmentError as exc:
-                        raise _cannot_apply(plugin, "updated", exc, c) from None
             self._apply_updates(plugin, resp.update, skip=c.id)
         return out
 
@@ -529,10 +525,16 @@ def _request(event: int, pod: nri.PodSandbox | None, ctr: nri.Container | None) 
     return req
 
 
-def _cannot_apply(plugin: Plugin, did: str, exc: Exception, c: ContainerRecord) -> FailedPreconditionError:
-    return FailedPreconditionError(
-        f"NRI plugin {plugin.label} {did} {exc} of container {c.id}, which the CRI backends cannot apply"
-    )
+@contextlib.contextmanager
+def _applicable(plugin: Plugin, did: str, c: ContainerRecord) -> Iterator[None]:
+    """Around applying what ``plugin`` ``did`` to container ``c``: a change the CRI backends
+    cannot apply (AdjustmentError) is refused as FailedPrecondition."""
+    try:
+        yield
+    except convert.AdjustmentError as exc:
+        raise FailedPreconditionError(
+            f"NRI plugin {plugin.label} {did} {exc} of container {c.id}, which the CRI backends cannot apply"
+        ) from None
 
 
 def _consume(future: asyncio.Future[Any]) -> None:

@@ -42,27 +42,25 @@ class WsProtocol:
     close_signal: bool  # v5: channel 255 half-closes stdin
 
 
-WS_REMOTECOMMAND = {
-    p.name: p
-    for p in (
-        WsProtocol("v5.channel.k8s.io", False, True, True),
-        WsProtocol("v4.channel.k8s.io", False, True, False),
-        WsProtocol("v4.base64.channel.k8s.io", True, True, False),
-        WsProtocol("channel.k8s.io", False, False, False),
-        WsProtocol("base64.channel.k8s.io", True, False, False),
-    )
-}
+def _by_name(*protocols: WsProtocol) -> dict[str, WsProtocol]:
+    return {p.name: p for p in protocols}
+
+
+WS_REMOTECOMMAND = _by_name(
+    WsProtocol("v5.channel.k8s.io", False, True, True),
+    WsProtocol("v4.channel.k8s.io", False, True, False),
+    WsProtocol("v4.base64.channel.k8s.io", True, True, False),
+    WsProtocol("channel.k8s.io", False, False, False),
+    WsProtocol("base64.channel.k8s.io", True, False, False),
+)
 WS_LEGACY = WsProtocol("", False, False, False)  # a client that offered no subprotocol
 
 # port-forward over WebSocket, channel style: per port a data and an error channel
-WS_PORTFORWARD = {
-    p.name: p
-    for p in (
-        WsProtocol("v4.channel.k8s.io", False, False, False),
-        WsProtocol("portforward.k8s.io", False, False, False),
-        WsProtocol("v4.base64.channel.k8s.io", True, False, False),
-    )
-}
+WS_PORTFORWARD = _by_name(
+    WsProtocol("v4.channel.k8s.io", False, False, False),
+    WsProtocol("portforward.k8s.io", False, False, False),
+    WsProtocol("v4.base64.channel.k8s.io", True, False, False),
+)
 # port-forward as SPDY tunnelled through binary WebSocket messages (client-go's
 # SPDYOverWebsocket dialer, used by crictl and critest with the websocket transport)
 WS_SPDY_TUNNEL = "SPDY/3.1+" + PORTFORWARD_V1

@@ -29,7 +29,7 @@ from shim.streaming.config import StreamingConfig, StreamingRuntime
 from shim.streaming.httpio import MAX_HEAD, BadRequest, HttpRequest, read_request, response
 from shim.streaming.session import SpdySession
 from shim.streaming.tokens import TokenCache
-from shim.streaming.transport import TcpTransport, close_writer
+from shim.streaming.transport import ByteTransport, TcpTransport, close_writer
 
 log = structlog.get_logger(__name__)
 
@@ -167,16 +167,18 @@ class StreamingServer:
         writer.write(response(status, headers, (message + "\n").encode()))
         await close_writer(writer, timeout=2.0, reader=reader, linger=1.0)
 
+    async def _busy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, what: str) -> None:
+        """503: no room for the client now; it may try again in a second."""
+        await self._reply(reader, writer, 503, f"{what}; try again later", [("Retry-After", "1")])
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._handshakes >= self.config.max_handshakes:
             log.debug("streaming connection refused: too many handshakes", limit=self.config.max_handshakes)
-            await self._reply(
+            await self._busy(
                 reader,
                 writer,
-                503,
-                f"too many connections waiting to start a streaming session "
-                f"(at most {self.config.max_handshakes}); try again later",
-                [("Retry-After", "1")],
+                "too many connections waiting to start a streaming session "
+                f"(at most {self.config.max_handshakes})",
             )
             return
         self._handshakes += 1
@@ -211,12 +213,8 @@ class StreamingServer:
         if self._sessions >= self.config.max_streams:
             # The token is left unused: the client may try again.
             log.debug("streaming session refused: at the limit", limit=self.config.max_streams)
-            await self._reply(
-                reader,
-                writer,
-                503,
-                f"too many streaming sessions (at most {self.config.max_streams}); try again later",
-                [("Retry-After", "1")],
+            await self._busy(
+                reader, writer, f"too many streaming sessions (at most {self.config.max_streams})"
             )
             return
         entry = self._tokens.consume(token, lambda cached: cached[0] == kind)
@@ -269,22 +267,16 @@ class StreamingServer:
             headers.append((proto.PROTOCOL_HEADER, chosen))
         writer.write(response(101, headers))
         await writer.drain()
-        session = SpdySession(TcpTransport(reader, writer))
-        session.start()
-        self._spdy_sessions.add(session)
-        try:
-            if isinstance(req, pb.PortForwardRequest):
-                handler = portforward.serve_spdy(
-                    session, req, self.runtime, self.config.stream_creation_timeout
-                )
-            else:
-                handler = remotecommand.serve_spdy(
-                    session, protocol, req, self.runtime, self.config.stream_creation_timeout
-                )
-            await self._idle_guard(handler, lambda: session.transport.last_activity)
-        finally:
-            self._spdy_sessions.discard(session)
-            await session.aclose()
+        transport = TcpTransport(reader, writer)
+        timeout = self.config.stream_creation_timeout
+        if isinstance(req, pb.PortForwardRequest):
+            await self._spdy_session(
+                transport, lambda s: portforward.serve_spdy(s, req, self.runtime, timeout)
+            )
+        else:
+            await self._spdy_session(
+                transport, lambda s: remotecommand.serve_spdy(s, protocol, req, self.runtime, timeout)
+            )
         return protocol
 
     async def _serve_websocket(
@@ -324,19 +316,12 @@ class StreamingServer:
         try:
             if chosen == proto.WS_SPDY_TUNNEL:
                 assert isinstance(req, pb.PortForwardRequest)
-                session = SpdySession(portforward.WsByteTransport(ws))
-                session.start()
-                self._spdy_sessions.add(session)
-                try:
-                    await self._idle_guard(
-                        portforward.serve_spdy(
-                            session, req, self.runtime, self.config.stream_creation_timeout
-                        ),
-                        lambda: ws.last_activity,
-                    )
-                finally:
-                    self._spdy_sessions.discard(session)
-                    await session.aclose()
+                await self._spdy_session(
+                    portforward.WsByteTransport(ws),
+                    lambda s: portforward.serve_spdy(
+                        s, req, self.runtime, self.config.stream_creation_timeout
+                    ),
+                )
             elif isinstance(req, pb.PortForwardRequest):
                 assert ports is not None
                 wsproto = table.get(chosen or "", proto.WS_LEGACY)
@@ -352,6 +337,19 @@ class StreamingServer:
         finally:
             await ws.aclose()
         return chosen or "websocket"
+
+    async def _spdy_session(
+        self, transport: ByteTransport, serve: Callable[[SpdySession], Awaitable[None]]
+    ) -> None:
+        """A SPDY session over ``transport``, served by ``serve`` until it ends or idles out."""
+        session = SpdySession(transport)
+        session.start()
+        self._spdy_sessions.add(session)
+        try:
+            await self._idle_guard(serve(session), lambda: transport.last_activity)
+        finally:
+            self._spdy_sessions.discard(session)
+            await session.aclose()
 
     async def _idle_guard(self, handler: Awaitable[None], last_activity: Callable[[], float]) -> None:
         """Run ``handler``; cancel it once the connection saw no traffic for idle_timeout."""

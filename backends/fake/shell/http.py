@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from backends.fake.shell.caller import Connection
 
+TEXT = "text/plain; charset=utf-8"
 MAX_HEAD = 64 * 1024  # a request line and headers longer than this are refused (431)
 
 _END_OF_HEAD = re.compile(rb"\r?\n\r?\n")
@@ -100,6 +101,15 @@ class Requests:
         if not await self._skip(int(length)):
             return None
         return request
+
+    async def next_or_refuse(self) -> Request | None:
+        """:meth:`next`, a request it cannot read answered (its status, the error as plain text)
+        and taken for the end of the connection: None."""
+        try:
+            return await self.next()
+        except BadRequest as exc:
+            await self._conn.write(response(None, exc.status, TEXT, f"{exc}\n".encode())[0])
+            return None
 
     async def _skip(self, length: int) -> bool:
         """Drops a body of ``length`` bytes; False if the client closed before its end."""

@@ -42,15 +42,7 @@ def available_caps() -> set[str]:
 
     A container cannot get more; asking runc for more fails ("unable to apply caps").
     """
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("CapBnd:"):
-                    mask = int(line.split()[1], 16)
-                    return {c for i, c in enumerate(ALL_CAPS) if mask >> i & 1}
-    except (OSError, ValueError):
-        pass
-    return set(ALL_CAPS)
+    return _own_caps("CapBnd:")
 
 
 def oom_score_adj(value: int, caps: set[str]) -> int:
@@ -63,10 +55,16 @@ def oom_score_adj(value: int, caps: set[str]) -> int:
 
 def effective_caps() -> set[str]:
     """Capabilities this process has in effect now (CapEff)."""
+    return _own_caps("CapEff:")
+
+
+def _own_caps(field: str) -> set[str]:
+    """The capabilities of one mask of /proc/self/status (``field``: "CapBnd:", "CapEff:");
+    all of them when it cannot be read."""
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
-                if line.startswith("CapEff:"):
+                if line.startswith(field):
                     mask = int(line.split()[1], 16)
                     return {c for i, c in enumerate(ALL_CAPS) if mask >> i & 1}
     except (OSError, ValueError):

@@ -11,7 +11,7 @@ import asyncio
 import ctypes
 import os
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -29,6 +29,18 @@ def sethostname(name: str) -> None:
         raise OSError(err, os.strerror(err))
 
 
+def reaped() -> Iterator[tuple[int, int]]:
+    """Each child that has ended, as (PID, wait status), collected without blocking."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        yield pid, status
+
+
 class Reaper:
     """Collects exit statuses of all children, by PID."""
 
@@ -40,13 +52,7 @@ class Reaper:
         asyncio.get_running_loop().add_signal_handler(signal.SIGCHLD, self.reap)
 
     def reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, status in reaped():
             code = os.waitstatus_to_exitcode(status)
             fut = self._waiters.pop(pid, None)
             if fut is not None and not fut.done():

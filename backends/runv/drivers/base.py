@@ -67,8 +67,8 @@ async def end_helper(proc: asyncio.subprocess.Process) -> None:
 class Injector:
     """The share helper (inject.py), one long-lived process answering requests in turn.
 
-    inject.py needs only the standard library: it runs as a file, isolated and
-    without site packages. Started on first use, and again if it has died; it
+    inject.py needs only the standard library and backends.linux.mountns: it runs as a
+    file, isolated and without site packages. Started on first use, and again if it has died; it
     ends when its input does, so with the shim.
     """
 

@@ -1,11 +1,12 @@
 """Put a host directory into a stub VM's mount namespace, and take it out (virtio-fs style shares).
 
-Run as a short-lived helper process (``python -S -I inject.py``, standard library only): joining a mount
-namespace needs a single-threaded process. ``attach`` clones the host directory's mount tree
-(open_tree, recursive) in the host namespace, joins the VM's mount namespace and attaches the
-clone there (move_mount), as a recursive slave: host mounts under a shared host directory keep
-reaching the guest, and nothing the guest does propagates back. The mounts exist only in the
-VM, so they never pin host directories (a host rmdir detaches them) and die with the VM.
+Run as a short-lived helper process (``python -S -I inject.py``, standard library and
+:mod:`backends.linux.mountns` only): joining a mount namespace needs a single-threaded process.
+``attach`` clones the host directory's mount tree (open_tree, recursive) in the host namespace,
+joins the VM's mount namespace and attaches the clone there (move_mount), as a recursive slave:
+host mounts under a shared host directory keep reaching the guest, and nothing the guest does
+propagates back. The mounts exist only in the VM, so they never pin host directories (a host
+rmdir detaches them) and die with the VM.
 
     python -S -I inject.py attach HOST_PATH VM_PID TARGET [shared|ro]
     python -S -I inject.py detach VM_PID TARGET
@@ -24,48 +25,18 @@ import ctypes
 import os
 import sys
 
-SYS_SETNS = 308
+if not __package__:  # run as a file: the package root (for backends.linux.mountns) is three folders up
+    sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "../../..")))
+
+from backends.linux.mountns import AT_FDCWD, AT_RECURSIVE, check, enter, exit_status, libc, make_readonly
+
 SYS_OPEN_TREE = 428
 SYS_MOVE_MOUNT = 429
-AT_FDCWD = -100
-AT_RECURSIVE = 0x8000
 OPEN_TREE_CLONE = 1
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
-CLONE_NEWNS = 0x20000
 MS_REC = 0x4000
 MS_SLAVE = 1 << 19
 MNT_DETACH = 2
-SYS_MOUNT_SETATTR = 442
-MOUNT_ATTR_RDONLY = 0x1
-
-
-class _MountAttr(ctypes.Structure):
-    _fields_ = [
-        ("attr_set", ctypes.c_uint64),
-        ("attr_clr", ctypes.c_uint64),
-        ("propagation", ctypes.c_uint64),
-        ("userns_fd", ctypes.c_uint64),
-    ]
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-
-
-def _check(ret: int, what: str) -> int:
-    if ret < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-    return ret
-
-
-def _enter(pid: int) -> None:
-    fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        _check(_libc.syscall(SYS_SETNS, fd, CLONE_NEWNS), "setns")
-    finally:
-        os.close(fd)
-    os.chdir("/")
 
 
 def attach(host_path: str, pid: int, target: str, shared: bool = False, readonly: bool = False) -> None:
@@ -73,39 +44,28 @@ def attach(host_path: str, pid: int, target: str, shared: bool = False, readonly
     BIDIRECTIONAL mount: what the guest mounts under it then shows on the host. ``readonly``:
     the mount itself read-only, enforced here (a real VM's guest is not trusted with it); mounts
     under it keep their own mode, as a CRI readonly mount that is not recursive wants."""
-    tree = _check(
-        _libc.syscall(
+    tree = check(
+        libc.syscall(
             SYS_OPEN_TREE, AT_FDCWD, host_path.encode(), OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC
         ),
         f"open_tree {host_path}",
     )
-    _enter(pid)
-    _check(
-        _libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target.encode(), MOVE_MOUNT_F_EMPTY_PATH),
+    enter(pid)
+    check(
+        libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target.encode(), MOVE_MOUNT_F_EMPTY_PATH),
         f"move_mount {target}",
     )
     if not shared:
-        _check(_libc.mount(None, target.encode(), None, MS_SLAVE | MS_REC, None), f"make-rslave {target}")
+        check(libc.mount(None, target.encode(), None, MS_SLAVE | MS_REC, None), f"make-rslave {target}")
     if readonly:
-        attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
-        _check(
-            _libc.syscall(
-                SYS_MOUNT_SETATTR,
-                AT_FDCWD,
-                target.encode(),
-                0,  # this mount only: a non-recursive read-only mount
-                ctypes.byref(attr),
-                ctypes.sizeof(attr),
-            ),
-            f"read-only {target}",
-        )
+        make_readonly(target, 0, f"read-only {target}")  # flags 0: this mount only, not recursive
 
 
 def detach(pid: int, target: str) -> None:
-    _enter(pid)
-    if _libc.umount2(target.encode(), MNT_DETACH) != 0 and ctypes.get_errno() not in (22, 2):
+    enter(pid)
+    if libc.umount2(target.encode(), MNT_DETACH) != 0 and ctypes.get_errno() not in (22, 2):
         # EINVAL: not a mount point (already detached); ENOENT: gone.
-        _check(-1, f"umount {target}")
+        check(-1, f"umount {target}")
 
 
 def run(argv: list[str]) -> bool:
@@ -162,14 +122,7 @@ def serve() -> int:
 def main(argv: list[str]) -> int:
     if argv == ["serve"]:
         return serve()
-    try:
-        if not run(argv):
-            print(__doc__, file=sys.stderr)
-            return 2
-    except OSError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    return 0
+    return exit_status(run, argv, __doc__)
 
 
 if __name__ == "__main__":

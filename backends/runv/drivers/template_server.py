@@ -38,7 +38,7 @@ import traceback
 from typing import Any, NoReturn
 
 # Paid once here rather than in every VM: the point of the template.
-from backends.runv.agent import server
+from backends.runv.agent import proc, server
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -203,13 +203,8 @@ def probe() -> str:
 
 def _reap(_signum: int, _frame: object) -> None:
     """Collect VM processes that have exited (the template is their parent)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    for _ in proc.reaped():
+        pass
 
 
 def clone(req: dict[str, Any]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import stat
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from backends.fake.shell.control import ToolError
 from backends.fake.shell.evaluation import Builtin, Shell
@@ -47,6 +48,8 @@ from backends.fake.shell.tools.agnhost_flags import (
     parse_flags,
     wait_for_signal,
 )
+
+T = TypeVar("T")
 
 NEW_FILE_CONTENT = "mount-tester new file\n"
 
@@ -131,15 +134,22 @@ class _Mounttest:
     def path(self, name: str) -> str:
         return self.sh.abspath(name)
 
-    async def fs_type(self, name: str) -> None:
+    async def look(self, name: str, call: Callable[[str], T], error: str) -> T | None:
+        """``call`` on the path of ``name``. None when ``name`` is empty (the check was not asked
+        for), or when it raises OSError, which is printed after ``error`` as Go prints it (and
+        fails the run)."""
         if not name:
-            return
+            return None
         try:
-            kind = self.sh.io.fs.fs_type(self.path(name))
+            return call(self.path(name))
         except OSError as exc:
-            await self.fail(f"error from statfs({go_quote(name)}): {go_error(exc)}")
-            return
-        await self.say(f"mount type of {go_quote(name)}: {'tmpfs' if kind == TMPFS_MAGIC else kind}")
+            await self.fail(f"{error}: {go_error(exc)}")
+            return None
+
+    async def fs_type(self, name: str) -> None:
+        kind = await self.look(name, self.sh.io.fs.fs_type, f"error from statfs({go_quote(name)})")
+        if kind is not None:
+            await self.say(f"mount type of {go_quote(name)}: {'tmpfs' if kind == TMPFS_MAGIC else kind}")
 
     async def new_file(self, name: str, perm: int) -> None:
         if not name:
@@ -156,25 +166,15 @@ class _Mounttest:
         await self.content(name)
 
     async def mode(self, name: str, what: str, perm_only: bool) -> None:
-        if not name:
-            return
-        try:
-            mode = self.sh.io.fs.stat(self.path(name)).mode
-        except OSError as exc:
-            await self.fail(f"error from Stat({go_quote(name)}): stat {name}: {go_error(exc)}")
-            return
-        await self.say(f"{what} {go_quote(name)}: {go_file_mode(mode, perm_only)}")
+        st = await self.look(name, self.sh.io.fs.stat, f"error from Stat({go_quote(name)}): stat {name}")
+        if st is not None:
+            await self.say(f"{what} {go_quote(name)}: {go_file_mode(st.mode, perm_only)}")
 
     async def owner(self, name: str) -> None:
-        if not name:
-            return
-        try:
-            st = self.sh.io.fs.stat(self.path(name))
-        except OSError as exc:
-            await self.fail(f"error from stat({go_quote(name)}): {go_error(exc)}")
-            return
-        await self.say(f"owner UID of {go_quote(name)}: {st.uid}")
-        await self.say(f"owner GID of {go_quote(name)}: {st.gid}")
+        st = await self.look(name, self.sh.io.fs.stat, f"error from stat({go_quote(name)})")
+        if st is not None:
+            await self.say(f"owner UID of {go_quote(name)}: {st.uid}")
+            await self.say(f"owner GID of {go_quote(name)}: {st.gid}")
 
     async def read(self, name: str) -> str:
         try:

@@ -35,8 +35,6 @@ from backends.fake.shell.evaluation import Shell
 from backends.fake.shell.tools.agnhost_flags import Flags, go_error, go_quote, wait_for_signal
 from backends.fake.shell.tools.httpd import Server as FileServer
 
-_TEXT = "text/plain; charset=utf-8"
-
 
 @dataclasses.dataclass
 class Answer:
@@ -82,20 +80,15 @@ class Program:
         """The requests of one connection, each answered by ``route``."""
         self.peers += 1
         requests = http.Requests(conn)
-        while True:
-            try:
-                request = await requests.next()
-            except http.BadRequest as exc:
-                await conn.write(http.response(None, exc.status, _TEXT, f"{exc}\n".encode())[0])
-                return
-            if request is None:
-                return
+        while (request := await requests.next_or_refuse()) is not None:
             query = dict(urllib.parse.parse_qsl(request.target.partition("?")[2], keep_blank_values=True))
             answer = await route(request, query)
             if answer.exit_code is not None:
                 self.exit(answer.exit_code)
                 return
-            data, close = http.response(request, answer.status, _TEXT, answer.body.encode(), answer.headers)
+            data, close = http.response(
+                request, answer.status, http.TEXT, answer.body.encode(), answer.headers
+            )
             await conn.write(data)
             if close:
                 return
