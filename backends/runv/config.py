@@ -56,6 +56,7 @@ QEMU: dict[str, Kind] = {
     "unshare": STR,
     "python": STR,
     "guest_memory_mib": INT,
+    "host_overhead_mib": INT,  # QEMU's own memory beyond the guest's RAM (its cgroup's limit)
     "kernel_args": STRINGS,
     "capacity_vcpus": INT,
     "capacity_memory": INT,

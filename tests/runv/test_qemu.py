@@ -144,8 +144,8 @@ async def test_refusals_before_anything_is_made(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root for cgroupfs")
 async def test_pod_limits_bound_qemus_cgroup_but_not_its_memory(tmp_path: Path) -> None:
-    """Fewer vCPUs, CPU shares and a cpuset go to QEMU's cgroup; its memory stays unlimited
-    there (QEMU holds the guest's RAM and its own)."""
+    """Fewer vCPUs, CPU shares and a cpuset go to QEMU's cgroup; its memory limit stays what it
+    booted with (the guest's RAM, the guest's own and QEMU's: the guest keeps its RAM)."""
     parent = f"cri-shim-qemu-test-{os.getpid()}"
     hv = QemuHypervisor({"run_dir": str(tmp_path / "run"), "cgroup_parent": parent})
     vm = _vm(tmp_path)
