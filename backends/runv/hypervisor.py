@@ -72,6 +72,7 @@ class VM:
     host_network: bool = False
     own_netns: bool = False  # its process's network namespace is the pod's (VMSpec.own_netns)
     cgroup: str = ""  # its cgroup, below the hierarchies' roots ("": the driver's parent/<id>)
+    uid: int = 0  # the user its hypervisor runs as (0: root; a confined QEMU's own)
     shares: dict[str, str] = dataclasses.field(default_factory=dict)  # tag -> host path
     devices: dict[str, str] = dataclasses.field(default_factory=dict)  # host path -> guest path
 
