@@ -20,6 +20,7 @@ import pytest
 
 from backends.contract import errors
 from backends.linux.cgroups import Cgroup, cgroupfs_path, hierarchies
+from backends.runv import plumbing
 from backends.runv.backend import RunvBackend
 from backends.runv.hypervisor import MIB
 from tests.criutil import until
@@ -229,3 +230,74 @@ async def test_a_warm_vm_moves_into_the_pods_cgroup(
     await backend.lifecycle.stop_sandbox(sb)
     await backend.lifecycle.remove_sandbox(sb)
     await backend.lifecycle.close()  # the refilled warm VM goes before the pod's cgroup does
+
+
+@needs_vm
+async def test_update_pod_sandbox_resources_resizes_the_vm_within_the_pods_cgroup(
+    runv: tuple[RunvBackend, Events], pod_cgroup: PodCgroup
+) -> None:
+    from cri_api import api_pb2 as pb
+
+    backend, _ = runv
+    pod_cgroup.limit(320 * MIB, cpu_quota=175_000)
+    sb = sandbox_record(
+        "resize-in-pod", cpu_quota=150_000, cpu_period=100_000, memory_limit_in_bytes=256 * MIB
+    )
+    sb.config.linux.cgroup_parent = pod_cgroup.parent
+    sb.config.linux.overhead.memory_limit_in_bytes = 64 * MIB
+    await backend.lifecycle.run_sandbox(sb)
+    vm = backend._shared.pods[sb.id].vm
+    # The kubelet grows the pod's cgroup first, then tells the runtime.
+    pod_cgroup.limit(576 * MIB, cpu_quota=250_000)
+    request = pb.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id=sb.id,
+        resources=pb.LinuxContainerResources(
+            cpu_quota=250_000, cpu_period=100_000, memory_limit_in_bytes=512 * MIB
+        ),
+        overhead=pb.LinuxContainerResources(memory_limit_in_bytes=64 * MIB),
+    )
+    await backend.resources.update_sandbox_resources(sb, request)
+    assert (vm.vcpus, vm.memory_bytes) == (3, 576 * MIB)
+    assert pod_cgroup.memory_limit(vm.cgroup) == 576 * MIB
+    assert pod_cgroup.cpu_quota(vm.cgroup) == 250_000  # 3 vCPUs, cut to the pod's 2.5
+    await backend.lifecycle.stop_sandbox(sb)
+    await backend.lifecycle.remove_sandbox(sb)
+
+
+@needs_vm
+async def test_a_restarted_shim_finds_vms_in_pod_cgroups(
+    runv_config: dict[str, Any], busybox_rootfs: Path, pod_cgroup: PodCgroup
+) -> None:
+    """Recorded: taken over, its cgroup the pod's still; not recorded (a RunPodSandbox killed
+    before its record): swept, its cgroup below the pod's too."""
+    import dataclasses
+
+    first = RunvBackend("runv", dict(runv_config))
+    await first.lifecycle.start(Events())
+    pod_cgroup.limit(1 << 30)
+    kept, half = sandbox_record("kept"), sandbox_record("half")
+    for sb in (kept, half):
+        sb.config.linux.cgroup_parent = pod_cgroup.parent
+        await first.lifecycle.run_sandbox(sb)
+    kept.committed = True
+    kept_vm, half_vm = (first._shared.pods[sb.id].vm for sb in (kept, half))
+    await first.lifecycle.close()
+    half = dataclasses.replace(half, backend_data={}, committed=False)
+
+    second = RunvBackend("runv", dict(runv_config))
+    await second.lifecycle.start(Events())
+    try:
+        seen, _ = await second.lifecycle.recover([kept, half], [])
+        assert seen[kept.id].running and not seen[half.id].exists
+        assert second._shared.pods[kept.id].vm.cgroup == kept_vm.cgroup
+        assert pod_cgroup.holds(kept_vm.pid) == []
+        assert not Cgroup(half_vm.cgroup).pids()
+        assert not any(os.path.isdir(d) for d in Cgroup(half_vm.cgroup).all_dirs())
+        await second.lifecycle.stop_sandbox(kept)
+        assert not any(os.path.isdir(d) for d in Cgroup(kept_vm.cgroup).all_dirs())
+    finally:
+        for pod in list(second._shared.pods.values()):
+            await second.hv.destroy(pod.vm)
+        for sb in (kept, half):
+            await plumbing.unplumb(second._shared, sb)
+        await second.lifecycle.close()

@@ -589,7 +589,8 @@ class QemuHypervisor(ProcessVMs):
             sd = os.path.join(self.run_dir, entry)
             if entry in known or not os.path.isdir(sd):
                 continue
-            vm = VM(entry, self.name, 0, 0, 0, sd, os.path.join(sd, "agent.sock"))
+            cgroup = self._leftover_cgroup(sd, entry).rel
+            vm = VM(entry, self.name, 0, 0, 0, sd, os.path.join(sd, "agent.sock"), cgroup=cgroup)
             try:
                 with open(os.path.join(sd, "qemu.pid")) as fh:
                     pid = int(fh.read().strip() or 0)
