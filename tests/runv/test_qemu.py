@@ -643,6 +643,13 @@ async def test_qemu_is_confined_and_runs_in_its_pods_cgroup(
             "urandom",
             "zero",
         ] or os.path.exists(f"{root}/dev/kvm")
+        # Its /proc shows QEMU's user its own processes only.
+        as_qemu = ["nsenter", f"--mount=/proc/{vm.pid}/ns/mnt", "setpriv", f"--reuid={uid[0]}"]
+        as_qemu += [f"--regid={uid[0]}", "--clear-groups", "ls", "/proc"]
+        seen_pids = {
+            n for n in subprocess.run(as_qemu, capture_output=True, text=True, check=True).stdout.split()
+        }
+        assert str(vm.pid) in seen_pids and "1" not in seen_pids
         # Of the run directory: its own state and the initramfs it boots, no other VM's.
         seen = os.listdir(os.path.dirname(f"{root}{vm.state_dir}"))
         assert vm.id in seen and all(n == vm.id or n.startswith("initrd-") for n in seen), seen

@@ -77,7 +77,8 @@ SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=de
 
 # Run in QEMU's new mount (and network) namespace, as root, before QEMU: a root of its own on a
 # tmpfs with only /usr (read-only; /bin, /lib... as the host links them), the loader's cache,
-# a /dev of null, zero, random, urandom, net/tun and kvm (those two made its user's), /proc,
+# a /dev of null, zero, random, urandom, net/tun and kvm (those two made its user's), a /proc
+# that shows it only its own processes (hidepid=invisible),
 # the guest's kernel and initramfs (read-only) and the VM's state directory; then the 9p proxy
 # (virtfs-proxy-helper: root with the file capabilities only, chrooted into the VM's shares
 # directory) and QEMU, exec'd by setpriv as the VM's own uid and gid, no groups, no
@@ -112,7 +113,7 @@ for n in net/tun kvm; do
         chown "$u:$u" "$r/dev/$n"
     fi
 done
-mount --rbind /proc "$r/proc"
+mount -t proc -o nosuid,nodev,noexec,hidepid=invisible proc "$r/proc"
 printf '%s
 ' "$RUNV_FILES" | while read -r f; do
     mkdir -p "$r$(dirname "$f")"; touch "$r$f"; mount --bind "$f" "$r$f"; mount -o remount,bind,ro "$r$f"
