@@ -671,6 +671,9 @@ async def test_qemu_is_confined_and_runs_in_its_pods_cgroup(
                 break
             await asyncio.sleep(0.1)
         assert (rw_dir / "out").read_text() == "from-vm\n" and (rw_dir / "out").stat().st_uid == 0
+        # A file of the image deleted: a whiteout made on the writable layer, through the share.
+        res = await backend.exec.exec_sync(ct, ["sh", "-c", "rm /bin/true && ! test -e /bin/true"])
+        assert res.exit_code == 0, res
         # The 9p proxy: chrooted into the VM's shares, its file capabilities only, not QEMU's user.
         (proxy,) = [p for p in set(Cgroup(vm.cgroup).pids()) if p != vm.pid]
         assert os.readlink(f"/proc/{proxy}/root") == f"{vm.state_dir}/shares"
