@@ -219,10 +219,14 @@ class ProcessVMs(abc.ABC):
         its host memory; the state directory says where it is (for leftovers after a restart)."""
         cg.create()
         cg.set_limits(vm.vcpus, self._host_memory(vm))
-        vm.cgroup = cg.rel
+        self._record_cgroup(vm, cg.rel)
+
+    @staticmethod
+    def _record_cgroup(vm: VM, rel: str) -> None:
+        vm.cgroup = rel
         os.makedirs(vm.state_dir, exist_ok=True)
         with open(os.path.join(vm.state_dir, "cgroup"), "w") as fh:
-            fh.write(cg.rel)
+            fh.write(rel)
 
     def _leftover_cgroup(self, state_dir: str, vm_id: str) -> Cgroup:
         """The cgroup of a VM found in ``state_dir`` with no record (its state file, else the
@@ -246,7 +250,7 @@ class ProcessVMs(abc.ABC):
         except OSError as exc:
             old.adopt(new)
             new.remove()
-            vm.cgroup = old.rel
+            self._record_cgroup(vm, old.rel)
             raise InternalError(f"VM {vm.id}: cannot move into cgroup {new.rel}: {exc}") from exc
         old.remove()
 
