@@ -34,6 +34,7 @@ __all__ = [
     "Interface",
     "Sample",
     "available",
+    "cgroupfs_path",
     "net_interfaces",
 ]
 
@@ -309,23 +310,92 @@ class Cgroup:
         return self.dirs() if self.v2 else [os.path.join(mp, self.rel) for mp in self._mounts.every]
 
     def create(self) -> None:
-        for d in self.dirs():
-            os.makedirs(d, exist_ok=True)
+        """Make it in every hierarchy (on v1: each controller's, the named and the unified ones),
+        so that a process joining it leaves its parent's cgroups everywhere: a pod's VM is then
+        below the pod's cgroup in each. A new v1 cpuset cgroup takes its parent's CPUs and
+        memory nodes (it is empty otherwise, and no process could join it)."""
+        cpuset = None if self.v2 else self._mounts.v1.get("cpuset")
+        for d in self.all_dirs():
+            if cpuset is not None and d == os.path.join(cpuset, self.rel):
+                _make_cpuset_v1(cpuset, self.rel)
+            else:
+                os.makedirs(d, exist_ok=True)
 
     def procs_files(self) -> list[str]:
-        """The files a process writes its PID to, to join it."""
-        return [os.path.join(d, "cgroup.procs") for d in self.dirs()]
+        """The files a process writes its PID to, to join it (in every hierarchy)."""
+        return [os.path.join(d, "cgroup.procs") for d in self.all_dirs()]
+
+    def parent_limits(self) -> tuple[int | None, int | None]:
+        """What the cgroups above it allow: the lowest CFS quota in µs a :attr:`CPU_PERIOD` and
+        the lowest memory limit in bytes along the chain to the root (None: no limit)."""
+        v1, v2 = self._paths()
+        quota: int | None = None
+        memory: int | None = None
+        cpu_dir = v2 or v1.get("cpu")
+        mem_dir = v2 or v1.get("memory")
+        for base, root in ((cpu_dir, "cpu"), (mem_dir, "memory")):
+            if not base:
+                continue
+            top = str(self._mounts.v2) if v2 else self._mounts.v1[root]
+            d = os.path.dirname(base)
+            while len(d) > len(top) and d.startswith(top):
+                if root == "cpu":
+                    if v2:
+                        q, period = _cpu_max(_read(d, "cpu.max"))
+                    else:
+                        q, period = _int(d, "cpu.cfs_quota_us"), _int(d, "cpu.cfs_period_us")
+                    if q is not None and q > 0 and period:
+                        scaled = q * self.CPU_PERIOD // period
+                        quota = scaled if quota is None else min(quota, scaled)
+                else:
+                    limit = _int(d, "memory.max" if v2 else "memory.limit_in_bytes")
+                    if limit is not None and limit < _UNLIMITED:
+                        memory = limit if memory is None else min(memory, limit)
+                d = os.path.dirname(d)
+        return quota, memory
+
+    def _quota(self, vcpus: int) -> int:
+        """``vcpus`` CPUs as a CFS quota, no more than the cgroups above allow (v1 refuses a
+        child's quota above its parent's with EINVAL; v2 would only not apply it)."""
+        cap, _ = self.parent_limits()
+        quota = vcpus * self.CPU_PERIOD
+        return quota if cap is None else max(1000, min(quota, cap))
+
+    def _memory(self, memory: int) -> int:
+        """``memory`` bytes, no more than the cgroups above allow."""
+        _, cap = self.parent_limits()
+        return memory if cap is None else min(memory, cap)
 
     def set_limits(self, vcpus: int, memory: int) -> None:
-        """A CFS quota of ``vcpus`` CPUs and a memory limit of ``memory`` bytes."""
+        """A CFS quota of ``vcpus`` CPUs and a memory limit of ``memory`` bytes, each within what
+        its parents allow."""
         v1, v2 = self._paths()
+        quota = self._quota(vcpus)
+        memory = self._memory(memory)
         if v2:
-            _write(v2, "cpu.max", f"{vcpus * self.CPU_PERIOD} {self.CPU_PERIOD}")
+            _write(v2, "cpu.max", f"{quota} {self.CPU_PERIOD}")
             _write(v2, "memory.max", str(memory))
             return
         _write(v1["cpu"], "cpu.cfs_period_us", str(self.CPU_PERIOD))
-        _write(v1["cpu"], "cpu.cfs_quota_us", str(vcpus * self.CPU_PERIOD))
+        _write(v1["cpu"], "cpu.cfs_quota_us", str(quota))
         _write(v1["memory"], "memory.limit_in_bytes", str(memory))
+
+    def adopt(self, source: Cgroup) -> None:
+        """Move every process of ``source`` (and of the cgroups below it) into this one, in every
+        hierarchy; on v1 their memory charges come along (``memory.move_charge_at_immigrate``;
+        v2 leaves pages charged where they were first used)."""
+        if not self.v2 and "memory" in self._mounts.v1:
+            with contextlib.suppress(OSError):
+                memory_dir = os.path.join(self._mounts.v1["memory"], self.rel)
+                _write(memory_dir, "memory.move_charge_at_immigrate", "3")
+        for _ in range(3):  # a process forked meanwhile is moved by the next round
+            pids = sorted(set(source.pids()))
+            if not pids:
+                return
+            for pid in pids:
+                for f in self.procs_files():
+                    with contextlib.suppress(ProcessLookupError):
+                        _write(os.path.dirname(f), "cgroup.procs", str(pid))
 
     def resize(
         self, vcpus: int | None, memory: int | None, shares: int = 0, cpus: str = "", mems: str = ""
@@ -339,11 +409,11 @@ class Cgroup:
         writes: list[tuple[str, str, str]] = []
         if v2:
             if vcpus:
-                writes.append((v2, "cpu.max", f"{vcpus * self.CPU_PERIOD} {self.CPU_PERIOD}"))
+                writes.append((v2, "cpu.max", f"{self._quota(vcpus)} {self.CPU_PERIOD}"))
             if shares:
                 writes.append((v2, "cpu.weight", str(1 + ((shares - 2) * 9999) // 262142)))
             if memory:
-                writes.append((v2, "memory.max", str(memory)))
+                writes.append((v2, "memory.max", str(self._memory(memory))))
             if cpus or mems:
                 _enable_along(str(self._mounts.v2), v2, "cpuset")
                 writes += [(v2, f"cpuset.{k}", v) for k, v in (("cpus", cpus), ("mems", mems)) if v]
@@ -351,11 +421,11 @@ class Cgroup:
             return
         if vcpus:
             writes.append((v1["cpu"], "cpu.cfs_period_us", str(self.CPU_PERIOD)))
-            writes.append((v1["cpu"], "cpu.cfs_quota_us", str(vcpus * self.CPU_PERIOD)))
+            writes.append((v1["cpu"], "cpu.cfs_quota_us", str(self._quota(vcpus))))
         if shares:
             writes.append((v1["cpu"], "cpu.shares", str(shares)))
         if memory:
-            writes.append((v1["memory"], "memory.limit_in_bytes", str(memory)))
+            writes.append((v1["memory"], "memory.limit_in_bytes", str(self._memory(memory))))
         if (cpus or mems) and "cpuset" not in v1:
             raise OSError(f"no cpuset cgroup hierarchy on this host for {cpus or mems!r}")
         if cpus or mems:
@@ -582,13 +652,8 @@ def _cpuset_v1_writes(root: str, rel: str, cpus: str, mems: str) -> list[tuple[s
     with its parents' sets; and each cgroup below (runc's, of the VM's containers) must stay a
     subset of its parent, so they are narrowed first, bottom-up, to what they share with the new
     set (all of it when they share nothing)."""
-    path = root
-    for part in rel.split("/"):
-        parent, path = path, os.path.join(path, part)
-        os.makedirs(path, exist_ok=True)
-        for name in ("cpuset.cpus", "cpuset.mems"):
-            if not (_read(path, name) or "").strip():
-                _write(path, name, (_read(parent, name) or "").strip())
+    path = os.path.join(root, rel)
+    _make_cpuset_v1(root, rel)
     writes: list[tuple[str, str, str]] = []
     for below, _dirs, _files in os.walk(path, topdown=False):
         for name, value in (("cpuset.cpus", cpus), ("cpuset.mems", mems)):
@@ -600,6 +665,43 @@ def _cpuset_v1_writes(root: str, rel: str, cpus: str, mems: str) -> list[tuple[s
             shared = cpu_list(_read(below, name) or "") & cpu_list(value)
             writes.append((below, name, cpu_list_text(shared) if shared else value))
     return writes
+
+
+def _make_cpuset_v1(root: str, rel: str) -> None:
+    """Make the v1 cpuset cgroup ``rel`` and the chain down to it, each with its parent's CPUs
+    and memory nodes where it has none yet."""
+    path = root
+    for part in rel.split("/"):
+        parent, path = path, os.path.join(path, part)
+        os.makedirs(path, exist_ok=True)
+        for name in ("cpuset.cpus", "cpuset.mems"):
+            if not (_read(path, name) or "").strip():
+                _write(path, name, (_read(parent, name) or "").strip())
+
+
+def own_path(pid: int | str = "self") -> str:
+    """The cgroup ``pid`` is in (its memory controller's on v1, else the unified one's)."""
+    with open(f"/proc/{pid}/cgroup") as f:
+        lines = [line.rstrip("\n").split(":", 2) for line in f]
+    for _, ctrls, path in lines:
+        if "memory" in ctrls.split(","):
+            return path
+    return next((path for _, ctrls, path in lines if ctrls == ""), "/")
+
+
+def cgroupfs_path(parent: str) -> str:
+    """A cgroup parent as its path below the hierarchies' roots: a cgroupfs path as it is, a
+    systemd slice (``kubepods-burstable-pod<UID>.slice``, as the kubelet's systemd driver names
+    a pod) where systemd puts it: each dash-separated prefix a slice of its own
+    (``kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<UID>.slice``)."""
+    parent = parent.strip("/")
+    if not parent.endswith(".slice") or "/" in parent:
+        return parent
+    name = parent[: -len(".slice")]
+    if name in ("", "-"):
+        return ""
+    parts = name.split("-")
+    return "/".join("-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
 
 
 def _join_v1(cpuset_dir: str, own_dir: str) -> None:

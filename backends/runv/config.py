@@ -56,6 +56,12 @@ QEMU: dict[str, Kind] = {
     "unshare": STR,
     "python": STR,
     "guest_memory_mib": INT,
+    "host_overhead_mib": INT,  # QEMU's own memory beyond the guest's RAM (its cgroup's limit)
+    "confine": BOOL,  # QEMU as a uid of its own, no capabilities, seccomp, a root of its own
+    "uid_base": INT,
+    "uid_count": INT,
+    "setpriv": STR,
+    "virtfs_proxy_helper": STR,
     "kernel_args": STRINGS,
     "capacity_vcpus": INT,
     "capacity_memory": INT,

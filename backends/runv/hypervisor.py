@@ -40,6 +40,9 @@ class VMSpec:
     # The VM process in a network namespace of its own, where the CNI plugins make the pod's
     # interface: the stub's always is (unless host_network); QEMU's then holds its tap too.
     own_netns: bool = False
+    # The pod's cgroup (LinuxPodSandboxConfig.cgroup_parent, the kubelet's, cgroupfs or systemd
+    # form): the VM's cgroup is made below it; "": below the driver's own cgroup_parent.
+    cgroup_parent: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,6 +71,8 @@ class VM:
     started_at: int = 0  # ns; with pid it identifies the process across PID reuse
     host_network: bool = False
     own_netns: bool = False  # its process's network namespace is the pod's (VMSpec.own_netns)
+    cgroup: str = ""  # its cgroup, below the hierarchies' roots ("": the driver's parent/<id>)
+    uid: int = 0  # the user its hypervisor runs as (0: root; a confined QEMU's own)
     shares: dict[str, str] = dataclasses.field(default_factory=dict)  # tag -> host path
     devices: dict[str, str] = dataclasses.field(default_factory=dict)  # host path -> guest path
 
@@ -83,6 +88,11 @@ class VM:
 @runtime_checkable
 class Hypervisor(Protocol):
     name: str
+
+    @property
+    def extra_memory(self) -> int:
+        """What a VM holds of the host beyond its ``memory_bytes`` (a QEMU: its guest's kernel
+        and agent, and QEMU itself): a pod's overhead pays for it first."""
 
     async def create(self, spec: VMSpec) -> VM:
         """Create and boot a VM; return once its agent channel accepts connections.
@@ -118,6 +128,11 @@ class Hypervisor(Protocol):
     async def set_vcpus(self, vm: VM, vcpus: int) -> None: ...
 
     async def set_memory(self, vm: VM, memory_bytes: int) -> None: ...
+
+    async def place(self, vm: VM, cgroup_parent: str) -> None:
+        """Move a running VM (a warm one a pod takes) into a cgroup below ``cgroup_parent`` (the
+        pod's, as VMSpec.cgroup_parent); FailedPreconditionError if the VM needs more memory than
+        that cgroup allows, and then it stays where it was."""
 
     async def set_pod_limits(self, vm: VM, limits: PodLimits) -> None:
         """The pod's new resources, on the VM and its host cgroup; FailedPreconditionError for

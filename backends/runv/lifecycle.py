@@ -35,8 +35,9 @@ class VmLifecycle(Sandboxes, Containers):
         Sandboxes.__init__(self, shared, warm)
         Containers.__init__(self, shared, images)
         self._runc = runc
-        # What RuntimeConfig reports: the kubelet's pod cgroups are its own business here (a VM's
-        # cgroup is runv's, under its cgroup_parent, whichever driver the kubelet uses).
+        # What RuntimeConfig reports: the kubelet makes its pod cgroups with that driver; a VM's
+        # cgroup goes below the pod's either way (a systemd slice name is taken where systemd
+        # puts it in cgroupfs: backends.linux.cgroups.cgroupfs_path).
         self._cgroup_driver = pb.SYSTEMD if cgroup_driver == "systemd" else pb.CGROUPFS
 
     @property

@@ -40,6 +40,15 @@ def vm_size(
     return vcpus, memory
 
 
+def overhead_memory(pod_overhead: int, handler_overhead: int, extra: int) -> int:
+    """The memory a pod's VM gets beyond its containers' limits: the pod's overhead (its
+    RuntimeClass's, which the kubelet adds to the pod cgroup's limit) less what the VM holds of
+    the host beyond its memory (``extra``: a QEMU's guest kernel and agent, and QEMU itself), and
+    at least the handler's ``overhead_memory_mib``. The VM then fits in the pod's cgroup when
+    the pod's overhead covers it; one that does not is refused at RunPodSandbox."""
+    return max(pod_overhead - extra, handler_overhead)
+
+
 def _vm_id(sandbox_id: str) -> str:
     # Short: the agent socket path under the run dir must fit in sun_path.
     return sandbox_id[:16]
@@ -53,7 +62,8 @@ def pod_limits(
     overhead_memory: int,
 ) -> PodLimits:
     """The VM's size for a pod's new resources (UpdatePodSandboxResources), as ``vm_size`` sizes
-    it at boot: the pod's CPU limit and memory limit plus the pod's and the handler's overhead.
+    it at boot: the pod's CPU limit plus the pod's and the handler's CPU overhead, its memory
+    limit plus ``overhead_memory`` (the pod's and the handler's: :func:`overhead_memory`).
     A resource without a limit leaves the VM's size of it as it is (a VM has one either way)."""
     vcpus, memory = vm_size(
         resources.cpu_quota,
@@ -61,7 +71,7 @@ def pod_limits(
         resources.memory_limit_in_bytes,
         overhead_vcpus
         + (overhead.cpu_quota / (overhead.cpu_period or 100_000) if overhead.cpu_quota > 0 else 0),
-        overhead_memory + max(overhead.memory_limit_in_bytes, 0),
+        overhead_memory,
     )
     shares = resources.cpu_shares + overhead.cpu_shares
     return PodLimits(
@@ -89,7 +99,9 @@ class Sandboxes:
             res.memory_limit_in_bytes,
             shared.overhead_vcpus
             + (over.cpu_quota / (over.cpu_period or 100_000) if over.cpu_quota > 0 else 0),
-            shared.overhead_memory + max(over.memory_limit_in_bytes, 0),
+            overhead_memory(
+                max(over.memory_limit_in_bytes, 0), shared.overhead_memory, shared.hv.extra_memory
+            ),
         )
         host_net = cfg.linux.security_context.namespace_options.network == pb.NODE
         if host_net:
@@ -119,7 +131,15 @@ class Sandboxes:
         pod = self._warm.take(vcpus, memory) if not host_net else None
         if pod is None:
             own_netns = cni is not None
-            spec = VMSpec(_vm_id(sandbox.id), vcpus, memory, cfg.hostname, host_net, own_netns)
+            spec = VMSpec(
+                _vm_id(sandbox.id),
+                vcpus,
+                memory,
+                cfg.hostname,
+                host_net,
+                own_netns,
+                cgroup_parent=cfg.linux.cgroup_parent,
+            )
             pod = Pod(sandbox.id, await self._boot_cold(spec))
         else:
             pod.sandbox_id = sandbox.id
@@ -135,6 +155,7 @@ class Sandboxes:
                     await self._warm.with_room(shared.hv.set_vcpus, vm, vcpus)
                 if memory > vm.memory_bytes:
                     await self._warm.with_room(shared.hv.set_memory, vm, memory)
+                await shared.hv.place(vm, cfg.linux.cgroup_parent)  # into the pod's cgroup
             assert pod.agent is not None
             if cni is not None:
                 net = await cninet.attach(shared, sandbox, pod)
@@ -187,7 +208,10 @@ class Sandboxes:
         linux = sandbox.config.linux
         resources = request.resources if request.HasField("resources") else linux.resources
         overhead = request.overhead if request.HasField("overhead") else linux.overhead
-        limits = pod_limits(pod.vm, resources, overhead, shared.overhead_vcpus, shared.overhead_memory)
+        extra = overhead_memory(
+            max(overhead.memory_limit_in_bytes, 0), shared.overhead_memory, shared.hv.extra_memory
+        )
+        limits = pod_limits(pod.vm, resources, overhead, shared.overhead_vcpus, extra)
         await shared.hv.set_pod_limits(pod.vm, limits)
         sandbox.backend_data["vm"] = pod.vm.to_dict()
         unused = [

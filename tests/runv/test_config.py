@@ -107,8 +107,8 @@ def test_bad_key_or_type_is_an_error_naming_handler_table_key(
 
 @pytest.mark.parametrize("driver", ["cgroupfs", "systemd"])
 def test_runtime_config_reports_the_configured_cgroup_driver(tmp_path: Path, driver: str) -> None:
-    """The VMs' cgroups are runv's own (cgroupfs, under its cgroup_parent) either way; the
-    kubelet's pod cgroups follow the driver the node uses, which RuntimeConfig tells it."""
+    """The kubelet's pod cgroups follow the driver the node uses, which RuntimeConfig tells it;
+    the VMs' cgroups go below them either way (test_pod_cgroup.py)."""
     from cri_api import api_pb2 as pb
 
     backend = create("vm", {**_valid(tmp_path), "cgroup_driver": driver})

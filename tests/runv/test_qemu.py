@@ -71,12 +71,19 @@ def test_command_line_describes_the_vm(tmp_path: Path) -> None:
     argv = hv.argv(vm, "/g/vmlinuz", "/g/initrd", "tcg", "rvtap0")
     line = " ".join(argv)
     assert argv[0] == "qemu-system-x86_64"
-    assert "-machine pc,accel=tcg" in line and "-cpu max" in line
+    assert "-machine pc -accel accel=tcg,tb-size=64" in line and "-cpu max" in line
     assert "-smp 2" in line and "-m 320M" in line  # the pod's 256 MiB + the guest's 64
     assert "-no-reboot" in argv and "-nodefaults" in argv
     assert f"socket,id=agent,path={vm.channel},server=on,wait=off" in argv
     assert "virtserialport,bus=vser.0,chardev=agent,name=runv.agent" in argv
-    assert f"local,id=shares,path={vm.state_dir}/shares,security_model=passthrough,multidevs=remap" in argv
+    # Confined (the default): QEMU's seccomp sandbox, and the shares through the 9p proxy.
+    assert f"proxy,id=shares,socket={vm.state_dir}/9p.sock" in argv
+    assert "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny" in argv
+    open_argv = QemuHypervisor({"run_dir": str(tmp_path), "confine": False}).argv(vm, "/k", "/i", "tcg", "")
+    assert (
+        f"local,id=shares,path={vm.state_dir}/shares,security_model=passthrough,multidevs=remap" in open_argv
+    )
+    assert "-sandbox" not in open_argv
     assert "tap,id=net0,ifname=rvtap0,script=no,downscript=no" in argv
     append = argv[argv.index("-append") + 1].split()
     assert "console=ttyS0" in append and "runv.shares=/run/runv/shares" in append and "loglevel=3" in append
@@ -144,8 +151,8 @@ async def test_refusals_before_anything_is_made(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root for cgroupfs")
 async def test_pod_limits_bound_qemus_cgroup_but_not_its_memory(tmp_path: Path) -> None:
-    """Fewer vCPUs, CPU shares and a cpuset go to QEMU's cgroup; its memory stays unlimited
-    there (QEMU holds the guest's RAM and its own)."""
+    """Fewer vCPUs, CPU shares and a cpuset go to QEMU's cgroup; its memory limit stays what it
+    booted with (the guest's RAM, the guest's own and QEMU's: the guest keeps its RAM)."""
     parent = f"cri-shim-qemu-test-{os.getpid()}"
     hv = QemuHypervisor({"run_dir": str(tmp_path / "run"), "cgroup_parent": parent})
     vm = _vm(tmp_path)
@@ -583,6 +590,106 @@ async def test_a_crashed_vm_exits_its_containers(runv_config: dict[str, Any], bu
                 await backend.lifecycle.stop_sandbox(sb)
         await events.close()
         await backend.lifecycle.close()
+
+
+def _status(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as fh:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in fh if ":\t" in line)
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+@needs_qemu
+@pytest.mark.timeout(300)
+async def test_qemu_is_confined_and_runs_in_its_pods_cgroup(
+    runv_config: dict[str, Any], busybox_rootfs: Path, tmp_path: Path
+) -> None:
+    """QEMU runs as a uid of its own, with no capabilities, under its seccomp filter, in a root
+    that holds its own files only, and in a cgroup below the pod's, within the pod's limit."""
+    from tests.runv.test_pod_cgroup import PodCgroup
+
+    pod_cgroup = PodCgroup("cgroupfs")
+    backend = RunvBackend("runv", _qemu_config(runv_config))
+    events = Events()
+    await backend.lifecycle.start(events)
+    backend.image_store.import_dir(IMAGE, str(busybox_rootfs))
+    rw_dir = tmp_path / "rw"
+    rw_dir.mkdir()
+    # As the kubelet sizes it: the container's 128 MiB plus a RuntimeClass overhead of 512 MiB,
+    # which covers the guest's own memory and QEMU's.
+    pod_cgroup.limit(640 * MIB)
+    sb = sandbox_record("confined", memory_limit_in_bytes=128 * MIB)
+    sb.config.linux.cgroup_parent = pod_cgroup.parent
+    sb.config.linux.overhead.memory_limit_in_bytes = 512 * MIB
+    try:
+        await backend.lifecycle.run_sandbox(sb)
+        vm = backend._shared.pods[sb.id].vm
+        status = _status(vm.pid)
+        uid = status["Uid"].split()
+        assert uid[0] != "0" and len(set(uid)) == 1, status["Uid"]
+        assert status["Gid"].split()[0] != "0" and status["Groups"].strip() == ""
+        assert status["Seccomp"] == "2" and status["NoNewPrivs"] == "1"
+        assert status["CapEff"] == status["CapPrm"] == status["CapBnd"] == "0000000000000000"
+        # Its root: /usr, /dev, /proc, its guest files and its state directory, nothing else.
+        root = f"/proc/{vm.pid}/root"
+        tops = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "dev", "proc"}
+        tops |= {p.split("/")[1] for p in (vm.state_dir, GUEST_DIR)}
+        assert set(os.listdir(root)) <= tops, os.listdir(root)
+        assert os.listdir(f"{root}/etc") == ["ld.so.cache"]
+        assert sorted(os.listdir(f"{root}/dev")) == [
+            "net",
+            "null",
+            "random",
+            "urandom",
+            "zero",
+        ] or os.path.exists(f"{root}/dev/kvm")
+        # Its /proc shows QEMU's user its own processes only.
+        as_qemu = ["nsenter", f"--mount=/proc/{vm.pid}/ns/mnt", "setpriv", f"--reuid={uid[0]}"]
+        as_qemu += [f"--regid={uid[0]}", "--clear-groups", "ls", "/proc"]
+        seen_pids = {
+            n for n in subprocess.run(as_qemu, capture_output=True, text=True, check=True).stdout.split()
+        }
+        assert str(vm.pid) in seen_pids and "1" not in seen_pids
+        # Of the run directory: its own state and the initramfs it boots, no other VM's.
+        seen = os.listdir(os.path.dirname(f"{root}{vm.state_dir}"))
+        assert vm.id in seen and all(n == vm.id or n.startswith("initrd-") for n in seen), seen
+        # Its cgroup is below the pod's in every hierarchy, within the pod's memory limit.
+        assert pod_cgroup.holds(vm.pid) == []
+        assert vm.cgroup == f"{pod_cgroup.rel}/{vm.id}"
+        assert pod_cgroup.memory_limit(vm.cgroup) == 640 * MIB
+        # The shares still work, through the 9p proxy: a container writes a volume as root.
+        ct = container_record(
+            sb,
+            IMAGE,
+            ["sh", "-c", "echo from-vm > /rw/out; sleep 600"],
+            mounts=[pb.Mount(container_path="/rw", host_path=str(rw_dir))],
+        )
+        await backend.lifecycle.create_container(ct, sb)
+        await events.start(backend.lifecycle, ct, sb, MemorySink())
+        for _ in range(300):
+            if (rw_dir / "out").exists() and (rw_dir / "out").read_text():
+                break
+            await asyncio.sleep(0.1)
+        assert (rw_dir / "out").read_text() == "from-vm\n" and (rw_dir / "out").stat().st_uid == 0
+        # A file of the image deleted: a whiteout made on the writable layer, through the share.
+        res = await backend.exec.exec_sync(ct, ["sh", "-c", "rm /bin/true && ! test -e /bin/true"])
+        assert res.exit_code == 0, res
+        # The 9p proxy: chrooted into the VM's shares, its file capabilities only, not QEMU's user.
+        (proxy,) = [p for p in set(Cgroup(vm.cgroup).pids()) if p != vm.pid]
+        assert os.readlink(f"/proc/{proxy}/root") == f"{vm.state_dir}/shares"
+        assert (
+            int(_status(proxy)["CapEff"], 16) & ~0x080000DB == 0
+        )  # chown, dac, fowner, fsetid, set[ug]id, mknod
+        await backend.lifecycle.stop_container(ct, 1)
+        await backend.lifecycle.stop_sandbox(sb)
+        await backend.lifecycle.remove_sandbox(sb)
+    finally:
+        if sb.id in backend._shared.pods:
+            with contextlib.suppress(Exception):
+                await backend.lifecycle.stop_sandbox(sb)
+        await events.close()
+        await backend.lifecycle.close()
+        assert not pod_cgroup.remove()
 
 
 def _guest_release() -> str:

@@ -104,7 +104,7 @@ async def test_cloned_vm_is_what_unshare_made(stub: StubHypervisor) -> None:
     assert _nspid(agent)[-1] == 1  # PID 1 of the VM
     assert os.readlink(f"/proc/{vm.pid}/ns/pid_for_children") == _ns(agent, "pid")
     assert os.getsid(vm.pid) == vm.pid  # a session of its own
-    pids = set(stub._cgroup(vm.id).pids())
+    pids = set(stub._cgroup(vm).pids())
     assert {vm.pid, agent} <= pids
     # /proc is the VM's own: the agent sees itself as PID 1 and no host process.
     with open(f"/proc/{agent}/root/proc/1/comm") as fh:  # through its root: its mount namespace
@@ -125,7 +125,7 @@ async def test_two_vms_share_nothing(stub: StubHypervisor) -> None:
     agent_a, agent_b = _agent(a), _agent(b)
     for kind in NAMESPACES:
         assert _ns(agent_a, kind) != _ns(agent_b, kind), kind
-    assert stub._cgroup(a.id).pids() != stub._cgroup(b.id).pids()
+    assert stub._cgroup(a).pids() != stub._cgroup(b).pids()
     # Pipes and sockets are named by inode; every epoll or signalfd is "anon_inode:[...]".
     shared = {t for t in _fd_targets(agent_a) & _fd_targets(agent_b) if t.startswith(("pipe:", "socket:"))}
     assert not shared, f"open files shared by two VMs: {shared}"
@@ -145,7 +145,7 @@ async def test_kill_of_vm_pid_takes_the_whole_vm(runv_config: dict[str, Any], bu
         ct = container_record(sb, "test/busybox:1", ["sleep", "60"])
         await backend.lifecycle.create_container(ct, sb)
         await backend.lifecycle.start_container(ct, sb)
-        cg = backend.hv._cgroup(vm.id)  # type: ignore[attr-defined]
+        cg = backend.hv._cgroup(vm)  # type: ignore[attr-defined]
         pids = set(cg.pids())
         assert len(pids) >= 3, pids  # VM process, agent, container
         os.kill(vm.pid, signal.SIGKILL)

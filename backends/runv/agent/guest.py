@@ -143,8 +143,11 @@ class Guest:
     """What the agent knows of its VM: containers, running execs, the connected host."""
 
     def __init__(self, state_dir: str, cgroup_parent: str, runc: str = "runc") -> None:
+        """``cgroup_parent``: where runc makes the containers' cgroups; ``self``, the cgroup the
+        agent is in at the time (a stub VM's, which moves into a pod's cgroup when a pod takes
+        it from the warm pool)."""
         self.state_dir = state_dir
-        self.cgroup_parent = cgroup_parent.rstrip("/")
+        self._cgroup_parent = cgroup_parent.rstrip("/")
         self.runc = runc
         self.reaper = proc.Reaper()
         self.containers: dict[str, Container] = {}
@@ -159,6 +162,12 @@ class Guest:
         self.pod_init = 0  # PID 1 of the pod's shared PID namespace, once a container needs it
         self.cgroups = cgroups.CgroupReader()  # the same reader as the docker backend's
         self.root_is_initramfs = _root_is_initramfs()  # a real VM's guest runs from its initramfs
+
+    @property
+    def cgroup_parent(self) -> str:
+        if self._cgroup_parent == "self":
+            return cgroups.own_path()
+        return self._cgroup_parent
 
     def get(self, cid: str) -> Container:
         c = self.containers.get(cid)

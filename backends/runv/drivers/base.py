@@ -21,9 +21,14 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from backends.contract.errors import InternalError, InvalidArgumentError, ResourceExhaustedError
+from backends.contract.errors import (
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+)
 from backends.linux import procfs
-from backends.linux.cgroups import Cgroup
+from backends.linux.cgroups import Cgroup, cgroupfs_path
 from backends.runv.hypervisor import MIB, VM, BootError, Fault, VMSpec
 
 CONSOLE_KEPT = 1 << 20  # the end of a console a driver reads back
@@ -174,9 +179,82 @@ class ProcessVMs(abc.ABC):
         self._lock = asyncio.Lock()
         self._injector = Injector(python)
 
+    # ---- cgroups: a VM's is below its pod's (VMSpec.cgroup_parent), else below the driver's parent
+    @property
+    def extra_memory(self) -> int:
+        """What a VM holds of the host beyond its ``memory_bytes`` (none: the stub's VM is its cgroup)."""
+        return 0
+
+    def _cgroup(self, vm: VM) -> Cgroup:
+        return Cgroup(vm.cgroup or f"{self.cgroup_parent}/{vm.id}")
+
+    def _cgroup_below(self, vm: VM, cgroup_parent: str) -> Cgroup:
+        """Where ``vm``'s cgroup goes below a pod's cgroup parent (cgroupfs or systemd form)."""
+        return Cgroup(f"{cgroupfs_path(cgroup_parent) or self.cgroup_parent}/{vm.id}")
+
+    def _host_memory(self, vm: VM) -> int:
+        """The memory limit of ``vm``'s host cgroup: all that its processes may use."""
+        return vm.memory_bytes + self.extra_memory
+
+    def _memory_parts(self, vm: VM) -> str:
+        """What ``_host_memory`` is made of, for an error."""
+        return f"{vm.memory_bytes // MIB} MiB"
+
+    def _fit(self, vm: VM, cg: Cgroup) -> None:
+        """FailedPreconditionError if the cgroups above ``cg`` (the pod's, which the kubelet
+        limits to its containers' limits plus the pod's overhead) allow ``vm`` less memory than
+        it needs: it would be killed by the host as it fills its memory, not refused now."""
+        _, limit = cg.parent_limits()
+        need = self._host_memory(vm)
+        if limit is not None and limit < need:
+            parent = os.path.dirname(cg.rel) or "/"
+            raise FailedPreconditionError(
+                f"the pod's memory limit of {limit // MIB} MiB (cgroup {parent}) is below the "
+                f"{need // MIB} MiB its VM needs ({self._memory_parts(vm)}): give the pod's "
+                "RuntimeClass an overhead that covers the VM, or the pod more memory"
+            )
+
+    def _make_cgroup(self, vm: VM, cg: Cgroup) -> None:
+        """Make ``vm``'s cgroup ``cg`` and size it: its vCPUs (within its parents' quota) and
+        its host memory; the state directory says where it is (for leftovers after a restart)."""
+        cg.create()
+        cg.set_limits(vm.vcpus, self._host_memory(vm))
+        self._record_cgroup(vm, cg.rel)
+
+    @staticmethod
+    def _record_cgroup(vm: VM, rel: str) -> None:
+        vm.cgroup = rel
+        os.makedirs(vm.state_dir, exist_ok=True)
+        with open(os.path.join(vm.state_dir, "cgroup"), "w") as fh:
+            fh.write(rel)
+
+    def _leftover_cgroup(self, state_dir: str, vm_id: str) -> Cgroup:
+        """The cgroup of a VM found in ``state_dir`` with no record (its state file, else the
+        driver's parent/<id>)."""
+        try:
+            with open(os.path.join(state_dir, "cgroup")) as fh:
+                rel = fh.read().strip()
+        except OSError:
+            rel = ""
+        return Cgroup(rel or f"{self.cgroup_parent}/{vm_id}")
+
+    async def place(self, vm: VM, cgroup_parent: str) -> None:
+        old = self._cgroup(vm)
+        new = self._cgroup_below(vm, cgroup_parent)
+        if new.rel == old.rel:
+            return
+        self._fit(vm, new)
+        try:
+            self._make_cgroup(vm, new)
+            new.adopt(old)
+        except OSError as exc:
+            old.adopt(new)
+            new.remove()
+            self._record_cgroup(vm, old.rel)
+            raise InternalError(f"VM {vm.id}: cannot move into cgroup {new.rel}: {exc}") from exc
+        old.remove()
+
     # ---- capacity
-    def _cgroup(self, vm_id: str) -> Cgroup:
-        return Cgroup(f"{self.cgroup_parent}/{vm_id}")
 
     def _tidy_cgroups(self) -> None:
         """The cgroup parent, if no VM is left in it (rmdir fails on a cgroup in use anyway)."""
@@ -224,9 +302,12 @@ class ProcessVMs(abc.ABC):
             host_network=spec.host_network,
             own_netns=self._own_netns(spec),
         )
+        cg = self._cgroup_below(vm, spec.cgroup_parent)
+        self._fit(vm, cg)
         async with self._lock:
             self._reserve(spec.id, *self._footprint(vm))
         try:
+            self._make_cgroup(vm, cg)
             await boot(vm)
         except BaseException:
             await self.destroy(vm)
@@ -254,7 +335,7 @@ class ProcessVMs(abc.ABC):
 
     async def _release(self, vm: VM) -> None:
         """After the VM process is gone: its cgroup, its state directory, its reservation."""
-        cg = self._cgroup(vm.id)
+        cg = self._cgroup(vm)
         # The PID namespace dies with its init; give the kernel a moment to empty the cgroups.
         for _ in range(100):
             cg.remove()
@@ -287,7 +368,7 @@ class ProcessVMs(abc.ABC):
         await self._injector.close()
 
     def usage(self, vm: VM) -> tuple[int, int]:
-        return self._cgroup(vm.id).usage()
+        return self._cgroup(vm).usage()
 
     def console(self, vm: VM) -> str:
         try:

@@ -58,6 +58,7 @@ from backends.contract.errors import (
     FailedPreconditionError,
     InternalError,
     InvalidArgumentError,
+    ResourceExhaustedError,
     UnimplementedError,
 )
 from backends.linux.cgroups import Cgroup, HugetlbError
@@ -68,6 +69,74 @@ from backends.runv.hypervisor import MIB, VM, BootError, Fault, PodLimits, VMSpe
 log = structlog.get_logger("cri-shim.runv.qemu")
 
 GUEST_SHARES = "/run/runv/shares"  # where the guest mounts the VM's 9p export
+TCG_TB_MIB = 64  # QEMU's translation cache under TCG
+PROXY_SOCKET = "9p.sock"  # the 9p proxy's socket in the VM's state directory
+# QEMU's seccomp filter: no obsolete calls, no set*uid/set*gid, no fork/exec, no scheduler or
+# resource-limit calls.
+SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+
+# Run in QEMU's new mount (and network) namespace, as root, before QEMU: a root of its own on a
+# tmpfs with only /usr (read-only; /bin, /lib... as the host links them), the loader's cache,
+# a /dev of null, zero, random, urandom, net/tun and kvm (those two made its user's), a /proc
+# that shows it only its own processes (hidepid=invisible),
+# the guest's kernel and initramfs (read-only) and the VM's state directory; then the 9p proxy
+# (virtfs-proxy-helper: root with the file capabilities only, chrooted into the VM's shares
+# directory) and QEMU, exec'd by setpriv as the VM's own uid and gid, no groups, no
+# capabilities (bounding set emptied), no new privileges. QEMU 7.2's own -runas/-chroot cannot
+# be used with elevateprivileges=deny (its seccomp filter is in place before it drops root,
+# and the setuid is then killed).
+CONFINE = r"""
+set -eu
+u=$RUNV_UID st=$RUNV_STATE
+if [ -n "$RUNV_TAP" ]; then
+    "$RUNV_IP" tuntap add dev "$RUNV_TAP" mode tap user "$u" group "$u"
+    "$RUNV_IP" link set dev "$RUNV_TAP" up
+fi
+r=$st/root
+mkdir -p "$r"
+mount -t tmpfs -o mode=0755,size=1m runv-root "$r"
+mkdir "$r/usr" "$r/etc" "$r/dev" "$r/dev/net" "$r/proc"
+mount --rbind /usr "$r/usr"
+mount -o remount,bind,ro "$r/usr"
+for d in bin sbin lib lib32 lib64 libx32; do
+    if [ -L "/$d" ]; then ln -s "$(readlink "/$d")" "$r/$d"
+    elif [ -d "/$d" ]; then mkdir "$r/$d"; mount --rbind "/$d" "$r/$d"; mount -o remount,bind,ro "$r/$d"
+    fi
+done
+if [ -e /etc/ld.so.cache ]; then
+    touch "$r/etc/ld.so.cache"; mount --bind /etc/ld.so.cache "$r/etc/ld.so.cache"
+fi
+for n in null zero random urandom; do touch "$r/dev/$n"; mount --bind "/dev/$n" "$r/dev/$n"; done
+for n in net/tun kvm; do
+    if [ -c "/dev/$n" ]; then
+        mknod -m 0600 "$r/dev/$n" c "0x$(stat -c %t "/dev/$n")" "0x$(stat -c %T "/dev/$n")"
+        chown "$u:$u" "$r/dev/$n"
+    fi
+done
+mount -t proc -o nosuid,nodev,noexec,hidepid=invisible proc "$r/proc"
+printf '%s
+' "$RUNV_FILES" | while read -r f; do
+    mkdir -p "$r$(dirname "$f")"; touch "$r$f"; mount --bind "$f" "$r$f"; mount -o remount,bind,ro "$r$f"
+done
+mkdir -p "$r$st"
+mount --bind "$st" "$r$st"
+cd "$r"
+mkdir .old
+pivot_root . .old
+cd /
+umount -l /.old
+rmdir /.old
+rm -f "$st/9p.sock"
+"$RUNV_PROXY" -p "$st/shares" -s "$st/9p.sock" -u "$u" -g "$u" -n &
+i=0
+while [ ! -S "$st/9p.sock" ]; do
+    i=$((i + 1))
+    if [ "$i" -gt 1000 ]; then echo "runv: the 9p proxy did not start" >&2; exit 98; fi
+    sleep 0.01
+done
+exec "$RUNV_SETPRIV" --reuid="$u" --regid="$u" --clear-groups --inh-caps=-all --bounding-set=-all \
+    --no-new-privs -- "$@"
+"""
 READY = b"runv-agent: ready"
 CONSOLE_TAIL = 800  # bytes of console quoted in a boot error
 
@@ -165,6 +234,17 @@ class QemuHypervisor(ProcessVMs):
         self.extra_args = [str(a) for a in config.get("kernel_args", [])]
         # What the guest itself occupies (kernel, initramfs, agent) on top of the pod's memory.
         self.guest_memory = int(config.get("guest_memory_mib", 96)) * MIB
+        # QEMU's own memory beyond the guest's RAM (its code, the emulator's translation cache
+        # under TCG, device buffers): its cgroup allows the guest's RAM plus this.
+        self._host_overhead = config.get("host_overhead_mib")
+        # Confinement (CONFINE below): each QEMU as a user of its own, no capabilities, QEMU's
+        # seccomp sandbox, a root of its own with only its files; shares through the 9p proxy.
+        self.confine = bool(config.get("confine", True))
+        self.uid_base = int(config.get("uid_base", 3_900_000_000))
+        self.uid_count = int(config.get("uid_count", 65536))
+        self.setpriv = str(config.get("setpriv", "setpriv"))
+        self.proxy_helper = str(config.get("virtfs_proxy_helper", "/usr/lib/qemu/virtfs-proxy-helper"))
+        self._uids: dict[str, int] = {}  # VM id -> the uid its QEMU runs as
         self._boot_timeout = config.get("boot_timeout")
         self._accel = "" if self.accel_setting == "auto" else self.accel_setting
         self._accel_known = self.accel_setting != "auto"  # "auto": after the first boot
@@ -194,6 +274,28 @@ class QemuHypervisor(ProcessVMs):
 
     def _footprint(self, vm: VM) -> tuple[int, int]:
         return vm.vcpus, vm.memory_bytes + self.guest_memory
+
+    @property
+    def host_overhead(self) -> int:
+        """QEMU's own memory beyond the guest's RAM: 64 MiB under KVM, 192 MiB under TCG (its
+        translation cache of TCG_TB_MIB, its code and buffers: a 224 MiB TCG guest running a
+        container was OOM-killed at 352 MiB with the default translation cache)."""
+        if self._host_overhead is not None:
+            return int(self._host_overhead) * MIB
+        # Until the first boot has found whether KVM works, what TCG needs: a VM sized then
+        # still fits if it ends up emulated.
+        return (64 if self._accel_known and self.accel == "kvm" else 192) * MIB
+
+    @property
+    def extra_memory(self) -> int:
+        """The guest's own memory (kernel, initramfs, agent) and QEMU's, beyond the pod's."""
+        return self.guest_memory + self.host_overhead
+
+    def _memory_parts(self, vm: VM) -> str:
+        return (
+            f"{vm.memory_bytes // MIB} MiB for the pod, {self.guest_memory // MIB} MiB for the "
+            f"guest's kernel and agent, {self.host_overhead // MIB} MiB for QEMU itself"
+        )
 
     # ---- the guest image
     def guest_files(self) -> tuple[str, str]:
@@ -260,7 +362,10 @@ class QemuHypervisor(ProcessVMs):
             "-name",
             f"runv-{vm.id},debug-threads=on",
             "-machine",
-            f"{self.machine},accel={accel}",
+            self.machine,
+            "-accel",
+            # TCG's translation cache bounded (QEMU's default is up to 1 GiB, charged to the VM).
+            f"accel={accel}" + (f",tb-size={TCG_TB_MIB}" if accel == "tcg" else ""),
             "-cpu",
             "host" if accel == "kvm" else "max",
             "-smp",
@@ -289,7 +394,11 @@ class QemuHypervisor(ProcessVMs):
             "-device",
             "virtserialport,bus=vser.0,chardev=agent,name=runv.agent",
             "-fsdev",
-            f"local,id=shares,path={shares_dir(vm)},security_model=passthrough,multidevs=remap",
+            (
+                f"proxy,id=shares,socket={os.path.join(sd, PROXY_SOCKET)}"
+                if self.confine
+                else f"local,id=shares,path={shares_dir(vm)},security_model=passthrough,multidevs=remap"
+            ),
             "-device",
             "virtio-9p-pci,fsdev=shares,mount_tag=shares",
             "-device",
@@ -297,6 +406,8 @@ class QemuHypervisor(ProcessVMs):
             "-pidfile",
             os.path.join(sd, "qemu.pid"),
         ]
+        if self.confine:
+            argv += ["-sandbox", SANDBOX]
         if tap:
             argv += [
                 "-netdev",
@@ -305,6 +416,35 @@ class QemuHypervisor(ProcessVMs):
                 f"virtio-net-pci,netdev=net0,mac={self.mac(vm.id)},romfile=",
             ]
         return argv
+
+    # ---- confinement
+    def _allocate_uid(self, vm_id: str) -> int:
+        """A uid of the range no other VM of this driver runs as (from a hash of the VM's ID)."""
+        used = set(self._uids.values())
+        start = int(hashlib.sha256(b"uid" + vm_id.encode()).hexdigest(), 16) % self.uid_count
+        for i in range(self.uid_count):
+            uid = self.uid_base + (start + i) % self.uid_count
+            if uid not in used:
+                self._uids[vm_id] = uid
+                return uid
+        raise ResourceExhaustedError(f"no free uid in {self.uid_base}+{self.uid_count} for a QEMU")
+
+    def _confine_env(self, vm: VM, argv: list[str]) -> dict[str, str]:
+        """What CONFINE needs: the files QEMU reads (its binary when it is not under /usr, the
+        guest's kernel and initramfs), its state directory, user, tap and the 9p proxy."""
+        files = [argv[argv.index(flag) + 1] for flag in ("-kernel", "-initrd")]
+        binary = os.path.realpath(shutil.which(argv[0]) or argv[0])
+        if not binary.startswith("/usr/"):
+            files.append(binary)
+        return {
+            "RUNV_UID": str(vm.uid),
+            "RUNV_STATE": vm.state_dir,
+            "RUNV_FILES": "\n".join(os.path.realpath(f) for f in files),
+            "RUNV_TAP": self.tap_name(vm.id) if vm.own_netns else "",
+            "RUNV_PROXY": self.proxy_helper,
+            "RUNV_SETPRIV": self.setpriv,
+            "RUNV_IP": self.ip,
+        }
 
     # ---- lifecycle
     async def create(self, spec: VMSpec) -> VM:
@@ -327,12 +467,19 @@ class QemuHypervisor(ProcessVMs):
         if len(vm.channel.encode()) > 107:
             raise InvalidArgumentError(f"VM socket path too long under {vm.state_dir}")
         os.makedirs(shares_dir(vm), exist_ok=True)
+        if self.confine:
+            vm.uid = self._allocate_uid(vm.id)
+            # QEMU's own: its console, pid file and agent socket; nobody else's QEMU gets in.
+            os.chown(vm.state_dir, vm.uid, vm.uid)
+            os.chmod(vm.state_dir, 0o700)
         tap = self.tap_name(vm.id)
         if not vm.own_netns:  # else QEMU makes it, in its own namespace (join_interface)
-            await host.must(f"cannot create tap {tap}", self.ip, "tuntap", "add", "dev", tap, "mode", "tap")
+            owner = ["user", str(vm.uid), "group", str(vm.uid)] if vm.uid else []
+            await host.must(
+                f"cannot create tap {tap}", self.ip, "tuntap", "add", "dev", tap, "mode", "tap", *owner
+            )
             await host.must(f"cannot bring up tap {tap}", self.ip, "link", "set", "dev", tap, "up")
-        cg = self._cgroup(vm.id)
-        cg.create()
+        cg = self._cgroup(vm)
         fail = Fault.BOOT_FAILURE in self._faults
         self._faults.discard(Fault.BOOT_FAILURE)
         if self._accel_known:
@@ -365,6 +512,10 @@ class QemuHypervisor(ProcessVMs):
             log.warning("runv.qemu.accel", accel="tcg", reason=reason)
             self._accel = "tcg"
             await self._kill(vm)
+            # QEMU needs more of its own under TCG (host_overhead): its cgroup grows to that,
+            # if the pod's allows it.
+            self._fit(vm, cg)
+            cg.set_limits(vm.vcpus, self._host_memory(vm))
             for name in ("console.log", "qemu.log"):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(vm.state_dir, name))
@@ -378,8 +529,12 @@ class QemuHypervisor(ProcessVMs):
         # mounted, so they never show in the host's mount table and die with it.
         # With own_netns, a network namespace too: its tap is then made there (-netdev tap).
         net = ["--net"] if vm.own_netns else []
+        env = dict(os.environ)
+        if self.confine:
+            env.update(self._confine_env(vm, argv))
+            argv = ["sh", "-c", CONFINE, "runv-confine", *argv]
         argv = [self.unshare, "--mount", *net, "--propagation", "slave", *argv]
-        self._spawn_in_cgroup(vm, argv, cg, log_path, dict(os.environ))
+        self._spawn_in_cgroup(vm, argv, cg, log_path, env)
         deadline = time.monotonic() + self.boot_timeout
         seen = 0
         while True:
@@ -399,6 +554,13 @@ class QemuHypervisor(ProcessVMs):
             seen += 1
             await asyncio.sleep(0.02 if seen < 50 else 0.1)
 
+    async def adopt(self, vm: VM) -> bool:
+        if not await super().adopt(vm):
+            return False
+        if vm.uid:
+            self._uids[vm.id] = vm.uid
+        return True
+
     async def stop(self, vm: VM, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wait(vm), timeout)
@@ -409,9 +571,13 @@ class QemuHypervisor(ProcessVMs):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(vm.pid, signal.SIGKILL)
             await self.wait(vm)
+        for pid in set(self._cgroup(vm).pids()):  # its 9p proxy, if it has not ended with it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     async def destroy(self, vm: VM) -> None:
         await self._kill(vm)  # its mount namespace, and the shares in it, go with it
+        self._uids.pop(vm.id, None)
         if os.path.exists(f"/sys/class/net/{self.tap_name(vm.id)}"):
             await host.run(self.ip, "link", "del", "dev", self.tap_name(vm.id))
         await self._release(vm)
@@ -424,7 +590,8 @@ class QemuHypervisor(ProcessVMs):
             sd = os.path.join(self.run_dir, entry)
             if entry in known or not os.path.isdir(sd):
                 continue
-            vm = VM(entry, self.name, 0, 0, 0, sd, os.path.join(sd, "agent.sock"))
+            cgroup = self._leftover_cgroup(sd, entry).rel
+            vm = VM(entry, self.name, 0, 0, 0, sd, os.path.join(sd, "agent.sock"), cgroup=cgroup)
             try:
                 with open(os.path.join(sd, "qemu.pid")) as fh:
                     pid = int(fh.read().strip() or 0)
@@ -459,9 +626,8 @@ class QemuHypervisor(ProcessVMs):
     async def set_pod_limits(self, vm: VM, limits: PodLimits) -> None:
         """The guest keeps the vCPUs and memory it booted with (no hot-plug, no balloon): a pod
         that needs more vCPUs, or another memory size, is refused. Fewer vCPUs, CPU shares and a
-        cpuset go to QEMU's cgroup, where they bound the whole VM. QEMU's memory is not limited
-        there: it holds the guest's RAM and its own besides, so a limit of the pod's size would
-        have the host kill the VM as the guest fills its RAM."""
+        cpuset go to QEMU's cgroup, where they bound the whole VM. QEMU's memory limit stays what
+        it booted with: the guest's RAM, the guest's own and QEMU's (``_host_memory``)."""
         if limits.vcpus > vm.vcpus:
             raise FailedPreconditionError(
                 f"VM {vm.id} booted with {vm.vcpus} vCPUs; the qemu driver cannot give a running VM "
@@ -474,7 +640,7 @@ class QemuHypervisor(ProcessVMs):
                 f"a running VM ({limits.memory_bytes // MIB} MiB asked)"
             )
         try:
-            self._cgroup(vm.id).resize(
+            self._cgroup(vm).resize(
                 limits.vcpus, None, limits.cpu_shares, limits.cpuset_cpus, limits.cpuset_mems
             )
         except (OSError, HugetlbError) as exc:

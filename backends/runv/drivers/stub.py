@@ -87,14 +87,14 @@ class StubHypervisor(ProcessVMs):
             raise InvalidArgumentError(f"agent socket path too long: {vm.channel}")
         os.makedirs(vm.state_dir, exist_ok=True)
         os.makedirs(shares_dir(vm), exist_ok=True)
-        cg = self._cgroup(vm.id)
-        cg.create()
-        cg.set_limits(vm.vcpus, vm.memory_bytes)
+        cg = self._cgroup(vm)
         if self.boot_latency:
             await asyncio.sleep(self.boot_latency)  # firmware + kernel boot
         fail = Fault.BOOT_FAILURE in self._faults
         self._faults.discard(Fault.BOOT_FAILURE)
-        args = ["--socket", vm.channel, "--state", vm.state_dir, "--cgroup-parent", f"/{cg.rel}"]
+        # The containers' cgroups go below the agent's own: the VM's, wherever it is (a warm VM
+        # moves into its pod's cgroup when a pod takes it).
+        args = ["--socket", vm.channel, "--state", vm.state_dir, "--cgroup-parent", "self"]
         args += ["--runc", self.runc, *(["--fail-boot"] if fail else [])]
         console = os.path.join(vm.state_dir, "console.log")
         if not await self._clone(vm, cg, console, args):
@@ -184,15 +184,16 @@ class StubHypervisor(ProcessVMs):
             if entry in known or not os.path.isdir(os.path.join(self.run_dir, entry)):
                 continue
             pid = 0
-            for cand in Cgroup(f"{self.cgroup_parent}/{entry}").pids():
+            cg = self._leftover_cgroup(os.path.join(self.run_dir, entry), entry)
+            for cand in cg.pids():
                 pid = cand
                 break
-            vm = VM(entry, self.name, 0, 0, 0, os.path.join(self.run_dir, entry), "")
+            vm = VM(entry, self.name, 0, 0, 0, os.path.join(self.run_dir, entry), "", cgroup=cg.rel)
             if pid:
                 # Find the VM process: the topmost process of the cgroup.
                 while True:
                     st = procfs.stat(pid)
-                    if st is None or st.ppid not in Cgroup(f"{self.cgroup_parent}/{entry}").pids():
+                    if st is None or st.ppid not in cg.pids():
                         break
                     pid = st.ppid
                 vm.pid = pid
@@ -218,19 +219,19 @@ class StubHypervisor(ProcessVMs):
     async def set_vcpus(self, vm: VM, vcpus: int) -> None:
         async with self._lock:
             self._reserve(vm.id, vcpus, vm.memory_bytes)
-        self._cgroup(vm.id).set_limits(vcpus, vm.memory_bytes)
+        self._cgroup(vm).set_limits(vcpus, vm.memory_bytes)
         vm.vcpus = vcpus
 
     async def set_memory(self, vm: VM, memory_bytes: int) -> None:
         async with self._lock:
             self._reserve(vm.id, vm.vcpus, memory_bytes)
-        self._cgroup(vm.id).set_limits(vm.vcpus, memory_bytes)
+        self._cgroup(vm).set_limits(vm.vcpus, memory_bytes)
         vm.memory_bytes = memory_bytes
 
     async def set_pod_limits(self, vm: VM, limits: PodLimits) -> None:
         """The stub's VM is its cgroup: the pod's size is its quota and memory limit (reserved
         against the node's capacity, as at boot), with its CPU shares and cpuset."""
-        cg = self._cgroup(vm.id)
+        cg = self._cgroup(vm)
         if limits.memory_bytes < vm.memory_bytes:
             used = cg.memory_usage()
             if used > limits.memory_bytes:
