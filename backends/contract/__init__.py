@@ -75,6 +75,7 @@ if TYPE_CHECKING:
         image_user,
         recorded_stop_signal,
         seccomp_of,
+        signal_by_name,
         signal_name,
     )
 
@@ -119,6 +120,7 @@ _WHERE = {
     "image_user": "values",
     "recorded_stop_signal": "values",
     "seccomp_of": "values",
+    "signal_by_name": "values",
     "signal_name": "values",
 }
 
@@ -173,5 +175,6 @@ __all__ = [
     "image_user",
     "recorded_stop_signal",
     "seccomp_of",
+    "signal_by_name",
     "signal_name",
 ]

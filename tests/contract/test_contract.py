@@ -120,8 +120,8 @@ async def test_the_stop_signal_is_reported_and_used(cri: Cri) -> None:
         pytest.skip(f"{cri.kind} declares no ExecSync")
     pod, sc = await run_pod(cri)
     for name, asked, want, said in (
-        ("quit", pb.SIGQUIT, pb.SIGQUIT, "got-quit"),
-        ("default", pb.RUNTIME_DEFAULT, pb.SIGTERM, "got-term"),
+        ("quit", pb.SIGNAL_SIGQUIT, pb.SIGNAL_SIGQUIT, "got-quit"),
+        ("default", pb.SIGNAL_RUNTIME_DEFAULT, pb.SIGNAL_SIGTERM, "got-term"),
     ):
         cid = await _started_with_traps(cri, pod, sc, name, stop_signal=asked)
         st = (await cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid))).status
