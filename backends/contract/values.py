@@ -70,6 +70,16 @@ class ImageInfo:
     pinned: bool = False  # the sandbox image: never garbage-collected
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class PodCheckpoint:
+    """A pod checkpoint a backend has read and verified for RestorePod: the metadata names of
+    its containers (which the request's container configs must name exactly) and what the
+    backend needs to restore them (its own, opaque to the shim)."""
+
+    container_names: tuple[str, ...]
+    data: object = None
+
+
 def image_user(config_user: str) -> tuple[int | None, str]:
     """(uid, username) of an OCI image config's ``User`` ("1002", "www-data", "1003:1004"...)."""
     user = config_user.partition(":")[0]
