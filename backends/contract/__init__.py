@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         Started,
     )
     from backends.contract.protocols import (
+        MOUNT_OPTIONS,
         Backend,
         Capability,
         Checkpoint,
@@ -98,6 +99,7 @@ _WHERE = {
     "ImageInfo": "values",
     "Images": "protocols",
     "Lifecycle": "protocols",
+    "MOUNT_OPTIONS": "protocols",
     "LogMarks": "process",
     "Metrics": "protocols",
     "Observed": "values",
@@ -137,6 +139,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "MOUNT_OPTIONS",
     "Backend",
     "Capability",
     "Checkpoint",

@@ -58,6 +58,12 @@ class Capability(enum.Flag):
     # Honours SupplementalGroupsPolicy (Strict) and reports the effective user in ContainerStatus.
     SUPPLEMENTAL_GROUPS_POLICY = enum.auto()
     IMAGE_VOLUMES = enum.auto()  # Mount.image: an image's filesystem mounted read-only
+    # Mount.mount_options: noexec, nodev, nosuid and ro applied to a host-path mount (MOUNT_OPTIONS).
+    MOUNT_OPTIONS = enum.auto()
+
+
+# The Mount.mount_options a backend with Capability.MOUNT_OPTIONS applies; any other is refused.
+MOUNT_OPTIONS = ("noexec", "nodev", "nosuid", "ro")
 
 
 class EventSink(Protocol):

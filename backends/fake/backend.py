@@ -33,7 +33,7 @@ from backends.fake.program import Programs
 from backends.fake.stats import FakeStats
 from cri_api import api_pb2 as pb
 
-CAPABILITIES = Capability.HOST_NETWORK
+CAPABILITIES = Capability.HOST_NETWORK | Capability.MOUNT_OPTIONS
 
 
 class FakeRuntime:
