@@ -100,7 +100,8 @@ class DockerBackend:
     def capabilities(self) -> Capability:
         """Image volumes once the engine's storage driver is known to allow them (at start)."""
         volumes = Capability.IMAGE_VOLUMES if self._shared.volumes.usable else Capability.NONE
-        return Capability.HOST_NETWORK | volumes
+        options = Capability.MOUNT_OPTIONS if self._shared.volumes.flags_usable else Capability.NONE
+        return Capability.HOST_NETWORK | volumes | options
 
     def why_not(self, capability: Capability) -> str:
         """The engine's limits, said in the shim's refusals."""
