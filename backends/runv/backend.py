@@ -85,8 +85,12 @@ class RunvBackend:
         if self.hv.name == "qemu":
             # A VM has its own kernel (Debian's 6.1: recursive read-only mounts) and network.
             caps = (caps | contract.Capability.RECURSIVE_READ_ONLY_MOUNTS) & ~contract.Capability.HOST_NETWORK
-        elif rro.supported():  # the stub's guests run on this kernel
-            caps |= contract.Capability.RECURSIVE_READ_ONLY_MOUNTS
+        else:
+            # The stub's guest binds a share with the flags of Mount.mount_options (runc applies
+            # them). A qemu guest's agent may be older than this shim and ignore them: not there.
+            caps |= contract.Capability.MOUNT_OPTIONS
+            if rro.supported():  # the stub's guests run on this kernel
+                caps |= contract.Capability.RECURSIVE_READ_ONLY_MOUNTS
         self.capabilities = caps
         self.overhead_vcpus = float(config.get("overhead_vcpus", 0.0))
         self.overhead_memory = int(config.get("overhead_memory_mib", 32)) * MIB
