@@ -470,3 +470,44 @@ async def test_checkpoints_are_made_or_refused_saying_why(
         await cri.rt.RestorePod(restore, timeout=30)
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "CRIU" in (info.value.details() or "")
     assert (await cri.rt.ListPodSandbox(pb.ListPodSandboxRequest())).items == before
+
+
+async def test_noexec_mount_option_stops_a_script_of_the_mount(cri: Cri, short_tmp: str) -> None:
+    """Mount.mount_options noexec: a script of the mount does not run (an exit of 126, or an exec
+    that cannot start: runv answers FAILED_PRECONDITION, permission denied), the same script runs
+    from a plain mount of the same directory; an unknown option is refused, naming it."""
+    shared = os.path.join(short_tmp, "shared")
+    os.mkdir(shared)
+    with open(os.path.join(shared, "run.sh"), "w") as f:
+        f.write("#!/bin/sh\necho ran\n")
+    os.chmod(os.path.join(shared, "run.sh"), 0o755)
+    pod, sc = await run_pod(cri)
+    mounts = [
+        pb.Mount(container_path="/plain", host_path=shared),
+        pb.Mount(container_path="/locked", host_path=shared, mount_options=["noexec"]),
+    ]
+    if not cri.backend.capabilities & Capability.MOUNT_OPTIONS:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await create(cri, pod, sc, ["sleep", "1000"], mounts=mounts)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "mount options" in (
+            info.value.details() or ""
+        )
+        return
+    bad = [pb.Mount(container_path="/x", host_path=shared, mount_options=["exec"])]
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await create(cri, pod, sc, ["sleep", "1000"], mounts=bad)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'exec'" in (info.value.details() or "")
+    cid = await create(cri, pod, sc, ["sleep", "1000"], mounts=mounts, log_path="c.log")
+    await cri.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    ran = await cri.rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["/plain/run.sh"], timeout=10))
+    assert (ran.exit_code, ran.stdout) == (0, b"ran\n"), ran
+    try:
+        refused = await cri.rt.ExecSync(
+            pb.ExecSyncRequest(container_id=cid, cmd=["/locked/run.sh"], timeout=10)
+        )
+        assert refused.exit_code == 126, refused
+        assert b"ermission denied" in refused.stdout + refused.stderr, refused
+    except grpc.aio.AioRpcError as exc:
+        assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION and "permission denied" in (
+            exc.details() or ""
+        )
