@@ -181,6 +181,16 @@ class RuntimeServiceStub:
                 request_serializer=cri__api_dot_api__pb2.CheckpointContainerRequest.SerializeToString,
                 response_deserializer=cri__api_dot_api__pb2.CheckpointContainerResponse.FromString,
                 _registered_method=True)
+        self.CheckpointPod = channel.unary_unary(
+                '/runtime.v1.RuntimeService/CheckpointPod',
+                request_serializer=cri__api_dot_api__pb2.CheckpointPodRequest.SerializeToString,
+                response_deserializer=cri__api_dot_api__pb2.CheckpointPodResponse.FromString,
+                _registered_method=True)
+        self.RestorePod = channel.unary_unary(
+                '/runtime.v1.RuntimeService/RestorePod',
+                request_serializer=cri__api_dot_api__pb2.RestorePodRequest.SerializeToString,
+                response_deserializer=cri__api_dot_api__pb2.RestorePodResponse.FromString,
+                _registered_method=True)
         self.GetContainerEvents = channel.unary_stream(
                 '/runtime.v1.RuntimeService/GetContainerEvents',
                 request_serializer=cri__api_dot_api__pb2.GetEventsRequest.SerializeToString,
@@ -443,6 +453,26 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckpointPod(self, request, context):
+        """Checkpoints the selected running containers of a pod as one consistent
+        cut: all are paused before any is captured and all are resumed before
+        the call returns, whatever its outcome. Writes only inside output_path
+        and cleans up what it wrote when it fails. The caller sets a deadline.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestorePod(self, request, context):
+        """Builds a new sandbox and its containers from a pod checkpoint. Returned
+        containers are CREATED and have not run; the caller starts each with
+        StartContainer. On failure nothing the call created is left behind.
+        The caller sets a deadline.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetContainerEvents(self, request, context):
         """Long-lived server stream of container lifecycle events (created,
         started, stopped, deleted), used by the kubelet's evented PLEG.
@@ -639,6 +669,16 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.CheckpointContainer,
                     request_deserializer=cri__api_dot_api__pb2.CheckpointContainerRequest.FromString,
                     response_serializer=cri__api_dot_api__pb2.CheckpointContainerResponse.SerializeToString,
+            ),
+            'CheckpointPod': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckpointPod,
+                    request_deserializer=cri__api_dot_api__pb2.CheckpointPodRequest.FromString,
+                    response_serializer=cri__api_dot_api__pb2.CheckpointPodResponse.SerializeToString,
+            ),
+            'RestorePod': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestorePod,
+                    request_deserializer=cri__api_dot_api__pb2.RestorePodRequest.FromString,
+                    response_serializer=cri__api_dot_api__pb2.RestorePodResponse.SerializeToString,
             ),
             'GetContainerEvents': grpc.unary_stream_rpc_method_handler(
                     servicer.GetContainerEvents,
@@ -1456,6 +1496,60 @@ class RuntimeService:
             '/runtime.v1.RuntimeService/CheckpointContainer',
             cri__api_dot_api__pb2.CheckpointContainerRequest.SerializeToString,
             cri__api_dot_api__pb2.CheckpointContainerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckpointPod(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/CheckpointPod',
+            cri__api_dot_api__pb2.CheckpointPodRequest.SerializeToString,
+            cri__api_dot_api__pb2.CheckpointPodResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestorePod(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/RestorePod',
+            cri__api_dot_api__pb2.RestorePodRequest.SerializeToString,
+            cri__api_dot_api__pb2.RestorePodResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         Started,
     )
     from backends.contract.protocols import (
+        MOUNT_OPTIONS,
         Backend,
         Capability,
         Checkpoint,
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
         Health,
         ImageInfo,
         Observed,
+        PodCheckpoint,
         SandboxNetwork,
         Seccomp,
         TerminalSize,
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
         image_user,
         recorded_stop_signal,
         seccomp_of,
+        signal_by_name,
         signal_name,
     )
 
@@ -96,9 +99,11 @@ _WHERE = {
     "ImageInfo": "values",
     "Images": "protocols",
     "Lifecycle": "protocols",
+    "MOUNT_OPTIONS": "protocols",
     "LogMarks": "process",
     "Metrics": "protocols",
     "Observed": "values",
+    "PodCheckpoint": "values",
     "Output": "process",
     "PodMetrics": "usage",
     "PortStream": "protocols",
@@ -119,6 +124,7 @@ _WHERE = {
     "image_user": "values",
     "recorded_stop_signal": "values",
     "seccomp_of": "values",
+    "signal_by_name": "values",
     "signal_name": "values",
 }
 
@@ -133,6 +139,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "MOUNT_OPTIONS",
     "Backend",
     "Capability",
     "Checkpoint",
@@ -154,6 +161,7 @@ __all__ = [
     "Metrics",
     "Observed",
     "Output",
+    "PodCheckpoint",
     "PodMetrics",
     "PortStream",
     "ProcessPipe",
@@ -173,5 +181,6 @@ __all__ = [
     "image_user",
     "recorded_stop_signal",
     "seccomp_of",
+    "signal_by_name",
     "signal_name",
 ]

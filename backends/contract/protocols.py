@@ -25,7 +25,7 @@ name each call by it.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from backends.contract.pool import PoolFigures
@@ -38,6 +38,7 @@ from backends.contract.values import (
     Health,
     ImageInfo,
     Observed,
+    PodCheckpoint,
     SandboxNetwork,
     TerminalSize,
 )
@@ -57,6 +58,12 @@ class Capability(enum.Flag):
     # Honours SupplementalGroupsPolicy (Strict) and reports the effective user in ContainerStatus.
     SUPPLEMENTAL_GROUPS_POLICY = enum.auto()
     IMAGE_VOLUMES = enum.auto()  # Mount.image: an image's filesystem mounted read-only
+    # Mount.mount_options: noexec, nodev, nosuid and ro applied to a host-path mount (MOUNT_OPTIONS).
+    MOUNT_OPTIONS = enum.auto()
+
+
+# The Mount.mount_options a backend with Capability.MOUNT_OPTIONS applies; any other is refused.
+MOUNT_OPTIONS = ("noexec", "nodev", "nosuid", "ro")
 
 
 class EventSink(Protocol):
@@ -245,9 +252,44 @@ class Resources(Protocol):
 
 @runtime_checkable
 class Checkpoint(Protocol):
-    """CheckpointContainer."""
+    """CheckpointContainer, CheckpointPod and RestorePod.
 
-    async def checkpoint_container(self, container: ContainerRecord, location: str, timeout: int) -> None: ...
+    The shim has checked the request before any of these is called: paths are absolute and
+    normal, the containers exist, belong to their pod and run, and the calls hold the locks
+    of the pod and containers they name. What a checkpoint holds and how it is laid out is
+    the backend's own; the backend refuses a checkpoint it cannot read (InvalidArgument) or
+    restore (FailedPrecondition), and options it does not know (InvalidArgument)."""
+
+    async def checkpoint_container(self, container: ContainerRecord, location: str, timeout: int) -> None:
+        """Writes an archive of the running ``container`` at the file ``location`` (replacing
+        it); on failure no file is left at ``location``."""
+
+    async def checkpoint_pod(
+        self,
+        sandbox: SandboxRecord,
+        containers: Sequence[ContainerRecord],
+        output_dir: str,
+        options: Mapping[str, str],
+    ) -> None:
+        """Writes one consistent checkpoint of ``sandbox`` and its running ``containers`` in
+        the existing, empty directory ``output_dir``, and nowhere else: every container is
+        paused before any is captured and all run again when this returns, whatever the
+        outcome. On failure whatever it wrote in ``output_dir`` is removed."""
+
+    async def open_pod_checkpoint(
+        self, path: str, options: Mapping[str, str], configs: Sequence[pb.ContainerConfig]
+    ) -> PodCheckpoint:
+        """Reads and verifies the checkpoint that ``checkpoint_pod`` wrote in the directory
+        ``path`` (never changing it), against the restore-time ``configs`` of its containers;
+        nothing is created yet. The shim then makes the pod and, for each container it creates
+        from ``configs``, calls ``restore_container``."""
+
+    async def restore_container(
+        self, container: ContainerRecord, sandbox: SandboxRecord, checkpoint: PodCheckpoint
+    ) -> None:
+        """Gives the CREATED ``container`` (just made in the restored ``sandbox``) the state
+        ``checkpoint`` holds for the container of its metadata name: its StartContainer
+        resumes the checkpointed process instead of starting a new one."""
 
 
 @runtime_checkable

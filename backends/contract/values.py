@@ -70,6 +70,16 @@ class ImageInfo:
     pinned: bool = False  # the sandbox image: never garbage-collected
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class PodCheckpoint:
+    """A pod checkpoint a backend has read and verified for RestorePod: the metadata names of
+    its containers (which the request's container configs must name exactly) and what the
+    backend needs to restore them (its own, opaque to the shim)."""
+
+    container_names: tuple[str, ...]
+    data: object = None
+
+
 def image_user(config_user: str) -> tuple[int | None, str]:
     """(uid, username) of an OCI image config's ``User`` ("1002", "www-data", "1003:1004"...)."""
     user = config_user.partition(":")[0]
@@ -80,6 +90,24 @@ def image_user(config_user: str) -> tuple[int | None, str]:
     return None, user
 
 
+_PREFIX = "SIGNAL_"  # every CRI Signal value's name starts with it (since cri-api 2026-07)
+
+
+def _bare_name(cri_signal: int) -> str:
+    """A CRI ``Signal``'s name without the enum's prefix: SIGTERM, SIGRTMINPLUS3 (ValueError
+    for a number the enum has no name for)."""
+    return pb.Signal.Name(cri_signal).removeprefix(_PREFIX)
+
+
+def signal_by_name(name: str) -> int:
+    """The CRI ``Signal`` a record names, as written now (SIGNAL_SIGTERM) or before the enum's
+    values were renamed (SIGTERM, RUNTIME_DEFAULT); 0 (RUNTIME_DEFAULT) for "" or no such name."""
+    for candidate in (name, _PREFIX + name):
+        if candidate in pb.Signal.keys():
+            return int(pb.Signal.Value(candidate))
+    return pb.SIGNAL_RUNTIME_DEFAULT
+
+
 def host_signal(cri_signal: int) -> int | None:
     """The host's number for a CRI ``Signal`` (a container's stop signal); None for
     RUNTIME_DEFAULT, or a value this host has no signal for. The real-time ones count from
@@ -87,7 +115,7 @@ def host_signal(cri_signal: int) -> int | None:
     if not cri_signal:
         return None
     try:
-        name = pb.Signal.Name(cri_signal)
+        name = _bare_name(cri_signal)
     except ValueError:
         return None
     if name.startswith("SIGRTMINPLUS"):
@@ -103,7 +131,7 @@ def signal_name(cri_signal: int) -> str:
     SIGRTMAX-1; "" for RUNTIME_DEFAULT or a value this host has no signal for."""
     if host_signal(cri_signal) is None:
         return ""
-    name = pb.Signal.Name(cri_signal)
+    name = _bare_name(cri_signal)
     return name.replace("PLUS", "+").replace("MINUS", "-")
 
 
@@ -126,14 +154,14 @@ def cri_signal(text: str) -> int:
     3, SIGRTMIN+3, RTMAX-1; any case); RUNTIME_DEFAULT (0) when it names none this host has."""
     text = text.strip().upper()
     if text.isdecimal():
-        return _CRI_BY_NUMBER.get(int(text), pb.RUNTIME_DEFAULT)
+        return _CRI_BY_NUMBER.get(int(text), pb.SIGNAL_RUNTIME_DEFAULT)
     name = text if text.startswith("SIG") else "SIG" + text
-    name = name.replace("+", "PLUS").replace("-", "MINUS")
+    name = _PREFIX + name.replace("+", "PLUS").replace("-", "MINUS")
     try:
         value = int(pb.Signal.Value(name))
     except ValueError:
-        return pb.RUNTIME_DEFAULT
-    return value if host_signal(value) is not None else pb.RUNTIME_DEFAULT
+        return pb.SIGNAL_RUNTIME_DEFAULT
+    return value if host_signal(value) is not None else pb.SIGNAL_RUNTIME_DEFAULT
 
 
 def decide_stop_signal(container: ContainerRecord, image_signal: str) -> int:
@@ -143,7 +171,7 @@ def decide_stop_signal(container: ContainerRecord, image_signal: str) -> int:
     runtime does."""
     chosen: int = container.config.stop_signal
     if host_signal(chosen) is None:
-        chosen = cri_signal(image_signal) or pb.SIGTERM
+        chosen = cri_signal(image_signal) or pb.SIGNAL_SIGTERM
     container.stop_signal = chosen
     return chosen
 
@@ -154,7 +182,7 @@ def recorded_stop_signal(container: ContainerRecord) -> int:
     if container.stop_signal:
         return container.stop_signal
     chosen: int = container.config.stop_signal
-    return chosen if host_signal(chosen) is not None else pb.SIGTERM
+    return chosen if host_signal(chosen) is not None else pb.SIGNAL_SIGTERM
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ This class only names the parts of the contract: ``lifecycle`` (:mod:`.lifecycle
 engine, :mod:`.recovery`, and its halves :mod:`.sandbox` and :mod:`.container`; it is
 ``resources`` too), ``exec`` (:mod:`.exec`), ``stats`` and ``metrics`` (:mod:`.stats`),
 ``images`` (:mod:`.images`, its list mirrored by :mod:`.image_mirror`, and :mod:`.image_fs`);
-no ``checkpoint``. They share the engine and the per-object state table (:mod:`.context`,
+``checkpoint`` (:class:`backends.linux.criu.NeedsCriu`: refused, saying what CRIU says
+here). They share the engine and the per-object state table (:mod:`.context`,
 :mod:`.state`); :mod:`.events` and :mod:`.logs` follow the containers.
 """
 
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from backends.contract import Backend, Capability, Checkpoint
 from backends.contract.pool import PoolFigures
+from backends.linux.criu import NeedsCriu
 
 from .context import Shared, exit_info
 from .engine import EngineClient
@@ -92,13 +94,14 @@ class DockerBackend:
         self.resources = self.lifecycle
         self.images = DockerImages(self._shared.engine_images, self._store_usage)
         self.stats = self.metrics = DockerStats(self._shared)
-        self.checkpoint: Checkpoint | None = None
+        self.checkpoint: Checkpoint | None = NeedsCriu(name)
 
     @property
     def capabilities(self) -> Capability:
         """Image volumes once the engine's storage driver is known to allow them (at start)."""
         volumes = Capability.IMAGE_VOLUMES if self._shared.volumes.usable else Capability.NONE
-        return Capability.HOST_NETWORK | volumes
+        options = Capability.MOUNT_OPTIONS if self._shared.volumes.flags_usable else Capability.NONE
+        return Capability.HOST_NETWORK | volumes | options
 
     def why_not(self, capability: Capability) -> str:
         """The engine's limits, said in the shim's refusals."""

@@ -77,6 +77,7 @@ class Containers:
             cfg["HostConfig"]["Binds"].append(f"{resolv}:/etc/resolv.conf:ro")
         try:
             await self._image_volumes(container, cfg)
+            self._flagged_mounts(container, cfg)
             eid = await shared.create(lbl.container_name(container.id, config), cfg, container.backend_data)
         except BaseException:
             shared.volumes.release(container.id)
@@ -102,6 +103,20 @@ class Containers:
             cfg["HostConfig"]["Binds"].append(f"{source}:{mnt.container_path}:ro,rprivate")
             # ContainerStatus reports which image each image volume is (Mount.image.image_ref).
             container.image_volume_refs[mnt.container_path] = image_id
+
+    def _flagged_mounts(self, container: ContainerRecord, cfg: dict[str, Any]) -> None:
+        """Each mount with mount_options bound from a copy that has their flags (image_volumes.py)."""
+        binds: list[str] = cfg["HostConfig"]["Binds"]
+        for i, mnt in enumerate(container.config.mounts):
+            if not mnt.mount_options or not mnt.host_path:
+                continue
+            plain = convert.bind(mnt)
+            source = self._shared.volumes.flagged(container.id, i, mnt)
+            flagged = pb.Mount()
+            flagged.CopyFrom(mnt)
+            flagged.host_path = source
+            flagged.readonly = mnt.readonly or "ro" in mnt.mount_options
+            binds[binds.index(plain)] = convert.bind(flagged)
 
     async def start_container(self, container: ContainerRecord, sandbox: SandboxRecord) -> Started:
         shared = self._shared

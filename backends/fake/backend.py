@@ -10,8 +10,10 @@ Composed of one part per concern:
 - :mod:`backends.fake.faults`: the spy and injection (``calls``, ``set_latency``,
   ``inject_error``) that ``FakeBackend`` wears around the rest, as any backend can.
 
+- :mod:`backends.fake.checkpoint`: CheckpointContainer, CheckpointPod, RestorePod;
+
 ``FakeRuntime`` only names them as the Backend's parts: ``lifecycle`` (which is its
-``resources`` too), ``images``, ``exec``, ``stats``; it has no metrics nor checkpoints.
+``resources`` too), ``images``, ``exec``, ``stats``, ``checkpoint``; it has no metrics.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from backends.contract import Backend, Capability, Checkpoint, EventSink, ExecResult, Metrics
 from backends.contract.pool import PoolFigures
+from backends.fake.checkpoint import FakeCheckpoint
 from backends.fake.exec import FakeExec
 from backends.fake.faults import FaultInjector
 from backends.fake.images import FakeImages
@@ -30,7 +33,7 @@ from backends.fake.program import Programs
 from backends.fake.stats import FakeStats
 from cri_api import api_pb2 as pb
 
-CAPABILITIES = Capability.HOST_NETWORK
+CAPABILITIES = Capability.HOST_NETWORK | Capability.MOUNT_OPTIONS
 
 
 class FakeRuntime:
@@ -49,7 +52,7 @@ class FakeRuntime:
         self.stats = FakeStats(self.lifecycle, self.images.containers_dir, clock)
         self.resources = self.lifecycle  # it accepts new limits (and enforces none)
         self.metrics: Metrics | None = None
-        self.checkpoint: Checkpoint | None = None
+        self.checkpoint: Checkpoint | None = FakeCheckpoint(self.lifecycle, self.images)
 
     def why_not(self, capability: Capability) -> str:
         return ""

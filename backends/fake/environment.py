@@ -67,7 +67,16 @@ def container_files(
         own["/etc/resolv.conf"] = _shared(resolv.encode())
         for key, value in sb.config.linux.sysctls.items():
             own[sysctl_path(key)] = f"{value}\n".encode()
-    mounts = [Mount(m.container_path, m.host_path, m.readonly) for m in c.config.mounts if m.container_path]
+    mounts = [
+        Mount(
+            m.container_path,
+            m.host_path,
+            m.readonly or "ro" in m.mount_options,
+            noexec="noexec" in m.mount_options,
+        )
+        for m in c.config.mounts
+        if m.container_path
+    ]
     files = ContainerFiles(own, mounts)
     for directory in ("/root", "/tmp", "/var/log", "/home"):
         files.memory.mkdir(directory, parents=True)

@@ -90,6 +90,13 @@ _ARGS: dict[str, Callable[..., tuple[Any, ...]]] = {
     "update_container_resources": lambda container, resources: (container.id, resources),
     "update_sandbox_resources": lambda sandbox, request: (sandbox.id,),
     "checkpoint_container": lambda container, location, timeout: (container.id, location, timeout),
+    "checkpoint_pod": lambda sandbox, containers, output_dir, options: (
+        sandbox.id,
+        tuple(c.id for c in containers),
+        output_dir,
+    ),
+    "open_pod_checkpoint": lambda path, options, configs: (path, tuple(c.metadata.name for c in configs)),
+    "restore_container": lambda container, sandbox, checkpoint: (container.id, sandbox.id),
 }
 # The images' answers from memory, and the call each is recorded as.
 _NOW = {"list_images_now": "list_images", "image_fs_info_now": "image_fs_info"}

@@ -49,6 +49,7 @@ class Mount:
     container_path: str
     host_path: str
     readonly: bool = False
+    noexec: bool = False  # Mount.mount_options has noexec: nothing under it runs
 
 
 class ContainerFiles:
@@ -87,6 +88,15 @@ class ContainerFiles:
                 raise PermissionError(errno.EACCES, "Permission denied (outside its volume)", path)
             return real
         return None
+
+    def noexec(self, path: str) -> bool:
+        """Whether ``path`` is under a mount with the noexec option (its files do not run)."""
+        path = posixpath.normpath(posixpath.join("/", path))
+        for m in self._mounts:
+            mp = m.container_path
+            if path == mp or path.startswith(mp.rstrip("/") + "/"):
+                return m.noexec
+        return False
 
     def read(self, path: str) -> bytes:
         host = self._host(path)

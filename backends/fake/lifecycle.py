@@ -84,6 +84,7 @@ class Running:
     stdin: asyncio.Queue[bytes] | None = None  # its shell's stdin (config.stdin), fed by attach
     pipe: ProcessPipe = dataclasses.field(default_factory=ProcessPipe)  # its output and exit, for the shim
     attached: list[StreamIO] = dataclasses.field(default_factory=list)
+    resumed: bool = False  # restored from a checkpoint (RestorePod): started where it was
 
     async def exited(self) -> None:
         """Until it has ended. The pipe's exit is the one place that says so: an event of its own
@@ -120,6 +121,8 @@ class FakeLifecycle:
         self.files: dict[str, ContainerFiles] = {}  # created containers' own files and volumes
         self.ports = PodPorts()  # what the running containers' servers listen on
         self.running: dict[str, Running] = {}
+        # Restored containers not started yet: the seconds their program had run (RestorePod).
+        self.resumed: dict[str, float] = {}
         self.pids = PidNamespaces()  # the running containers' main processes, for ps and pidof
         self._cgroup_driver = str(options.get("cgroup_driver", "cgroupfs"))
         self._network = ipaddress.ip_network(str(options.get("pod_cidr", "10.88.0.0/16")))
@@ -271,7 +274,9 @@ class FakeLifecycle:
         argv = environment.command_of(container, *self.images.process_for(container.config.image.image))
         if program is None and not (argv and shell.knows(argv[0])):
             program = Program()  # a command the shell does not know: it runs, silently, until stopped
-        run = Running(program, time.monotonic())
+        # A restored container's program resumes where its checkpoint left it.
+        elapsed = self.resumed.pop(container.id, 0.0)
+        run = Running(program, time.monotonic() - elapsed, resumed=bool(elapsed))
         self.running[container.id] = run
         self.pids.start(container, argv)
         self._bind_scripted(container)
@@ -284,9 +289,9 @@ class FakeLifecycle:
             run.task = loop.create_task(self._run_command(container, run, argv))
             return Started(started, run.pipe)
         for o in program.output:
-            if o.after <= 0:
+            if o.after <= 0 and not elapsed:  # written before the checkpoint, if restored
                 run.pipe.put(o.stream, o.line.encode() + b"\n")
-        later = [o for o in program.output if o.after > 0]
+        later = [o for o in program.output if o.after > max(elapsed, 0.0)]
         if later or program.finite or program.repeat_every:
             run.task = loop.create_task(self._play(container.id, run, later))
         return Started(started, run.pipe)
@@ -339,6 +344,8 @@ class FakeLifecycle:
             await asyncio.sleep(max(0.0, t0 + o.after - time.monotonic()))
             await self._write(run, o)
         period = run.program.repeat_every
+        while run.resumed and period and t0 + period <= time.monotonic():
+            t0 += period  # resumed from a checkpoint: the periods before it were written then
         while period:
             t0 += period
             await asyncio.sleep(max(0.0, t0 - time.monotonic()))
@@ -412,6 +419,7 @@ class FakeLifecycle:
         self.ports.release(container.id)
         self.containers.discard(container.id)
         self.files.pop(container.id, None)
+        self.resumed.pop(container.id, None)
 
     async def update_container_resources(
         self, container: ContainerRecord, resources: pb.LinuxContainerResources

@@ -7,8 +7,9 @@ of the contract: ``lifecycle`` (:mod:`.lifecycle`: the driver, :mod:`.recovery`,
 halves :mod:`.sandbox`, with its network (:mod:`.plumbing` on the own bridge, :mod:`.cninet`
 on CNI) and :mod:`.warm` VMs, and :mod:`.container`; it is ``resources`` too), ``exec``
 (:mod:`.exec`), ``stats`` and ``metrics`` (:mod:`.stats`), ``images``
-(:mod:`.images.service`, over the store of :mod:`.images.store`, ``image_store``); no
-``checkpoint``. They share the driver, the pod networks, the image store and the live pods
+(:mod:`.images.service`, over the store of :mod:`.images.store`, ``image_store``);
+``checkpoint`` (:class:`backends.linux.criu.NeedsCriu`: refused, saying what CRIU says here).
+They share the driver, the pod networks, the image store and the live pods
 (:mod:`.context`, :mod:`.state`).
 """
 
@@ -23,6 +24,7 @@ from backends import contract
 from backends.cni.pinned import CniPods
 from backends.contract import errors
 from backends.contract.pool import PoolFigures
+from backends.linux.criu import NeedsCriu
 from backends.runv import config as runv_config
 from backends.runv.agent import rro
 from backends.runv.drivers.qemu import QemuHypervisor
@@ -83,8 +85,12 @@ class RunvBackend:
         if self.hv.name == "qemu":
             # A VM has its own kernel (Debian's 6.1: recursive read-only mounts) and network.
             caps = (caps | contract.Capability.RECURSIVE_READ_ONLY_MOUNTS) & ~contract.Capability.HOST_NETWORK
-        elif rro.supported():  # the stub's guests run on this kernel
-            caps |= contract.Capability.RECURSIVE_READ_ONLY_MOUNTS
+        else:
+            # The stub's guest binds a share with the flags of Mount.mount_options (runc applies
+            # them). A qemu guest's agent may be older than this shim and ignore them: not there.
+            caps |= contract.Capability.MOUNT_OPTIONS
+            if rro.supported():  # the stub's guests run on this kernel
+                caps |= contract.Capability.RECURSIVE_READ_ONLY_MOUNTS
         self.capabilities = caps
         self.overhead_vcpus = float(config.get("overhead_vcpus", 0.0))
         self.overhead_memory = int(config.get("overhead_memory_mib", 32)) * MIB
@@ -123,7 +129,7 @@ class RunvBackend:
         self.resources = self.lifecycle
         self.exec = Execs(self._shared)
         self.stats = self.metrics = RunvStats(self._shared)
-        self.checkpoint: contract.Checkpoint | None = None
+        self.checkpoint: contract.Checkpoint | None = NeedsCriu(name)
 
     @property
     def agent_timeout(self) -> float:

@@ -89,11 +89,13 @@ class Containers:
                 if not os.path.exists(mnt.host_path):  # noqa: ASYNC240 - one stat
                     raise errors.InvalidArgumentError(f"mount source {mnt.host_path} does not exist")
                 bidirectional = mnt.propagation == pb.PROPAGATION_BIDIRECTIONAL
+                # Mount.mount_options: ro as readonly, the others as flags of the guest's bind.
+                readonly = mnt.readonly or "ro" in mnt.mount_options
                 guest = await hv.attach_share(
                     pod.vm,
                     f"mnt-{container.id[:12]}-{len(mounts)}",
                     mnt.host_path,
-                    mnt.readonly,
+                    readonly,
                     bidirectional=bidirectional,
                 )
                 mounts.append(
@@ -104,8 +106,9 @@ class Containers:
                         # the guest's bind stays writable: host mounts under it (a tmpfs in the
                         # directory) then keep their own mode, as a non-recursive read-only mount
                         # wants, which one read-only bind over the 9p tree could not give.
-                        readonly=mnt.readonly and (not host_ro or mnt.recursive_read_only),
+                        readonly=readonly and (not host_ro or mnt.recursive_read_only),
                         recursive_readonly=mnt.recursive_read_only,
+                        options=[o for o in mnt.mount_options if o != "ro"],
                         # Host mounts reach the VM (a slave of the host), and from there a
                         # HOST_TO_CONTAINER mount; a BIDIRECTIONAL one is shared all the way
                         # (the stub's VM is a mount namespace; a real VM's driver refuses it).

@@ -20,8 +20,9 @@ PAUSE_REF=$REGISTRY/pause:3.10
 # systemd brings systemd-socket-activate (deploy tests); openssl makes the streaming TLS test
 # certificate; runc runs the containers inside runv VMs; containernetworking-plugins puts the CNI
 # plugins (bridge, host-local, portmap, loopback, ...) in /usr/lib/cni, and iproute2 the `ip`
-# that the CNI tests make their network namespaces with.
-APT_PACKAGES="docker.io docker-registry busybox-static gcc libc6-dev iptables curl procps ca-certificates systemd openssl runc containernetworking-plugins iproute2"
+# that the CNI tests make their network namespaces with. criu (~2 MB with its libraries) is what
+# docker's and runv's checkpoint refusals quote (`criu check`); their tests use a stub of it.
+APT_PACKAGES="docker.io docker-registry busybox-static gcc libc6-dev iptables curl procps ca-certificates systemd openssl runc containernetworking-plugins iproute2 criu"
 
 say() { echo "testenv: $*" >&2; }
 fail() { say "error: $*"; exit 1; }

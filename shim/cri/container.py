@@ -364,14 +364,6 @@ class ContainerService:
             resp.stats.extend(part)
         return resp
 
-    async def checkpoint(self, req: pb.CheckpointContainerRequest) -> pb.CheckpointContainerResponse:
-        c = self.find(req.container_id)
-        checkpoint = self.shim.backend(c.backend).checkpoint
-        if checkpoint is None:
-            raise UnimplementedError(f"runtime handler {c.backend!r} does not support checkpointing")
-        await checkpoint.checkpoint_container(c, req.location, req.timeout)
-        return pb.CheckpointContainerResponse()
-
     # ------------------------------------------------------------------ helpers
     def find(self, ref: str) -> ContainerRecord:
         """The created container whose ID is or starts with ``ref``, else NOT_FOUND."""

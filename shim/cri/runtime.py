@@ -53,6 +53,9 @@ class RuntimeService:
         resp.features.supplemental_groups_policy = all(
             shim.registry.get(n).capabilities & Capability.SUPPLEMENTAL_GROUPS_POLICY for n in names
         )
+        resp.features.mount_options = all(
+            shim.registry.get(n).capabilities & Capability.MOUNT_OPTIONS for n in names
+        )
         # The default handler is listed under "" too, as the kubelet looks it up by that name.
         for name in ["", *names]:
             backend = shim.registry.get(name)
@@ -71,6 +74,8 @@ class RuntimeService:
                         "networkReady": h.network_ready,
                         "reason": h.reason,
                         "message": h.message,
+                        # Mount.mount_options (RuntimeFeatures.mount_options: all handlers apply them).
+                        "mountOptions": bool(shim.registry.get(n).capabilities & Capability.MOUNT_OPTIONS),
                     }
                     for n, h in by_name.items()
                 },

@@ -33,6 +33,7 @@ from google.protobuf.message import DecodeError, Message
 
 from cri_api import api_pb2 as pb
 from shim.cri.answers import EncodedAnswers, EncodedImages, field1_entry
+from shim.cri.checkpoint import CheckpointService
 from shim.cri.codes import Code
 from shim.cri.container import ContainerService
 from shim.cri.errors import CriError, InvalidArgumentError, status_code
@@ -160,9 +161,11 @@ class CriServicer:
         sb = SandboxService(shim)
         ct = ContainerService(shim)
         im = ImageService(shim)
+        cp = CheckpointService(shim, sb, ct)
         fast, fast_images = EncodedAnswers(rt, sb, ct), EncodedImages(im)
         # The services (the plain path) and the encoded answers the polled RPCs are served from.
         self.runtime, self.sandboxes, self.containers, self.images = rt, sb, ct, im
+        self.checkpoints = cp
         self.answers, self.image_answers = fast, fast_images
         self.runtime_rpcs = [
             Rpc("Version", pb.VersionRequest, fast.version, True),
@@ -193,7 +196,9 @@ class CriServicer:
             Rpc("PortForward", pb.PortForwardRequest, ct.port_forward, False),
             Rpc("ContainerStats", pb.ContainerStatsRequest, ct.stats, True),
             Rpc("ListContainerStats", pb.ListContainerStatsRequest, ct.list_stats, True),
-            Rpc("CheckpointContainer", pb.CheckpointContainerRequest, ct.checkpoint, False),
+            Rpc("CheckpointContainer", pb.CheckpointContainerRequest, cp.checkpoint_container, False),
+            Rpc("CheckpointPod", pb.CheckpointPodRequest, cp.checkpoint_pod, False),
+            Rpc("RestorePod", pb.RestorePodRequest, cp.restore_pod, False),
             Rpc("GetContainerEvents", pb.GetEventsRequest, self._container_events, True, stream=True),
             # Stream* twins: the entries of their List with the same filter, in chunks.
             Rpc(

@@ -25,7 +25,14 @@ from typing import Any, Generic, Literal, TypeVar, overload
 
 import structlog
 
-from backends.contract import ContainerRecord, ContainerStatus, EffectiveUser, SandboxRecord, SandboxStatus
+from backends.contract import (
+    ContainerRecord,
+    ContainerStatus,
+    EffectiveUser,
+    SandboxRecord,
+    SandboxStatus,
+    signal_by_name,
+)
 from cri_api import api_pb2 as pb
 from shim.cri.errors import (
     AlreadyExistsError,
@@ -266,7 +273,8 @@ def container_from_json(d: dict[str, Any]) -> ContainerRecord:
             unknown=bool(s.get("unknown")),
         ),
         resources=_unb64(pb.ContainerResources, d["resources"]) if d.get("resources") else None,
-        stop_signal=int(pb.Signal.Value(signal)) if signal in pb.Signal.keys() else 0,
+        # By name: SIGNAL_SIGTERM, or SIGTERM in a record written before the enum's renaming.
+        stop_signal=signal_by_name(signal),
         image_volume_refs={str(k): str(v) for k, v in dict(d["image_volume_refs"] or {}).items()},
         effective_user=_user_from_json(d["effective_user"]),
         backend_data=data,

@@ -6,7 +6,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from backends.contract import Capability, host_signal
+from backends.contract import MOUNT_OPTIONS, Capability, host_signal
 from cri_api import api_pb2 as pb
 from shim.cri.errors import InvalidArgumentError, UnimplementedError
 
@@ -151,6 +151,16 @@ def mounts_for(cfg: pb.ContainerConfig, caps: Capability, handler: str) -> None:
             continue
         require(bool(m.host_path), f"{where} has neither a host_path nor an image")
         require(not m.image_sub_path, f"{where}: image_sub_path is only for image volumes")
+        for option in m.mount_options:
+            require(
+                option in MOUNT_OPTIONS,
+                f"{where}: mount option {option!r} is not one any handler applies "
+                f"(these are: {', '.join(MOUNT_OPTIONS)})",
+            )
+            require(
+                bool(caps & Capability.MOUNT_OPTIONS),
+                f"{where}: handler {handler!r} does not apply mount options ({option!r})",
+            )
         if m.uidMappings or m.gidMappings:
             require(
                 bool(caps & Capability.USER_NAMESPACES),

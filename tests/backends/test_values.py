@@ -33,12 +33,12 @@ def test_image_user(user: str, want: tuple[int | None, str]) -> None:
 @pytest.mark.parametrize(
     ("cri", "want"),
     [
-        (pb.RUNTIME_DEFAULT, None),
-        (pb.SIGKILL, signal.SIGKILL),
-        (pb.SIGUSR1, signal.SIGUSR1),
-        (pb.SIGRTMIN, signal.SIGRTMIN),
-        (pb.SIGRTMINPLUS3, signal.SIGRTMIN + 3),
-        (pb.SIGRTMAXMINUS1, signal.SIGRTMAX - 1),
+        (pb.SIGNAL_RUNTIME_DEFAULT, None),
+        (pb.SIGNAL_SIGKILL, signal.SIGKILL),
+        (pb.SIGNAL_SIGUSR1, signal.SIGUSR1),
+        (pb.SIGNAL_SIGRTMIN, signal.SIGRTMIN),
+        (pb.SIGNAL_SIGRTMINPLUS3, signal.SIGRTMIN + 3),
+        (pb.SIGNAL_SIGRTMAXMINUS1, signal.SIGRTMAX - 1),
         (9999, None),
     ],
     ids=["runtime-default", "kill", "usr1", "rtmin", "rtmin+3", "rtmax-1", "unknown"],
@@ -50,17 +50,17 @@ def test_a_stop_signal_is_the_host_signal_the_cri_names(cri: int, want: int | No
 @pytest.mark.parametrize(
     ("text", "want", "name"),
     [
-        ("SIGQUIT", pb.SIGQUIT, "SIGQUIT"),
-        ("quit", pb.SIGQUIT, "SIGQUIT"),
-        ("3", pb.SIGQUIT, "SIGQUIT"),
-        ("6", pb.SIGABRT, "SIGABRT"),  # the first of aliases (SIGIOT)
-        ("SIGRTMIN+3", pb.SIGRTMINPLUS3, "SIGRTMIN+3"),
-        ("rtmax-1", pb.SIGRTMAXMINUS1, "SIGRTMAX-1"),
-        ("64", pb.SIGRTMAX, "SIGRTMAX"),
-        ("", pb.RUNTIME_DEFAULT, ""),
-        ("SIGBOGUS", pb.RUNTIME_DEFAULT, ""),
-        ("SIGRTMIN+16", pb.RUNTIME_DEFAULT, ""),
-        ("65", pb.RUNTIME_DEFAULT, ""),
+        ("SIGQUIT", pb.SIGNAL_SIGQUIT, "SIGQUIT"),
+        ("quit", pb.SIGNAL_SIGQUIT, "SIGQUIT"),
+        ("3", pb.SIGNAL_SIGQUIT, "SIGQUIT"),
+        ("6", pb.SIGNAL_SIGABRT, "SIGABRT"),  # the first of aliases (SIGIOT)
+        ("SIGRTMIN+3", pb.SIGNAL_SIGRTMINPLUS3, "SIGRTMIN+3"),
+        ("rtmax-1", pb.SIGNAL_SIGRTMAXMINUS1, "SIGRTMAX-1"),
+        ("64", pb.SIGNAL_SIGRTMAX, "SIGRTMAX"),
+        ("", pb.SIGNAL_RUNTIME_DEFAULT, ""),
+        ("SIGBOGUS", pb.SIGNAL_RUNTIME_DEFAULT, ""),
+        ("SIGRTMIN+16", pb.SIGNAL_RUNTIME_DEFAULT, ""),
+        ("65", pb.SIGNAL_RUNTIME_DEFAULT, ""),
     ],
     ids=["name", "short", "number", "alias", "rt", "rt-short", "rt-number", "none", "bogus", "beyond", "big"],
 )
@@ -72,17 +72,17 @@ def test_an_image_stopsignal_is_read_as_the_cri_signal(text: str, want: int, nam
 @pytest.mark.parametrize(
     ("config", "image", "want"),
     [
-        (pb.SIGUSR1, "SIGQUIT", pb.SIGUSR1),
-        (pb.RUNTIME_DEFAULT, "SIGQUIT", pb.SIGQUIT),
-        (pb.RUNTIME_DEFAULT, "", pb.SIGTERM),
-        (pb.RUNTIME_DEFAULT, "SIGBOGUS", pb.SIGTERM),
-        (9999, "", pb.SIGTERM),
+        (pb.SIGNAL_SIGUSR1, "SIGQUIT", pb.SIGNAL_SIGUSR1),
+        (pb.SIGNAL_RUNTIME_DEFAULT, "SIGQUIT", pb.SIGNAL_SIGQUIT),
+        (pb.SIGNAL_RUNTIME_DEFAULT, "", pb.SIGNAL_SIGTERM),
+        (pb.SIGNAL_RUNTIME_DEFAULT, "SIGBOGUS", pb.SIGNAL_SIGTERM),
+        (9999, "", pb.SIGNAL_SIGTERM),
     ],
     ids=["config", "image", "default", "bad-image", "bad-config"],
 )
 def test_the_stop_signal_is_the_configs_else_the_images_else_term(config: int, image: str, want: int) -> None:
     record = ContainerRecord("c", "s", "b", pb.ContainerConfig(stop_signal=config), 1, "")  # type: ignore[arg-type]
-    assert recorded_stop_signal(record) == (config if config in (pb.SIGUSR1,) else pb.SIGTERM)
+    assert recorded_stop_signal(record) == (config if config in (pb.SIGNAL_SIGUSR1,) else pb.SIGNAL_SIGTERM)
     assert decide_stop_signal(record, image) == want
     assert recorded_stop_signal(record) == want  # kept in the record, which the shim persists
     assert record.stop_signal == want and record.backend_data == {}

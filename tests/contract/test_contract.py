@@ -120,8 +120,8 @@ async def test_the_stop_signal_is_reported_and_used(cri: Cri) -> None:
         pytest.skip(f"{cri.kind} declares no ExecSync")
     pod, sc = await run_pod(cri)
     for name, asked, want, said in (
-        ("quit", pb.SIGQUIT, pb.SIGQUIT, "got-quit"),
-        ("default", pb.RUNTIME_DEFAULT, pb.SIGTERM, "got-term"),
+        ("quit", pb.SIGNAL_SIGQUIT, pb.SIGNAL_SIGQUIT, "got-quit"),
+        ("default", pb.SIGNAL_RUNTIME_DEFAULT, pb.SIGNAL_SIGTERM, "got-term"),
     ):
         cid = await _started_with_traps(cri, pod, sc, name, stop_signal=asked)
         st = (await cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid))).status
@@ -421,3 +421,93 @@ async def test_a_restarted_shim_keeps_pods_containers_and_their_output(cri: Cri)
             text = f.read()
     lines = [line.split(" ", 3)[3] for line in text.splitlines()]
     assert lines == ["before", "after"], lines  # nothing lost or repeated across the restart
+
+
+async def test_checkpoints_are_made_or_refused_saying_why(
+    cri: Cri, short_tmp: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fake checkpoints and restores (tests/shim/test_checkpoint_service.py); docker and runv
+    refuse every checkpoint RPC with FAILED_PRECONDITION naming CRIU and what `criu check` said
+    here (a stub `criu` on PATH that fails as Debian's 3.17 does on this kernel), and write nothing."""
+    bin_dir = os.path.join(short_tmp, "bin")
+    os.mkdir(bin_dir)
+    with open(os.path.join(bin_dir, "criu"), "w") as f:
+        f.write(
+            '#!/bin/sh\necho "Error (criu/vdso.c:381): vdso: Unexpected rt vDSO area bounds" >&2\nexit 1\n'
+        )
+    os.chmod(os.path.join(bin_dir, "criu"), 0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    pod, sc = await run_pod(cri)
+    cid = await create(cri, pod, sc, ["sleep", "1000"], log_path="c.log")
+    await cri.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    out = os.path.join(short_tmp, "out")
+    os.mkdir(out)
+    location = os.path.join(short_tmp, "c.tar")
+    calls = [
+        cri.rt.CheckpointContainer(pb.CheckpointContainerRequest(container_id=cid, location=location)),
+        cri.rt.CheckpointPod(
+            pb.CheckpointPodRequest(pod_sandbox_id=pod, output_path=out, container_ids=[cid]), timeout=30
+        ),
+    ]
+    if cri.backend.name == "fake":
+        for call in calls:
+            await call
+        assert os.path.isfile(location) and os.listdir(out) == ["pod.tar"]
+        return
+    for call in calls:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION, info.value.details()
+        assert "CRIU" in (info.value.details() or "") and "Unexpected rt vDSO" in (info.value.details() or "")
+    assert not os.path.exists(location) and os.listdir(out) == []
+    before = (await cri.rt.ListPodSandbox(pb.ListPodSandboxRequest())).items
+    restore = pb.RestorePodRequest(
+        checkpoint_path=out,
+        config=sandbox_config(name="restored", log_directory=os.path.join(short_tmp, "logs2")),
+        container_configs=[container_config(image=cri.image, command=["sleep", "1000"])],
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await cri.rt.RestorePod(restore, timeout=30)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "CRIU" in (info.value.details() or "")
+    assert (await cri.rt.ListPodSandbox(pb.ListPodSandboxRequest())).items == before
+
+
+async def test_noexec_mount_option_stops_a_script_of_the_mount(cri: Cri, short_tmp: str) -> None:
+    """Mount.mount_options noexec: a script of the mount does not run (an exit of 126, or an exec
+    that cannot start: runv answers FAILED_PRECONDITION, permission denied), the same script runs
+    from a plain mount of the same directory; an unknown option is refused, naming it."""
+    shared = os.path.join(short_tmp, "shared")
+    os.mkdir(shared)
+    with open(os.path.join(shared, "run.sh"), "w") as f:
+        f.write("#!/bin/sh\necho ran\n")
+    os.chmod(os.path.join(shared, "run.sh"), 0o755)
+    pod, sc = await run_pod(cri)
+    mounts = [
+        pb.Mount(container_path="/plain", host_path=shared),
+        pb.Mount(container_path="/locked", host_path=shared, mount_options=["noexec"]),
+    ]
+    if not cri.backend.capabilities & Capability.MOUNT_OPTIONS:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await create(cri, pod, sc, ["sleep", "1000"], mounts=mounts)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "mount options" in (
+            info.value.details() or ""
+        )
+        return
+    bad = [pb.Mount(container_path="/x", host_path=shared, mount_options=["exec"])]
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await create(cri, pod, sc, ["sleep", "1000"], mounts=bad)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'exec'" in (info.value.details() or "")
+    cid = await create(cri, pod, sc, ["sleep", "1000"], mounts=mounts, log_path="c.log")
+    await cri.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    ran = await cri.rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["/plain/run.sh"], timeout=10))
+    assert (ran.exit_code, ran.stdout) == (0, b"ran\n"), ran
+    try:
+        refused = await cri.rt.ExecSync(
+            pb.ExecSyncRequest(container_id=cid, cmd=["/locked/run.sh"], timeout=10)
+        )
+        assert refused.exit_code == 126, refused
+        assert b"ermission denied" in refused.stdout + refused.stderr, refused
+    except grpc.aio.AioRpcError as exc:
+        assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION and "permission denied" in (
+            exc.details() or ""
+        )

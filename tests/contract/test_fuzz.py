@@ -8,7 +8,10 @@ a failure reproduces.
 
 from __future__ import annotations
 
+import io
+import os
 import random
+import tarfile
 
 import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -16,6 +19,7 @@ from google.protobuf.message import Message
 
 from cri_api import api_pb2 as pb
 from tests.contract.conftest import Cri
+from tests.criutil import container_config, sandbox_config
 
 ALLOWED = {
     grpc.StatusCode.OK,
@@ -38,6 +42,12 @@ STRINGS = [
     "0" * 64,
     "/abs",
     "sha256:" + "a" * 64,
+    # Paths a checkpoint may not be written to or read from (CheckpointContainer, CheckpointPod,
+    # RestorePod): relative, a directory, the kernel's files, the root.
+    "relative/c.tar",
+    "/tmp",
+    "/proc/self/c.tar",
+    "/",
 ]
 
 
@@ -155,3 +165,84 @@ async def test_fuzz_every_unary_rpc(cri: Cri) -> None:
     for p in pods:
         await cri.rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=p.id))
     assert len((await cri.rt.ListContainers(pb.ListContainersRequest())).containers) == 0
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _tar(members: dict[str, bytes], kind: bytes = tarfile.REGTYPE) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            info.size = len(data) if kind == tarfile.REGTYPE else 0
+            tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+    return out.getvalue()
+
+
+# Archives no backend may restore a pod from, whatever it writes: each is refused with a clear
+# code, and nothing is left behind.
+BAD_ARCHIVES: dict[str, bytes] = {
+    "empty": b"",
+    "garbage": bytes(range(256)) * 4,
+    "gzip-header": b"\x1f\x8b\x08\x00" + b"\x00" * 60,
+    "foreign-tar": _tar({"etc/passwd": b"root:x:0:0::/root:/bin/sh\n"}),
+    "escaping-member": _tar({"../../escaped": b"x", "manifest.json": b"{}"}),
+    "absolute-member": _tar({"/etc/cron.d/x": b"x"}),
+    "symlink-member": _tar({"manifest.json": b""}, tarfile.SYMTYPE),
+    "manifest-not-json": _tar({"manifest.json": b"{", "manifest.sha256": b"0" * 64}),
+    "manifest-foreign": _tar({"manifest.json": b'{"format": "criu/9"}', "manifest.sha256": b"x"}),
+}
+
+
+async def test_fuzz_restore_pod_archives(cri: Cri, short_tmp: str) -> None:
+    """RestorePod from malformed checkpoints: the fixed corpus above, and random mutations (bit
+    flips, truncation, garbage) of the checkpoint this backend wrote of a pod (of a foreign
+    archive where it writes none). Never UNKNOWN or INTERNAL, never a pod left behind."""
+    rnd = random.Random(20261207)
+    await cri.im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=cri.image)))
+    sc = sandbox_config(name="ckpt", log_directory=os.path.join(short_tmp, "logs"))
+    pod = (await cri.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc))).pod_sandbox_id
+    cc = container_config(image=cri.image, command=["sleep", "1000"], log_path="c.log")
+    req = pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc)
+    cid = (await cri.rt.CreateContainer(req)).container_id
+    await cri.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    written = os.path.join(short_tmp, "written")
+    os.mkdir(written)
+    try:
+        await cri.rt.CheckpointPod(
+            pb.CheckpointPodRequest(pod_sandbox_id=pod, output_path=written, container_ids=[cid]), timeout=30
+        )
+    except grpc.aio.AioRpcError as exc:
+        assert exc.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION), exc
+        assert os.listdir(written) == []  # refused: nothing written
+    originals = {name: _read(os.path.join(written, name)) for name in os.listdir(written)}
+    if not originals:
+        originals = {"pod.tar": BAD_ARCHIVES["foreign-tar"]}
+    corpus = [{name: data for name in originals} for data in BAD_ARCHIVES.values()]
+    for _ in range(30):
+        corpus.append({name: mutate(data, rnd) for name, data in originals.items()})
+    restore_config = sandbox_config(name="restored", log_directory=os.path.join(short_tmp, "logs2"))
+    before = sorted(p.id for p in (await cri.rt.ListPodSandbox(pb.ListPodSandboxRequest())).items)
+    for i, files in enumerate(corpus):
+        where = os.path.join(short_tmp, f"bad-{i}")
+        os.mkdir(where)
+        for name, data in files.items():
+            with open(os.path.join(where, name), "wb") as f:
+                f.write(data)
+        request = pb.RestorePodRequest(checkpoint_path=where, config=restore_config, container_configs=[cc])
+        try:
+            got = await cri.rt.RestorePod(request, timeout=30)
+            code = grpc.StatusCode.OK  # a flip the format does not read (tar padding): still verified
+            await cri.rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=got.pod_sandbox_id))
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code()
+            assert "Traceback" not in (exc.details() or "")
+        assert code in ALLOWED - {grpc.StatusCode.UNAVAILABLE}, (i, code)
+        after = sorted(p.id for p in (await cri.rt.ListPodSandbox(pb.ListPodSandboxRequest())).items)
+        assert after == before, i
+        assert {n: _read(os.path.join(where, n)) for n in os.listdir(where)} == files  # read only
+    await cri.rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod))

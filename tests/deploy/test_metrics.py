@@ -259,9 +259,10 @@ async def test_backend_proxy_forwards_attributes_and_coroutines(running: Running
         ("exec", "exec"),
         ("lifecycle", "start"),
         ("lifecycle", "close"),
+        ("checkpoint", "checkpoint_pod"),
     ):
         assert inspect.iscoroutinefunction(getattr(getattr(proxy, part), method)), method
-    assert proxy.metrics is inner.metrics is None and proxy.checkpoint is None  # absent parts stay absent
+    assert proxy.metrics is inner.metrics is None  # absent parts stay absent
     assert not inspect.iscoroutinefunction(proxy.lifecycle.runtime_config)
     assert proxy.lifecycle.runtime_config() == inner.lifecycle.runtime_config()
     # Writes reach the wrapped backend (tests flip a fake's readiness this way).

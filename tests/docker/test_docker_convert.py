@@ -185,7 +185,7 @@ def test_container_fields(tmp_path: Path) -> None:
         ],
         devices=[pb.Device(container_path="/dev/x", host_path="/dev/null", permissions="r")],
         linux=pb.LinuxContainerConfig(security_context=sc, resources=res),
-        stop_signal=pb.SIGUSR1,
+        stop_signal=pb.SIGNAL_SIGUSR1,
     )
     cfg = container_cfg(ct)
     host = cfg["HostConfig"]

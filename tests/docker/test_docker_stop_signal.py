@@ -43,9 +43,9 @@ def usr1_image(engine: docker.APIClient) -> Iterator[str]:
 @pytest.mark.parametrize(
     ("image_has", "asked", "want", "said"),
     [
-        (True, pb.RUNTIME_DEFAULT, pb.SIGUSR1, "got-usr1"),
-        (True, pb.SIGRTMINPLUS3, pb.SIGRTMINPLUS3, "got-rtmin3"),
-        (False, pb.RUNTIME_DEFAULT, pb.SIGTERM, "got-term"),
+        (True, pb.SIGNAL_RUNTIME_DEFAULT, pb.SIGNAL_SIGUSR1, "got-usr1"),
+        (True, pb.SIGNAL_SIGRTMINPLUS3, pb.SIGNAL_SIGRTMINPLUS3, "got-rtmin3"),
+        (False, pb.SIGNAL_RUNTIME_DEFAULT, pb.SIGNAL_SIGTERM, "got-term"),
     ],
     ids=["image-stopsignal", "config-over-image", "default-term"],
 )
@@ -59,7 +59,7 @@ async def test_the_reported_stop_signal_is_the_one_the_engine_sends(
     await harness.create(ct, sb)
     assert recorded_stop_signal(ct) == want
     info = harness.engine.inspect_container(ct.backend_data["engine_id"])
-    assert info["Config"]["StopSignal"] == pb.Signal.Name(want).replace("PLUS", "+")
+    assert info["Config"]["StopSignal"] == pb.Signal.Name(want).removeprefix("SIGNAL_").replace("PLUS", "+")
     log = tmp_path / "c.log"
     await harness.events.start(harness.backend.lifecycle, ct, sb, CriLogWriter(str(log)))
     ready = ["sh", "-c", "until [ -e /tmp/ready ]; do sleep 0.05; done"]

@@ -8,7 +8,15 @@ from collections.abc import Sequence
 
 import pytest
 
-from backends.contract import Backend, Checkpoint, ContainerRecord, Metrics, Resources, SandboxRecord
+from backends.contract import (
+    Backend,
+    Checkpoint,
+    ContainerRecord,
+    Metrics,
+    PodCheckpoint,
+    Resources,
+    SandboxRecord,
+)
 from backends.contract.errors import NotFoundError, UnavailableError
 from backends.contract.usage import PodMetrics
 from backends.fake import FakeBackend, FakeRuntime, FaultInjector
@@ -41,11 +49,30 @@ class CheckpointPart:
     async def checkpoint_container(self, container: ContainerRecord, location: str, timeout: int) -> None:
         self.checkpoints.append(location)
 
+    async def checkpoint_pod(
+        self, sandbox: SandboxRecord, containers: object, output_dir: str, options: object
+    ) -> None:
+        self.checkpoints.append(output_dir)
+
+    async def open_pod_checkpoint(self, path: str, options: object, configs: object) -> PodCheckpoint:
+        return PodCheckpoint(())
+
+    async def restore_container(
+        self, container: ContainerRecord, sandbox: SandboxRecord, checkpoint: PodCheckpoint
+    ) -> None:
+        pass
+
 
 class CheckpointRuntime(FakeRuntime):
     def __init__(self, name: str, options: dict[str, object]) -> None:
         super().__init__(name, options)
-        self.checkpoint = CheckpointPart()
+        self.checkpoint = CheckpointPart()  # type: ignore[assignment]
+
+
+class NoCheckpointRuntime(FakeRuntime):
+    def __init__(self, name: str, options: dict[str, object]) -> None:
+        super().__init__(name, options)
+        self.checkpoint = None
 
 
 async def test_errors_are_fifo_per_method_and_never_reach_the_inner_backend() -> None:
@@ -114,13 +141,14 @@ async def test_is_a_backend_and_forwards_what_is_not_a_call() -> None:
 @pytest.mark.parametrize(
     ("inner_cls", "present"),
     [
-        # The fake records pod resources (UpdatePodSandboxResources); metrics and checkpoints are
-        # its subclasses' here.
-        (FakeRuntime, ("resources",)),
-        (MetricsRuntime, ("metrics", "resources")),
+        # The fake records pod resources (UpdatePodSandboxResources) and checkpoints; metrics
+        # are its subclass's here, and a subclass drops its checkpoints.
+        (FakeRuntime, ("checkpoint", "resources")),
+        (MetricsRuntime, ("checkpoint", "metrics", "resources")),
         (CheckpointRuntime, ("checkpoint", "resources")),
+        (NoCheckpointRuntime, ("resources",)),
     ],
-    ids=["fake", "metrics", "checkpoint"],
+    ids=["fake", "metrics", "checkpoint", "no-checkpoint"],
 )
 def test_optional_parts_pass_through_only_when_the_inner_backend_has_them(
     inner_cls: type[FakeRuntime], present: tuple[str, ...]

@@ -188,13 +188,16 @@ async def test_an_images_stop_signal_is_the_one_its_shell_gets() -> None:
     script = "trap 'echo got-quit; exit 0' QUIT; trap 'echo got-usr1; exit 0' USR1; sleep 3600 & wait"
     by_image = container("a" * 64, "example.com/quits:1", ["sh", "-c", script])
     by_config = container("b" * 64, "example.com/quits:1", ["sh", "-c", script])
-    by_config.config.stop_signal = pb.SIGUSR1
+    by_config.config.stop_signal = pb.SIGNAL_SIGUSR1
     logs = {}
     for c in (by_image, by_config):
         await life.create_container(c, sandbox("5" * 64))
         started = await life.start_container(c, sandbox("5" * 64))
         logs[c.id] = started.process
-    assert (recorded_stop_signal(by_image), recorded_stop_signal(by_config)) == (pb.SIGQUIT, pb.SIGUSR1)
+    assert (recorded_stop_signal(by_image), recorded_stop_signal(by_config)) == (
+        pb.SIGNAL_SIGQUIT,
+        pb.SIGNAL_SIGUSR1,
+    )
     await asyncio.sleep(0.05)  # the shells reach their `wait`
     for c, said in ((by_image, b"got-quit\n"), (by_config, b"got-usr1\n")):
         assert (await life.stop_container(c, 10)).exit_code == 0

@@ -117,6 +117,7 @@ def test_wire_form_is_the_documented_json() -> None:
             "readonly": True,
             "propagation": "rslave",
             "recursive_readonly": False,
+            "options": [],
             "image_lowers": [],
             "image_sub_path": "",
         }

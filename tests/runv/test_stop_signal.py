@@ -23,9 +23,9 @@ TRAPS = (
 @pytest.mark.parametrize(
     ("image", "asked", "want", "said"),
     [
-        ("test/usr1:1", pb.RUNTIME_DEFAULT, pb.SIGUSR1, b"got-usr1\n"),
-        ("test/usr1:1", pb.SIGQUIT, pb.SIGQUIT, b"got-quit\n"),
-        ("test/busybox:1", pb.RUNTIME_DEFAULT, pb.SIGTERM, b"got-term\n"),
+        ("test/usr1:1", pb.SIGNAL_RUNTIME_DEFAULT, pb.SIGNAL_SIGUSR1, b"got-usr1\n"),
+        ("test/usr1:1", pb.SIGNAL_SIGQUIT, pb.SIGNAL_SIGQUIT, b"got-quit\n"),
+        ("test/busybox:1", pb.SIGNAL_RUNTIME_DEFAULT, pb.SIGNAL_SIGTERM, b"got-term\n"),
     ],
     ids=["image-stopsignal", "config-over-image", "default-term"],
 )

@@ -62,7 +62,7 @@ def test_persistence_round_trip(tmp_path: object) -> None:
         created_at=5,
         log_path="/l",
         status=ContainerStatus(started_at=6, finished_at=7, exit_code=3, reason="Error"),
-        stop_signal=pb.SIGQUIT,
+        stop_signal=pb.SIGNAL_SIGQUIT,
         image_volume_refs={"/data": "sha256:" + "1" * 64},
         effective_user=EffectiveUser(1000, 1001, (5, 6)),
         backend_data={"engine_id": "e"},
@@ -80,7 +80,7 @@ def test_persistence_round_trip(tmp_path: object) -> None:
     assert got is not None
     assert got.status == c.status and got.config == c.config and got.backend_data == {"engine_id": "e"}
     assert (got.stop_signal, got.image_volume_refs, got.effective_user) == (
-        pb.SIGQUIT,
+        pb.SIGNAL_SIGQUIT,
         {"/data": "sha256:" + "1" * 64},
         EffectiveUser(1000, 1001, (5, 6)),
     )
@@ -242,12 +242,12 @@ def test_a_record_of_the_layout_before_the_typed_fields_loads_with_them_filled(t
     s.load()
     got = s.containers.get(now.id)
     assert got is not None
-    assert got.stop_signal == pb.SIGUSR1
+    assert got.stop_signal == pb.SIGNAL_SIGUSR1
     assert got.image_volume_refs == {"/data": "sha256:" + "2" * 64}
     assert got.effective_user == EffectiveUser(1000, 1000, (1000, 1234))
     assert got.backend_data == {"vm": "vm-1"}  # the backend's own bookkeeping stays, opaque
     status = container_status_pb(got)
-    assert status.stop_signal == pb.SIGUSR1
+    assert status.stop_signal == pb.SIGNAL_SIGUSR1
     assert status.mounts[0].image.image_ref == "sha256:" + "2" * 64
     assert (status.user.linux.uid, status.user.linux.gid, list(status.user.linux.supplemental_groups)) == (
         1000,
@@ -262,3 +262,38 @@ def test_a_record_of_the_layout_before_the_typed_fields_loads_with_them_filled(t
         got.effective_user,
         {"vm": "vm-1"},
     )
+
+
+@pytest.mark.parametrize(
+    ("written", "want"),
+    [
+        ("SIGNAL_SIGQUIT", pb.SIGNAL_SIGQUIT),  # as written since cri-api 2026-07
+        ("SIGQUIT", pb.SIGNAL_SIGQUIT),  # as written before the enum's values were renamed
+        ("SIGRTMINPLUS3", pb.SIGNAL_SIGRTMINPLUS3),
+        ("RUNTIME_DEFAULT", pb.SIGNAL_RUNTIME_DEFAULT),
+        ("", pb.SIGNAL_RUNTIME_DEFAULT),
+        ("SIGBOGUS", pb.SIGNAL_RUNTIME_DEFAULT),
+    ],
+)
+def test_a_stop_signal_recorded_by_its_old_or_new_name_loads(
+    tmp_path: object, written: str, want: int
+) -> None:
+    """The stop signal is recorded by its enum name; the names gained a SIGNAL_ prefix (same
+    numbers), so a record written by an older shim loads with the same signal, and is written
+    back under the new name."""
+    c = ContainerRecord(
+        id="b" * 64,
+        sandbox_id="a" * 64,
+        backend="fake",
+        config=container_config(),
+        created_at=5,
+        log_path="",
+        stop_signal=pb.SIGNAL_SIGQUIT,
+        committed=True,
+    )
+    record = container_to_json(c)
+    assert record["stop_signal"] == "SIGNAL_SIGQUIT"
+    record["stop_signal"] = written
+    got = container_from_json(json.loads(json.dumps(record)))
+    assert got.stop_signal == want
+    assert container_to_json(got)["stop_signal"] == (pb.Signal.Name(want) if want else "")

@@ -291,6 +291,10 @@ class Shell(ShellProcess):
         """What is a program in a real container: an extra command of the caller, a built-in tool
         (also as /bin/NAME), or a shell script of io.fs (by path or on PATH)."""
         name = argv[0]
+        if "/" in name and self._noexec(self.abspath(name)) and self.io.fs.exists(self.abspath(name)):
+            # A file of a noexec mount does not run, whatever it is (execve says EACCES).
+            await self.err(f"{self.arg0}: {name}: Permission denied")
+            return 126
         command = self._extra(name)
         if command is not None:
             return await self._call_extra(command, argv)
@@ -300,12 +304,20 @@ class Shell(ShellProcess):
             return await self._builtin(tool, argv, base)
         script = self.find_script(name)
         if script is not None:
+            if self._noexec(script):
+                await self.err(f"{self.arg0}: {name}: Permission denied")
+                return 126
             return await self._run_script_file(script, argv)
         if self.io.unknown_runs:
             await self.sleep_forever()  # SIGTERM ends it as it ends a sleep
             return 0
         await self.err(f"{self.arg0}: {name}: not found")
         return 127
+
+    def _noexec(self, path: str) -> bool:
+        """Whether the file system says ``path`` is on a noexec mount (a container's volumes)."""
+        noexec = getattr(self.io.fs, "noexec", None)
+        return bool(noexec(path)) if callable(noexec) else False
 
     def _extra(self, name: str) -> Command | None:
         """The caller's extra command that name runs: by its name, or by a path ending in it."""

@@ -309,6 +309,8 @@ class Mount(Message):
     readonly: bool = False
     propagation: str = "rprivate"  # or rslave, rshared
     recursive_readonly: bool = False  # read-only with every mount below it
+    # Flags of the bind (Mount.mount_options but ro, which is readonly): noexec, nodev, nosuid.
+    options: list[str] = dataclasses.field(default_factory=list)
     # An image volume: the image's layer shares (top first) the agent stacks read-only
     # (source is then unused), and the directory of it to mount ("" for its root).
     image_lowers: list[str] = dataclasses.field(default_factory=list)

@@ -301,7 +301,7 @@ def build_config(
                 {"destination": dest, "type": "bind", "source": src, "options": ["rbind", "rprivate"]}
             )
     for m in spec.mounts:
-        opts = ["rbind", m.propagation or "rprivate", "ro" if m.readonly else "rw"]
+        opts = ["rbind", m.propagation or "rprivate", "ro" if m.readonly else "rw", *m.options]
         mounts.append({"destination": m.destination, "type": "bind", "source": m.source, "options": opts})
     resources: dict[str, Any] = {"devices": [{"allow": privileged, "access": "rwm"}]}
     res = spec.resources
