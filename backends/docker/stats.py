@@ -8,9 +8,9 @@ import time
 from collections.abc import Sequence
 
 from backends.contract import ContainerRecord, ContainerUsage, PodMetrics, SandboxRecord, SandboxUsage
-from backends.contract.usage import Layer
+from backends.contract.usage import Interface, Layer, Sample
 from backends.contract.usage import total as usage_total
-from backends.linux import cgroups
+from backends.linux import cgroup_usage
 from backends.linux.usage import dir_usage
 from cri_api import api_pb2 as pb
 
@@ -25,7 +25,7 @@ class DockerStats:
     def __init__(self, shared: Shared) -> None:
         self._shared = shared
 
-    def _sample(self, record: ContainerRecord | SandboxRecord, full: bool = False) -> cgroups.Sample | None:
+    def _sample(self, record: ContainerRecord | SandboxRecord, full: bool = False) -> Sample | None:
         pid = int(record.backend_data.get(PID) or 0)
         eid = str(record.backend_data.get(ENGINE_ID) or "")
         if not pid or not eid:
@@ -53,7 +53,7 @@ class DockerStats:
             return layer
         return dataclasses.replace(
             layer,
-            device=cgroups.device_name(os.major(st.st_dev), os.minor(st.st_dev)),
+            device=cgroup_usage.device_name(os.major(st.st_dev), os.minor(st.st_dev)),
             capacity_bytes=vfs.f_blocks * vfs.f_frsize,
             inodes_total=vfs.f_files,
             inodes_free=vfs.f_ffree,
@@ -62,7 +62,7 @@ class DockerStats:
     async def container_stats(self, containers: Sequence[ContainerRecord]) -> dict[str, ContainerUsage]:
         def one(ct: ContainerRecord) -> ContainerUsage:
             sample = None if ct.status.finished_at else self._sample(ct)
-            return ContainerUsage(sample or cgroups.Sample(timestamp=time.time_ns()), self._layer(ct))
+            return ContainerUsage(sample or Sample(timestamp=time.time_ns()), self._layer(ct))
 
         def work() -> dict[str, ContainerUsage]:
             return {ct.id: one(ct) for ct in containers}
@@ -83,15 +83,15 @@ class DockerStats:
                     if ct.sandbox_id != sb.id:
                         continue
                     sample = None if ct.status.finished_at else self._sample(ct)
-                    per_ct[ct.id] = ContainerUsage(sample or cgroups.Sample(timestamp=now), self._layer(ct))
+                    per_ct[ct.id] = ContainerUsage(sample or Sample(timestamp=now), self._layer(ct))
                     if sample is not None:
                         samples.append(sample)
                 pod = usage_total(samples, now)
                 pod = dataclasses.replace(pod, pids=pod.pids or 0)
                 pid = int(sb.backend_data.get(PID) or 0)
-                interfaces: tuple[cgroups.Interface, ...] = ()
+                interfaces: tuple[Interface, ...] = ()
                 if pause is not None and pid and not convert.sandbox_host_network(sb.config):
-                    interfaces = tuple(cgroups.net_interfaces(pid))
+                    interfaces = tuple(cgroup_usage.net_interfaces(pid))
                 out[sb.id] = SandboxUsage(pod, interfaces, containers=per_ct)
             return out
 
@@ -109,7 +109,7 @@ class DockerStats:
                 pid = int(sb.backend_data.get(PID) or 0)
                 interfaces = None
                 if sb.status.ready and pid and not convert.sandbox_host_network(sb.config):
-                    interfaces = tuple(cgroups.net_interfaces(pid))
+                    interfaces = tuple(cgroup_usage.net_interfaces(pid))
                 found: dict[str, ContainerUsage] = {}
                 names: dict[str, str] = {}
                 for ct in by_pod.get(sb.id, ()):

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from backends import contract
 from backends.contract import errors
 from backends.contract.usage import Layer, Sample
-from backends.linux import cgroups
+from backends.linux import cgroup_usage
 from backends.linux.usage import UsageCache
 from backends.runv.agent import messages as m
 from cri_api import api_pb2 as pb
@@ -128,7 +128,7 @@ def _fs_of(path: str) -> Layer | None:
         mountpoint=path,
         used_bytes=0,
         inodes_used=0,
-        device=cgroups.device_name(os.major(st.st_dev), os.minor(st.st_dev)),
+        device=cgroup_usage.device_name(os.major(st.st_dev), os.minor(st.st_dev)),
         capacity_bytes=vfs.f_blocks * vfs.f_frsize,
         inodes_total=vfs.f_files,
         inodes_free=vfs.f_ffree,

@@ -1,4 +1,4 @@
-"""Block I/O per device, read from either cgroup version's files (backends.linux.cgroups)."""
+"""Block I/O per device, read from either cgroup version's files (backends.linux.cgroup_usage)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from backends.contract.usage import Device
-from backends.linux.cgroups import CgroupReader, _detail
+from backends.linux.cgroup_usage import _detail
+from backends.linux.cgroups import CgroupReader
 
 # Numbers no block device has here, so that the name is "MAJ:MIN".
 V1_BYTES = "4000:1 Read 4096\n4000:1 Write 8192\n4000:0 Read 1\n4000:0 Sync 5\nTotal 12288\n"

@@ -25,7 +25,8 @@ from backends.runv import config as runv_config
 from backends.runv import guest_image
 from backends.runv.backend import VM_CRASH_REASON, RunvBackend
 from backends.runv.drivers import qemu as qemu_driver
-from backends.runv.drivers.qemu import QemuHypervisor, agent_files, console_summary
+from backends.runv.drivers.qemu import QemuHypervisor, console_summary
+from backends.runv.drivers.qemu_initrd import agent_files
 from backends.runv.hypervisor import MIB, VM, Fault, PodLimits, VMSpec
 from cri_api import api_pb2 as pb
 from shim.cri import errors

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from backends.linux import cgroups
+from backends.linux import cgroup_usage
 from backends.runv.agent.guest import Guest
 from backends.runv.agent.messages import (
     ContainerMetrics,
@@ -40,4 +40,4 @@ async def metrics(g: Guest, req: MetricsRequest) -> MetricsReply:
         if sample is None:
             continue
         out[c.id] = ContainerMetrics(sample=sample, detail=g.cgroups.detail(c.pid, expect=c.id))
-    return MetricsReply(containers=out, interfaces=list(cgroups.net_interfaces(os.getpid())))
+    return MetricsReply(containers=out, interfaces=list(cgroup_usage.net_interfaces(os.getpid())))

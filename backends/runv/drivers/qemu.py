@@ -5,9 +5,9 @@
 
 The guest is a kernel and an initramfs built from Debian packages by
 ``backends.runv.guest_image`` (``scripts/runv-guest``), plus a second cpio with the agent's
-code appended at boot. Its ``/init`` loads the device modules, mounts the VM's shares and
-becomes the agent, which serves the host on a virtio-serial port (``runv.agent``) that QEMU
-exposes as a unix socket in the VM's state directory.
+code appended at boot (``qemu_initrd.py``). Its ``/init`` loads the device modules, mounts
+the VM's shares and becomes the agent, which serves the host on a virtio-serial port
+(``runv.agent``) that QEMU exposes as a unix socket in the VM's state directory.
 
 Devices (a ``pc`` machine with no defaults and virtio-pci devices; QEMU's ``microvm`` finds
 its virtio-mmio devices only through ACPI with Debian's kernel, under which that kernel gets
@@ -33,7 +33,8 @@ retried under TCG, and later boots use TCG; the choice is logged (``runv.qemu.ac
 
 The QEMU process runs in a cgroup of its own (usage and leftovers), in its own session, and
 outlives the shim: after a restart it is found again by PID and start time and its agent by
-its socket.
+its socket. Confined (the default), it runs as a uid of its own in a root of its own, with no
+capabilities and the 9p shares served by a proxy (``qemu_confine.py``).
 """
 
 from __future__ import annotations
@@ -41,13 +42,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import importlib.util
 import json
-import marshal
 import os
 import shutil
 import signal
-import sys
 import time
 from typing import Any
 
@@ -58,85 +56,19 @@ from backends.contract.errors import (
     FailedPreconditionError,
     InternalError,
     InvalidArgumentError,
-    ResourceExhaustedError,
     UnimplementedError,
 )
 from backends.linux.cgroups import Cgroup, HugetlbError
 from backends.runv import guest_image, host
-from backends.runv.drivers.base import ProcessVMs, check_size, package_root, process_start, shares_dir
+from backends.runv.drivers.base import ProcessVMs, check_size, process_start, shares_dir
+from backends.runv.drivers.qemu_confine import CONFINE, PROXY_SOCKET, SANDBOX, allocate_uid, confine_env
+from backends.runv.drivers.qemu_initrd import agent_initrd
 from backends.runv.hypervisor import MIB, VM, BootError, Fault, PodLimits, VMSpec
 
 log = structlog.get_logger("cri-shim.runv.qemu")
 
 GUEST_SHARES = "/run/runv/shares"  # where the guest mounts the VM's 9p export
 TCG_TB_MIB = 64  # QEMU's translation cache under TCG
-PROXY_SOCKET = "9p.sock"  # the 9p proxy's socket in the VM's state directory
-# QEMU's seccomp filter: no obsolete calls, no set*uid/set*gid, no fork/exec, no scheduler or
-# resource-limit calls.
-SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
-
-# Run in QEMU's new mount (and network) namespace, as root, before QEMU: a root of its own on a
-# tmpfs with only /usr (read-only; /bin, /lib... as the host links them), the loader's cache,
-# a /dev of null, zero, random, urandom, net/tun and kvm (those two made its user's), a /proc
-# that shows it only its own processes (hidepid=invisible),
-# the guest's kernel and initramfs (read-only) and the VM's state directory; then the 9p proxy
-# (virtfs-proxy-helper: root with the file capabilities only, chrooted into the VM's shares
-# directory) and QEMU, exec'd by setpriv as the VM's own uid and gid, no groups, no
-# capabilities (bounding set emptied), no new privileges. QEMU 7.2's own -runas/-chroot cannot
-# be used with elevateprivileges=deny (its seccomp filter is in place before it drops root,
-# and the setuid is then killed).
-CONFINE = r"""
-set -eu
-u=$RUNV_UID st=$RUNV_STATE
-if [ -n "$RUNV_TAP" ]; then
-    "$RUNV_IP" tuntap add dev "$RUNV_TAP" mode tap user "$u" group "$u"
-    "$RUNV_IP" link set dev "$RUNV_TAP" up
-fi
-r=$st/root
-mkdir -p "$r"
-mount -t tmpfs -o mode=0755,size=1m runv-root "$r"
-mkdir "$r/usr" "$r/etc" "$r/dev" "$r/dev/net" "$r/proc"
-mount --rbind /usr "$r/usr"
-mount -o remount,bind,ro "$r/usr"
-for d in bin sbin lib lib32 lib64 libx32; do
-    if [ -L "/$d" ]; then ln -s "$(readlink "/$d")" "$r/$d"
-    elif [ -d "/$d" ]; then mkdir "$r/$d"; mount --rbind "/$d" "$r/$d"; mount -o remount,bind,ro "$r/$d"
-    fi
-done
-if [ -e /etc/ld.so.cache ]; then
-    touch "$r/etc/ld.so.cache"; mount --bind /etc/ld.so.cache "$r/etc/ld.so.cache"
-fi
-for n in null zero random urandom; do touch "$r/dev/$n"; mount --bind "/dev/$n" "$r/dev/$n"; done
-for n in net/tun kvm; do
-    if [ -c "/dev/$n" ]; then
-        mknod -m 0600 "$r/dev/$n" c "0x$(stat -c %t "/dev/$n")" "0x$(stat -c %T "/dev/$n")"
-        chown "$u:$u" "$r/dev/$n"
-    fi
-done
-mount -t proc -o nosuid,nodev,noexec,hidepid=invisible proc "$r/proc"
-printf '%s
-' "$RUNV_FILES" | while read -r f; do
-    mkdir -p "$r$(dirname "$f")"; touch "$r$f"; mount --bind "$f" "$r$f"; mount -o remount,bind,ro "$r$f"
-done
-mkdir -p "$r$st"
-mount --bind "$st" "$r$st"
-cd "$r"
-mkdir .old
-pivot_root . .old
-cd /
-umount -l /.old
-rmdir /.old
-rm -f "$st/9p.sock"
-"$RUNV_PROXY" -p "$st/shares" -s "$st/9p.sock" -u "$u" -g "$u" -n &
-i=0
-while [ ! -S "$st/9p.sock" ]; do
-    i=$((i + 1))
-    if [ "$i" -gt 1000 ]; then echo "runv: the 9p proxy did not start" >&2; exit 98; fi
-    sleep 0.01
-done
-exec "$RUNV_SETPRIV" --reuid="$u" --regid="$u" --clear-groups --inh-caps=-all --bounding-set=-all \
-    --no-new-privs -- "$@"
-"""
 READY = b"runv-agent: ready"
 CONSOLE_TAIL = 800  # bytes of console quoted in a boot error
 
@@ -159,47 +91,6 @@ KERNEL_ARGS = [
     "no_timer_check",
     "rcupdate.rcu_expedited=1",
 ]
-
-# The agent's code and what it imports, appended to the initramfs under /opt/runv.
-AGENT_FILES = [
-    "backends/__init__.py",
-    "backends/contract/__init__.py",
-    "backends/contract/usage.py",
-    "backends/contract/errors.py",
-    "backends/linux/*.py",
-    "backends/runv/agent/*.py",
-]
-
-
-def agent_files() -> dict[str, bytes]:
-    """The agent's sources (and, on a 3.11 host, their bytecode) as archive name -> content."""
-    root = package_root()
-    files: dict[str, bytes] = {"opt/runv/backends/runv/__init__.py": b""}
-    names: list[str] = []
-    for pattern in AGENT_FILES:
-        if pattern.endswith("*.py"):
-            d = os.path.join(root, os.path.dirname(pattern))
-            names += [
-                os.path.join(os.path.dirname(pattern), f) for f in sorted(os.listdir(d)) if f.endswith(".py")
-            ]
-        else:
-            names.append(pattern)
-    # The guest's Python is 3.11: bytecode compiled here saves it compiling at every boot,
-    # and it falls back to the sources if the magic ever differs.
-    same = sys.version_info[:2] == (3, 11)
-    for name in names:
-        with open(os.path.join(root, name), "rb") as fh:
-            source = fh.read()
-        files["opt/runv/" + name] = source
-        if same:
-            code = compile(source, "/opt/runv/" + name, "exec", dont_inherit=True)
-            # An unchecked hash-based pyc (PEP 552): valid whatever the file times in the archive.
-            pyc = importlib.util.MAGIC_NUMBER + (1).to_bytes(4, "little")
-            pyc += importlib.util.source_hash(source) + marshal.dumps(code)
-            base = os.path.basename(name)[:-3]
-            cache = f"opt/runv/{os.path.dirname(name)}/__pycache__/{base}.{sys.implementation.cache_tag}.pyc"
-            files[cache] = pyc
-    return files
 
 
 def _size_mib(memory: int) -> int:
@@ -237,7 +128,7 @@ class QemuHypervisor(ProcessVMs):
         # QEMU's own memory beyond the guest's RAM (its code, the emulator's translation cache
         # under TCG, device buffers): its cgroup allows the guest's RAM plus this.
         self._host_overhead = config.get("host_overhead_mib")
-        # Confinement (CONFINE below): each QEMU as a user of its own, no capabilities, QEMU's
+        # Confinement (qemu_confine.CONFINE): each QEMU as a user of its own, no capabilities, QEMU's
         # seccomp sandbox, a root of its own with only its files; shares through the 9p proxy.
         self.confine = bool(config.get("confine", True))
         self.uid_base = int(config.get("uid_base", 3_900_000_000))
@@ -314,30 +205,8 @@ class QemuHypervisor(ProcessVMs):
         once per driver: the agent's code does not change under a running shim)."""
         if self._initrd and os.path.exists(self._initrd):
             return self._initrd
-        files = agent_files()
-        digest = hashlib.sha256()
-        st = os.stat(base)
-        digest.update(f"{base}:{st.st_size}:{st.st_mtime_ns}".encode())
-        for name in sorted(files):
-            digest.update(name.encode() + b"\0" + files[name])
-        path = os.path.join(self.run_dir, f"initrd-{digest.hexdigest()[:16]}.img")
-        if not os.path.exists(path):
-            os.makedirs(self.run_dir, exist_ok=True)
-            agent = path + ".agent"
-            guest_image.write_cpio_files(agent, files)
-            tmp = path + ".tmp"
-            with open(tmp, "wb") as out:
-                for part in (base, agent):
-                    with open(part, "rb") as src:
-                        shutil.copyfileobj(src, out, 1 << 20)
-            os.replace(tmp, path)
-            os.unlink(agent)
-            for old in os.listdir(self.run_dir):  # earlier agents' images
-                if old.startswith("initrd-") and os.path.join(self.run_dir, old) != path:
-                    with contextlib.suppress(OSError):
-                        os.unlink(os.path.join(self.run_dir, old))
-        self._initrd = path
-        return path
+        self._initrd = agent_initrd(base, self.run_dir)
+        return self._initrd
 
     # ---- the command line
     @staticmethod
@@ -417,35 +286,6 @@ class QemuHypervisor(ProcessVMs):
             ]
         return argv
 
-    # ---- confinement
-    def _allocate_uid(self, vm_id: str) -> int:
-        """A uid of the range no other VM of this driver runs as (from a hash of the VM's ID)."""
-        used = set(self._uids.values())
-        start = int(hashlib.sha256(b"uid" + vm_id.encode()).hexdigest(), 16) % self.uid_count
-        for i in range(self.uid_count):
-            uid = self.uid_base + (start + i) % self.uid_count
-            if uid not in used:
-                self._uids[vm_id] = uid
-                return uid
-        raise ResourceExhaustedError(f"no free uid in {self.uid_base}+{self.uid_count} for a QEMU")
-
-    def _confine_env(self, vm: VM, argv: list[str]) -> dict[str, str]:
-        """What CONFINE needs: the files QEMU reads (its binary when it is not under /usr, the
-        guest's kernel and initramfs), its state directory, user, tap and the 9p proxy."""
-        files = [argv[argv.index(flag) + 1] for flag in ("-kernel", "-initrd")]
-        binary = os.path.realpath(shutil.which(argv[0]) or argv[0])
-        if not binary.startswith("/usr/"):
-            files.append(binary)
-        return {
-            "RUNV_UID": str(vm.uid),
-            "RUNV_STATE": vm.state_dir,
-            "RUNV_FILES": "\n".join(os.path.realpath(f) for f in files),
-            "RUNV_TAP": self.tap_name(vm.id) if vm.own_netns else "",
-            "RUNV_PROXY": self.proxy_helper,
-            "RUNV_SETPRIV": self.setpriv,
-            "RUNV_IP": self.ip,
-        }
-
     # ---- lifecycle
     async def create(self, spec: VMSpec) -> VM:
         check_size(spec)
@@ -468,7 +308,7 @@ class QemuHypervisor(ProcessVMs):
             raise InvalidArgumentError(f"VM socket path too long under {vm.state_dir}")
         os.makedirs(shares_dir(vm), exist_ok=True)
         if self.confine:
-            vm.uid = self._allocate_uid(vm.id)
+            vm.uid = allocate_uid(self._uids, vm.id, self.uid_base, self.uid_count)
             # QEMU's own: its console, pid file and agent socket; nobody else's QEMU gets in.
             os.chown(vm.state_dir, vm.uid, vm.uid)
             os.chmod(vm.state_dir, 0o700)
@@ -531,7 +371,8 @@ class QemuHypervisor(ProcessVMs):
         net = ["--net"] if vm.own_netns else []
         env = dict(os.environ)
         if self.confine:
-            env.update(self._confine_env(vm, argv))
+            tap = self.tap_name(vm.id) if vm.own_netns else ""
+            env.update(confine_env(vm, argv, tap, self.proxy_helper, self.setpriv, self.ip))
             argv = ["sh", "-c", CONFINE, "runv-confine", *argv]
         argv = [self.unshare, "--mount", *net, "--propagation", "slave", *argv]
         self._spawn_in_cgroup(vm, argv, cg, log_path, env)
