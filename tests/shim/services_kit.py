@@ -310,3 +310,16 @@ async def container_status(kit: Kit, container_id: str) -> pb.ContainerStatus:
 async def pod_status(kit: Kit, pod_id: str) -> pb.PodSandboxStatus:
     resp = await kit.ok("PodSandboxStatus", pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id))
     return resp.status
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """A failure to inject into one call of a service."""
+
+    code: Code  # what the client must be answered
+    errors: tuple[tuple[str, str], ...] = ()  # backend method -> its next call fails so
+    # The call's n-th state write, and every one after it, fail as on a full disk (0: none; -1: its
+    # last write, the commit). How many writes a call makes is counted, not assumed: a fault after
+    # the last one must change nothing.
+    full_disk_at: int = 0
+    backend_keeps: bool = False  # the backend's own removal fails: it may keep the object (asked, though)

@@ -10,7 +10,6 @@ import io
 import json
 import os
 import tarfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,6 @@ from tests.shim.services_kit import (
     create,
     listed_containers,
     listed_pods,
-    open_kit,
     record_files,
     run_pod,
     start,
@@ -36,12 +34,6 @@ from tests.shim.services_kit import (
 
 # A scripted program: one line at once, one a while later, then it runs until stopped.
 PROGRAM = {"output": ["early", {"line": "late", "after": 0.4}]}
-
-
-@pytest.fixture
-async def kit(tmp_path: Path) -> AsyncIterator[Kit]:
-    async with open_kit(str(tmp_path)) as k:
-        yield k
 
 
 def app_config(kit: Kit, name: str = "app", log: str = "") -> pb.ContainerConfig:

@@ -6,10 +6,7 @@ CRI (tests/shim/services_kit.py)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -18,6 +15,7 @@ from shim.cri.codes import Code
 from tests.criutil import until
 from tests.shim.services_kit import (
     Disk,
+    Fault,
     Held,
     Kit,
     Pod,
@@ -26,31 +24,12 @@ from tests.shim.services_kit import (
     container_status,
     create,
     listed_containers,
-    open_kit,
     pod_status,
     record_files,
     run_pod,
     start,
     subscribed,
 )
-
-
-@pytest.fixture
-async def kit(tmp_path: Path) -> AsyncIterator[Kit]:
-    async with open_kit(str(tmp_path)) as k:
-        yield k
-
-
-@dataclasses.dataclass(frozen=True)
-class Fault:
-    code: Code  # what the client must be answered
-    errors: tuple[tuple[str, str], ...] = ()  # backend method -> its next call fails so
-    # The call's n-th state write, and every one after it, fail as on a full disk (0: none; -1: its
-    # last write, the commit). How many writes a call makes is counted, not assumed: a fault after
-    # the last one must change nothing.
-    full_disk_at: int = 0
-    backend_keeps: bool = False  # the backend's own removal fails: it may keep it (asked, though)
-
 
 LABELS = {"tier": "failing"}
 DOWN = "UNAVAILABLE: the runtime is down"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -13,13 +12,7 @@ import pytest
 from cri_api import api_pb2 as pb
 from shim.cri.codes import Code
 from tests.criutil import container_config
-from tests.shim.services_kit import RUNS_UNTIL_STOPPED, Kit, open_kit, run_pod, start
-
-
-@pytest.fixture
-async def kit(tmp_path: Path) -> AsyncIterator[Kit]:
-    async with open_kit(str(tmp_path)) as k:
-        yield k
+from tests.shim.services_kit import RUNS_UNTIL_STOPPED, Kit, run_pod, start
 
 
 def volume(tmp_path: Path, name: str) -> Path:

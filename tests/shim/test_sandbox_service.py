@@ -4,9 +4,6 @@ idempotent (issue 44). Driven through the edge, watched through the CRI (tests/s
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -15,11 +12,11 @@ from shim.cri.codes import Code
 from tests.criutil import until
 from tests.shim.services_kit import (
     Disk,
+    Fault,
     Kit,
     backend_holds,
     create,
     listed_pods,
-    open_kit,
     pod_request,
     pod_status,
     record_files,
@@ -27,24 +24,6 @@ from tests.shim.services_kit import (
     start,
     subscribed,
 )
-
-
-@pytest.fixture
-async def kit(tmp_path: Path) -> AsyncIterator[Kit]:
-    async with open_kit(str(tmp_path)) as k:
-        yield k
-
-
-@dataclasses.dataclass(frozen=True)
-class Fault:
-    code: Code  # what the client must be answered
-    errors: tuple[tuple[str, str], ...] = ()  # backend method -> its next call fails so
-    # The call's n-th state write, and every one after it, fail as on a full disk (0: none; -1: its
-    # last write, the commit). How many writes a call makes is counted, not assumed: a fault after
-    # the last one must change nothing.
-    full_disk_at: int = 0
-    backend_keeps: bool = False  # the backend's own removal fails: it may keep the pod (asked, though)
-
 
 LABELS = {"app": "failing"}
 DOWN = "UNAVAILABLE: the runtime is down"
