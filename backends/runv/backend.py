@@ -25,6 +25,7 @@ from backends.cni.pinned import CniPods
 from backends.contract import errors
 from backends.contract.pool import PoolFigures
 from backends.linux.criu import NeedsCriu
+from backends.oci.settings import PullSettings
 from backends.runv import config as runv_config
 from backends.runv.agent import rro
 from backends.runv.drivers.qemu import QemuHypervisor
@@ -94,7 +95,9 @@ class RunvBackend:
         self.capabilities = caps
         self.overhead_vcpus = float(config.get("overhead_vcpus", 0.0))
         self.overhead_memory = int(config.get("overhead_memory_mib", 32)) * MIB
-        self.image_store = ImageStore(os.path.join(self.root, "images"), config.get("insecure_registries"))
+        insecure = config.get("insecure_registries")
+        settings = PullSettings(insecure=frozenset(insecure)) if insecure else PullSettings()
+        self.image_store = ImageStore(os.path.join(self.root, "images"), settings)
         net_config = dict(config.get("network") or {})
         net_config.setdefault("owner", hashlib.sha256(os.path.abspath(self.root).encode()).hexdigest()[:12])
         self.net = BridgeNetwork(net_config)

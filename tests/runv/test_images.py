@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from backends.oci.settings import PullSettings
 from backends.runv.images.store import Credentials, ImageStore, unpack_layer
 from shim.cri import errors
 
@@ -197,7 +198,7 @@ def registry() -> Iterator[tuple[FakeRegistry, str]]:
 
 async def test_pull_index_with_bearer_auth(tmp_path: Path, registry: tuple[FakeRegistry, str]) -> None:
     reg, host = registry
-    store = ImageStore(str(tmp_path / "images"), [host])
+    store = ImageStore(str(tmp_path / "images"), PullSettings(insecure=frozenset({host})))
     image_id = await store.pull(f"{host}/team/app:v1", Credentials(username="user", password="pass"))
     assert image_id == reg.config_digest  # the image ID is the config digest
     assert reg.token_requests and "scope=repository%3Ateam%2Fapp%3Apull" in reg.token_requests[0]
@@ -208,7 +209,7 @@ async def test_pull_index_with_bearer_auth(tmp_path: Path, registry: tuple[FakeR
     lower = store.lowers(img)
     assert Path(lower[0], "hello.txt").read_bytes() == b"hello from the registry\n"
 
-    reopened = ImageStore(str(tmp_path / "images"), [host])  # the index persists
+    reopened = ImageStore(str(tmp_path / "images"), PullSettings(insecure=frozenset({host})))  # the index persists
     assert [i.id for i in reopened.all()] == [image_id]
     reopened.remove(image_id)
     assert reopened.resolve(image_id) is None and not Path(lower[0]).exists()
@@ -216,7 +217,7 @@ async def test_pull_index_with_bearer_auth(tmp_path: Path, registry: tuple[FakeR
 
 async def test_pull_rejects_bad_credentials(tmp_path: Path, registry: tuple[FakeRegistry, str]) -> None:
     _, host = registry
-    store = ImageStore(str(tmp_path / "images"), [host])
+    store = ImageStore(str(tmp_path / "images"), PullSettings(insecure=frozenset({host})))
     with pytest.raises(errors.CriError, match="token request failed"):
         await store.pull(f"{host}/team/app:v1", Credentials(username="user", password="wrong"))
 
@@ -224,7 +225,7 @@ async def test_pull_rejects_bad_credentials(tmp_path: Path, registry: tuple[Fake
 async def test_pull_verifies_digests(tmp_path: Path, registry: tuple[FakeRegistry, str]) -> None:
     reg, host = registry
     reg.tamper = True
-    store = ImageStore(str(tmp_path / "images"), [host])
+    store = ImageStore(str(tmp_path / "images"), PullSettings(insecure=frozenset({host})))
     with pytest.raises(errors.CriError, match="digest mismatch"):
         await store.pull(f"{host}/team/app:v1", Credentials(username="user", password="pass"))
     assert store.all() == []
@@ -232,6 +233,6 @@ async def test_pull_verifies_digests(tmp_path: Path, registry: tuple[FakeRegistr
 
 async def test_pull_missing_tag_is_not_found(tmp_path: Path, registry: tuple[FakeRegistry, str]) -> None:
     _, host = registry
-    store = ImageStore(str(tmp_path / "images"), [host])
+    store = ImageStore(str(tmp_path / "images"), PullSettings(insecure=frozenset({host})))
     with pytest.raises(errors.NotFoundError):
         await store.pull(f"{host}/team/app:nope", Credentials(username="user", password="pass"))

@@ -9,15 +9,12 @@ Layout under ``root``::
 Containers get ``lowerdir=<top layer>:...:<bottom layer>`` over a private
 upper directory: the layers are shared copy-on-write between containers.
 
-The registry side speaks the distribution API over plain urllib (stdlib):
-it is a handful of GETs, and keeping it here avoids a dependency whose auth
-and redirect handling we would have to adapt anyway.
+The registry side is :mod:`backends.oci.registry`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import gzip
@@ -30,32 +27,25 @@ import stat
 import tarfile
 import tempfile
 import threading
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Iterator
 from typing import IO, Any, cast
 
 from backends import reference
-from backends.contract.errors import InvalidArgumentError, NotFoundError, UnavailableError
-from backends.linux.files import replacing, write_atomic
+from backends.contract.errors import InvalidArgumentError
+from backends.linux.files import write_atomic
+from backends.oci.registry import (
+    MEDIA_DOCKER_LIST,
+    MEDIA_OCI_INDEX,
+    Credentials,
+    PullError,
+    RegistryClient,
+    hex_of,
+)
+from backends.oci.settings import PullSettings
 
-MEDIA_OCI_INDEX = "application/vnd.oci.image.index.v1+json"
-MEDIA_DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
-MEDIA_OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-MEDIA_DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
-ACCEPT = ", ".join((MEDIA_OCI_INDEX, MEDIA_DOCKER_LIST, MEDIA_OCI_MANIFEST, MEDIA_DOCKER_MANIFEST))
+__all__ = ["Credentials", "Image", "ImageStore", "PullError", "unpack_layer"]
+
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Credentials:
-    username: str = ""
-    password: str = ""
-    auth: str = ""  # base64 user:pass
-    identity_token: str = ""
-    registry_token: str = ""
 
 
 @dataclasses.dataclass(slots=True)
@@ -70,124 +60,6 @@ class Image:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-class PullError(Exception):
-    pass
-
-
-def _hex(digest: str) -> str:
-    algo, _, value = digest.partition(":")
-    if algo != "sha256" or not re.fullmatch(r"[0-9a-f]{64}", value):
-        raise PullError(f"unsupported digest {digest!r}")
-    return value
-
-
-# --------------------------------------------------------------------------- registry client
-
-
-class RegistryClient:
-    """Distribution API client for one pull (keeps the bearer token it obtained)."""
-
-    def __init__(self, ref: reference.Reference, creds: Credentials | None, insecure: set[str]) -> None:
-        self.ref = ref
-        self.creds = creds or Credentials()
-        self.scheme = "http" if ref.domain in insecure else "https"
-        self._auth_header = ""
-        if self.creds.registry_token:
-            self._auth_header = f"Bearer {self.creds.registry_token}"
-
-    def _url(self, kind: str, digest_or_tag: str) -> str:
-        return f"{self.scheme}://{self.ref.api_host}/v2/{self.ref.path}/{kind}/{digest_or_tag}"
-
-    def _basic(self) -> str:
-        if self.creds.auth:
-            return f"Basic {self.creds.auth}"
-        if self.creds.username:
-            raw = f"{self.creds.username}:{self.creds.password}".encode()
-            return f"Basic {base64.b64encode(raw).decode()}"
-        return ""
-
-    def _authenticate(self, challenge: str) -> None:
-        scheme, _, params = challenge.partition(" ")
-        if scheme.lower() == "basic":
-            self._auth_header = self._basic()
-            if not self._auth_header:
-                raise PullError("registry requires credentials")
-            return
-        if scheme.lower() != "bearer":
-            raise PullError(f"unsupported auth challenge {challenge!r}")
-        fields = dict(re.findall(r'(\w+)="([^"]*)"', params))
-        realm = fields.pop("realm", "")
-        if not realm:
-            raise PullError("bearer challenge without realm")
-        query = {k: v for k, v in fields.items() if k in ("service", "scope")}
-        query.setdefault("scope", f"repository:{self.ref.path}:pull")
-        req = urllib.request.Request(f"{realm}?{urllib.parse.urlencode(query)}")
-        basic = self._basic()
-        if basic:
-            req.add_header("Authorization", basic)
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                body = json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            raise PullError(f"token request failed: HTTP {exc.code}") from None
-        token = body.get("token") or body.get("access_token")
-        if not token:
-            raise PullError("token endpoint returned no token")
-        self._auth_header = f"Bearer {token}"
-
-    @contextlib.contextmanager
-    def get(self, url: str, accept: str = "") -> Iterator[Any]:
-        for attempt in range(2):
-            req = urllib.request.Request(url)
-            if accept:
-                req.add_header("Accept", accept)
-            if self._auth_header:
-                req.add_header("Authorization", self._auth_header)
-            try:
-                resp = urllib.request.urlopen(req, timeout=60)
-            except urllib.error.HTTPError as exc:
-                exc.close()  # it holds the response socket
-                if exc.code == 401 and attempt == 0:
-                    self._authenticate(exc.headers.get("WWW-Authenticate", ""))
-                    continue
-                if exc.code == 404:
-                    raise NotFoundError(f"{url}: not found") from None
-                raise PullError(f"{url}: HTTP {exc.code}") from None
-            except (urllib.error.URLError, OSError) as exc:
-                raise UnavailableError(f"registry {self.ref.domain} unreachable: {exc}") from None
-            with resp:
-                yield resp
-            return
-        raise PullError(f"{url}: unauthorized")
-
-    def manifest(self, tag_or_digest: str) -> tuple[bytes, str, str]:
-        """(raw bytes, media type, digest) of a manifest, verified when asked by digest."""
-        with self.get(self._url("manifests", tag_or_digest), ACCEPT) as resp:
-            raw: bytes = resp.read(4 * 1024 * 1024)
-            media = str(resp.headers.get("Content-Type", "")).split(";")[0].strip()
-            header_digest = str(resp.headers.get("Docker-Content-Digest", ""))
-        digest = "sha256:" + hashlib.sha256(raw).hexdigest()
-        if tag_or_digest.startswith("sha256:") and digest != tag_or_digest:
-            raise PullError(f"manifest digest mismatch: got {digest}, want {tag_or_digest}")
-        if header_digest.startswith("sha256:") and header_digest != digest:
-            raise PullError(f"manifest digest mismatch: got {digest}, registry says {header_digest}")
-        if not media:
-            media = str(json.loads(raw).get("mediaType", ""))
-        return raw, media, digest
-
-    def blob(self, digest: str, dest: str) -> None:
-        """Download a blob to ``dest``, verifying its digest."""
-        want = _hex(digest)
-        h = hashlib.sha256()
-        with replacing(dest) as out, self.get(self._url("blobs", digest)) as resp:
-            while chunk := resp.read(1024 * 1024):
-                h.update(chunk)
-                out.write(chunk)
-            if h.hexdigest() != want:
-                raise PullError(f"blob digest mismatch for {digest}")
 
 
 # --------------------------------------------------------------------------- layers
@@ -276,9 +148,9 @@ def _remove(path: str) -> None:
 
 
 class ImageStore:
-    def __init__(self, root: str, insecure_registries: list[str] | None = None) -> None:
+    def __init__(self, root: str, settings: PullSettings | None = None) -> None:
         self.root = root
-        self.insecure = set(insecure_registries or ["127.0.0.1:5000", "localhost:5000"])
+        self.settings = settings or PullSettings()
         self._blobs = os.path.join(root, "blobs", "sha256")
         self._snapshots = os.path.join(root, "snapshots")
         self._index_path = os.path.join(root, "index.json")
@@ -329,7 +201,7 @@ class ImageStore:
         return [self.snapshot_dir(d) for d in reversed(image.diff_ids)]
 
     def snapshot_dir(self, diff_id: str) -> str:
-        return os.path.join(self._snapshots, _hex(diff_id), "fs")
+        return os.path.join(self._snapshots, hex_of(diff_id), "fs")
 
     def remove(self, ref: str) -> None:
         with self._lock:
@@ -387,7 +259,7 @@ class ImageStore:
                 os.unlink(blob)
                 os.rename(tmp, os.path.dirname(snap))
             buf.close()
-            write_atomic(os.path.join(self._blobs, _hex(image_id)), raw)
+            write_atomic(os.path.join(self._blobs, hex_of(image_id)), raw)
             self._register(Image(image_id, [ref.tagged], [], 0, [diff_id], image_config))
         return image_id
 
@@ -416,7 +288,7 @@ class ImageStore:
             del self._pulls[key]
 
     def _pull(self, ref: reference.Reference, creds: Credentials | None) -> str:
-        reg = RegistryClient(ref, creds, self.insecure)
+        reg = RegistryClient(ref, creds, set(self.settings.insecure))
         try:
             raw, media, digest = reg.manifest(ref.digest or ref.tag)
             doc = json.loads(raw)
@@ -428,7 +300,7 @@ class ImageStore:
                 # A digest reference may name the index; the repo digest is the one asked for.
                 digest = ref.digest
             config_digest = str(doc["config"]["digest"])
-            cfg_path = os.path.join(self._blobs, _hex(config_digest))
+            cfg_path = os.path.join(self._blobs, hex_of(config_digest))
             if not os.path.exists(cfg_path):
                 reg.blob(config_digest, cfg_path)
             with open(cfg_path, "rb") as fh:
@@ -441,7 +313,7 @@ class ImageStore:
             for layer, diff_id in zip(layers, diff_ids, strict=True):
                 size += int(layer.get("size", 0))
                 self._fetch_layer(reg, str(layer["digest"]), diff_id)
-            write_atomic(os.path.join(self._blobs, _hex(digest)), raw)
+            write_atomic(os.path.join(self._blobs, hex_of(digest)), raw)
         except PullError as exc:
             raise InvalidArgumentError(f"pull {ref}: {exc}") from None
         except (KeyError, ValueError, TypeError) as exc:
@@ -463,7 +335,7 @@ class ImageStore:
         snap = self.snapshot_dir(diff_id)
         if os.path.isdir(snap):
             return
-        blob = os.path.join(self._blobs, _hex(digest))
+        blob = os.path.join(self._blobs, hex_of(digest))
         if not os.path.exists(blob):
             reg.blob(digest, blob)
         tmp = tempfile.mkdtemp(dir=self._snapshots, prefix=".unpack-")

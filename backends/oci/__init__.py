@@ -1,0 +1,1 @@
+"""What cri-shim's own image stores share: the OCI distribution client (:mod:`.registry`)."""
