@@ -60,3 +60,23 @@ def test_kubelet_end_to_end(handler: str, cni: bool) -> None:
     asserted = FAKE_ASSERTED if handler == "fake" else applicable
     failed = [f"{c.name}: {r.reason}" for c, r, _ in results if c.name in asserted and not r.ok]
     assert not failed, "\n".join(failed) + "\n" + out.getvalue()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("handler", ["runv", "docker"])
+def test_kubelet_pod_cgroups(handler: str) -> None:
+    """With the kubelet's own pod cgroups (cgroupsPerQOS): the pod-level usage of /stats/summary
+    counts what runs in the pod (for runv: its VM, which runs below the pod's cgroup)."""
+    if not os.environ.get("CRI_SHIM_KUBELET"):
+        pytest.skip("set CRI_SHIM_KUBELET to a kubelet binary to run the kubelet end-to-end checks")
+    problem = kh.environment_problem(handler)
+    if problem:
+        pytest.skip(problem)
+    out = io.StringIO()
+    names = {"pod-pod-network", "api-pod-usage"}
+    results, _ = kh.run(handler, out=out, names=names, qos=True)
+    print(out.getvalue())
+    assert {c.name for c, _, _ in results} == names
+    failed = [f"{c.name}: {r.reason}" for c, r, _ in results if not r.ok]
+    assert not failed, "\n".join(failed) + "\n" + out.getvalue()

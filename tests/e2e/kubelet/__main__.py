@@ -67,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         "and the checks of that network",
     )
     p.add_argument(
+        "--qos",
+        action="store_true",
+        help="the kubelet's pod cgroups (cgroupsPerQOS, under a cgroupRoot of the run's own), a pod "
+        "with a busy loop, and the check of its pod-level usage in /stats/summary",
+    )
+    p.add_argument(
         "--max-seconds", type=float, default=420, help="a last resort: give up (and clean up) after this long"
     )
     args = p.parse_args(argv)
@@ -91,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             transport=args.transport,
             hollow=args.hollow,
             cni=args.cni,
+            qos=args.qos,
         )
     return 0 if results and all(r.ok for _, r, _ in results) else 1
 

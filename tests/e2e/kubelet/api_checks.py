@@ -251,3 +251,39 @@ def check_stats_summary(h: Harness) -> Result:
     if found is None:
         raise CheckFailed(error or f"no stats for {h.full('net')}/main in /stats/summary")
     raise CheckFailed(f"incomplete stats: cpu {found.get('cpu')}, memory {found.get('memory')}")
+
+
+@check("api", 10, timeout=150, when=lambda h: h.qos)
+def check_pod_usage(h: Harness) -> Result:
+    """/stats/summary's pod-level CPU and memory of a pod whose container spins cover its containers'"""
+    h.wait_running("busy", "spin", timeout=60 * h.patience)
+    deadline = time.monotonic() + 120 * min(h.patience, 2.0)
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            summary = json.loads(h.api_ok("GET", "/stats/summary", timeout=20))
+        except CheckFailed as exc:
+            last = str(exc)
+            time.sleep(3)
+            continue
+        pod = next(
+            (p for p in summary.get("pods") or [] if p.get("podRef", {}).get("name") == h.full("busy")), None
+        )
+        if pod is None:
+            last = f"no {h.full('busy')} in /stats/summary"
+            time.sleep(3)
+            continue
+        cpu = (pod.get("cpu") or {}).get("usageNanoCores") or 0
+        mem = (pod.get("memory") or {}).get("workingSetBytes") or 0
+        ct_cpu = sum(((c.get("cpu") or {}).get("usageNanoCores") or 0) for c in pod.get("containers") or [])
+        ct_mem = sum(
+            ((c.get("memory") or {}).get("workingSetBytes") or 0) for c in pod.get("containers") or []
+        )
+        figures = f"pod cpu {cpu / 1e9:.2f} cores, memory {mem >> 20} MiB; containers {ct_cpu / 1e9:.2f}, {ct_mem >> 20} MiB"
+        # The spinning container takes a core (or what the host gives it): the pod's cgroup, which
+        # holds the container (and a VM's own processes with runv), shows at least that.
+        if cpu >= 0.2e9 and mem > 0 and ct_cpu > 0 and cpu >= 0.8 * ct_cpu and mem >= 0.8 * ct_mem:
+            return passed(figures)
+        last = figures
+        time.sleep(3)
+    raise CheckFailed(last)

@@ -55,6 +55,9 @@ def kubelet_config(h: Harness) -> str:
         "imageGCLowThresholdPercent": 99,
         "resolvConf": "/etc/resolv.conf",
     }
+    if h.qos:
+        cfg["cgroupsPerQOS"] = True
+        cfg["cgroupRoot"] = h.cgroup_root
     if h.kubelet_minor >= host.POD_LOGS_DIR_SINCE:
         cfg["podLogsDir"] = str(h.pod_logs_dir)  # not the shared /var/log/pods (host.py says why)
     if h.stop_signals:

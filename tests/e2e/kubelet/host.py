@@ -141,6 +141,38 @@ def remove_runv_network(tag: str) -> None:
             (root / cgroup).rmdir()
 
 
+def _cgroup_roots() -> list[Path]:
+    base = Path("/sys/fs/cgroup")
+    if (base / "cgroup.controllers").exists():
+        return [base]
+    return [p for p in base.iterdir() if p.is_dir() and not p.is_symlink()]
+
+
+def make_cgroup_tree(name: str) -> None:
+    """The cgroup ``name`` on every hierarchy (the kubelet wants its cgroupRoot to exist), a v1
+    cpuset one given its parent's CPUs and memory nodes."""
+    for root in _cgroup_roots():
+        top = root / name.strip("/")
+        top.mkdir(exist_ok=True)
+        for knob in ("cpuset.cpus", "cpuset.mems"):
+            if (root / knob).exists() and not (top / knob).read_text().strip():
+                (top / knob).write_text((root / knob).read_text())
+
+
+def remove_cgroup_tree(name: str) -> None:
+    """The cgroup ``name`` (a path below the root) and everything below it, on every hierarchy
+    (the kubelet leaves its kubepods tree behind when it stops)."""
+    for root in _cgroup_roots():
+        top = root / name.strip("/")
+        if not top.is_dir():
+            continue
+        for path in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()
+
+
 def unmount_under(prefix: str) -> None:
     with open("/proc/self/mountinfo") as fh:
         points = [line.split()[4] for line in fh]

@@ -26,7 +26,9 @@ def _sh(script: str) -> list[str]:
     return ["sh", "-c", script]
 
 
-def manifests(hostdir: str, host_port: int = 0, stop_signals: bool = False) -> dict[str, dict[str, Any]]:
+def manifests(
+    hostdir: str, host_port: int = 0, stop_signals: bool = False, busy: bool = False
+) -> dict[str, dict[str, Any]]:
     """The static pods, by short name (the kubelet names them NAME-NODE).
 
     Commands stick to what the fake backend's built-in shell runs (echo,
@@ -35,6 +37,7 @@ def manifests(hostdir: str, host_port: int = 0, stop_signals: bool = False) -> d
     With `host_port` (--cni) also `web`: an HTTP server with that hostPort.
     With `stop_signals` (a v1.33+ kubelet) also `stopsig`: a container with
     `lifecycle.stopSignal` and one without.
+    With `busy` also `busy`: a Burstable pod whose container spins (a shell loop), and one that sleeps.
     """
     pods: dict[str, dict[str, Any]] = {
         "net": {"containers": [_container("main", _sh(f"echo line-one; echo line-two; sleep {LONG}"))]},
@@ -115,6 +118,14 @@ def manifests(hostdir: str, host_port: int = 0, stop_signals: bool = False) -> d
                 _container("usr1", _sh(traps), lifecycle={"stopSignal": "SIGUSR1"}),
                 _container("default", _sh(traps)),
             ],
+        }
+    if busy:
+        requests = {"resources": {"requests": {"cpu": "100m", "memory": "32Mi"}}}
+        pods["busy"] = {
+            "containers": [
+                _container("spin", _sh("while :; do :; done"), **requests),
+                _container("idle", ["sleep", LONG], **requests),
+            ]
         }
     out = {}
     for name, spec in pods.items():

@@ -93,6 +93,7 @@ class Harness:
         cni: bool = False,
         pause: str = PAUSE,
         available_images: list[str] | None = None,
+        qos: bool = False,
     ) -> None:
         unsupported = host.cni_unsupported(handler) if cni else None
         if unsupported:
@@ -106,6 +107,9 @@ class Harness:
         self.warm = warm  # runv: warm VMs; docker: warm pause containers (0: every pod starts cold)
         self.driver = driver  # runv: "stub" or "qemu" (real VMs; slow under TCG)
         self.guest_dir = guest_dir
+        # The kubelet's own pod cgroups (cgroupsPerQOS) under a root of the run's own, and a pod
+        # with a busy loop: the pod-level usage of /stats/summary comes from the pod's cgroup.
+        self.qos = qos
         self.kubelet_bin = kubelet or host.kubelet_binary()
         self.keep = keep
         self.node = node or f"e2e-{handler}"
@@ -140,7 +144,10 @@ class Harness:
         # v1.33+ (ContainerStopSignals): a pod with a stop signal, and the gate on in its config.
         self.stop_signals = self.kubelet_minor >= 33
         self.pods = manifests(
-            str(self.hostdir), self.cni.host_port if self.cni else 0, stop_signals=self.stop_signals
+            str(self.hostdir),
+            self.cni.host_port if self.cni else 0,
+            stop_signals=self.stop_signals,
+            busy=qos,
         )
         self.teardown: Teardown | None = None
         # Scales the waits of the checks: a VM under emulation takes seconds where the stub takes ms.
@@ -153,6 +160,11 @@ class Harness:
         self.shim_error_counts: collections.Counter[str] | None = None
 
     # ------------------------------------------------------------ names
+    @property
+    def cgroup_root(self) -> str:
+        """The kubelet's cgroupRoot with ``qos``: its kubepods hierarchy goes below it."""
+        return f"/cri-shim-e2e-{self.tag}"
+
     def full(self, pod: str) -> str:
         return f"{pod}-{self.node}"
 
@@ -172,6 +184,8 @@ class Harness:
         self.log(f"work dir {self.dir}, node {self.node}, kubelet port {self.port}")
         self.manifest_dir.mkdir()
         self.hostdir.mkdir()
+        if self.qos:
+            host.make_cgroup_tree(self.cgroup_root)
         (self.hostdir / "hello.txt").write_text(self.host_token + "\n")
         if self.cni is not None:
             self.cni.open()
@@ -297,6 +311,8 @@ class Harness:
             if self.handler == "runv":
                 host.remove_runv_network(self.tag)
             host.unmount_under(str(self.dir))
+            if self.qos:
+                host.remove_cgroup_tree(self.cgroup_root)
             if self.cni is not None:
                 self.cni.remove()
             # The kubelet's /var/log/{pods,containers} entries of our node (its

@@ -47,6 +47,7 @@ def run(
     transport: str = "native",
     hollow: int = 0,
     cni: bool = False,
+    qos: bool = False,
 ) -> tuple[list[tuple[Check, Result, float]], Harness]:
     """Start everything, run the checks, stop everything, judge what the stop left, print the report."""
     h = Harness(
@@ -58,6 +59,7 @@ def run(
         transport=transport,
         hollow=hollow,
         cni=cni,
+        qos=qos,
     )
     results: list[tuple[Check, Result, float]] = []
     checked = False
