@@ -83,13 +83,13 @@ class RunvBackend:
         self.driver = str(config.get("driver", "stub"))
         self.hv: Hypervisor = hypervisor if hypervisor is not None else _driver(name, config, run_dir)
         caps = type(self).capabilities
+        # The guest binds a share with the flags of Mount.mount_options (runc applies them; an
+        # agent older than operations version 3, in a VM booted before an upgrade, is refused them).
+        caps |= contract.Capability.MOUNT_OPTIONS
         if self.hv.name == "qemu":
             # A VM has its own kernel (Debian's 6.1: recursive read-only mounts) and network.
             caps = (caps | contract.Capability.RECURSIVE_READ_ONLY_MOUNTS) & ~contract.Capability.HOST_NETWORK
         else:
-            # The stub's guest binds a share with the flags of Mount.mount_options (runc applies
-            # them). A qemu guest's agent may be older than this shim and ignore them: not there.
-            caps |= contract.Capability.MOUNT_OPTIONS
             if rro.supported():  # the stub's guests run on this kernel
                 caps |= contract.Capability.RECURSIVE_READ_ONLY_MOUNTS
         self.capabilities = caps

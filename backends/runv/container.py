@@ -23,6 +23,8 @@ from . import spec as specs
 from .context import VM_CRASH_EXIT, VM_CRASH_REASON, Shared
 from .state import Pod, VmProcess
 
+MOUNT_OPTIONS_SINCE = 3  # the agent's operations version that applies Mount.options
+
 log = structlog.get_logger(__name__)
 
 
@@ -62,6 +64,13 @@ class Containers:
         pod = shared.pod(sandbox.id)
         agent = shared.agent(pod)
         cfg = container.config
+        for mnt in cfg.mounts:
+            if any(o != "ro" for o in mnt.mount_options) and pod.agent_version < MOUNT_OPTIONS_SINCE:
+                raise errors.FailedPreconditionError(
+                    f"mount {mnt.container_path}: options {list(mnt.mount_options)} need a guest agent of "
+                    f"operations version {MOUNT_OPTIONS_SINCE}; this pod's VM runs version "
+                    f"{pod.agent_version} (booted before an upgrade): recreate the pod"
+                )
         img = await self._images.find(cfg.image.image, [container.image_name, cfg.image.user_specified_image])
         container.image_ref = img.id
         # What StopContainer sends it: the config's signal, else the image config's STOPSIGNAL.

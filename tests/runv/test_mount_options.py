@@ -1,10 +1,13 @@
-"""Mount.mount_options in runv's stub VMs: the guest binds the share with their flags, so noexec
-stops a binary copied into the host directory, which still runs from a plain mount."""
+"""Mount.mount_options in runv's VMs (stub and qemu): the guest binds the share with their flags,
+so noexec stops a binary copied into the host directory, which still runs from a plain mount."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +17,8 @@ from backends.runv.agent import messages as m
 from backends.runv.agent import oci
 from backends.runv.backend import RunvBackend
 from tests.runv.helpers import Events, MemorySink, container_record, needs_vm, sandbox_record
+from tests.runv.test_qemu import IMAGE as QEMU_IMAGE
+from tests.runv.test_qemu import _qemu_config, needs_qemu
 
 IMAGE = "test/busybox:1"
 BUSYBOX_BIN = shutil.which("busybox") or "/bin/busybox"
@@ -22,7 +27,27 @@ BUSYBOX_BIN = shutil.which("busybox") or "/bin/busybox"
 @needs_vm
 @pytest.mark.skipif(not Path(BUSYBOX_BIN).exists(), reason="no static busybox on this host")
 async def test_noexec_stops_a_binary_of_the_mount(runv: tuple[RunvBackend, Events], tmp_path: Path) -> None:
-    backend, events = runv
+    await _noexec_stops_a_binary(*runv, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+@needs_qemu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not Path(BUSYBOX_BIN).exists(), reason="no static busybox on this host")
+async def test_noexec_in_a_qemu_vm(runv_config: dict[str, Any], busybox_rootfs: Path, tmp_path: Path) -> None:
+    backend = RunvBackend("runv", _qemu_config(runv_config))
+    events = Events()
+    await backend.lifecycle.start(events)
+    backend.image_store.import_dir(QEMU_IMAGE, str(busybox_rootfs))
+    try:
+        await _noexec_stops_a_binary(backend, events, tmp_path)
+    finally:
+        await events.close()
+        await backend.lifecycle.close()
+
+
+async def _noexec_stops_a_binary(backend: RunvBackend, events: Events, tmp_path: Path) -> None:
     assert backend.capabilities & Capability.MOUNT_OPTIONS
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -52,6 +77,31 @@ async def test_noexec_stops_a_binary_of_the_mount(runv: tuple[RunvBackend, Event
         await backend.lifecycle.stop_container(ct, 1)
         await backend.lifecycle.remove_container(ct)
         await backend.lifecycle.stop_sandbox(sb)
+        await backend.lifecycle.remove_sandbox(sb)
+
+
+@needs_vm
+async def test_an_agent_that_predates_the_options_is_refused_them(
+    runv: tuple[RunvBackend, Events], tmp_path: Path
+) -> None:
+    """A VM booted before an upgrade runs an agent that would ignore the options: refused, nothing made."""
+    backend, _ = runv
+    sb = sandbox_record("oldagent")
+    await backend.lifecycle.run_sandbox(sb)
+    try:
+        backend._shared.pods[sb.id].agent_version = 2
+        ct = container_record(sb, IMAGE, ["sleep", "60"])
+        ct.config.mounts.add(host_path=str(tmp_path), container_path="/locked", mount_options=["noexec"])
+        with pytest.raises(FailedPreconditionError, match="need a guest agent of operations version 3"):
+            await backend.lifecycle.create_container(ct, sb)
+        assert not os.path.exists(os.path.join(backend._shared.containers_dir, ct.id))
+        plain = container_record(sb, IMAGE, ["sleep", "60"])
+        plain.config.mounts.add(host_path=str(tmp_path), container_path="/ro", mount_options=["ro"])
+        await backend.lifecycle.create_container(plain, sb)  # ro alone is the readonly flag
+        await backend.lifecycle.remove_container(plain)
+    finally:
+        with contextlib.suppress(Exception):
+            await backend.lifecycle.stop_sandbox(sb)
         await backend.lifecycle.remove_sandbox(sb)
 
 

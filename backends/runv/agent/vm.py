@@ -20,7 +20,9 @@ from backends.runv.agent.messages import (
 )
 from backends.runv.agent.protocol import AgentError
 
-VERSION = 2  # of the operations (2: stamped, resumable output); the frame's version byte is protocol.VERSION
+# Of the operations (2: stamped, resumable output; 3: Mount.options applied); the frame's version
+# byte is protocol.VERSION.
+VERSION = 3
 
 
 async def hello(g: Guest, req: HelloRequest) -> Hello:
