@@ -209,7 +209,9 @@ async def test_pull_index_with_bearer_auth(tmp_path: Path, registry: tuple[FakeR
     lower = store.lowers(img)
     assert Path(lower[0], "hello.txt").read_bytes() == b"hello from the registry\n"
 
-    reopened = ImageStore(str(tmp_path / "images"), PullSettings(insecure=frozenset({host})))  # the index persists
+    reopened = ImageStore(
+        str(tmp_path / "images"), PullSettings(insecure=frozenset({host}))
+    )  # the index persists
     assert [i.id for i in reopened.all()] == [image_id]
     reopened.remove(image_id)
     assert reopened.resolve(image_id) is None and not Path(lower[0]).exists()
