@@ -151,8 +151,8 @@ class ImageService:
         removed if a container uses it in any of them."""
         self._require_image(req.image, req.HasField("image"))
         if req.image.runtime_handler:
-            backend = self._backend(req.image)
-            stores = [(backend.name, self._store_of(backend))]
+            store = self._store_of(self._backend(req.image))
+            stores = [(self.shim.registry.resolve_name(req.image.runtime_handler), store)]
         else:
             stores = self.handler_stores()
         found: list[tuple[Images, str]] = []
