@@ -26,7 +26,10 @@ async def node(tmp_path: Path) -> AsyncIterator[Kit]:
     engine = FakeEngine()
     engine.add_image(PAUSE)
     docker = DockerBackend("docker", engine=engine, pause_image=PAUSE, instance="handlers")
-    vm = FakeBackend("vm", {"state_dir": str(tmp_path / "vm"), "pull_seconds": 0, "pause_image": PAUSE})
+    vm = FakeBackend(
+        "vm",
+        {"state_dir": str(tmp_path / "vm"), "pull_seconds": 0, "pause_image": PAUSE, "pinned": [TOOL]},
+    )
     await vm.lifecycle.start(None)  # type: ignore[arg-type]  # the store only: no events
     async with open_kit(
         str(tmp_path), images=(), handlers={"docker": docker, "vm": vm}, pause_image=PAUSE
@@ -100,7 +103,9 @@ async def test_one_image_in_two_stores_is_one_entry_and_removing_it_by_handler_k
     in_fake = await pull(node, TOOL)  # the default handler: the fake
     in_vm = await pull(node, TOOL, "vm")
     assert in_fake == in_vm  # the fakes give a repository one ID, as one registry does
-    assert [i.id for i in await listed(node) if TOOL in i.repo_tags] == [in_fake]
+    # One entry, pinned: the vm's store pins it (its own pinned option), the default's does not.
+    assert [(i.id, i.pinned) for i in await listed(node) if TOOL in i.repo_tags] == [(in_fake, True)]
+    assert not (await status(node, TOOL)).pinned  # type: ignore[union-attr]
     await node.ok("RemoveImage", pb.RemoveImageRequest(image=spec(TOOL, "vm")))
     assert await status(node, TOOL, "vm") is None
     assert (await status(node, TOOL)) is not None  # the default handler's copy stays
