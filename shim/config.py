@@ -9,15 +9,19 @@ override the file.
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 from collections.abc import Mapping
 from typing import Any
 
+from backends.contract.errors import InvalidArgumentError
+from backends.contract.pinning import PinnedImages
 from backends.registry import BACKEND_MODULES
 
 BACKEND_TYPES = tuple(BACKEND_MODULES)  # the registry's list, written once
 DEFAULT_LISTEN = "unix:///run/cri-shim/cri-shim.sock"
 DEFAULT_STATE_DIR = "/var/lib/cri-shim"
+DEFAULT_CERTS_D = "/etc/cri-shim/certs.d"
 
 
 class ConfigError(Exception):
@@ -49,7 +53,30 @@ class HandlerConfig:
 @dataclasses.dataclass(frozen=True)
 class ImagesConfig:
     pause_image: str = "registry.k8s.io/pause:3.10"
-    pull_no_progress_timeout: float = 300.0
+    # One directory per registry host with a hosts.toml (containerd's layout). The default is
+    # used only if it exists; a directory named in the file must exist.
+    config_path: str = DEFAULT_CERTS_D
+    credentials_file: str = ""
+    max_concurrent_downloads: int = 3
+    image_pull_progress_timeout: float = 300.0
+    pinned: tuple[str, ...] = ()
+
+    def registry_config_path(self) -> str:
+        """The hosts.toml directory the stores read, "" for none."""
+        if self.config_path == DEFAULT_CERTS_D and not os.path.isdir(self.config_path):
+            return ""
+        return self.config_path
+
+    def handler_options(self) -> dict[str, Any]:
+        """The section as the options the shim gives every handler (backends.contract.options)."""
+        return {
+            "pause_image": self.pause_image,
+            "registry_config_path": self.registry_config_path(),
+            "credentials_file": self.credentials_file,
+            "max_concurrent_downloads": self.max_concurrent_downloads,
+            "image_pull_progress_timeout": self.image_pull_progress_timeout,
+            "pinned": list(self.pinned),
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +130,8 @@ class Config:
     logging: LoggingConfig = LoggingConfig()
     nri: NriConfig = NriConfig()
     cni: CniConfig = CniConfig()
+    # What the file says that still works but should change (a deprecated key), logged at start.
+    notices: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
     def with_handler(self, name: str) -> Config:
         """Adds a handler named after a backend type (e.g. `docker`) with default options."""
@@ -193,10 +222,29 @@ type = "fake"
 # accel = "auto"   # "kvm", "tcg"
 
 [images]
-# The sandbox (pause) image of backends that run one.
+# The sandbox (pause) image of backends that run one; every store reports it
+# pinned (the kubelet's image garbage collection leaves it).
 pause_image = "registry.k8s.io/pause:3.10"
-# A pull that makes no progress for this many seconds is cancelled.
-pull_no_progress_timeout = 300.0
+# Registry hosts, mirrors, CAs, client certificates and headers, as containerd
+# reads them: one directory per registry host (e.g. certs.d/docker.io/) with a
+# hosts.toml. Read by the runv and fake stores (the docker backend's engine has
+# its own /etc/docker/certs.d and registry-mirrors). The default below is used
+# only if it exists; a directory set here must exist. "" = none.
+# config_path = "/etc/cri-shim/certs.d"
+# A node-wide credentials file (registry host -> credentials) for pulls the
+# kubelet sends no credentials for; "" = none.
+credentials_file = ""
+# Layers one pull downloads at once (runv's store).
+max_concurrent_downloads = 3
+# A pull that receives no byte for this many seconds is cancelled, whatever
+# its total time; 0 = never. (The old name pull_no_progress_timeout is still
+# read, with a notice in the log.)
+image_pull_progress_timeout = 300.0
+# Images reported pinned, besides the pause image: references (normalised:
+# "busybox:1.36" is docker.io/library/busybox:1.36) or globs where * matches
+# anything ("registry.k8s.io/*", "*pause*"), against repo tags and digests.
+# A pinned image can still be removed by a client (crictl rmi).
+pinned = []
 
 [streaming]
 # Address and port of the exec/attach/port-forward server (0 = a random port).
@@ -284,7 +332,7 @@ def parse(data: Mapping[str, Any]) -> Config:
         if not isinstance(data[section], Mapping):
             raise ConfigError(f"[{section}] must be a table")
     server = ServerConfig(**_check("server", data.get("server", {}), ServerConfig))
-    images = ImagesConfig(**_check("images", data.get("images", {}), ImagesConfig))
+    images, notices = _images(data.get("images", {}))
     streaming = StreamingSettings(**_check("streaming", data.get("streaming", {}), StreamingSettings))
     logging_ = LoggingConfig(**_check("logging", data.get("logging", {}), LoggingConfig))
     nri = NriConfig(**_check("nri", data.get("nri", {}), NriConfig))
@@ -332,10 +380,40 @@ def parse(data: Mapping[str, Any]) -> Config:
         logging=logging_,
         nri=nri,
         cni=cni,
+        notices=notices,
     )
     if server.default_handler not in handlers:
         cfg = cfg.with_handler(server.default_handler)
     return cfg
+
+
+def _images(data: Mapping[str, Any]) -> tuple[ImagesConfig, tuple[str, ...]]:
+    """The [images] section, checked; and the notices of its deprecated keys."""
+    data = dict(data)
+    notices: list[str] = []
+    if "pull_no_progress_timeout" in data:
+        if "image_pull_progress_timeout" in data:
+            raise ConfigError(
+                "[images] pull_no_progress_timeout is the old name of image_pull_progress_timeout: "
+                "set only image_pull_progress_timeout"
+            )
+        data["image_pull_progress_timeout"] = data.pop("pull_no_progress_timeout")
+        notices.append(
+            "[images] pull_no_progress_timeout is deprecated: it is read as image_pull_progress_timeout "
+            "(a pull is cancelled when no byte arrived for that long); rename it"
+        )
+    images = ImagesConfig(**_check("images", data, ImagesConfig))
+    if images.max_concurrent_downloads < 1:
+        raise ConfigError("[images] max_concurrent_downloads: must be at least 1")
+    if "config_path" in data and images.config_path and not os.path.isdir(images.config_path):
+        raise ConfigError(f"[images] config_path: {images.config_path!r} is not a directory")
+    if images.credentials_file and not os.path.isfile(images.credentials_file):
+        raise ConfigError(f"[images] credentials_file: {images.credentials_file!r} is not a file")
+    try:
+        PinnedImages.of(images.pinned, images.pause_image)
+    except InvalidArgumentError as exc:
+        raise ConfigError(f"[images] {exc.message}") from None
+    return images, tuple(notices)
 
 
 def load(path: str | None) -> Config:

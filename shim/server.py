@@ -167,11 +167,19 @@ class Server:
             "conf_template": cni.conf_template,
             "plugin_timeout": cni.plugin_timeout,
         }
+        images = self.config.images.handler_options()
         for name, h in self.config.handlers.items():
             opts = dict(h.options)
             opts.setdefault("state_dir", os.path.join(self.config.server.state_dir, "backends", name))
-            opts.setdefault("pause_image", self.config.images.pause_image)
-            opts.setdefault("pull_no_progress_timeout", self.config.images.pull_no_progress_timeout)
+            if "pull_no_progress_timeout" in opts:  # a handler's own value, by the key's old name
+                log.warning(
+                    "config.deprecated",
+                    notice=f"[handlers.{name}] pull_no_progress_timeout is deprecated: it is read as "
+                    "image_pull_progress_timeout; rename it",
+                )
+                opts.setdefault("image_pull_progress_timeout", opts.pop("pull_no_progress_timeout"))
+            for key, value in images.items():  # a handler's table may set its own
+                opts.setdefault(key, value)
             opts.setdefault("cgroup_driver", self.config.server.cgroup_driver)
             opts.setdefault("cni", cni_table)
             try:
@@ -183,6 +191,8 @@ class Server:
 
     async def start(self) -> None:
         cfg = self.config.server
+        for notice in self.config.notices:
+            log.warning("config.deprecated", notice=notice)
         check_cgroup_driver(
             {"[server] cgroup_driver": self.config.server.cgroup_driver}
             | {

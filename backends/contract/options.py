@@ -57,10 +57,25 @@ SHIM_KEYS: Schema = {
     "type": Kind.STR,
     "state_dir": Kind.STR,
     "pause_image": Kind.STR,
-    "pull_no_progress_timeout": Kind.NUMBER,
+    # The [images] section (shim.config.ImagesConfig): how a store pulls, and what it pins.
+    "image_pull_progress_timeout": Kind.NUMBER,
+    "pull_no_progress_timeout": Kind.NUMBER,  # the old name of image_pull_progress_timeout
+    "registry_config_path": Kind.STR,
+    "credentials_file": Kind.STR,
+    "max_concurrent_downloads": Kind.INT,
+    "pinned": Kind.STRINGS,
     "cgroup_driver": Kind.STR,
     "cni": Kind.TABLE,  # the node's CNI settings (the [cni] section), read by backends.cni.pods
 }
+
+
+def pull_progress_timeout(options: Mapping[str, Any], default: float) -> float:
+    """Seconds a pull may go without a byte (0: no limit): ``image_pull_progress_timeout``, or
+    the key's old name ``pull_no_progress_timeout``, or ``default``."""
+    for key in ("image_pull_progress_timeout", "pull_no_progress_timeout"):
+        if key in options:
+            return float(options[key])
+    return default
 
 
 def check(handler: str, options: Mapping[str, Any], schema: Schema) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from backends.cni.pinned import CniPods
 from backends.contract import options
 from backends.contract.options import Kind, Schema
+from backends.contract.pinning import PinnedImages
 
 from .backend import DockerBackend
 from .warm import POOL_SCHEMA, PoolSettings
@@ -42,7 +43,9 @@ def create(name: str, config: dict[str, Any]) -> DockerBackend:
 
     Keys: ``endpoint`` (unix:///var/run/docker.sock), ``pause_image``
     (registry.k8s.io/pause:3.10), ``network`` (bridge), ``runtime`` (runtime
-    handler -> engine runtime), ``pull_no_progress_timeout`` (s, 120; 0 disables),
+    handler -> engine runtime), ``image_pull_progress_timeout`` (s, 120; 0 disables; its
+    old name ``pull_no_progress_timeout`` is read too), ``pinned`` (patterns of images
+    reported pinned, besides the pause image: backends.contract.pinning),
     ``cgroup_parent`` (""), ``call_timeout`` (s, 60), ``instance``: a label
     value that scopes recovery, so that several shims (or test runs) can share
     one engine without removing each other's containers; by default the
@@ -62,7 +65,8 @@ def create(name: str, config: dict[str, Any]) -> DockerBackend:
         pause_image=str(config.get("pause_image", "registry.k8s.io/pause:3.10")),
         network=str(config.get("network", "bridge")),
         runtimes={str(k): v for k, v in runtimes.items()},
-        pull_no_progress_timeout=float(config.get("pull_no_progress_timeout", 120)),
+        pull_no_progress_timeout=options.pull_progress_timeout(config, 120),
+        pinned=PinnedImages.of(config.get("pinned") or ()),
         cgroup_parent=str(config.get("cgroup_parent", "")),
         call_timeout=float(config.get("call_timeout", 60)),
         instance=str(config.get("instance") or _instance_of(name, config.get("state_dir"))),

@@ -20,6 +20,7 @@ import os
 from typing import TYPE_CHECKING
 
 from backends.contract import Backend, Capability, Checkpoint
+from backends.contract.pinning import PinnedImages
 from backends.contract.pool import PoolFigures
 from backends.linux.criu import NeedsCriu
 
@@ -53,6 +54,7 @@ class DockerBackend:
         network: str = "bridge",
         runtimes: dict[str, str] | None = None,
         pull_no_progress_timeout: float = 120.0,
+        pinned: PinnedImages | None = None,
         cgroup_parent: str = "",
         call_timeout: float = 60.0,
         instance: str = "",
@@ -68,7 +70,7 @@ class DockerBackend:
         self.engine: EngineAPI = engine or EngineClient(endpoint, call_timeout=call_timeout)
         self._shared = Shared(
             self.engine,
-            EngineImages(self.engine, pause_image, pull_no_progress_timeout),
+            EngineImages(self.engine, pause_image, pull_no_progress_timeout, pinned),
             instance=self.instance,
             network=network,
             runtimes=dict(runtimes or {}),

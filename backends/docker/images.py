@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import time
 
@@ -19,6 +20,7 @@ from backends.contract.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
+from backends.contract.pinning import PinnedImages
 from backends.reference import DEFAULT_DOMAIN, BadReference, Reference, parse
 from cri_api import api_pb2 as pb
 
@@ -73,10 +75,18 @@ def registry_auth(auth: pb.AuthConfig | None, ref: str) -> str | None:
 
 
 class EngineImages:
-    def __init__(self, engine: EngineAPI, pause_image: str, no_progress_timeout: float) -> None:
+    def __init__(
+        self,
+        engine: EngineAPI,
+        pause_image: str,
+        no_progress_timeout: float,
+        pinned: PinnedImages | None = None,
+    ) -> None:
         self._engine = engine
         self.pause_image = pause_image
         self._no_progress_timeout = no_progress_timeout
+        # The pause image is pinned by the mirror (by its ID); these by their tags and digests.
+        self._pinned = pinned or PinnedImages()
         self._pulls: dict[str, asyncio.Task[str]] = {}
         self._remove_lock = asyncio.Lock()
         self.mirror = ImageMirror(engine, pause_image)  # fed by the backend's event watcher
@@ -178,11 +188,12 @@ class EngineImages:
     # ---------------------------------------------------------------- queries
 
     def list_now(self) -> list[ImageInfo] | None:
-        return self.mirror.current_now()
+        images = self.mirror.current_now()
+        return None if images is None else _pin(self._pinned, images)
 
     async def list(self) -> list[ImageInfo]:
         images = await self.mirror.current()
-        return images if images is not None else await self.mirror.from_engine()
+        return _pin(self._pinned, images if images is not None else await self.mirror.from_engine())
 
     async def status(self, ref: str) -> ImageInfo | None:
         if not ref:
@@ -191,7 +202,7 @@ class EngineImages:
             info = await self._engine.image_inspect(ref)
         except NotFoundError:
             return None
-        return self.mirror.info_of(info, await self.mirror.pause_id())
+        return _pin(self._pinned, [self.mirror.info_of(info, await self.mirror.pause_id())])[0]
 
     async def remove(self, ref: str) -> None:
         # One removal at a time: the engine untags before it deletes, so a
@@ -252,6 +263,18 @@ class DockerImages:
 
     def image_fs_info_now(self) -> pb.ImageFsInfoResponse | None:
         return self.usage.fs_info_now()
+
+
+def _pin(pins: PinnedImages, images: list[ImageInfo]) -> list[ImageInfo]:
+    """``images`` with those the ``pinned`` patterns match pinned."""
+    if not pins:
+        return images
+    return [
+        dataclasses.replace(i, pinned=True)
+        if not i.pinned and pins.matches(i.repo_tags, i.repo_digests)
+        else i
+        for i in images
+    ]
 
 
 def _pull_error(ref: str, message: str) -> CriError:

@@ -16,7 +16,8 @@ a non-empty ``available_images`` list makes every pull it does not match (by
 full name, ``registry.k8s.io/pause:3.10.1``, or as written) fail with NOT_FOUND
 too, as a registry that has only those images (the pinned sandbox image is
 always there).
-Every pull is recorded in ``pulls`` with the auth it carried.
+Every pull is recorded in ``pulls`` with the auth it carried. The sandbox image, and
+the images the ``pinned`` patterns match (backends.contract.pinning), are reported pinned.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from backends.contract import ImageInfo, errors
+from backends.contract.pinning import PinnedImages
 from backends.reference import BadReference, Reference, parse
 from cri_api import api_pb2 as pb
 
@@ -42,6 +44,9 @@ BUILTIN_RULES: dict[str, dict[str, Any]] = {
     "e2e-test-images/agnhost": {"entrypoint": ["/agnhost"], "cmd": ["pause"]},
     "e2e-test-images/nonewprivs": {"cmd": ["nnp"]},  # its setuid program, a tool of the shell
 }
+
+
+_NO_PINS = PinnedImages()
 
 
 @dataclasses.dataclass(slots=True)
@@ -55,7 +60,8 @@ class FakeImage:
     pinned: bool = False
     stop_signal: str = ""  # the image config's STOPSIGNAL, as a rule gives it
 
-    def info(self) -> ImageInfo:
+    def info(self, pinned: PinnedImages = _NO_PINS) -> ImageInfo:
+        """As the store reports it, ``pinned`` by ``[images] pinned`` patterns too."""
         return ImageInfo(
             id=self.id,
             repo_tags=tuple(self.repo_tags),
@@ -63,7 +69,7 @@ class FakeImage:
             size=self.size,
             uid=self.uid,
             username=self.username,
-            pinned=self.pinned,
+            pinned=self.pinned or pinned.matches(self.repo_tags, self.repo_digests),
         )
 
 
@@ -78,6 +84,8 @@ class FakeImages:
         self._pull_seconds = float(options.get("pull_seconds", 0.01))
         self._pause_image = str(options.get("pause_image", ""))
         self._pause_ref = ""
+        # The sandbox image is pinned by its flag (it is the image of that tag at start).
+        self._pinned = PinnedImages.of([str(p) for p in options.get("pinned", [])])
         self._rules = {str(k): dict(v) for k, v in dict(options.get("images", {})).items()}
         for name, rule in self._rules.items():
             files = rule.get("files", {})
@@ -138,11 +146,12 @@ class FakeImages:
         return self.infos()
 
     def infos(self) -> list[ImageInfo]:
-        return [i.info() for i in self._images.values()]
+        pinned = self._pinned
+        return [i.info(pinned) for i in self._images.values()]
 
     async def image_status(self, image: pb.ImageSpec) -> ImageInfo | None:
         found = self.find(image.image)
-        return found.info() if found is not None else None
+        return found.info(self._pinned) if found is not None else None
 
     async def remove_image(self, image: pb.ImageSpec) -> None:
         found = self.find(image.image)

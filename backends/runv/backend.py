@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from backends import contract
 from backends.cni.pinned import CniPods
-from backends.contract import errors
+from backends.contract import errors, options
+from backends.contract.pinning import PinnedImages
 from backends.contract.pool import PoolFigures
 from backends.linux.criu import NeedsCriu
 from backends.oci.settings import PullSettings
@@ -57,6 +58,24 @@ def _driver(handler: str, config: dict[str, Any], run_dir: str) -> Hypervisor:
     table = dict(config.get(driver) or {})
     table.setdefault("run_dir", run_dir)
     return QemuHypervisor(table) if driver == "qemu" else StubHypervisor(table)
+
+
+def pull_settings(config: dict[str, Any]) -> PullSettings:
+    """How the handler's image store pulls: its options (the shim's ``[images]`` section, which
+    the handler's table may override, and ``insecure_registries``)."""
+    default = PullSettings()
+    insecure = config.get("insecure_registries")
+    downloads = int(config.get("max_concurrent_downloads", default.max_concurrent_downloads))
+    if downloads < 1:
+        raise errors.InvalidArgumentError("max_concurrent_downloads: must be at least 1")
+    return PullSettings(
+        insecure=frozenset(insecure) if insecure else default.insecure,
+        config_path=str(config.get("registry_config_path", default.config_path)),
+        credentials_file=str(config.get("credentials_file", default.credentials_file)),
+        max_concurrent_downloads=downloads,
+        progress_timeout=options.pull_progress_timeout(config, default.progress_timeout),
+        pinned=tuple(config.get("pinned") or ()),
+    )
 
 
 class RunvBackend:
@@ -95,9 +114,7 @@ class RunvBackend:
         self.capabilities = caps
         self.overhead_vcpus = float(config.get("overhead_vcpus", 0.0))
         self.overhead_memory = int(config.get("overhead_memory_mib", 32)) * MIB
-        insecure = config.get("insecure_registries")
-        settings = PullSettings(insecure=frozenset(insecure)) if insecure else PullSettings()
-        self.image_store = ImageStore(os.path.join(self.root, "images"), settings)
+        self.image_store = ImageStore(os.path.join(self.root, "images"), pull_settings(config))
         net_config = dict(config.get("network") or {})
         net_config.setdefault("owner", hashlib.sha256(os.path.abspath(self.root).encode()).hexdigest()[:12])
         self.net = BridgeNetwork(net_config)
@@ -121,7 +138,8 @@ class RunvBackend:
         )
         self.warm = WarmVMs(self._shared, self.pool_config, self.pool_shape)
         self.pool = self.warm.pool
-        self.images = VmImages(self.image_store, containers_dir)
+        pinned = PinnedImages.of(self.image_store.settings.pinned, str(config.get("pause_image", "")))
+        self.images = VmImages(self.image_store, containers_dir, pinned)
         self.lifecycle = VmLifecycle(
             self._shared,
             self.warm,

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from backends.contract import ImageInfo
 from cri_api import api_pb2 as pb
-from shim.cri.image import image_pb, merged_fs_info, wanted_image
+from shim.cri.image import image_pb, merged_fs_info, wanted_handler, wanted_image
 from shim.cri.messages import container_pb, sandbox_pb
 
 if TYPE_CHECKING:
@@ -251,7 +251,7 @@ class EncodedImages:
 
     def list_images(self, req: pb.ListImagesRequest) -> bytes | Coroutine[Any, Any, pb.ListImagesResponse]:
         stores = self._images.stores()
-        if len(stores) == 1 and not wanted_image(req):
+        if len(stores) == 1 and not wanted_image(req) and not wanted_handler(req):
             infos = stores[0].list_images_now()
             if infos is not None:
                 encoded = self._encode(infos)

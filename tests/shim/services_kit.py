@@ -15,11 +15,12 @@ import contextlib
 import dataclasses
 import inspect
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import pytest
 
+from backends.contract import Backend
 from backends.fake import PROGRAM_ANNOTATION, FakeBackend, error_from_spec
 from backends.registry import HandlerRegistry
 from cri_api import api_pb2 as pb
@@ -101,9 +102,15 @@ class Kit:
 
 @contextlib.asynccontextmanager
 async def open_kit(
-    root: str, images: tuple[str, ...] = ("busybox",), **fake_options: Any
+    root: str,
+    images: tuple[str, ...] = ("busybox",),
+    *,
+    handlers: Mapping[str, Backend] | None = None,
+    default: str = "fake",
+    **fake_options: Any,
 ) -> AsyncIterator[Kit]:
-    """A Shim over the fake backend, its state under ``root``, with ``images`` pulled."""
+    """A Shim over the fake backend, its state under ``root``, with ``images`` pulled; beside it
+    the other ``handlers`` (their lifecycles are the caller's), ``default`` the default handler."""
     os.makedirs(os.path.join(root, "logs"), exist_ok=True)
     fake = FakeBackend("fake", {"state_dir": os.path.join(root, "fake"), "pull_seconds": 0, **fake_options})
     store = Store(StateDir(os.path.join(root, "state")))
@@ -119,7 +126,9 @@ async def open_kit(
     config = dataclasses.replace(
         base, nri=dataclasses.replace(base.nri, enable=False, socket_path=os.path.join(root, "nri.sock"))
     )
-    shim = Shim(config, HandlerRegistry({"fake": fake}, "fake"), store, id_factory=new_id)
+    shim = Shim(
+        config, HandlerRegistry({"fake": fake, **(handlers or {})}, default), store, id_factory=new_id
+    )
     await fake.lifecycle.start(shim)
     kit = Kit(CriServicer(shim), fake, root, issued)
     try:

@@ -94,3 +94,89 @@ def test_log_options_override_the_logging_section(argv: list[str], level: str, f
     args = cli._parser().parse_args(argv)
     cfg = cli.build_config(args) if args.command == "serve" else cli.build_hollow(args).config
     assert (cfg.logging.level, cfg.logging.format) == (level, fmt)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[images]\nmax_concurrent_downloads = 0", "[images] max_concurrent_downloads: must be at least 1"),
+        ("[images]\nmax_concurrent_downloads = 1.5", "[images] max_concurrent_downloads: expected a non-neg"),
+        ("[images]\nimage_pull_progress_timeout = -1", "[images] image_pull_progress_timeout: expected a non"),
+        ("[images]\nconfig_path = '/nonexistent/certs.d'", "[images] config_path: '/nonexistent/certs.d' is not"),
+        ("[images]\ncredentials_file = '/nonexistent/auth.json'", "[images] credentials_file: '/nonexist"),
+        ("[images]\npinned = 'busybox'", "[images] pinned: expected a list of strings"),
+        ("[images]\npinned = ['Bad Name']", "[images] pinned: 'Bad Name' is not an image reference"),
+        (
+            "[images]\npull_no_progress_timeout = 1\nimage_pull_progress_timeout = 2",
+            "[images] pull_no_progress_timeout is the old name of image_pull_progress_timeout",
+        ),
+        ("[images]\nconfigpath = '/x'", "[images] unknown key 'configpath'"),
+    ],
+    ids=["downloads-0", "downloads-float", "timeout", "config-path", "credentials", "pinned-type",
+         "pinned-pattern", "both-timeouts", "images-key"],
+)  # fmt: skip
+def test_images_errors_name_the_key(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse(tomllib.loads(text))
+    assert message in str(info.value)
+
+
+def test_images_section_and_the_old_timeout_name(tmp_path: object) -> None:
+    creds = f"{tmp_path}/auth.json"
+    with open(creds, "w") as f:
+        f.write("{}")
+    cfg = parse(
+        tomllib.loads(
+            f"[images]\nconfig_path = '{tmp_path}'\ncredentials_file = '{creds}'\n"
+            "max_concurrent_downloads = 5\nimage_pull_progress_timeout = 0\npinned = ['busybox:*']\n"
+        )
+    )
+    assert cfg.images.handler_options() == {
+        "pause_image": "registry.k8s.io/pause:3.10",
+        "registry_config_path": str(tmp_path),
+        "credentials_file": creds,
+        "max_concurrent_downloads": 5,
+        "image_pull_progress_timeout": 0.0,
+        "pinned": ["busybox:*"],
+    }
+    assert cfg.notices == ()
+    old = parse(tomllib.loads("[images]\npull_no_progress_timeout = 60"))
+    assert old.images.image_pull_progress_timeout == 60.0
+    assert len(old.notices) == 1 and "pull_no_progress_timeout is deprecated" in old.notices[0]
+
+
+def test_the_default_hosts_directory_is_used_only_if_it_exists(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shim import config
+
+    images = Config().images
+    assert images.config_path == config.DEFAULT_CERTS_D
+    monkeypatch.setattr(config.os.path, "isdir", lambda path: False)
+    assert images.registry_config_path() == ""
+    monkeypatch.setattr(config.os.path, "isdir", lambda path: path == config.DEFAULT_CERTS_D)
+    assert images.registry_config_path() == config.DEFAULT_CERTS_D
+    # Named in the file, it must exist.
+    with pytest.raises(ConfigError, match="config_path"):
+        parse(tomllib.loads(f"[images]\nconfig_path = '{config.DEFAULT_CERTS_D}/x'"))
+
+
+def test_every_handler_gets_the_images_section_and_may_override_it(tmp_path: object) -> None:
+    from backends.fake import FakeBackend
+    from shim.server import Server
+
+    text = (
+        f"[server]\nstate_dir = '{tmp_path}'\n[images]\npinned = ['alpine:*']\n"
+        "image_pull_progress_timeout = 30\n"
+        "[handlers.fake]\n[handlers.own]\ntype = 'fake'\npinned = ['busybox:*']\n"
+        "[handlers.old]\ntype = 'fake'\npull_no_progress_timeout = 7\n"
+    )
+    backends = Server(parse(tomllib.loads(text)))._build_backends()
+    options = {name: b.options for name, b in backends.items() if isinstance(b, FakeBackend)}
+    assert options["fake"]["pinned"] == ["alpine:*"] and options["own"]["pinned"] == ["busybox:*"]
+    assert options["fake"]["image_pull_progress_timeout"] == 30.0
+    assert options["old"]["image_pull_progress_timeout"] == 7  # its own value, by the old name
+    assert "pull_no_progress_timeout" not in options["old"]
+    bad = text.replace("['busybox:*']", "['Not A Ref']")
+    from shim.server import ServerError
+
+    with pytest.raises(ServerError, match=r"\[handlers.own\].*pinned: 'Not A Ref'"):
+        Server(parse(tomllib.loads(bad)))._build_backends()

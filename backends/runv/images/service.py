@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from backends import contract
 from backends.contract import errors
+from backends.contract.pinning import PinnedImages
 from backends.linux.usage import UsageCache
 from cri_api import api_pb2 as pb
 
@@ -19,8 +20,9 @@ from .store import Credentials, Image, ImageStore
 
 
 class VmImages:
-    def __init__(self, store: ImageStore, containers_dir: str) -> None:
+    def __init__(self, store: ImageStore, containers_dir: str, pinned: PinnedImages | None = None) -> None:
         self._store = store
+        self._pinned = pinned or PinnedImages()
         self._containers_dir = containers_dir
         self._image_usage = UsageCache(store.root)
         self._layer_usage = UsageCache(containers_dir)
@@ -35,8 +37,7 @@ class VmImages:
             )
         return await self._store.pull(image.image, creds)
 
-    @staticmethod
-    def _info(img: Image) -> contract.ImageInfo:
+    def _info(self, img: Image) -> contract.ImageInfo:
         uid, username = contract.image_user(str(img.config.get("User") or ""))
         return contract.ImageInfo(
             id=img.id,
@@ -45,7 +46,7 @@ class VmImages:
             size=max(img.size, 1),
             uid=uid,
             username=username,
-            pinned=img.pinned,
+            pinned=img.pinned or self._pinned.matches(img.repo_tags, img.repo_digests),
         )
 
     async def list_images(self) -> list[contract.ImageInfo]:
