@@ -201,7 +201,8 @@ class Standin:
         self.blobs: dict[str, bytes] = {}
         self.seen: list[Seen] = []
         self.token_requests: list[Seen] = []
-        self.issued: list[str] = []
+        self.issued: list[str] = []  # tokens the registry accepts (clear it to revoke them)
+        self._tokens = 0
         self.tls_failures = 0
         self.release = threading.Event()  # ends a stall
         self._lock = threading.Lock()
@@ -308,7 +309,8 @@ class Standin:
         if not ok:
             return 401, b'{"errors": [{"code": "UNAUTHORIZED"}]}'
         with self._lock:
-            token = f"tok-{len(self.issued) + 1}"
+            self._tokens += 1
+            token = f"tok-{self._tokens}"
             self.issued.append(token)
         return 200, json.dumps({field: token, "expires_in": self.expires_in}).encode()
 
