@@ -134,7 +134,9 @@ class CredentialsFile:
     def _fail(message: str, strict: bool) -> None:
         if strict:
             raise CredentialsFileError(message)
-        log.warning("credentials file unusable, the entries read before are kept", reason=message)
+        log.warning(
+            "registry.credentials_file_unusable", reason=message, note="the entries read before are kept"
+        )
 
 
 def _parse_credentials(path: str) -> dict[str, Credentials]:

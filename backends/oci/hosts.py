@@ -56,7 +56,8 @@ class RegistryHost:
     netloc: str  # host[:port]
     root: str  # the API root path: <path>/v2, or the URL's path as written with override_path
     capabilities: frozenset[str] = frozenset(CAPABILITIES)
-    headers: tuple[tuple[str, str], ...] = ()
+    # Configured headers may carry a secret of the operator's: not in a repr.
+    headers: tuple[tuple[str, str], ...] = dataclasses.field(default=(), repr=False)
     tls: ssl.SSLContext | None = dataclasses.field(default=None, compare=False, repr=False)
     dial_timeout: float = DEFAULT_DIAL_TIMEOUT
     mirror: bool = False  # a [host] table: asked with ?ns=<the image's registry>

@@ -228,11 +228,12 @@ class RegistryClient:
                 kind_, reason = _REFUSED, str(exc)
             failures.append((host, kind_, reason))
             log.warning(
-                "registry host failed" + (", trying the next" if i + 1 < len(hosts) else ""),
+                "registry.host_failed",
                 host=host.url,
                 reason=reason,
                 image=str(self.ref),
                 request=what,
+                next=hosts[i + 1].url if i + 1 < len(hosts) else "",
             )
         raise _all_failed(f"{what} of {self.ref.repository}", failures)
 

@@ -211,7 +211,7 @@ def test_request_credentials_for_the_registry_are_not_sent_to_a_mirror(
         with structlog.testing.capture_logs() as logs:
             assert manifest(upstream, creds, settings) == image.manifest
         assert all(s.header("authorization") == "" for s in mirror.api_requests())
-        (failed,) = [e for e in logs if e["event"].startswith("registry host failed")]
+        (failed,) = [e for e in logs if e["event"] == "registry.host_failed"]
         assert failed["host"] == mirror.url and "there are none for it" in failed["reason"]
         # Credentials for no particular registry go to every host of the pull, mirrors first.
         assert manifest(upstream, Credentials(username="user", password=PASSWORD), settings) == image.manifest
@@ -245,7 +245,7 @@ def test_no_secret_in_logs_or_errors(image: Image, pki: Pki, hosts_dir: HostsDir
                 except PullError as exc:
                     messages.append(str(exc))
     assert any("token request failed" in m for m in messages)  # the failures did happen
-    assert len([e for e in logs if e["event"].startswith("registry host failed")]) >= len(attempts)
+    assert len([e for e in logs if e["event"] == "registry.host_failed"]) >= len(attempts)
     text = "\n".join([*messages, *(repr(e) for e in logs)])
     leaked = [s for s in secrets if s in text] + [
         t for t in upstream.issued if f"'{t}'" in text or f" {t}" in text

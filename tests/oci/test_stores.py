@@ -85,7 +85,9 @@ def _testenv_registry_up() -> bool:
         return False
 
 
-@pytest.mark.skipif(not _testenv_registry_up(), reason="no testenv registry on 127.0.0.1:5000 (scripts/testenv/up)")
+@pytest.mark.skipif(
+    not _testenv_registry_up(), reason="no testenv registry on 127.0.0.1:5000 (scripts/testenv/up)"
+)
 async def test_testenv_registry_behind_a_tls_mirror_with_client_certificates(
     pki: Pki, hosts_dir: HostsDir, tmp_path: Path
 ) -> None:
@@ -124,7 +126,11 @@ async def test_fake_records_the_hosts_a_pull_would_ask(hosts_dir: HostsDir) -> N
     by_tag, by_digest, other = backend.pulls
     assert by_tag == ("registry.k8s.io/pause:3.10", auth)  # the record is still (image, auth)
     assert by_tag.hosts == ("https://mirror.example:8443", "https://registry.k8s.io")
-    assert by_digest.hosts == ("https://pull-only.example", "https://mirror.example:8443", "https://registry.k8s.io")
+    assert by_digest.hosts == (
+        "https://pull-only.example",
+        "https://mirror.example:8443",
+        "https://registry.k8s.io",
+    )
     assert other.hosts == ("https://quay.io",)
 
 
@@ -132,4 +138,6 @@ def test_fake_refuses_a_bad_hosts_toml_at_start(hosts_dir: HostsDir) -> None:
     path = hosts_dir.write("registry.k8s.io", '[host."https://m.example"]\nskip_verify = "no"\n')
     with pytest.raises(HostsConfigError) as err:
         fake.create("fake", {"registry_config_path": hosts_dir.path})
-    assert str(err.value).startswith(f'{path}: key host."https://m.example".skip_verify: must be true or false')
+    assert str(err.value).startswith(
+        f'{path}: key host."https://m.example".skip_verify: must be true or false'
+    )
