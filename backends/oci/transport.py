@@ -125,6 +125,9 @@ class Transport:
             target = urllib.parse.urljoin(target, location)
             if reply.status == 303:
                 method, body = "GET", None
+            elif body is not None and urllib.parse.urlsplit(target).netloc != host.netloc:
+                # A body (a refresh token's form) goes to the host it was meant for only.
+                raise RedirectError(f"{method} to {seen[-1]} redirected to another host: not resent there")
         raise RedirectError(
             f"more than {MAX_REDIRECTS} redirects (a redirect loop?) from {seen[0]} through {seen[-1]}"
         )
@@ -162,7 +165,8 @@ class Transport:
             if parts.query:
                 path += "?" + parts.query
             conn.putrequest(method, path, skip_accept_encoding=True)
-            for name, value in (("User-Agent", USER_AGENT), *headers):
+            # One request a connection: the registry need not keep a thread or a socket for us.
+            for name, value in (("User-Agent", USER_AGENT), ("Connection", "close"), *headers):
                 check_header(value)
                 conn.putheader(name, value)
             if body is not None:
