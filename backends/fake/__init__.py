@@ -36,6 +36,7 @@ SCHEMA: Schema = {
     "errors": Kind.TABLE,
     "latency": Kind.TABLE,
     "max_calls": Kind.INT,
+    "registry_config_path": Kind.STR,  # hosts.toml files (backends.oci.hosts): pulls record the hosts
 }
 
 

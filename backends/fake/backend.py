@@ -27,11 +27,10 @@ from backends.contract.pool import PoolFigures
 from backends.fake.checkpoint import FakeCheckpoint
 from backends.fake.exec import FakeExec
 from backends.fake.faults import FaultInjector
-from backends.fake.images import FakeImages
+from backends.fake.images import FakeImages, PullRecord
 from backends.fake.lifecycle import FakeLifecycle
 from backends.fake.program import Programs
 from backends.fake.stats import FakeStats
-from cri_api import api_pb2 as pb
 
 CAPABILITIES = Capability.HOST_NETWORK | Capability.MOUNT_OPTIONS
 
@@ -83,8 +82,8 @@ class FakeBackend(FaultInjector):
 
     # The fake's own helpers, for tests.
     @property
-    def pulls(self) -> list[tuple[str, pb.AuthConfig | None]]:
-        """Each image pull with the auth it carried."""
+    def pulls(self) -> list[PullRecord]:
+        """Each image pull with the auth it carried (and the registry hosts it would have asked)."""
         return self.runtime.images.pulls
 
     @property

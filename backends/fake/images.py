@@ -35,6 +35,7 @@ from typing import Any
 
 from backends.contract import ImageInfo, errors
 from backends.contract.pinning import PinnedImages
+from backends.oci.hosts import Hosts, load_hosts
 from backends.reference import BadReference, Reference, parse
 from cri_api import api_pb2 as pb
 
@@ -47,6 +48,21 @@ BUILTIN_RULES: dict[str, dict[str, Any]] = {
 
 
 _NO_PINS = PinnedImages()
+
+
+class PullRecord(tuple[str, "pb.AuthConfig | None"]):
+    """One pull as ``pulls`` records it: (image, auth), and ``hosts``: the registry hosts (URLs) a
+    real pull would have asked for the image's manifest, in order. With the option
+    ``registry_config_path`` (a directory of hosts.toml files, read as runv's store reads them,
+    :mod:`backends.oci.hosts`, at start and with the same errors): the mirrors, then the server;
+    else the image's registry alone."""
+
+    hosts: tuple[str, ...]
+
+    def __new__(cls, image: str, auth: pb.AuthConfig | None, hosts: tuple[str, ...] = ()) -> PullRecord:
+        record = super().__new__(cls, (image, auth))
+        record.hosts = hosts
+        return record
 
 
 @dataclasses.dataclass(slots=True)
@@ -79,7 +95,9 @@ class FakeImages:
     def __init__(self, options: Mapping[str, Any], clock: Callable[[], int] = time.time_ns) -> None:
         self.clock = clock
         self.state_dir = str(options.get("state_dir", ""))
-        self.pulls: list[tuple[str, pb.AuthConfig | None]] = []
+        self.pulls: list[PullRecord] = []
+        # Parsed now, as runv's store does: a bad hosts.toml stops the start, not a pull.
+        self.registry_hosts: Hosts = load_hosts(str(options.get("registry_config_path", "")))
         self._images: dict[str, FakeImage] = {}
         self._pull_seconds = float(options.get("pull_seconds", 0.01))
         self._pause_image = str(options.get("pause_image", ""))
@@ -120,13 +138,16 @@ class FakeImages:
     async def pull_image(
         self, image: pb.ImageSpec, auth: pb.AuthConfig | None, sandbox_config: pb.PodSandboxConfig | None
     ) -> str:
-        self.pulls.append((image.image, auth))
-        if self._pull_seconds:
-            await asyncio.sleep(self._pull_seconds)
         try:
             ref = parse(image.image)
         except BadReference as exc:
+            self.pulls.append(PullRecord(image.image, auth))
+            if self._pull_seconds:
+                await asyncio.sleep(self._pull_seconds)
             raise errors.InvalidArgumentError(str(exc)) from None
+        self.pulls.append(PullRecord(image.image, auth, self.hosts_for(ref)))
+        if self._pull_seconds:
+            await asyncio.sleep(self._pull_seconds)
         if any(fnmatch.fnmatch(ref.name, p) or fnmatch.fnmatch(image.image, p) for p in self._missing):
             raise errors.NotFoundError(f"image {image.image!r} not found in the (fake) registry")
         if not self.available(ref, image.image):
@@ -137,6 +158,14 @@ class FakeImages:
         img = self._add(ref)
         self._save()
         return img.id
+
+    def hosts_for(self, ref: Reference) -> tuple[str, ...]:
+        """The hosts a real pull of ``ref`` asks for its manifest, in order: those with the
+        ``resolve`` capability for a tag, with ``pull`` for a digest."""
+        need = "pull" if ref.digest else "resolve"
+        return tuple(
+            h.url for h in self.registry_hosts.for_domain(ref.domain) if h.can("pull") and h.can(need)
+        )
 
     async def list_images(self) -> list[ImageInfo]:
         return self.infos()

@@ -33,7 +33,12 @@ class VmImages:
         creds = None
         if auth is not None:
             creds = Credentials(
-                auth.username, auth.password, auth.auth, auth.identity_token, auth.registry_token
+                auth.username,
+                auth.password,
+                auth.auth,
+                auth.identity_token,
+                auth.registry_token,
+                server_address=auth.server_address,
             )
         return await self._store.pull(image.image, creds)
 

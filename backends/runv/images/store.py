@@ -288,7 +288,7 @@ class ImageStore:
             del self._pulls[key]
 
     def _pull(self, ref: reference.Reference, creds: Credentials | None) -> str:
-        reg = RegistryClient(ref, creds, set(self.settings.insecure))
+        reg = RegistryClient(ref, creds, self.settings)
         try:
             raw, media, digest = reg.manifest(ref.digest or ref.tag)
             doc = json.loads(raw)
