@@ -106,6 +106,7 @@ class ImageStore:
         self._flights = Flights()  # blobs being fetched, by digest
         self._pulling: collections.Counter[str] = collections.Counter()  # diff IDs pulls need
         self._threads = concurrent.futures.ThreadPoolExecutor(PULL_THREADS, thread_name_prefix="pull")
+        self._active = 0  # pull threads running, cancelled ones until they stopped
         os.makedirs(self._blobs, exist_ok=True)
         os.makedirs(self._snapshots, exist_ok=True)
         self._sweep()
@@ -260,10 +261,26 @@ class ImageStore:
         if not task.cancelled():
             task.exception()  # retrieved: the waiters re-raise it, or all of them are gone
 
+    def pulling(self) -> int:
+        """Pull threads still running (a cancelled pull's until it cleaned up)."""
+        with self._lock:
+            return self._active
+
     def _client(self, ref: reference.Reference, creds: Credentials | None) -> RegistryClient:
         return RegistryClient(ref, creds, set(self.settings.insecure))
 
     def _pull(self, ref: reference.Reference, creds: Credentials | None, cancel: threading.Event) -> str:
+        with self._lock:
+            self._active += 1
+        try:
+            return self._pull_image(ref, creds, cancel)
+        finally:
+            with self._lock:
+                self._active -= 1
+
+    def _pull_image(
+        self, ref: reference.Reference, creds: Credentials | None, cancel: threading.Event
+    ) -> str:
         reg = self._client(ref, creds)
         try:
             raw, digest, doc = self._manifest(reg, ref)
@@ -283,6 +300,8 @@ class ImageStore:
                     self._flights.run(layer.digest, lambda: self._layer(reg, layer, cancel), cancel)
 
                 fetch_all(missing, one, self.settings.max_concurrent_downloads, cancel)
+                if cancel.is_set():  # the layers came, but nobody wants the image now
+                    raise PullCancelled("cancelled")
                 write_atomic(os.path.join(self._blobs, hex_of(digest)), raw)
                 with self._lock:
                     gone = [d for d in diff_ids if not os.path.isdir(self.snapshot_dir(d))]

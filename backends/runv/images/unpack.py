@@ -35,6 +35,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _ROOT = os.geteuid() == 0
 _ZEROS = bytes(BLOCK)
+_XATTR = "SCHILY.xattr."
 _NODES = {tarfile.CHRTYPE: stat.S_IFCHR, tarfile.BLKTYPE: stat.S_IFBLK, tarfile.FIFOTYPE: stat.S_IFIFO}
 _META_TYPES = (
     tarfile.XHDTYPE,
@@ -114,7 +115,7 @@ class _Entry:
         self.gid = int(str(pax["gid"])) if "gid" in pax else info.gid
         self.mtime = float(str(pax["mtime"])) if "mtime" in pax else float(info.mtime)
         self.mode = info.mode & 0o7777
-        self.xattrs = {k[12:]: v for k, v in pax.items() if k.startswith("SCHILY.xattr.")}
+        self.xattrs = {k.removeprefix(_XATTR): v for k, v in pax.items() if k.startswith(_XATTR)}
 
 
 class Unpacker:
@@ -394,7 +395,7 @@ def _pax_records(data: bytes) -> dict[str, str | bytes]:
         if not eq:
             raise PullError("the layer's tar has a bad PAX header")
         name = key.decode("utf-8", "surrogateescape")
-        out[name] = value if name.startswith("SCHILY.xattr.") else value.decode("utf-8", "surrogateescape")
+        out[name] = value if name.startswith(_XATTR) else value.decode("utf-8", "surrogateescape")
         pos += length
     return out
 
