@@ -2,12 +2,19 @@
 
 Layout under ``root``::
 
-    blobs/sha256/<hex>         content store: manifests, configs, compressed layers (digest-verified)
+    blobs/sha256/<hex>         manifests and configs (digest-verified)
     snapshots/<hex>/fs         one unpacked layer per diff ID, whiteouts in overlayfs form
     index.json                 images by ID (config digest) with their tags and repo digests
 
 Containers get ``lowerdir=<top layer>:...:<bottom layer>`` over a private
 upper directory: the layers are shared copy-on-write between containers.
+
+A pull fetches the manifest and the config, then the layers it lacks, up to
+``max_concurrent_downloads`` at once, each verified and unpacked as it streams
+(:mod:`.layers`); the image enters the index only once every layer is in place. A failed
+pull leaves no temporary file (those of a killed process are swept when the store opens)
+and keeps the layers it verified, so that a retry fetches only the rest. Two pulls that
+want the same layer or config (the same image, or images sharing layers) fetch it once.
 
 The registry side is :mod:`backends.oci.registry`.
 """
@@ -15,22 +22,25 @@ The registry side is :mod:`backends.oci.registry`.
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
 import contextlib
+import contextvars
 import dataclasses
-import gzip
+import glob
 import hashlib
 import json
 import os
 import re
 import shutil
-import stat
 import tarfile
 import tempfile
 import threading
-from typing import IO, Any, cast
+from collections.abc import Iterator
+from typing import Any
 
 from backends import reference
-from backends.contract.errors import InvalidArgumentError
+from backends.contract.errors import InvalidArgumentError, ResourceExhaustedError
 from backends.linux.files import write_atomic
 from backends.oci.registry import (
     MEDIA_DOCKER_LIST,
@@ -42,10 +52,17 @@ from backends.oci.registry import (
 )
 from backends.oci.settings import PullSettings
 
+from .layers import UNPACK_PREFIX, Flights, Layer, PullCancelled, fetch_all, fetch_bytes, fetch_layer
+from .unpack import unpack_fileobj, unpack_layer
+
 __all__ = ["Credentials", "Image", "ImageStore", "PullError", "unpack_layer"]
 
-WHITEOUT = ".wh."
-OPAQUE = ".wh..wh..opq"
+# A layer declaring more than this is refused before anything is fetched (a sanity limit: a
+# registry's word is not a reason to fill the disk).
+MAX_LAYER_SIZE = 64 * 1024**3
+MAX_CONFIG_SIZE = 16 * 1024 * 1024
+# Pulls running at once (each in a thread of its own, its layers in threads of their own).
+PULL_THREADS = 32
 
 
 @dataclasses.dataclass(slots=True)
@@ -62,103 +79,48 @@ class Image:
         return dataclasses.asdict(self)
 
 
-# --------------------------------------------------------------------------- layers
-
-
-class _HashingReader:
-    def __init__(self, raw: IO[bytes]) -> None:
-        self.raw = raw
-        self.hash = hashlib.sha256()
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.raw.read(n)
-        self.hash.update(data)
-        return data
-
-
-def _decompressor(path: str) -> IO[bytes]:
-    with open(path, "rb") as fh:
-        magic = fh.read(4)
-    if magic[:2] == b"\x1f\x8b":
-        return cast(IO[bytes], gzip.open(path, "rb"))
-    if magic == b"\x28\xb5\x2f\xfd":
-        try:
-            import zstandard  # type: ignore[import-not-found]  # optional
-        except ImportError:
-            raise PullError("zstd layer and no zstandard module installed") from None
-        stream: IO[bytes] = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"))
-        return stream
-    return open(path, "rb")
-
-
-def _inside(root: str, path: str) -> bool:
-    real = os.path.realpath(path)
-    return real == root or real.startswith(root + os.sep)
-
-
-def unpack_layer(blob: str, dest: str) -> str:
-    """Unpack a layer tar into ``dest`` in overlayfs form; return its diff ID."""
-    root = os.path.realpath(dest)
-    with _decompressor(blob) as raw:
-        reader = _HashingReader(raw)
-        with tarfile.open(fileobj=reader, mode="r|") as tar:  # type: ignore[call-overload]
-            for member in tar:
-                name = os.path.normpath(member.name.lstrip("/"))
-                if name in (".", "") or name.startswith("../") or name == "..":
-                    continue
-                parent = os.path.join(root, os.path.dirname(name))
-                if not _inside(root, parent):
-                    raise PullError(f"layer entry {member.name!r} escapes the rootfs")
-                base = os.path.basename(name)
-                if base == OPAQUE:
-                    os.makedirs(parent, exist_ok=True)
-                    os.setxattr(parent, "trusted.overlay.opaque", b"y")
-                    continue
-                if base.startswith(WHITEOUT):
-                    target = os.path.join(parent, base[len(WHITEOUT) :])
-                    os.makedirs(parent, exist_ok=True)
-                    if os.path.lexists(target):
-                        _remove(target)
-                    os.mknod(target, stat.S_IFCHR | 0o000, os.makedev(0, 0))
-                    continue
-                target = os.path.join(root, name)
-                if os.path.lexists(target) and not (member.isdir() and os.path.isdir(target)):
-                    _remove(target)
-                if member.islnk():
-                    link = os.path.join(root, os.path.normpath(member.linkname.lstrip("/")))
-                    if not _inside(root, os.path.dirname(link)):
-                        raise PullError(f"hard link {member.name!r} escapes the rootfs")
-                    member = member.replace(linkname=os.path.relpath(link, root), deep=False)
-                member = member.replace(name=name, deep=False)
-                tar.extract(member, root, set_attrs=True, numeric_owner=True, filter="fully_trusted")
-            # Drain trailing padding so the diff ID covers the whole stream.
-            while reader.read(1024 * 1024):
-                pass
-    return "sha256:" + reader.hash.hexdigest()
-
-
-def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
-
-
 # --------------------------------------------------------------------------- the store
 
 
+@dataclasses.dataclass(slots=True)
+class _Running:
+    """A pull in its thread, and the callers waiting for it (the last one gone cancels it)."""
+
+    task: asyncio.Future[str]
+    cancel: threading.Event
+    waiters: int = 0
+
+
 class ImageStore:
-    def __init__(self, root: str, settings: PullSettings | None = None) -> None:
+    def __init__(
+        self, root: str, settings: PullSettings | None = None, *, max_layer_size: int = MAX_LAYER_SIZE
+    ) -> None:
         self.root = root
         self.settings = settings or PullSettings()
+        self.max_layer_size = max_layer_size
         self._blobs = os.path.join(root, "blobs", "sha256")
         self._snapshots = os.path.join(root, "snapshots")
         self._index_path = os.path.join(root, "index.json")
         self._lock = threading.Lock()  # index and snapshots: pulls run in worker threads
-        self._pulls: dict[str, asyncio.Future[str]] = {}
+        self._pulls: dict[str, _Running] = {}
+        self._flights = Flights()  # blobs being fetched, by digest
+        self._pulling: collections.Counter[str] = collections.Counter()  # diff IDs pulls need
+        self._threads = concurrent.futures.ThreadPoolExecutor(PULL_THREADS, thread_name_prefix="pull")
+        self._active = 0  # pull threads running, cancelled ones until they stopped
         os.makedirs(self._blobs, exist_ok=True)
         os.makedirs(self._snapshots, exist_ok=True)
+        self._sweep()
         self.images: dict[str, Image] = self._load()
+
+    def _sweep(self) -> None:
+        """Remove what a process killed in the middle of a pull left: unpacking directories,
+        temporary files of blobs and of the index."""
+        for tmp in glob.glob(os.path.join(glob.escape(self._snapshots), UNPACK_PREFIX + "*")):
+            shutil.rmtree(tmp, ignore_errors=True)
+        for pattern in (os.path.join(self._blobs, ".*.tmp"), os.path.join(self.root, ".index.json.*.tmp")):
+            for tmp in glob.glob(pattern):
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
 
     # ---- index
     def _load(self) -> dict[str, Image]:
@@ -210,7 +172,8 @@ class ImageStore:
                 return
             del self.images[img.id]
             self._save()
-            used = {d for i in self.images.values() for d in i.diff_ids}
+            # Layers other images use, or a running pull (the one pulling them, or another).
+            used = {d for i in self.images.values() for d in i.diff_ids} | set(self._pulling)
             for diff in img.diff_ids:
                 if diff not in used:
                     shutil.rmtree(os.path.dirname(self.snapshot_dir(diff)), ignore_errors=True)
@@ -248,16 +211,17 @@ class ImageStore:
         raw = json.dumps(cfg, sort_keys=True).encode()
         image_id = "sha256:" + hashlib.sha256(raw).hexdigest()
         with self._lock:
-            snap = self.snapshot_dir(diff_id)
+            snap = os.path.dirname(self.snapshot_dir(diff_id))
             if not os.path.isdir(snap):
-                tmp = tempfile.mkdtemp(dir=self._snapshots, prefix=".unpack-")
-                buf.seek(0)
-                blob = os.path.join(tmp, "layer.tar")
-                with open(blob, "wb") as fh:
-                    shutil.copyfileobj(buf, fh)
-                unpack_layer(blob, os.path.join(tmp, "fs"))
-                os.unlink(blob)
-                os.rename(tmp, os.path.dirname(snap))
+                tmp = tempfile.mkdtemp(dir=self._snapshots, prefix=UNPACK_PREFIX)
+                try:
+                    buf.seek(0)
+                    unpack_fileobj(buf, os.path.join(tmp, "fs"))
+                    os.rename(tmp, snap)
+                    tmp = ""
+                finally:
+                    if tmp:
+                        shutil.rmtree(tmp, ignore_errors=True)
             buf.close()
             write_atomic(os.path.join(self._blobs, hex_of(image_id)), raw)
             self._register(Image(image_id, [ref.tagged], [], 0, [diff_id], image_config))
@@ -265,99 +229,218 @@ class ImageStore:
 
     # ---- pull
     async def pull(self, ref: str, creds: Credentials | None = None) -> str:
-        """Pull ``ref``; concurrent pulls of one reference share the work."""
+        """Pull ``ref``; concurrent pulls of one reference share the work (the first caller's
+        credentials). Cancelled when every caller waiting for it was."""
         try:
             parsed = reference.parse(ref)
         except ValueError as exc:
             raise InvalidArgumentError(str(exc)) from None
         key = str(parsed)
         running = self._pulls.get(key)
-        if running is not None:
-            return await asyncio.shield(running)
-        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._pulls[key] = fut
+        if running is None:
+            cancel = threading.Event()
+            call = contextvars.copy_context().run
+            task = asyncio.get_running_loop().run_in_executor(
+                self._threads, call, self._pull, parsed, creds, cancel
+            )
+            running = self._pulls[key] = _Running(task, cancel)
+            task.add_done_callback(lambda done: self._pull_done(key, running, done))
+        running.waiters += 1
         try:
-            image_id = await asyncio.to_thread(self._pull, parsed, creds)
-            fut.set_result(image_id)
-            return image_id
-        except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()  # retrieved: the waiters re-raise it
-            raise
+            return await asyncio.shield(running.task)
         finally:
-            del self._pulls[key]
+            running.waiters -= 1
+            if not running.waiters and not running.task.done():
+                running.cancel.set()  # the thread stops at its next chunk and cleans up
+                if self._pulls.get(key) is running:
+                    del self._pulls[key]  # a new pull of it starts afresh
 
-    def _pull(self, ref: reference.Reference, creds: Credentials | None) -> str:
-        reg = RegistryClient(ref, creds, self.settings)
+    def _pull_done(self, key: str, running: _Running, task: asyncio.Future[str]) -> None:
+        if self._pulls.get(key) is running:
+            del self._pulls[key]
+        if not task.cancelled():
+            task.exception()  # retrieved: the waiters re-raise it, or all of them are gone
+
+    def pulling(self) -> int:
+        """Pull threads still running (a cancelled pull's until it cleaned up)."""
+        with self._lock:
+            return self._active
+
+    def _client(self, ref: reference.Reference, creds: Credentials | None) -> RegistryClient:
+        return RegistryClient(ref, creds, self.settings)
+
+    def _pull(self, ref: reference.Reference, creds: Credentials | None, cancel: threading.Event) -> str:
+        with self._lock:
+            self._active += 1
         try:
-            raw, media, digest = reg.manifest(ref.digest or ref.tag)
-            doc = json.loads(raw)
-            if media in (MEDIA_OCI_INDEX, MEDIA_DOCKER_LIST) or "manifests" in doc:
-                chosen = _pick_platform(doc.get("manifests") or [])
-                raw, media, digest = reg.manifest(chosen)
-                doc = json.loads(raw)
-            if ref.digest and digest != ref.digest and not ref.tag:
-                # A digest reference may name the index; the repo digest is the one asked for.
-                digest = ref.digest
-            config_digest = str(doc["config"]["digest"])
-            cfg_path = os.path.join(self._blobs, hex_of(config_digest))
-            if not os.path.exists(cfg_path):
-                reg.blob(config_digest, cfg_path)
-            with open(cfg_path, "rb") as fh:
-                cfg = json.loads(fh.read())
-            diff_ids = [str(d) for d in (cfg.get("rootfs") or {}).get("diff_ids") or []]
-            layers = doc.get("layers") or []
-            if len(layers) != len(diff_ids):
-                raise PullError("manifest and config disagree on the layer count")
-            size = 0
-            for layer, diff_id in zip(layers, diff_ids, strict=True):
-                size += int(layer.get("size", 0))
-                self._fetch_layer(reg, str(layer["digest"]), diff_id)
-            write_atomic(os.path.join(self._blobs, hex_of(digest)), raw)
+            return self._pull_image(ref, creds, cancel)
+        finally:
+            with self._lock:
+                self._active -= 1
+
+    def _pull_image(
+        self, ref: reference.Reference, creds: Credentials | None, cancel: threading.Event
+    ) -> str:
+        reg = self._client(ref, creds)
+        try:
+            raw, digest, doc = self._manifest(reg, ref)
+            config_digest, config_size, layer_descs = _manifest_parts(doc)
+            cfg = self._config(reg, config_digest, config_size, cancel)
+            diff_ids = _diff_ids(cfg)
+            if len(layer_descs) != len(diff_ids):
+                raise PullError(
+                    f"the manifest lists {len(layer_descs)} layers, the config {len(diff_ids)} diff IDs"
+                )
+            layers = [Layer(d, size, diff) for (d, size), diff in zip(layer_descs, diff_ids, strict=True)]
+            with self._needing(diff_ids):
+                missing = [layer for layer in layers if not os.path.isdir(self._snapshot_of(layer))]
+                self._check_sizes(missing)
+
+                def one(layer: Layer) -> None:
+                    self._flights.run(layer.digest, lambda: self._layer(reg, layer, cancel), cancel)
+
+                fetch_all(missing, one, self.settings.max_concurrent_downloads, cancel)
+                if cancel.is_set():  # the layers came, but nobody wants the image now
+                    raise PullCancelled("cancelled")
+                write_atomic(os.path.join(self._blobs, hex_of(digest)), raw)
+                with self._lock:
+                    gone = [d for d in diff_ids if not os.path.isdir(self.snapshot_dir(d))]
+                    if gone:
+                        raise PullError(f"layer {gone[0]} went away during the pull")
+                    self._register(
+                        Image(
+                            id=config_digest,
+                            repo_tags=[ref.tagged] if ref.tag else [],
+                            repo_digests=[ref.digested(digest)],
+                            size=sum(layer.size for layer in layers),
+                            diff_ids=diff_ids,
+                            config=_run_config(cfg),
+                        )
+                    )
+        except PullCancelled:
+            raise
         except PullError as exc:
             raise InvalidArgumentError(f"pull {ref}: {exc}") from None
-        except (KeyError, ValueError, TypeError) as exc:
-            raise InvalidArgumentError(f"pull {ref}: malformed manifest or config: {exc}") from None
-        with self._lock:
-            self._register(
-                Image(
-                    id=config_digest,
-                    repo_tags=[ref.tagged] if ref.tag else [],
-                    repo_digests=[ref.digested(digest)],
-                    size=size,
-                    diff_ids=diff_ids,
-                    config=dict(cfg.get("config") or {}),
-                )
-            )
         return config_digest
 
-    def _fetch_layer(self, reg: RegistryClient, digest: str, diff_id: str) -> None:
-        snap = self.snapshot_dir(diff_id)
-        if os.path.isdir(snap):
-            return
-        blob = os.path.join(self._blobs, hex_of(digest))
-        if not os.path.exists(blob):
-            reg.blob(digest, blob)
-        tmp = tempfile.mkdtemp(dir=self._snapshots, prefix=".unpack-")
+    def _manifest(self, reg: RegistryClient, ref: reference.Reference) -> tuple[bytes, str, dict[str, Any]]:
+        """The image manifest (raw, digest, parsed), through an index when the registry gives one."""
+        raw, media, digest = reg.manifest(ref.digest or ref.tag)
+        doc = _json(raw, "the manifest")
+        if media in (MEDIA_OCI_INDEX, MEDIA_DOCKER_LIST) or "manifests" in doc:
+            chosen = _pick_platform(doc.get("manifests"))
+            raw, media, digest = reg.manifest(chosen)
+            doc = _json(raw, f"the manifest {chosen}")
+        if ref.digest and digest != ref.digest and not ref.tag:
+            # A digest reference may name the index; the repo digest is the one asked for.
+            digest = ref.digest
+        return raw, digest, doc
+
+    def _config(self, reg: RegistryClient, digest: str, size: int, cancel: threading.Event) -> dict[str, Any]:
+        path = os.path.join(self._blobs, hex_of(digest))
+
+        def fetch() -> None:
+            if not os.path.exists(path):
+                data = fetch_bytes(reg.open_blob, digest, size, f"config {digest}", cancel)
+                _json(data, "the config")  # a config that does not parse is not stored
+                write_atomic(path, data)
+
+        if not os.path.exists(path):
+            if size > MAX_CONFIG_SIZE:
+                raise PullError(f"the config declares {size} bytes (at most {MAX_CONFIG_SIZE})")
+            self._flights.run(digest, fetch, cancel)
+        with open(path, "rb") as fh:
+            return _json(fh.read(), "the config")
+
+    def _snapshot_of(self, layer: Layer) -> str:
+        return os.path.dirname(self.snapshot_dir(layer.diff_id))
+
+    def _layer(self, reg: RegistryClient, layer: Layer, cancel: threading.Event) -> None:
+        if not os.path.isdir(self._snapshot_of(layer)):  # another blob of the same diff ID came first
+            fetch_layer(reg.open_blob, layer, self._snapshot_of(layer), cancel)
+
+    def _check_sizes(self, missing: list[Layer]) -> None:
+        for layer in missing:
+            if layer.size > self.max_layer_size:
+                raise PullError(
+                    f"layer {layer.digest} declares {layer.size} bytes, more than the limit of "
+                    f"{self.max_layer_size}"
+                )
+        need = sum(layer.size for layer in missing)
+        fs = os.statvfs(self._snapshots)
+        free = fs.f_bavail * fs.f_frsize
+        if need > free:
+            raise ResourceExhaustedError(
+                f"its layers declare {need} bytes and {free} are free in {self._snapshots}"
+            )
+
+    @contextlib.contextmanager
+    def _needing(self, diff_ids: list[str]) -> Iterator[None]:
+        """Keep ``remove`` off these layers while the pull runs (it may share them with an
+        image being removed)."""
+        with self._lock:
+            self._pulling.update(diff_ids)
         try:
-            got = unpack_layer(blob, os.path.join(tmp, "fs"))
-            if got != diff_id:
-                raise PullError(f"layer {digest}: diff ID {got} does not match the config's {diff_id}")
-            with self._lock:
-                if not os.path.isdir(snap):
-                    os.rename(tmp, os.path.dirname(snap))
-                    tmp = ""
+            yield
         finally:
-            if tmp:
-                shutil.rmtree(tmp, ignore_errors=True)
-        # The unpacked snapshot is what containers use; the compressed copy only costs disk.
-        with contextlib.suppress(OSError):
-            os.unlink(blob)
+            with self._lock:
+                self._pulling.subtract(diff_ids)
+                self._pulling += collections.Counter()  # drops the zeros
 
 
-def _pick_platform(manifests: list[dict[str, Any]]) -> str:
-    for m in manifests:
-        p = m.get("platform") or {}
-        if p.get("os") == "linux" and p.get("architecture") == "amd64":
-            return str(m["digest"])
+def _json(raw: bytes, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise PullError(f"{what} does not parse: {exc}") from None
+    if not isinstance(doc, dict):
+        raise PullError(f"{what} is not a JSON object")
+    return doc
+
+
+def _descriptor(desc: Any, what: str) -> tuple[str, int]:
+    """(digest, size) of a manifest's descriptor."""
+    if not isinstance(desc, dict):
+        raise PullError(f"the manifest's {what} is not an object")
+    digest, size = desc.get("digest"), desc.get("size")
+    if not isinstance(digest, str):
+        raise PullError(f"the manifest's {what} has no digest")
+    hex_of(digest)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise PullError(f"the manifest's {what} has no valid size")
+    return digest, size
+
+
+def _manifest_parts(doc: dict[str, Any]) -> tuple[str, int, list[tuple[str, int]]]:
+    config_digest, config_size = _descriptor(doc.get("config"), "config")
+    layers = doc.get("layers")
+    if not isinstance(layers, list):
+        raise PullError("the manifest has no list of layers")
+    return config_digest, config_size, [_descriptor(d, f"layer {i}") for i, d in enumerate(layers)]
+
+
+def _diff_ids(cfg: dict[str, Any]) -> list[str]:
+    rootfs = cfg.get("rootfs")
+    diff_ids = rootfs.get("diff_ids") if isinstance(rootfs, dict) else None
+    if not isinstance(diff_ids, list) or not all(isinstance(d, str) for d in diff_ids):
+        raise PullError("the config has no rootfs.diff_ids list")
+    for d in diff_ids:
+        hex_of(d)
+    return diff_ids
+
+
+def _run_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config's "config" object (Env, Cmd, User, ...)."""
+    run = cfg.get("config")
+    return dict(run) if isinstance(run, dict) else {}
+
+
+def _pick_platform(manifests: Any) -> str:
+    for m in manifests if isinstance(manifests, list) else []:
+        p = m.get("platform") if isinstance(m, dict) else None
+        if isinstance(p, dict) and p.get("os") == "linux" and p.get("architecture") == "amd64":
+            digest = m.get("digest")
+            if isinstance(digest, str):
+                hex_of(digest)
+                return digest
     raise PullError("no linux/amd64 manifest in the index")
