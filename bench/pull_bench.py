@@ -34,6 +34,7 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import os
 import random
 import shutil
@@ -55,7 +56,7 @@ sys.path.insert(0, ROOT)
 
 from backends.oci.settings import PullSettings  # noqa: E402
 from backends.runv.images.store import ImageStore  # noqa: E402
-from bench.endpoints import CONTAINERD_SOCK, REGISTRY, Cri, _interrupt, pct  # noqa: E402
+from bench.endpoints import CONTAINERD_SOCK, REGISTRY, Cri, _interrupt, pct, wait_quiet  # noqa: E402
 from cri_api import api_pb2 as pb  # noqa: E402
 
 MIB = 1024 * 1024
@@ -305,16 +306,43 @@ def _at_once(fn: Callable[[str], None], refs: list[str]) -> None:
 Runtime = Runv | Containerd | Docker
 
 
-def one_case(rt: Runtime, case: str) -> float:
-    """One timed pull of ``case`` (ms), everything removed after."""
+def _pid_listening(sock: str) -> int:
+    """The PID of the process listening on the unix socket ``sock`` (0: none found)."""
+    with open("/proc/net/unix") as f:
+        inodes = {line.split()[6] for line in f.read().splitlines()[1:] if line.endswith(" " + sock)}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] in inodes for fd in fds):
+                return int(pid)
+        except OSError:
+            pass
+    return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, its threads and its children it waited for (the
+    engine extracts layers in a child) so far; this process's for ``pid`` 0."""
+    if pid == 0:
+        t = os.times()
+        return t.user + t.system
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def one_case(rt: Runtime, case: str, pid: int, quiet: float) -> tuple[float, float, float]:
+    """One timed pull of ``case``: (wall ms, the runtime's CPU ms, the CPUs' busy share
+    before it); everything removed after."""
     rt.fresh()
     try:
         if case == "warm-base":
             rt.pull([BASE])
         refs = SMALLS if case == "ten at once" else [APP]
-        t0 = time.perf_counter()
+        busy = wait_quiet(quiet, 0.25, window=1.0)[1] if quiet else math.nan
+        c0, t0 = cpu_seconds(pid), time.perf_counter()
         rt.pull(refs)
-        return (time.perf_counter() - t0) * 1000
+        return (time.perf_counter() - t0) * 1000, (cpu_seconds(pid) - c0) * 1000, busy
     finally:
         rt.remove_all()
 
@@ -325,12 +353,19 @@ def main() -> int:
     ap.add_argument("--only", default="runv,containerd,docker", help="runtimes, comma-separated")
     ap.add_argument("--cases", default="cold,warm-base,ten at once", help="cases, comma-separated")
     ap.add_argument("--containerd", default=CONTAINERD_SOCK, help="containerd CRI socket path")
+    ap.add_argument(
+        "--quiet",
+        type=float,
+        default=20,
+        help="seconds to wait at most for idle CPUs before a pull (20; 0: no wait)",
+    )
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, _interrupt)
     wanted = args.only.split(",")
     cases = args.cases.split(",")
     tmp = tempfile.mkdtemp(prefix="pull-bench-", dir="/var/tmp")
     runtimes: list[Runtime] = []
+    pids: dict[str, int] = {"runv": 0}
     try:
         make_images()
         if "runv" in wanted:
@@ -339,30 +374,39 @@ def main() -> int:
             ctrd = Containerd(args.containerd, tmp)
             if ctrd.cri.answers():
                 runtimes.append(ctrd)
+                pids["containerd"] = _pid_listening(args.containerd)
             else:
                 print(f"containerd: nothing answers on {args.containerd}; skipped", file=sys.stderr)
         if "docker" in wanted:
             runtimes.append(Docker())
+            pids["docker"] = _pid_listening("/var/run/docker.sock") or _pid_listening("/run/docker.sock")
         for rt in runtimes:  # a leftover of an interrupted run would make cold warm
             rt.remove_all()
-        samples: dict[tuple[str, str], list[float]] = {}
+        wall: dict[tuple[str, str], list[float]] = {}
+        cpu: dict[tuple[str, str], list[float]] = {}
         for r in range(args.rounds):
             for case in cases:
                 order = runtimes[r % len(runtimes) :] + runtimes[: r % len(runtimes)]
                 for rt in order:
-                    ms = one_case(rt, case)
-                    samples.setdefault((case, rt.name), []).append(ms)
-                    print(f"  round {r + 1} {case:<12} {rt.name:<11} {ms:8.0f} ms", flush=True)
-        print(f"\npulls, ms (p50 / max of {args.rounds})")
-        for case in cases:
-            row = {rt.name: samples.get((case, rt.name), []) for rt in runtimes}
-            cells = "   ".join(f"{n} {pct(v, 0.5):6.0f} / {max(v):6.0f}" for n, v in row.items() if v)
-            ratios = "   ".join(
-                f"runv/{n} {pct(row['runv'], 0.5) / pct(v, 0.5):.2f}x"
-                for n, v in row.items()
-                if v and n != "runv" and row.get("runv")
-            )
-            print(f"  {case:<12} {cells}   {ratios}")
+                    ms, cpu_ms, busy = one_case(rt, case, pids.get(rt.name, -1), args.quiet)
+                    wall.setdefault((case, rt.name), []).append(ms)
+                    cpu.setdefault((case, rt.name), []).append(cpu_ms)
+                    print(
+                        f"  round {r + 1} {case:<12} {rt.name:<11} {ms:7.0f} ms  CPU {cpu_ms:6.0f} ms"
+                        f"  (CPUs {busy:.0%} busy before)",
+                        flush=True,
+                    )
+        for title, table in (("wall time", wall), ("CPU time of the runtime's process", cpu)):
+            print(f"\n{title}, ms (p50 / max of {args.rounds})")
+            for case in cases:
+                row = {rt.name: table.get((case, rt.name), []) for rt in runtimes}
+                cells = "   ".join(f"{n} {pct(v, 0.5):6.0f} / {max(v):6.0f}" for n, v in row.items() if v)
+                ratios = "   ".join(
+                    f"runv/{n} {pct(row['runv'], 0.5) / pct(v, 0.5):.2f}x"
+                    for n, v in row.items()
+                    if v and n != "runv" and row.get("runv")
+                )
+                print(f"  {case:<12} {cells}   {ratios}")
     except KeyboardInterrupt:
         print("interrupted; cleaning up", file=sys.stderr)
         return 1
