@@ -12,10 +12,24 @@ A handler without a ``checkpoint`` part answers UNIMPLEMENTED, naming the handle
 that has the part but cannot checkpoint here (docker and runv without a working CRIU) answers
 FAILED_PRECONDITION, saying why.
 
+CheckpointContainer's ``timeout`` (seconds; 0: none of its own) and the call's gRPC deadline both
+bound the checkpoint: on expiry the answer is DEADLINE_EXCEEDED, the container runs as before and
+no archive, whole or partial, is at ``location`` (a file that was there stays as it was).
+
 RestorePod makes the pod and its containers as RunPodSandbox and CreateContainer do (the same
 checks, records and events), only after the backend has read and verified the checkpoint; any
 failure after that removes what the call made (sandbox, containers, their records and names)
 before the error is answered.
+
+CreateContainer from a checkpoint, as CRI-O and containerd 2.1 accept it: the config's image is
+either a file (an absolute path, allowed as above: the kubelet's
+``/var/lib/kubelet/checkpoints/checkpoint-<pod>_<namespace>-<container>-<time>.tar``), or an image
+the backend says was made from one (its ``io.kubernetes.cri-o.annotations.checkpoint.name``
+annotation). The backend reads and verifies it before anything is made (INVALID_ARGUMENT for an
+archive that is truncated, foreign or tampered; docker and runv answer FAILED_PRECONDITION, CRIU).
+The container is made from the request's config, with what it leaves empty taken from the
+checkpointed one (:func:`restored_config`), then given the checkpoint's state; its StartContainer
+resumes the checkpointed process.
 """
 
 from __future__ import annotations
@@ -24,26 +38,32 @@ import asyncio
 import contextlib
 import os
 import posixpath
+from typing import TYPE_CHECKING
 
 import structlog
 
-from backends.contract import Checkpoint, ContainerRecord, SandboxRecord
+from backends.contract import Backend, Checkpoint, ContainerCheckpoint, ContainerRecord, SandboxRecord
 from cri_api import api_pb2 as pb
 from shim.cri import validate
-from shim.cri.container import ContainerService
 from shim.cri.errors import (
+    DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     UnimplementedError,
 )
-from shim.cri.sandbox import SandboxService
 from shim.cri.state import Shim
+
+if TYPE_CHECKING:  # container.py imports this module for its CreateContainer
+    from shim.cri.container import ContainerService
+    from shim.cri.sandbox import SandboxService
 
 log = structlog.get_logger("checkpoint")
 
 # Where no checkpoint is written nor read: the kernel's and the devices' file systems.
 _FORBIDDEN = ("/proc", "/sys", "/dev")
+# Longer timeouts than this are taken as none; event loop timers overflow otherwise.
+_MAX_TIMEOUT = 365 * 24 * 3600
 
 
 def _under(path: str, top: str) -> bool:
@@ -88,6 +108,13 @@ def _archive_file(field: str, path: str) -> None:
         raise InvalidArgumentError(f"{field} {path!r} is a directory; it names the archive to write")
 
 
+def _archive_to_read(field: str, path: str) -> None:
+    if not os.path.lexists(path):
+        raise InvalidArgumentError(f"{field}: checkpoint archive {path!r} does not exist")
+    if os.path.islink(path) or not os.path.isfile(path):
+        raise InvalidArgumentError(f"{field}: checkpoint archive {path!r} is not a regular file")
+
+
 def _unique(field: str, names: list[str]) -> None:
     seen: set[str] = set()
     for name in names:
@@ -124,6 +151,7 @@ class CheckpointService:
         location = allowed_path(shim, "location", req.location)
         if req.timeout < 0:
             raise InvalidArgumentError(f"timeout {req.timeout} must not be negative")
+        timeout = min(int(req.timeout), _MAX_TIMEOUT)
         await asyncio.to_thread(_archive_file, "location", location)
         async with shim.locks.hold(c.id):
             if shim.store.containers.get(c.id) is not c:
@@ -132,7 +160,19 @@ class CheckpointService:
                 raise FailedPreconditionError(
                     f"container {c.id} is not running; only a running one is checkpointed"
                 )
-            await part.checkpoint_container(c, location, int(req.timeout))
+            # The backend leaves nothing at ``location`` when it is cancelled: by this timeout,
+            # or by the call's deadline (the transport cancels the call).
+            bound = asyncio.timeout(timeout or None)
+            try:
+                async with bound:
+                    await part.checkpoint_container(c, location, timeout)
+            except TimeoutError:
+                if not bound.expired():
+                    raise
+                raise DeadlineExceededError(
+                    f"the checkpoint of container {c.id} did not finish within its timeout of {timeout} s; "
+                    f"nothing was written at {location} and the container runs on"
+                ) from None
         return pb.CheckpointContainerResponse()
 
     # ------------------------------------------------------------------ CheckpointPod
@@ -225,3 +265,50 @@ class CheckpointService:
             await asyncio.shield(self.sandboxes.remove(pb.RemovePodSandboxRequest(pod_sandbox_id=sid)))
             raise
         return resp
+
+
+# ---------------------------------------------------------------------- CreateContainer from a checkpoint
+
+
+async def container_checkpoint_of(
+    shim: Shim, handler: str, backend: Backend, cfg: pb.ContainerConfig
+) -> ContainerCheckpoint | None:
+    """The verified checkpoint the image of a CreateContainer's ``cfg`` names (see the module's
+    doc), or None when it names a plain image."""
+    image = cfg.image.image
+    part = backend.checkpoint
+    if image.startswith("/"):  # never an image reference: a file, as CRI-O and containerd read it
+        path = allowed_path(shim, "config.image.image", image)
+        await asyncio.to_thread(_archive_to_read, "config.image.image", path)
+        if part is None:
+            raise UnimplementedError(
+                f"runtime handler {handler!r} does not support checkpoints: it cannot create a "
+                f"container from the checkpoint archive {path}"
+            )
+        return await part.open_container_checkpoint(path)
+    if part is None or not part.checkpoint_image(image):
+        return None
+    return await part.open_container_checkpoint(image)
+
+
+def restored_config(request: pb.ContainerConfig, checkpointed: pb.ContainerConfig) -> pb.ContainerConfig:
+    """The config a container restored from a checkpoint is made with: the request's, with the
+    checkpointed container's image (what the checkpoint ran, not the archive), its command, args,
+    working directory and environment where the request gives none, and its labels and
+    annotations under the request's (which win: the kubelet's names, hash and restart count).
+    The request's metadata, mounts, devices, log path and Linux settings are the new pod's."""
+    cfg = pb.ContainerConfig()
+    cfg.CopyFrom(request)
+    cfg.image.CopyFrom(checkpointed.image)
+    if not cfg.command and not cfg.args:
+        cfg.command[:] = checkpointed.command
+        cfg.args[:] = checkpointed.args
+    if not cfg.working_dir:
+        cfg.working_dir = checkpointed.working_dir
+    if not cfg.envs:
+        cfg.envs.extend(checkpointed.envs)
+    for field in ("labels", "annotations"):
+        merged = {**getattr(checkpointed, field), **getattr(request, field)}
+        getattr(cfg, field).clear()
+        getattr(cfg, field).update(merged)
+    return cfg
