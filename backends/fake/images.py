@@ -80,25 +80,31 @@ class FakeImages:
         self._pull_seconds = float(options.get("pull_seconds", 0.01))
         self._pause_image = str(options.get("pause_image", ""))
         self._pause_ref = ""
-        self._rules = {str(k): dict(v) for k, v in dict(options.get("images", {})).items()}
-        for name, rule in self._rules.items():
-            files = rule.get("files", {})
-            if not isinstance(files, Mapping) or not all(
-                isinstance(k, str) and k.startswith("/") and isinstance(v, str) for k, v in files.items()
-            ):
-                raise ValueError(f"images.{name}.files must be a table of absolute path = text")
-            annotations = rule.get("annotations", {})
-            if not isinstance(annotations, Mapping) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
-            ):
-                raise ValueError(f"images.{name}.annotations must be a table of name = text")
-            for key in ("entrypoint", "cmd"):
-                value = rule.get(key, [])
-                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                    raise ValueError(f"images.{name}.{key} must be a list of strings")
+        self._rules: dict[str, dict[str, Any]] = {}
+        for name, rule in dict(options.get("images", {})).items():
+            self.add_rule(str(name), dict(rule))
         self._missing = [str(p) for p in options.get("missing_images", [])]
         self.containers: Collection[str] = ()  # the created containers (the lifecycle's), for ImageFsInfo
         self._available = [str(p) for p in options.get("available_images", [])]
+
+    def add_rule(self, name: str, rule: Mapping[str, Any]) -> None:
+        """The rule of the image ``name`` (``REPO`` or ``REPO:TAG``), as the ``images`` option
+        gives it; ValueError naming what is wrong."""
+        files = rule.get("files", {})
+        if not isinstance(files, Mapping) or not all(
+            isinstance(k, str) and k.startswith("/") and isinstance(v, str) for k, v in files.items()
+        ):
+            raise ValueError(f"images.{name}.files must be a table of absolute path = text")
+        annotations = rule.get("annotations", {})
+        if not isinstance(annotations, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
+        ):
+            raise ValueError(f"images.{name}.annotations must be a table of name = text")
+        for key in ("entrypoint", "cmd"):
+            value = rule.get(key, [])
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"images.{name}.{key} must be a list of strings")
+        self._rules[name] = dict(rule)
 
     def load(self) -> None:
         """Reload the persisted store and pin the sandbox image (at backend start)."""
