@@ -10,8 +10,15 @@ A checkpoint is one tar archive, small and self-describing:
   the node's, which the kubelet restores), base64 by path.
 
 CheckpointContainer writes it at ``location``; CheckpointPod writes ``pod.tar`` in its output
-directory. Each is written to a temporary file beside its place and renamed there, so no
-half-written archive is ever seen, and nothing is left when the write fails.
+directory. Each is written to a temporary file beside its place and renamed there after
+``checkpoint_seconds`` (the time a dump takes; 0), so no half-written archive is ever seen, and
+nothing is left when the write fails or the call is cancelled (its timeout, its deadline).
+
+A CreateContainer whose image is a container checkpoint (``open_container_checkpoint``) reads the
+archive at that path, or the files of an image with the CRI-O checkpoint annotation (the
+archive's members, as ``buildah add IMAGE ARCHIVE /`` leaves them), verified as below but every
+fault INVALID_ARGUMENT (a bad image); the container then made is given its files and resumes its
+program, as a restored pod's containers are.
 
 Reading verifies everything before anything is made: a file that is not a tar archive, or is
 truncated, or has no manifest of this format, is InvalidArgument; a member whose checksum or size
