@@ -1,12 +1,10 @@
 """CheckpointContainer, CheckpointPod and RestorePod: the requests checked, the backend's
 ``checkpoint`` part called under the locks of what it names.
 
-Where the runtime may write (and read) a checkpoint: an absolute path, written without ``..``,
-``.`` or doubled slashes, that is not ``/`` and not under ``/proc``, ``/sys``, ``/dev`` nor the
-shim's own state directory. CheckpointContainer writes the file ``location`` (its directory
-must exist; an existing file is replaced); CheckpointPod writes in ``output_path``, an existing,
-empty directory, as the CRI says; RestorePod reads the directory ``checkpoint_path``. Anything
-else is INVALID_ARGUMENT, said with the field's name.
+Where a checkpoint may be written and read: :mod:`shim.cri.checkpoint_paths`.
+CheckpointContainer writes the file ``location`` (its directory must exist; an existing file is
+replaced); CheckpointPod writes in ``output_path``, an existing, empty directory, as the CRI says;
+RestorePod reads the directory ``checkpoint_path``.
 
 A handler without a ``checkpoint`` part answers UNIMPLEMENTED, naming the handler. A backend
 that has the part but cannot checkpoint here (docker and runv without a working CRIU) answers
@@ -21,30 +19,21 @@ checks, records and events), only after the backend has read and verified the ch
 failure after that removes what the call made (sandbox, containers, their records and names)
 before the error is answered.
 
-CreateContainer from a checkpoint, as CRI-O and containerd 2.1 accept it: the config's image is
-either a file (an absolute path, allowed as above: the kubelet's
-``/var/lib/kubelet/checkpoints/checkpoint-<pod>_<namespace>-<container>-<time>.tar``), or an image
-the backend says was made from one (its ``io.kubernetes.cri-o.annotations.checkpoint.name``
-annotation). The backend reads and verifies it before anything is made (INVALID_ARGUMENT for an
-archive that is truncated, foreign or tampered; docker and runv answer FAILED_PRECONDITION, CRIU).
-The container is made from the request's config, with what it leaves empty taken from the
-checkpointed one (:func:`restored_config`), then given the checkpoint's state; its StartContainer
-resumes the checkpointed process.
+CreateContainer from a checkpoint: :mod:`shim.cri.container_restore`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import posixpath
-from typing import TYPE_CHECKING
 
 import structlog
 
-from backends.contract import Backend, Checkpoint, ContainerCheckpoint, ContainerRecord, SandboxRecord
+from backends.contract import Checkpoint, ContainerRecord, SandboxRecord
 from cri_api import api_pb2 as pb
 from shim.cri import validate
+from shim.cri.checkpoint_paths import allowed_path, archive_to_write, directory
+from shim.cri.container import MAX_TIMEOUT, ContainerService
 from shim.cri.errors import (
     DeadlineExceededError,
     FailedPreconditionError,
@@ -52,67 +41,10 @@ from shim.cri.errors import (
     NotFoundError,
     UnimplementedError,
 )
+from shim.cri.sandbox import SandboxService
 from shim.cri.state import Shim
 
-if TYPE_CHECKING:  # container.py imports this module for its CreateContainer
-    from shim.cri.container import ContainerService
-    from shim.cri.sandbox import SandboxService
-
 log = structlog.get_logger("checkpoint")
-
-# Where no checkpoint is written nor read: the kernel's and the devices' file systems.
-_FORBIDDEN = ("/proc", "/sys", "/dev")
-# Longer timeouts than this are taken as none; event loop timers overflow otherwise.
-_MAX_TIMEOUT = 365 * 24 * 3600
-
-
-def _under(path: str, top: str) -> bool:
-    top = top.rstrip("/") or "/"
-    return path == top or path.startswith(top + "/")
-
-
-def allowed_path(shim: Shim, field: str, path: str) -> str:
-    """``path`` if the runtime may write or read a checkpoint there, else InvalidArgument naming
-    ``field`` (see the module's doc)."""
-    if not path:
-        raise InvalidArgumentError(f"{field} must not be empty")
-    if "\0" in path:
-        raise InvalidArgumentError(f"{field} must not contain a NUL byte")
-    if not path.startswith("/"):
-        raise InvalidArgumentError(f"{field} {path!r} must be an absolute path")
-    if ".." in path.split("/"):
-        raise InvalidArgumentError(f"{field} {path!r} must not contain '..'")
-    trimmed = path.rstrip("/") or "/"
-    if posixpath.normpath(trimmed) != trimmed:
-        raise InvalidArgumentError(f"{field} {path!r} must be a normal path (no '.' nor '//')")
-    if trimmed == "/":
-        raise InvalidArgumentError(f"{field} must not be the root directory")
-    forbidden = (*_FORBIDDEN, os.path.abspath(shim.config.server.state_dir))
-    for top in forbidden:
-        if _under(trimmed, top):
-            raise InvalidArgumentError(f"{field} {path!r} is under {top}, where no checkpoint may be written")
-    return trimmed
-
-
-def _directory(field: str, path: str, empty: bool) -> None:
-    if os.path.islink(path) or not os.path.isdir(path):
-        raise InvalidArgumentError(f"{field} {path!r} is not an existing directory")
-    if empty and os.listdir(path):
-        raise InvalidArgumentError(f"{field} {path!r} is not empty")
-
-
-def _archive_file(field: str, path: str) -> None:
-    if not os.path.isdir(os.path.dirname(path)):
-        raise InvalidArgumentError(f"{field} {path!r}: its directory does not exist")
-    if os.path.isdir(path):
-        raise InvalidArgumentError(f"{field} {path!r} is a directory; it names the archive to write")
-
-
-def _archive_to_read(field: str, path: str) -> None:
-    if not os.path.lexists(path):
-        raise InvalidArgumentError(f"{field}: checkpoint archive {path!r} does not exist")
-    if os.path.islink(path) or not os.path.isfile(path):
-        raise InvalidArgumentError(f"{field}: checkpoint archive {path!r} is not a regular file")
 
 
 def _unique(field: str, names: list[str]) -> None:
@@ -151,8 +83,8 @@ class CheckpointService:
         location = allowed_path(shim, "location", req.location)
         if req.timeout < 0:
             raise InvalidArgumentError(f"timeout {req.timeout} must not be negative")
-        timeout = min(int(req.timeout), _MAX_TIMEOUT)
-        await asyncio.to_thread(_archive_file, "location", location)
+        timeout = min(int(req.timeout), MAX_TIMEOUT)
+        await asyncio.to_thread(archive_to_write, "location", location)
         async with shim.locks.hold(c.id):
             if shim.store.containers.get(c.id) is not c:
                 raise NotFoundError(f"container {c.id} was removed")
@@ -187,7 +119,7 @@ class CheckpointService:
         if not ids:
             raise InvalidArgumentError("container_ids must name at least one container")
         _unique("container_ids", ids)
-        await asyncio.to_thread(_directory, "output_path", output, True)
+        await asyncio.to_thread(directory, "output_path", output, True)
         async with contextlib.AsyncExitStack() as held:
             await held.enter_async_context(shim.locks.hold(sb.id))
             shim.check_ready(sb, "; cannot checkpoint it")
@@ -230,7 +162,7 @@ class CheckpointService:
             validate.container_config(cfg, True)
         _unique("container_configs' metadata", [cfg.metadata.name for cfg in configs])
         path = allowed_path(shim, "checkpoint_path", req.checkpoint_path)
-        await asyncio.to_thread(_directory, "checkpoint_path", path, False)
+        await asyncio.to_thread(directory, "checkpoint_path", path, False)
         try:
             backend_name = shim.registry.resolve_name(req.runtime_handler)
         except LookupError as exc:
@@ -265,50 +197,3 @@ class CheckpointService:
             await asyncio.shield(self.sandboxes.remove(pb.RemovePodSandboxRequest(pod_sandbox_id=sid)))
             raise
         return resp
-
-
-# ---------------------------------------------------------------------- CreateContainer from a checkpoint
-
-
-async def container_checkpoint_of(
-    shim: Shim, handler: str, backend: Backend, cfg: pb.ContainerConfig
-) -> ContainerCheckpoint | None:
-    """The verified checkpoint the image of a CreateContainer's ``cfg`` names (see the module's
-    doc), or None when it names a plain image."""
-    image = cfg.image.image
-    part = backend.checkpoint
-    if image.startswith("/"):  # never an image reference: a file, as CRI-O and containerd read it
-        path = allowed_path(shim, "config.image.image", image)
-        await asyncio.to_thread(_archive_to_read, "config.image.image", path)
-        if part is None:
-            raise UnimplementedError(
-                f"runtime handler {handler!r} does not support checkpoints: it cannot create a "
-                f"container from the checkpoint archive {path}"
-            )
-        return await part.open_container_checkpoint(path)
-    if part is None or not part.checkpoint_image(image):
-        return None
-    return await part.open_container_checkpoint(image)
-
-
-def restored_config(request: pb.ContainerConfig, checkpointed: pb.ContainerConfig) -> pb.ContainerConfig:
-    """The config a container restored from a checkpoint is made with: the request's, with the
-    checkpointed container's image (what the checkpoint ran, not the archive), its command, args,
-    working directory and environment where the request gives none, and its labels and
-    annotations under the request's (which win: the kubelet's names, hash and restart count).
-    The request's metadata, mounts, devices, log path and Linux settings are the new pod's."""
-    cfg = pb.ContainerConfig()
-    cfg.CopyFrom(request)
-    cfg.image.CopyFrom(checkpointed.image)
-    if not cfg.command and not cfg.args:
-        cfg.command[:] = checkpointed.command
-        cfg.args[:] = checkpointed.args
-    if not cfg.working_dir:
-        cfg.working_dir = checkpointed.working_dir
-    if not cfg.envs:
-        cfg.envs.extend(checkpointed.envs)
-    for field in ("labels", "annotations"):
-        merged = {**getattr(checkpointed, field), **getattr(request, field)}
-        getattr(cfg, field).clear()
-        getattr(cfg, field).update(merged)
-    return cfg

@@ -20,8 +20,8 @@ from backends.contract import (
 )
 from cri_api import api_pb2 as pb
 from shim.cri import stats_messages, validate
-from shim.cri.checkpoint import container_checkpoint_of, restored_config
 from shim.cri.container_io import CriLogWriter, touch_log
+from shim.cri.container_restore import container_checkpoint_of, restored_config
 from shim.cri.errors import (
     CriError,
     DeadlineExceededError,
