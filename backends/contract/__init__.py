@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     )
     from backends.contract.usage import ContainerUsage, PodMetrics, SandboxUsage
     from backends.contract.values import (
+        ContainerCheckpoint,
         ExecResult,
         ExitInfo,
         Health,
@@ -85,6 +86,7 @@ _WHERE = {
     "Backend": "protocols",
     "Capability": "protocols",
     "Checkpoint": "protocols",
+    "ContainerCheckpoint": "values",
     "ContainerProcess": "process",
     "ContainerRecord": "records",
     "ContainerStatus": "records",
@@ -143,6 +145,7 @@ __all__ = [
     "Backend",
     "Capability",
     "Checkpoint",
+    "ContainerCheckpoint",
     "ContainerProcess",
     "ContainerRecord",
     "ContainerStatus",

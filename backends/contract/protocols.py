@@ -33,6 +33,7 @@ from backends.contract.process import ContainerProcess, LogMarks, Started
 from backends.contract.records import ContainerRecord, SandboxRecord
 from backends.contract.usage import ContainerUsage, PodMetrics, SandboxUsage
 from backends.contract.values import (
+    ContainerCheckpoint,
     ExecResult,
     ExitInfo,
     Health,
@@ -252,7 +253,7 @@ class Resources(Protocol):
 
 @runtime_checkable
 class Checkpoint(Protocol):
-    """CheckpointContainer, CheckpointPod and RestorePod.
+    """CheckpointContainer, CheckpointPod, RestorePod, and CreateContainer from a checkpoint.
 
     The shim has checked the request before any of these is called: paths are absolute and
     normal, the containers exist, belong to their pod and run, and the calls hold the locks
@@ -285,11 +286,28 @@ class Checkpoint(Protocol):
         from ``configs``, calls ``restore_container``."""
 
     async def restore_container(
-        self, container: ContainerRecord, sandbox: SandboxRecord, checkpoint: PodCheckpoint
+        self,
+        container: ContainerRecord,
+        sandbox: SandboxRecord,
+        checkpoint: PodCheckpoint | ContainerCheckpoint,
     ) -> None:
-        """Gives the CREATED ``container`` (just made in the restored ``sandbox``) the state
-        ``checkpoint`` holds for the container of its metadata name: its StartContainer
-        resumes the checkpointed process instead of starting a new one."""
+        """Gives the CREATED ``container`` (just made in ``sandbox``) the state ``checkpoint``
+        holds: a pod checkpoint's for the container of its metadata name (RestorePod), a
+        container checkpoint's (CreateContainer from one). Its StartContainer resumes the
+        checkpointed process instead of starting a new one."""
+
+    def checkpoint_image(self, image: str) -> bool:
+        """Whether the image ``image`` (a name or ID) of this backend's store is a container
+        checkpoint: made from a CheckpointContainer archive, with the annotation
+        ``io.kubernetes.cri-o.annotations.checkpoint.name``, as CRI-O and containerd know such
+        images. Answered from memory on every CreateContainer: False where the backend cannot say."""
+
+    async def open_container_checkpoint(self, source: str) -> ContainerCheckpoint:
+        """Reads and verifies the container checkpoint a CreateContainer's image names: the
+        archive at the absolute path ``source`` (the shim has checked that it may be read and
+        is a file), or the image ``source`` for which ``checkpoint_image`` said True. Nothing is
+        created yet; InvalidArgument for what is no intact checkpoint of this backend. The shim
+        then creates the container and calls ``restore_container``."""
 
 
 @runtime_checkable

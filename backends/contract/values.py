@@ -80,6 +80,17 @@ class PodCheckpoint:
     data: object = None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ContainerCheckpoint:
+    """A container checkpoint (the archive CheckpointContainer wrote, or an image made from it) a
+    backend has read and verified for a CreateContainer whose image names it: the checkpointed
+    container's config (what the request leaves empty is taken from it) and what the backend
+    needs to restore it (its own, opaque to the shim)."""
+
+    config: pb.ContainerConfig
+    data: object = None
+
+
 def image_user(config_user: str) -> tuple[int | None, str]:
     """(uid, username) of an OCI image config's ``User`` ("1002", "www-data", "1003:1004"...)."""
     user = config_user.partition(":")[0]

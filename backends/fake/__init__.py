@@ -27,6 +27,7 @@ __all__ = [
 SCHEMA: Schema = {
     "pod_cidr": Kind.STR,  # where simulated pod IPs come from; UpdateRuntimeConfig replaces it
     "pull_seconds": Kind.NUMBER,
+    "checkpoint_seconds": Kind.NUMBER,  # how long writing a checkpoint takes (0: at once)
     "images": Kind.TABLE,
     "missing_images": Kind.STRINGS,
     "available_images": Kind.STRINGS,  # when given, the only images a pull finds (patterns)

@@ -51,7 +51,9 @@ class FakeRuntime:
         self.stats = FakeStats(self.lifecycle, self.images.containers_dir, clock)
         self.resources = self.lifecycle  # it accepts new limits (and enforces none)
         self.metrics: Metrics | None = None
-        self.checkpoint: Checkpoint | None = FakeCheckpoint(self.lifecycle, self.images)
+        self.checkpoint: Checkpoint | None = FakeCheckpoint(
+            self.lifecycle, self.images, float(options.get("checkpoint_seconds", 0.0))
+        )
 
     def why_not(self, capability: Capability) -> str:
         return ""
@@ -67,7 +69,7 @@ class FakeRuntime:
 class FakeBackend(FaultInjector):
     """The fake runtime wearing fault injection: what the ``fake`` handler type creates.
 
-    Options: those of the parts (``state_dir``, ``pull_seconds``, ``pause_image``,
+    Options: those of the parts (``state_dir``, ``pull_seconds``, ``checkpoint_seconds``, ``pause_image``,
     ``images``, ``missing_images``, ``programs``, ``exec``, ``port_responses``,
     ``pod_cidr``, ``cgroup_driver``) and of the injector (``latency``, ``errors``,
     ``max_calls``).

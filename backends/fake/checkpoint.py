@@ -10,8 +10,15 @@ A checkpoint is one tar archive, small and self-describing:
   the node's, which the kubelet restores), base64 by path.
 
 CheckpointContainer writes it at ``location``; CheckpointPod writes ``pod.tar`` in its output
-directory. Each is written to a temporary file beside its place and renamed there, so no
-half-written archive is ever seen, and nothing is left when the write fails.
+directory. Each is written to a temporary file beside its place and renamed there after
+``checkpoint_seconds`` (the time a dump takes; 0), so no half-written archive is ever seen, and
+nothing is left when the write fails or the call is cancelled (its timeout, its deadline).
+
+A CreateContainer whose image is a container checkpoint (``open_container_checkpoint``) reads the
+archive at that path, or the files of an image with the CRI-O checkpoint annotation (the
+archive's members, as ``buildah add IMAGE ARCHIVE /`` leaves them), verified as below but every
+fault INVALID_ARGUMENT (a bad image); the container then made is given its files and resumes its
+program, as a restored pod's containers are.
 
 Reading verifies everything before anything is made: a file that is not a tar archive, or is
 truncated, or has no manifest of this format, is InvalidArgument; a member whose checksum or size
@@ -43,7 +50,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from backends.contract import ContainerRecord, PodCheckpoint, SandboxRecord, errors
+from backends.contract import ContainerCheckpoint, ContainerRecord, PodCheckpoint, SandboxRecord, errors
 from backends.fake.images import FakeImages
 from backends.fake.lifecycle import FakeLifecycle
 from cri_api import api_pb2 as pb
@@ -53,6 +60,8 @@ POD_ARCHIVE = "pod.tar"
 MANIFEST = "manifest.json"
 MANIFEST_SUM = "manifest.sha256"
 MAX_ARCHIVE = 64 * 1024 * 1024  # far beyond what a fake container holds
+# The annotation of an image made from a container checkpoint (CRI-O's name; containerd reads it too).
+CHECKPOINT_ANNOTATION = "io.kubernetes.cri-o.annotations.checkpoint.name"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -119,15 +128,30 @@ def _archive(kind: str, pod: pb.PodSandboxConfig | None, captured: Sequence[Capt
     return out.getvalue()
 
 
-def _write_beside(path: str, data: bytes) -> None:
-    """``data`` as the file ``path``, through a temporary file in its directory renamed onto it."""
+async def _write_beside(path: str, data: bytes, seconds: float = 0.0) -> None:
+    """``data`` as the file ``path``, through a temporary file in its directory renamed onto it
+    after ``seconds`` (the time a dump takes). Cancelled (a deadline) or failed at any point, the
+    temporary file is removed and nothing is at ``path`` that was not there before."""
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
-    try:
+
+    def write() -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+
+    writing = asyncio.ensure_future(asyncio.to_thread(write))
+    try:
+        try:
+            await asyncio.shield(writing)
+        except asyncio.CancelledError:
+            # The thread cannot be stopped: the temporary file goes once it is done with it.
+            with contextlib.suppress(BaseException):
+                await writing
+            raise
+        if seconds:
+            await asyncio.sleep(seconds)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -172,7 +196,15 @@ def _members(path: str) -> dict[str, bytes]:
 
 def _read(path: str, kind: str) -> tuple[pb.PodSandboxConfig | None, list[Captured]]:
     """The verified contents of the archive at ``path``, which must be of ``kind``."""
-    members = _members(path)
+    return _verify(_members(path), path, kind)
+
+
+def _verify(
+    members: dict[str, bytes], path: str, kind: str
+) -> tuple[pb.PodSandboxConfig | None, list[Captured]]:
+    """The verified contents of a checkpoint of ``kind`` whose members are ``members`` (read from
+    ``path``: an archive, or an image made from one)."""
+    members = dict(members)
     manifest_bytes = members.pop(MANIFEST, None)
     recorded_sum = members.pop(MANIFEST_SUM, None)
     if manifest_bytes is None or recorded_sum is None:
@@ -237,11 +269,13 @@ def _no_options(options: Mapping[str, str]) -> None:
 
 
 class FakeCheckpoint:
-    """The Checkpoint part of the fake, on its lifecycle's containers."""
+    """The Checkpoint part of the fake, on its lifecycle's containers; a checkpoint takes
+    ``seconds`` to write (the option ``checkpoint_seconds``, 0: at once)."""
 
-    def __init__(self, lifecycle: FakeLifecycle, images: FakeImages) -> None:
+    def __init__(self, lifecycle: FakeLifecycle, images: FakeImages, seconds: float = 0.0) -> None:
         self.lifecycle = lifecycle
         self.images = images
+        self.seconds = seconds
 
     def _capture(self, c: ContainerRecord) -> Captured:
         run = self.lifecycle.running.get(c.id)
@@ -259,8 +293,10 @@ class FakeCheckpoint:
         )
 
     async def checkpoint_container(self, container: ContainerRecord, location: str, timeout: int) -> None:
+        # Captured at once, written over ``seconds``: the container runs on meanwhile (the
+        # kubelet's checkpoints leave it running); the shim bounds the call by ``timeout``.
         data = _archive("container", None, [self._capture(container)])
-        await asyncio.to_thread(_write_beside, location, data)
+        await _write_beside(location, data, self.seconds)
 
     async def checkpoint_pod(
         self,
@@ -274,7 +310,7 @@ class FakeCheckpoint:
         # in between (the pause), and they run on after it (the resume).
         captured = [self._capture(c) for c in containers]
         data = _archive("pod", sandbox.config, captured)
-        await asyncio.to_thread(_write_beside, os.path.join(output_dir, POD_ARCHIVE), data)
+        await _write_beside(os.path.join(output_dir, POD_ARCHIVE), data, self.seconds)
 
     async def open_pod_checkpoint(
         self, path: str, options: Mapping[str, str], configs: Sequence[pb.ContainerConfig]
@@ -298,12 +334,42 @@ class FakeCheckpoint:
                 )
         return PodCheckpoint(tuple(c.name for c in captured), by_name)
 
+    # ------------------------------------------------------------------ CreateContainer from a checkpoint
+    def checkpoint_image(self, image: str) -> bool:
+        return self.images.find(image) is not None and CHECKPOINT_ANNOTATION in self.images.annotations_for(
+            image
+        )
+
+    async def open_container_checkpoint(self, source: str) -> ContainerCheckpoint:
+        if source.startswith("/"):
+            members = await asyncio.to_thread(_members, source)
+            where = f"checkpoint archive {source}"
+        else:
+            # An image made from an archive (as `buildah add IMAGE ARCHIVE /` makes one): the
+            # archive's members are the image's files.
+            members = {p.lstrip("/"): d for p, d in self.images.files_for(source).items()}
+            where = f"checkpoint image {source}"
+        try:
+            _, captured = _verify(members, where, "container")
+        except errors.FailedPreconditionError as exc:
+            # Tampered or corrupted: as bad an image as a truncated one, for CreateContainer.
+            raise errors.InvalidArgumentError(str(exc)) from None
+        if len(captured) != 1:
+            raise errors.InvalidArgumentError(f"{where} holds {len(captured)} containers, not one")
+        return ContainerCheckpoint(captured[0].config, captured[0])
+
     async def restore_container(
-        self, container: ContainerRecord, sandbox: SandboxRecord, checkpoint: PodCheckpoint
+        self,
+        container: ContainerRecord,
+        sandbox: SandboxRecord,
+        checkpoint: PodCheckpoint | ContainerCheckpoint,
     ) -> None:
-        by_name = checkpoint.data
-        assert isinstance(by_name, dict)
-        was = by_name.get(container.config.metadata.name)
+        if isinstance(checkpoint, ContainerCheckpoint):
+            was: object = checkpoint.data
+        else:
+            by_name = checkpoint.data
+            assert isinstance(by_name, dict)
+            was = by_name.get(container.config.metadata.name)
         if not isinstance(was, Captured):
             raise errors.InvalidArgumentError(
                 f"the checkpoint has no container {container.config.metadata.name!r}"

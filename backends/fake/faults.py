@@ -97,6 +97,7 @@ _ARGS: dict[str, Callable[..., tuple[Any, ...]]] = {
     ),
     "open_pod_checkpoint": lambda path, options, configs: (path, tuple(c.metadata.name for c in configs)),
     "restore_container": lambda container, sandbox, checkpoint: (container.id, sandbox.id),
+    "open_container_checkpoint": lambda source: (source,),
 }
 # The images' answers from memory, and the call each is recorded as.
 _NOW = {"list_images_now": "list_images", "image_fs_info_now": "image_fs_info"}

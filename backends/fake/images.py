@@ -9,7 +9,9 @@ registry.k8s.io/pause), except the pinned sandbox image; the ``images`` rules
 with unless their config names one), ``files`` (path = text: what its
 containers' file systems start with), ``entrypoint`` and ``cmd`` (its ENTRYPOINT
 and CMD: what a container runs when its config gives no command, or no command
-and no args, as Kubernetes combines them). Built-in rules, under the configured
+and no args, as Kubernetes combines them), ``annotations`` (its manifest's: an
+image made from a container checkpoint has ``io.kubernetes.cri-o.annotations.checkpoint.name``,
+and the archive's members as its ``files``). Built-in rules, under the configured
 ones, give the Kubernetes e2e images theirs (agnhost: ``/agnhost`` ``pause``),
 on any registry. ``missing_images`` patterns make pulls fail with NOT_FOUND;
 a non-empty ``available_images`` list makes every pull it does not match (by
@@ -104,20 +106,31 @@ class FakeImages:
         self._pause_ref = ""
         # The sandbox image is pinned by its flag (it is the image of that tag at start).
         self._pinned = PinnedImages.of([str(p) for p in options.get("pinned", [])])
-        self._rules = {str(k): dict(v) for k, v in dict(options.get("images", {})).items()}
-        for name, rule in self._rules.items():
-            files = rule.get("files", {})
-            if not isinstance(files, Mapping) or not all(
-                isinstance(k, str) and k.startswith("/") and isinstance(v, str) for k, v in files.items()
-            ):
-                raise ValueError(f"images.{name}.files must be a table of absolute path = text")
-            for key in ("entrypoint", "cmd"):
-                value = rule.get(key, [])
-                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                    raise ValueError(f"images.{name}.{key} must be a list of strings")
+        self._rules: dict[str, dict[str, Any]] = {}
+        for name, rule in dict(options.get("images", {})).items():
+            self.add_rule(str(name), dict(rule))
         self._missing = [str(p) for p in options.get("missing_images", [])]
         self.containers: Collection[str] = ()  # the created containers (the lifecycle's), for ImageFsInfo
         self._available = [str(p) for p in options.get("available_images", [])]
+
+    def add_rule(self, name: str, rule: Mapping[str, Any]) -> None:
+        """The rule of the image ``name`` (``REPO`` or ``REPO:TAG``), as the ``images`` option
+        gives it; ValueError naming what is wrong."""
+        files = rule.get("files", {})
+        if not isinstance(files, Mapping) or not all(
+            isinstance(k, str) and k.startswith("/") and isinstance(v, str) for k, v in files.items()
+        ):
+            raise ValueError(f"images.{name}.files must be a table of absolute path = text")
+        annotations = rule.get("annotations", {})
+        if not isinstance(annotations, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
+        ):
+            raise ValueError(f"images.{name}.annotations must be a table of name = text")
+        for key in ("entrypoint", "cmd"):
+            value = rule.get(key, [])
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"images.{name}.{key} must be a list of strings")
+        self._rules[name] = dict(rule)
 
     def load(self) -> None:
         """Reload the persisted store and pin the sandbox image (at backend start)."""
@@ -275,6 +288,11 @@ class FakeImages:
         """The files a rule gives the image named ``image`` (its containers start with them)."""
         rule = self._rule_for(image)
         return {path: text.encode() for path, text in dict(rule.get("files", {})).items()}
+
+    def annotations_for(self, image: str) -> dict[str, str]:
+        """The annotations a rule gives the image named ``image`` (its manifest's: a checkpoint
+        image's ``io.kubernetes.cri-o.annotations.checkpoint.name``)."""
+        return {str(k): str(v) for k, v in dict(self._rule_for(image).get("annotations", {})).items()}
 
     def process_for(self, image: str) -> tuple[list[str], list[str]]:
         """The ENTRYPOINT and CMD a rule gives the image named ``image`` (empty: none)."""

@@ -7,7 +7,8 @@ A container runs (first match wins):
    "exit_code": 3, "exit_after": 1.0, "ignore_sigterm": false}`` — output
    lines over time, then an exit with a code after a duration, or running
    until stopped;
-2. the program of the handler's ``programs`` table, by image name or repository;
+2. the program of the handler's ``programs`` table, by image name or repository (as the
+   config names it, else as the pod spec wrote it: ``user_specified_image``);
 3. its command, in the built-in shell (:mod:`backends.fake.shell`), when the
    shell knows the command (``sh -c "..."``, ``sleep 3600``, ``cat`` ...);
 4. otherwise (``nginx``, ``/pause``): nothing, until stopped.
@@ -127,15 +128,19 @@ class Programs:
                 return parse_program(raw, f"annotation {PROGRAM_ANNOTATION}")
             except ProgramError as exc:
                 raise errors.InvalidArgumentError(str(exc)) from None
-        image = c.config.image.image
-        prog = self._programs.get(image)
-        if prog is None:
-            try:
-                ref = parse(image)
-                prog = self._programs.get(ref.repository) or self._programs.get(ref.tagged)
-            except BadReference:
-                prog = None
-        return prog
+        # The image as the config names it, else as the pod spec wrote it (the kubelet names
+        # the image's ID, and the spec's name in user_specified_image).
+        for image in (c.config.image.image, c.config.image.user_specified_image):
+            prog = self._programs.get(image) if image else None
+            if prog is None and image:
+                try:
+                    ref = parse(image)
+                    prog = self._programs.get(ref.repository) or self._programs.get(ref.tagged)
+                except BadReference:
+                    prog = None
+            if prog is not None:
+                return prog
+        return None
 
     def exec_rule(self, cmd: Sequence[str]) -> tuple[ExecResult, float] | None:
         """The first matching exec rule (a trailing "*" matches any rest) and its delay, if any."""

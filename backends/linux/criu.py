@@ -1,11 +1,13 @@
 """Checkpoints on backends whose containers are real processes (docker, runv): they need CRIU.
 
 Neither backend checkpoints yet. Its ``checkpoint`` part is :class:`NeedsCriu`, which answers
-CheckpointContainer, CheckpointPod and RestorePod with FailedPrecondition saying why: what
-``criu check`` said on this host (run once, at the first such call, with a timeout, as a child
-process the event loop waits for without blocking), that no ``criu`` binary is installed, or,
-where CRIU works, that the backend does not implement checkpoints yet. It writes nothing, so
-no half-written archive can be left.
+CheckpointContainer, CheckpointPod, RestorePod and a CreateContainer whose image is a checkpoint
+archive with FailedPrecondition saying why: what ``criu check`` said on this host (run once, at
+the first such call, with a timeout, as a child process the event loop waits for without
+blocking), that no ``criu`` binary is installed, or, where CRIU works, that the backend does not
+implement checkpoints yet. It writes nothing, so no half-written archive can be left, and
+creates nothing. It does not look for images made from a checkpoint (``checkpoint_image`` is
+False): such an image is created as the plain image it also is.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import contextlib
 import shutil
 from collections.abc import Mapping, Sequence
 
-from backends.contract import ContainerRecord, PodCheckpoint, SandboxRecord, errors
+from backends.contract import ContainerCheckpoint, ContainerRecord, PodCheckpoint, SandboxRecord, errors
 from cri_api import api_pb2 as pb
 
 CHECK_TIMEOUT = 20.0  # seconds `criu check` may take
@@ -94,6 +96,16 @@ class NeedsCriu:
         raise await self._refuse("RestorePod")
 
     async def restore_container(
-        self, container: ContainerRecord, sandbox: SandboxRecord, checkpoint: PodCheckpoint
+        self,
+        container: ContainerRecord,
+        sandbox: SandboxRecord,
+        checkpoint: PodCheckpoint | ContainerCheckpoint,
     ) -> None:
-        raise await self._refuse("RestorePod")
+        what = "RestorePod" if isinstance(checkpoint, PodCheckpoint) else "CreateContainer from a checkpoint"
+        raise await self._refuse(what)
+
+    def checkpoint_image(self, image: str) -> bool:
+        return False  # not looked for (the module's doc)
+
+    async def open_container_checkpoint(self, source: str) -> ContainerCheckpoint:
+        raise await self._refuse("CreateContainer from a checkpoint")

@@ -1,37 +1,41 @@
 """CheckpointContainer, CheckpointPod and RestorePod: the requests checked, the backend's
 ``checkpoint`` part called under the locks of what it names.
 
-Where the runtime may write (and read) a checkpoint: an absolute path, written without ``..``,
-``.`` or doubled slashes, that is not ``/`` and not under ``/proc``, ``/sys``, ``/dev`` nor the
-shim's own state directory. CheckpointContainer writes the file ``location`` (its directory
-must exist; an existing file is replaced); CheckpointPod writes in ``output_path``, an existing,
-empty directory, as the CRI says; RestorePod reads the directory ``checkpoint_path``. Anything
-else is INVALID_ARGUMENT, said with the field's name.
+Where a checkpoint may be written and read: :mod:`shim.cri.checkpoint_paths`.
+CheckpointContainer writes the file ``location`` (its directory must exist; an existing file is
+replaced); CheckpointPod writes in ``output_path``, an existing, empty directory, as the CRI says;
+RestorePod reads the directory ``checkpoint_path``.
 
 A handler without a ``checkpoint`` part answers UNIMPLEMENTED, naming the handler. A backend
 that has the part but cannot checkpoint here (docker and runv without a working CRIU) answers
 FAILED_PRECONDITION, saying why.
 
+CheckpointContainer's ``timeout`` (seconds; 0: none of its own) and the call's gRPC deadline both
+bound the checkpoint: on expiry the answer is DEADLINE_EXCEEDED, the container runs as before and
+no archive, whole or partial, is at ``location`` (a file that was there stays as it was).
+
 RestorePod makes the pod and its containers as RunPodSandbox and CreateContainer do (the same
 checks, records and events), only after the backend has read and verified the checkpoint; any
 failure after that removes what the call made (sandbox, containers, their records and names)
 before the error is answered.
+
+CreateContainer from a checkpoint: :mod:`shim.cri.container_restore`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import posixpath
 
 import structlog
 
 from backends.contract import Checkpoint, ContainerRecord, SandboxRecord
 from cri_api import api_pb2 as pb
 from shim.cri import validate
-from shim.cri.container import ContainerService
+from shim.cri.checkpoint_paths import allowed_path, archive_to_write, directory
+from shim.cri.container import MAX_TIMEOUT, ContainerService
 from shim.cri.errors import (
+    DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
@@ -41,51 +45,6 @@ from shim.cri.sandbox import SandboxService
 from shim.cri.state import Shim
 
 log = structlog.get_logger("checkpoint")
-
-# Where no checkpoint is written nor read: the kernel's and the devices' file systems.
-_FORBIDDEN = ("/proc", "/sys", "/dev")
-
-
-def _under(path: str, top: str) -> bool:
-    top = top.rstrip("/") or "/"
-    return path == top or path.startswith(top + "/")
-
-
-def allowed_path(shim: Shim, field: str, path: str) -> str:
-    """``path`` if the runtime may write or read a checkpoint there, else InvalidArgument naming
-    ``field`` (see the module's doc)."""
-    if not path:
-        raise InvalidArgumentError(f"{field} must not be empty")
-    if "\0" in path:
-        raise InvalidArgumentError(f"{field} must not contain a NUL byte")
-    if not path.startswith("/"):
-        raise InvalidArgumentError(f"{field} {path!r} must be an absolute path")
-    if ".." in path.split("/"):
-        raise InvalidArgumentError(f"{field} {path!r} must not contain '..'")
-    trimmed = path.rstrip("/") or "/"
-    if posixpath.normpath(trimmed) != trimmed:
-        raise InvalidArgumentError(f"{field} {path!r} must be a normal path (no '.' nor '//')")
-    if trimmed == "/":
-        raise InvalidArgumentError(f"{field} must not be the root directory")
-    forbidden = (*_FORBIDDEN, os.path.abspath(shim.config.server.state_dir))
-    for top in forbidden:
-        if _under(trimmed, top):
-            raise InvalidArgumentError(f"{field} {path!r} is under {top}, where no checkpoint may be written")
-    return trimmed
-
-
-def _directory(field: str, path: str, empty: bool) -> None:
-    if os.path.islink(path) or not os.path.isdir(path):
-        raise InvalidArgumentError(f"{field} {path!r} is not an existing directory")
-    if empty and os.listdir(path):
-        raise InvalidArgumentError(f"{field} {path!r} is not empty")
-
-
-def _archive_file(field: str, path: str) -> None:
-    if not os.path.isdir(os.path.dirname(path)):
-        raise InvalidArgumentError(f"{field} {path!r}: its directory does not exist")
-    if os.path.isdir(path):
-        raise InvalidArgumentError(f"{field} {path!r} is a directory; it names the archive to write")
 
 
 def _unique(field: str, names: list[str]) -> None:
@@ -124,7 +83,8 @@ class CheckpointService:
         location = allowed_path(shim, "location", req.location)
         if req.timeout < 0:
             raise InvalidArgumentError(f"timeout {req.timeout} must not be negative")
-        await asyncio.to_thread(_archive_file, "location", location)
+        timeout = min(int(req.timeout), MAX_TIMEOUT)
+        await asyncio.to_thread(archive_to_write, "location", location)
         async with shim.locks.hold(c.id):
             if shim.store.containers.get(c.id) is not c:
                 raise NotFoundError(f"container {c.id} was removed")
@@ -132,7 +92,19 @@ class CheckpointService:
                 raise FailedPreconditionError(
                     f"container {c.id} is not running; only a running one is checkpointed"
                 )
-            await part.checkpoint_container(c, location, int(req.timeout))
+            # The backend leaves nothing at ``location`` when it is cancelled: by this timeout,
+            # or by the call's deadline (the transport cancels the call).
+            bound = asyncio.timeout(timeout or None)
+            try:
+                async with bound:
+                    await part.checkpoint_container(c, location, timeout)
+            except TimeoutError:
+                if not bound.expired():
+                    raise
+                raise DeadlineExceededError(
+                    f"the checkpoint of container {c.id} did not finish within its timeout of {timeout} s; "
+                    f"nothing was written at {location} and the container runs on"
+                ) from None
         return pb.CheckpointContainerResponse()
 
     # ------------------------------------------------------------------ CheckpointPod
@@ -147,7 +119,7 @@ class CheckpointService:
         if not ids:
             raise InvalidArgumentError("container_ids must name at least one container")
         _unique("container_ids", ids)
-        await asyncio.to_thread(_directory, "output_path", output, True)
+        await asyncio.to_thread(directory, "output_path", output, True)
         async with contextlib.AsyncExitStack() as held:
             await held.enter_async_context(shim.locks.hold(sb.id))
             shim.check_ready(sb, "; cannot checkpoint it")
@@ -190,7 +162,7 @@ class CheckpointService:
             validate.container_config(cfg, True)
         _unique("container_configs' metadata", [cfg.metadata.name for cfg in configs])
         path = allowed_path(shim, "checkpoint_path", req.checkpoint_path)
-        await asyncio.to_thread(_directory, "checkpoint_path", path, False)
+        await asyncio.to_thread(directory, "checkpoint_path", path, False)
         try:
             backend_name = shim.registry.resolve_name(req.runtime_handler)
         except LookupError as exc:

@@ -21,6 +21,7 @@ from backends.contract import (
 from cri_api import api_pb2 as pb
 from shim.cri import stats_messages, validate
 from shim.cri.container_io import CriLogWriter, touch_log
+from shim.cri.container_restore import container_checkpoint_of, restored_config
 from shim.cri.errors import (
     CriError,
     DeadlineExceededError,
@@ -66,6 +67,11 @@ class ContainerService:
             raise FailedPreconditionError(f"pod sandbox {sb.id} is not ready; cannot create containers in it")
         log_path = validate.log_path(sb.config.log_directory, cfg.log_path)
         backend = shim.backend(sb.backend)
+        # An image that is a checkpoint: read and verified before anything is made.
+        restoring = await container_checkpoint_of(shim, sb.backend, backend, cfg)
+        if restoring is not None:
+            cfg = restored_config(cfg, restoring.config)
+            validate.container_config(cfg, True)
         validate.mounts_for(cfg, backend.capabilities, sb.backend)
         validate.groups_policy_for(cfg, backend.capabilities, sb.backend)
         cid = shim.fresh_id()
@@ -103,6 +109,9 @@ class ContainerService:
                     validate.mounts_for(adjusted, backend.capabilities, sb.backend)
                     shim.store.update(record, config=adjusted)
                 await backend.lifecycle.create_container(record, sb)
+                if restoring is not None:
+                    assert backend.checkpoint is not None  # it read the checkpoint
+                    await backend.checkpoint.restore_container(record, sb, restoring)
                 # Acknowledged means recorded. The creation time is when it became visible,
                 # after the backend's work.
                 shim.store.update(record, committed=True, created_at=shim.clock())

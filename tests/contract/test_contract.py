@@ -453,6 +453,9 @@ async def test_checkpoints_are_made_or_refused_saying_why(
         for call in calls:
             await call
         assert os.path.isfile(location) and os.listdir(out) == ["pod.tar"]
+        restored = await create(cri, pod, sc, [], image=location, name="restored", log_path="r.log")
+        st = (await cri.rt.ContainerStatus(pb.ContainerStatusRequest(container_id=restored))).status
+        assert st.state == pb.CONTAINER_CREATED and st.image.image == "docker.io/library/busybox:latest"
         return
     for call in calls:
         with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -460,6 +463,14 @@ async def test_checkpoints_are_made_or_refused_saying_why(
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION, info.value.details()
         assert "CRIU" in (info.value.details() or "") and "Unexpected rt vDSO" in (info.value.details() or "")
     assert not os.path.exists(location) and os.listdir(out) == []
+    # A container from a checkpoint archive (one of another node, say) is refused the same way.
+    with open(location, "wb") as f:
+        f.write(b"an archive CRIU would read")
+    containers = (await cri.rt.ListContainers(pb.ListContainersRequest())).containers
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await create(cri, pod, sc, [], image=location, name="restored", log_path="r.log")
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "CRIU" in (info.value.details() or "")
+    assert (await cri.rt.ListContainers(pb.ListContainersRequest())).containers == containers
     before = (await cri.rt.ListPodSandbox(pb.ListPodSandboxRequest())).items
     restore = pb.RestorePodRequest(
         checkpoint_path=out,

@@ -48,6 +48,8 @@ STRINGS = [
     "/tmp",
     "/proc/self/c.tar",
     "/",
+    # An image that is a checkpoint archive (CreateContainer), here one that does not exist.
+    "/var/lib/kubelet/checkpoints/checkpoint-pod_default-ctr-2026-07-23T10:00:00Z.tar",
 ]
 
 
@@ -246,3 +248,143 @@ async def test_fuzz_restore_pod_archives(cri: Cri, short_tmp: str) -> None:
         assert after == before, i
         assert {n: _read(os.path.join(where, n)) for n in os.listdir(where)} == files  # read only
     await cri.rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod))
+
+
+async def _running_container(cri: Cri, root: str, name: str) -> tuple[str, str, pb.PodSandboxConfig]:
+    await cri.im.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=cri.image)))
+    sc = sandbox_config(name=name, log_directory=os.path.join(root, f"logs-{name}"))
+    pod = (await cri.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sc))).pod_sandbox_id
+    cc = container_config(image=cri.image, command=["sleep", "1000"], log_path="c.log")
+    req = pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc)
+    cid = (await cri.rt.CreateContainer(req)).container_id
+    await cri.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    return pod, cid, sc
+
+
+async def _code(call: object) -> grpc.StatusCode:
+    try:
+        await call  # type: ignore[misc]
+    except grpc.aio.AioRpcError as exc:
+        assert "Traceback" not in (exc.details() or "")
+        return exc.code()
+    return grpc.StatusCode.OK
+
+
+async def test_fuzz_create_from_checkpoint_archives(cri: Cri, short_tmp: str) -> None:
+    """CreateContainer whose image is a malformed checkpoint archive: the fixed corpus above, and
+    random mutations of the archive this backend's CheckpointContainer wrote (of a foreign one
+    where it writes none). Refused with a clear code (INVALID_ARGUMENT; docker and runv:
+    FAILED_PRECONDITION, CRIU), the archive unchanged, no container left behind."""
+    rnd = random.Random(20261208)
+    pod, cid, sc = await _running_container(cri, short_tmp, "ckpt")
+    written = os.path.join(short_tmp, "written.tar")
+    try:
+        req = pb.CheckpointContainerRequest(container_id=cid, location=written)
+        await cri.rt.CheckpointContainer(req, timeout=30)
+    except grpc.aio.AioRpcError as exc:
+        assert exc.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.FAILED_PRECONDITION), exc
+        assert not os.path.exists(written)
+    original = _read(written) if os.path.exists(written) else BAD_ARCHIVES["foreign-tar"]
+    corpus = list(BAD_ARCHIVES.values()) + [mutate(original, rnd) for _ in range(30)]
+    before = sorted(c.id for c in (await cri.rt.ListContainers(pb.ListContainersRequest())).containers)
+    for i, data in enumerate(corpus):
+        path = os.path.join(short_tmp, f"bad-{i}.tar")
+        with open(path, "wb") as f:
+            f.write(data)
+        cc = container_config(name=f"restored-{i}", image=path, log_path=f"r{i}.log")
+        got = await _code(
+            cri.rt.CreateContainer(
+                pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc)
+            )
+        )
+        if got == grpc.StatusCode.OK:  # a flip the format does not read (tar padding): still verified
+            listed = (await cri.rt.ListContainers(pb.ListContainersRequest())).containers
+            for c in listed:
+                if c.id not in before:
+                    await cri.rt.RemoveContainer(pb.RemoveContainerRequest(container_id=c.id))
+        else:
+            assert got in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION), (i, got)
+        after = sorted(c.id for c in (await cri.rt.ListContainers(pb.ListContainersRequest())).containers)
+        assert after == before, i
+        assert _read(path) == data, i  # read only
+
+
+async def test_malformed_checkpoint_requests(cri: Cri, short_tmp: str) -> None:
+    """CheckpointContainer and CheckpointPod on what may not be checkpointed, or where nothing may
+    be written: a clear code each, nothing written, the pod and its containers as they were."""
+    pod, cid, sc = await _running_container(cri, short_tmp, "target")
+    cc = container_config(name="idle", image=cri.image, command=["sleep", "1000"], log_path="i.log")
+    idle = (
+        await cri.rt.CreateContainer(
+            pb.CreateContainerRequest(pod_sandbox_id=pod, config=cc, sandbox_config=sc)
+        )
+    ).container_id
+    stopped = (
+        await cri.rt.CreateContainer(
+            pb.CreateContainerRequest(
+                pod_sandbox_id=pod,
+                config=container_config(
+                    name="stopped", image=cri.image, command=["sleep", "1000"], log_path="s.log"
+                ),
+                sandbox_config=sc,
+            )
+        )
+    ).container_id
+    await cri.rt.StartContainer(pb.StartContainerRequest(container_id=stopped))
+    await cri.rt.StopContainer(pb.StopContainerRequest(container_id=stopped, timeout=0))
+    out = os.path.join(short_tmp, "out")
+    os.mkdir(out)
+    full = os.path.join(short_tmp, "full")
+    os.mkdir(full)
+    with open(os.path.join(full, "x"), "w") as f:
+        f.write("x")
+    at = os.path.join(out, "c.tar")
+    IA, NF, FP = (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+    )
+    containers = [
+        (pb.CheckpointContainerRequest(container_id=cid, location="relative/c.tar"), {IA}),
+        (pb.CheckpointContainerRequest(container_id=cid, location=out + "/../out/c.tar"), {IA}),
+        (pb.CheckpointContainerRequest(container_id=cid, location=out + "//c.tar"), {IA}),
+        (pb.CheckpointContainerRequest(container_id=cid, location="/proc/self/c.tar"), {IA}),
+        (pb.CheckpointContainerRequest(container_id=cid, location="/sys/c.tar"), {IA}),
+        (pb.CheckpointContainerRequest(container_id=cid, location="/"), {IA}),
+        (pb.CheckpointContainerRequest(container_id=cid, location=out), {IA}),
+        (pb.CheckpointContainerRequest(container_id=cid, location=out + "/missing/c.tar"), {IA}),
+        (
+            pb.CheckpointContainerRequest(container_id=cid, location=out + "/c\x00.tar"),
+            {IA},
+        ),
+        (
+            pb.CheckpointContainerRequest(
+                container_id=cid, location=os.path.join(short_tmp, "state", "c.tar")
+            ),
+            {IA},
+        ),
+        (pb.CheckpointContainerRequest(container_id=cid, location=at, timeout=-1), {IA}),
+        (pb.CheckpointContainerRequest(container_id="", location=at), {IA}),
+        (pb.CheckpointContainerRequest(container_id="f" * 64, location=at), {NF}),
+        (pb.CheckpointContainerRequest(container_id=idle, location=at), {FP}),
+        (pb.CheckpointContainerRequest(container_id=stopped, location=at), {FP}),
+    ]
+    pods = [
+        (pb.CheckpointPodRequest(pod_sandbox_id="f" * 64, output_path=out, container_ids=[cid]), {NF}),
+        (pb.CheckpointPodRequest(pod_sandbox_id="", output_path=out, container_ids=[cid]), {IA}),
+        (pb.CheckpointPodRequest(pod_sandbox_id=pod, output_path=full, container_ids=[cid]), {IA}),
+        (pb.CheckpointPodRequest(pod_sandbox_id=pod, output_path="/dev", container_ids=[cid]), {IA}),
+        (pb.CheckpointPodRequest(pod_sandbox_id=pod, output_path=out, container_ids=[]), {IA}),
+        (pb.CheckpointPodRequest(pod_sandbox_id=pod, output_path=out, container_ids=[cid, cid]), {IA}),
+        (pb.CheckpointPodRequest(pod_sandbox_id=pod, output_path=out, container_ids=[cid, stopped]), {FP}),
+        (pb.CheckpointPodRequest(pod_sandbox_id=pod, output_path=out, container_ids=["e" * 64]), {NF}),
+    ]
+    for req, codes in containers:
+        got = await _code(cri.rt.CheckpointContainer(req, timeout=30))
+        assert got in codes, (req, got)
+    for req, codes in pods:
+        got = await _code(cri.rt.CheckpointPod(req, timeout=30))
+        assert got in codes, (req, got)
+    assert os.listdir(out) == [] and os.listdir(full) == ["x"]
+    states = {c.id: c.state for c in (await cri.rt.ListContainers(pb.ListContainersRequest())).containers}
+    assert states == {cid: pb.CONTAINER_RUNNING, idle: pb.CONTAINER_CREATED, stopped: pb.CONTAINER_EXITED}

@@ -11,6 +11,7 @@ import pytest
 from backends.contract import (
     Backend,
     Checkpoint,
+    ContainerCheckpoint,
     ContainerRecord,
     Metrics,
     PodCheckpoint,
@@ -58,9 +59,15 @@ class CheckpointPart:
         return PodCheckpoint(())
 
     async def restore_container(
-        self, container: ContainerRecord, sandbox: SandboxRecord, checkpoint: PodCheckpoint
+        self, container: ContainerRecord, sandbox: SandboxRecord, checkpoint: object
     ) -> None:
         pass
+
+    def checkpoint_image(self, image: str) -> bool:
+        return False
+
+    async def open_container_checkpoint(self, source: str) -> ContainerCheckpoint:
+        return ContainerCheckpoint(pb.ContainerConfig())
 
 
 class CheckpointRuntime(FakeRuntime):

@@ -38,6 +38,7 @@ UNPACK_PREFIX = ".unpack-"
 # How often a thread waiting for another pull's download looks at its own pull's cancellation.
 WAIT_POLL = 0.1
 
+
 class BlobReader(Protocol):
     """What a blob is read from: backends.oci's BlobStream, or a file in tests."""
 
