@@ -1,5 +1,5 @@
-# ruff: noqa: ASYNC240
-# Spawning QEMU, reading its console file and small state files is quick and bounded;
+# ruff: noqa: ASYNC230, ASYNC240
+# Spawning QEMU, reading its console file and writing small state files is quick and bounded;
 # polling is how a VM that is not our child (one adopted after a restart) is watched.
 """The qemu driver: each pod sandbox is a QEMU virtual machine booting the guest image.
 
@@ -269,7 +269,8 @@ class QemuHypervisor(ProcessVMs):
             "-append",
             " ".join(append),
             "-chardev",
-            f"file,id=console,path={os.path.join(sd, 'console.log')}",
+            # A restored VM's console follows the saved VM's boot (start_incoming writes it).
+            f"file,id=console,path={os.path.join(sd, 'console.log')}" + (",append=on" if incoming else ""),
             "-serial",
             "chardev:console",
             "-chardev",
@@ -365,10 +366,23 @@ class QemuHypervisor(ProcessVMs):
         log.info("runv.qemu.booted", vm=vm.id, accel=self._accel, pid=vm.pid)
 
     async def start_incoming(
-        self, vm: VM, kernel: str, initrd: str, accel: str, memory: GuestMemory | None, fds: Sequence[int]
+        self,
+        vm: VM,
+        kernel: str,
+        initrd: str,
+        accel: str,
+        memory: GuestMemory | None,
+        fds: Sequence[int],
+        console: bytes = b"",
     ) -> None:
-        """Start ``vm``'s QEMU waiting for a saved state (``qemu_snapshot.restore`` gives it one)."""
+        """Start ``vm``'s QEMU waiting for a saved state (``qemu_snapshot.restore`` gives it one);
+        its console begins with ``console`` (the saved VM's)."""
         tap = await self._prepare(vm)
+        path = os.path.join(vm.state_dir, "console.log")
+        with open(path, "wb") as fh:
+            fh.write(console)
+        if vm.uid:
+            os.chown(path, vm.uid, vm.uid)
         argv = self.argv(vm, kernel, initrd, accel, tap, memory=memory, incoming=True)
         self._start(vm, argv, self._cgroup(vm), fds)
 

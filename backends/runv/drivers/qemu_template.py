@@ -62,6 +62,7 @@ TEMPLATES = "templates"  # under the driver's run_dir: the templates' state file
 RETRY = 300.0  # seconds a shape boots cold after its template failed
 RAM_FD = 3  # the memfd, as QEMU inherits it
 SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+CONSOLE_KEPT = 16384  # bytes of the saved VM's console each restored VM's begins with
 RESTORED_TIMEOUT = 30.0  # for the agent of a restored VM to answer (it is running by then)
 
 Shape = tuple[int, int]  # vCPUs, memory bytes
@@ -73,6 +74,7 @@ class Template:
     accel: str
     memory_fd: int  # the saved guest's RAM, sealed
     state: str  # the saved devices' state
+    console: bytes = b""  # the saved VM's boot, the start of every restored VM's console
     users: int = 0  # VMs being started from it now: its memfd stays open until they have it
     dropped: bool = False
 
@@ -159,7 +161,8 @@ class Templates:
     async def _restore(self, vm: VM, kernel: str, initrd: str, tpl: Template) -> None:
         hv = self._hv
         memory = GuestMemory(f"/proc/self/fd/{RAM_FD}", share=False)
-        await hv.start_incoming(vm, kernel, initrd, tpl.accel, memory, [tpl.memory_fd])
+        console = tpl.console + f"runv: restored from template {tpl.key}\n".encode()
+        await hv.start_incoming(vm, kernel, initrd, tpl.accel, memory, [tpl.memory_fd], console)
         await qemu_snapshot.restore(vm, tpl.state, ignore_shared=True, timeout=hv.boot_timeout)
         identity = RestoredRequest(
             entropy=base64.b64encode(os.urandom(64)).decode(),
@@ -217,10 +220,13 @@ class Templates:
         state = os.path.join(self.dir, f"{key}.state")
         fd = os.memfd_create(f"runv-template-{key[:12]}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         t0 = time.monotonic()
+        console = b""
 
         async def boot(vm: VM) -> None:
+            nonlocal console
             memory = GuestMemory(f"/proc/self/fd/{RAM_FD}", share=True)
             await hv._boot(vm, kernel, initrd, memory, [fd])
+            console = hv.console(vm)[-CONSOLE_KEPT:].encode()
             await self._call(vm, SaveRequest(shares=hv.guest_shares), hv.agent_timeout)
             await qemu_snapshot.save(vm, state, resume=False, ignore_shared=True, timeout=hv.boot_timeout)
 
@@ -232,6 +238,9 @@ class Templates:
             os.close(fd)
             with contextlib.suppress(OSError):
                 os.unlink(state)
+            if not self._ready:
+                with contextlib.suppress(OSError):
+                    os.rmdir(self.dir)
             raise
         self.made += 1
         log.info(
@@ -243,7 +252,7 @@ class Templates:
             state_bytes=os.path.getsize(state),
             ram_bytes=os.fstat(fd).st_size,
         )
-        return Template(key, hv.accel, fd, state)
+        return Template(key, hv.accel, fd, state, console)
 
     # ---- dropping them
     def _drop(self, shape: Shape, tpl: Template) -> None:
