@@ -35,6 +35,10 @@ The QEMU process runs in a cgroup of its own (usage and leftovers), in its own s
 outlives the shim: after a restart it is found again by PID and start time and its agent by
 its socket. Confined (the default), it runs as a uid of its own in a root of its own, with no
 capabilities and the 9p shares served by a proxy (``qemu_confine.py``).
+
+Templates (``template = true``, the default): a VM starts from the saved state of a booted VM
+of its shape instead of booting (``qemu_template.py``, on ``qemu_snapshot.py``); a VM that
+cannot boots cold.
 """
 
 from __future__ import annotations
