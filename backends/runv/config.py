@@ -66,6 +66,7 @@ QEMU: dict[str, Kind] = {
     "capacity_vcpus": INT,
     "capacity_memory": INT,
     "cpu_overcommit": INT,
+    "template": BOOL,  # VMs started from a saved booted VM of their shape (default true; qemu_template.py)
 }
 
 NETWORK: dict[str, Kind] = {

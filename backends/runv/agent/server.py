@@ -19,7 +19,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
-from backends.runv.agent import containers, proc, stats, streams, vm
+from backends.runv.agent import containers, proc, snapshot, stats, streams, vm
 from backends.runv.agent.guest import Guest
 from backends.runv.agent.messages import (
     AttachRequest,
@@ -81,6 +81,8 @@ _route(ResizeRequest, streams.resize)
 _route(PortForwardRequest, streams.port_forward)
 _route(StatsRequest, stats.stats)
 _route(MetricsRequest, stats.metrics)
+_route(snapshot.SaveRequest, snapshot.before_save)
+_route(snapshot.RestoredRequest, snapshot.restored)
 
 
 class Agent(Guest):

@@ -13,12 +13,13 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import shutil
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from backends.contract.errors import (
@@ -314,9 +315,12 @@ class ProcessVMs(abc.ABC):
             raise
         return vm
 
-    def _spawn_in_cgroup(self, vm: VM, argv: list[str], cg: Cgroup, output: str, env: dict[str, str]) -> None:
+    def _spawn_in_cgroup(
+        self, vm: VM, argv: list[str], cg: Cgroup, output: str, env: dict[str, str], fds: Sequence[int] = ()
+    ) -> None:
         """Start the VM process: it joins ``cg`` before exec'ing ``argv`` (so all of the VM is in
-        it), in a session of its own, its output appended to ``output``.
+        it), in a session of its own, its output appended to ``output``; ``fds`` are its
+        descriptors 3, 4... (a QEMU started from a template: its guest's RAM).
 
         posix_spawn rather than Popen: the VM must outlive this process (recovery), so it is
         watched by PID like an adopted VM, and setsid keeps it out of the shim's process group.
@@ -328,9 +332,16 @@ class ProcessVMs(abc.ABC):
             (os.POSIX_SPAWN_OPEN, 1, output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640),
             (os.POSIX_SPAWN_DUP2, 1, 2),
         ]
-        vm.pid = os.posix_spawnp(
-            "sh", ["sh", "-c", script, "sh", *argv], env, file_actions=actions, setsid=True
-        )
+        # From copies above the targets: a dup2 onto itself would keep close-on-exec.
+        copies = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3 + len(fds)) for fd in fds]
+        actions += [(os.POSIX_SPAWN_DUP2, fd, 3 + i) for i, fd in enumerate(copies)]
+        try:
+            vm.pid = os.posix_spawnp(
+                "sh", ["sh", "-c", script, "sh", *argv], env, file_actions=actions, setsid=True
+            )
+        finally:
+            for fd in copies:
+                os.close(fd)
         vm.started_at = process_start(vm.pid)
 
     async def _release(self, vm: VM) -> None:

@@ -1,5 +1,5 @@
-# ruff: noqa: ASYNC240
-# Spawning QEMU, reading its console file and small state files is quick and bounded;
+# ruff: noqa: ASYNC230, ASYNC240
+# Spawning QEMU, reading its console file and writing small state files is quick and bounded;
 # polling is how a VM that is not our child (one adopted after a restart) is watched.
 """The qemu driver: each pod sandbox is a QEMU virtual machine booting the guest image.
 
@@ -35,6 +35,10 @@ The QEMU process runs in a cgroup of its own (usage and leftovers), in its own s
 outlives the shim: after a restart it is found again by PID and start time and its agent by
 its socket. Confined (the default), it runs as a uid of its own in a root of its own, with no
 capabilities and the 9p shares served by a proxy (``qemu_confine.py``).
+
+Templates (``template = true``, the default): a VM starts from the saved state of a booted VM
+of its shape instead of booting (``qemu_template.py``, on ``qemu_snapshot.py``); a VM that
+cannot boots cold.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -63,6 +68,8 @@ from backends.runv import guest_image, host
 from backends.runv.drivers.base import ProcessVMs, check_size, process_start, shares_dir
 from backends.runv.drivers.qemu_confine import CONFINE, PROXY_SOCKET, SANDBOX, allocate_uid, confine_env
 from backends.runv.drivers.qemu_initrd import agent_initrd
+from backends.runv.drivers.qemu_snapshot import GuestMemory, incoming_args, qmp_args
+from backends.runv.drivers.qemu_template import TEMPLATES, Templates
 from backends.runv.hypervisor import MIB, VM, BootError, Fault, PodLimits, VMSpec
 
 log = structlog.get_logger("cri-shim.runv.qemu")
@@ -109,6 +116,7 @@ def kvm_openable() -> bool:
 class QemuHypervisor(ProcessVMs):
     name = "qemu"
     readonly_on_host = True  # a read-only share is read-only at its source (see _share_mode)
+    guest_shares = GUEST_SHARES
 
     def __init__(self, config: dict[str, Any]) -> None:
         # A vCPU is a host thread: overcommitted like the stub's, 8 per host CPU by default.
@@ -142,6 +150,8 @@ class QemuHypervisor(ProcessVMs):
         self._probe = asyncio.Lock()
         self._initrd = ""
         self._initrd_lock = asyncio.Lock()
+        # VMs started from a saved booted VM of their shape (qemu_template.py).
+        self.templates = Templates(self) if bool(config.get("template", True)) else None
 
     # ---- sizing
     @property
@@ -219,10 +229,20 @@ class QemuHypervisor(ProcessVMs):
         return "52:54:" + ":".join(f"{b:02x}" for b in h[:4])
 
     def argv(
-        self, vm: VM, kernel: str, initrd: str, accel: str, tap: str, fail_boot: bool = False
+        self,
+        vm: VM,
+        kernel: str,
+        initrd: str,
+        accel: str,
+        tap: str,
+        fail_boot: bool = False,
+        memory: GuestMemory | None = None,
+        incoming: bool = False,
     ) -> list[str]:
-        """The QEMU command line of ``vm`` (a pure function of its arguments, for tests)."""
+        """The QEMU command line of ``vm`` (a pure function of its arguments, for tests):
+        its guest's RAM in ``memory`` (else QEMU's own), waiting for a saved state if ``incoming``."""
         sd = vm.state_dir
+        size = _size_mib(vm.memory_bytes + self.guest_memory)
         append = [*KERNEL_ARGS, f"runv.shares={GUEST_SHARES}", *self.extra_args]
         if fail_boot:
             append.append("runv.fail_boot=1")
@@ -231,7 +251,7 @@ class QemuHypervisor(ProcessVMs):
             "-name",
             f"runv-{vm.id},debug-threads=on",
             "-machine",
-            self.machine,
+            self.machine + (f",memory-backend={memory.id}" if memory else ""),
             "-accel",
             # TCG's translation cache bounded (QEMU's default is up to 1 GiB, charged to the VM).
             f"accel={accel}" + (f",tb-size={TCG_TB_MIB}" if accel == "tcg" else ""),
@@ -240,7 +260,7 @@ class QemuHypervisor(ProcessVMs):
             "-smp",
             str(vm.vcpus),
             "-m",
-            f"{_size_mib(vm.memory_bytes + self.guest_memory)}M",
+            f"{size}M",
             "-nodefaults",
             "-no-user-config",
             "-display",
@@ -253,7 +273,8 @@ class QemuHypervisor(ProcessVMs):
             "-append",
             " ".join(append),
             "-chardev",
-            f"file,id=console,path={os.path.join(sd, 'console.log')}",
+            # A restored VM's console follows the saved VM's boot (start_incoming writes it).
+            f"file,id=console,path={os.path.join(sd, 'console.log')}" + (",append=on" if incoming else ""),
             "-serial",
             "chardev:console",
             "-chardev",
@@ -274,7 +295,12 @@ class QemuHypervisor(ProcessVMs):
             "virtio-rng-pci",
             "-pidfile",
             os.path.join(sd, "qemu.pid"),
+            *qmp_args(vm),
         ]
+        if memory:
+            argv += memory.args(size)
+        if incoming:
+            argv += incoming_args()
         if self.confine:
             argv += ["-sandbox", SANDBOX]
         if tap:
@@ -297,13 +323,19 @@ class QemuHypervisor(ProcessVMs):
         kernel, base = self.guest_files()
 
         async def boot(vm: VM) -> None:
-            async with self._initrd_lock:  # a thread: copying tens of MiB and compiling the agent
-                initrd = await asyncio.to_thread(self._agent_initrd, base)
+            initrd = await self.agent_initrd(base)
+            if self.templates is not None and await self.templates.start(vm, kernel, initrd):
+                return
             await self._boot(vm, kernel, initrd)
 
         return await self._create(spec, boot)
 
-    async def _boot(self, vm: VM, kernel: str, initrd: str) -> None:
+    async def agent_initrd(self, base: str) -> str:
+        async with self._initrd_lock:  # a thread: copying tens of MiB and compiling the agent
+            return await asyncio.to_thread(self._agent_initrd, base)
+
+    async def _prepare(self, vm: VM) -> str:
+        """What QEMU needs before it starts: its shares directory, its uid, its tap (the name)."""
         if len(vm.channel.encode()) > 107:
             raise InvalidArgumentError(f"VM socket path too long under {vm.state_dir}")
         os.makedirs(shares_dir(vm), exist_ok=True)
@@ -319,21 +351,71 @@ class QemuHypervisor(ProcessVMs):
                 f"cannot create tap {tap}", self.ip, "tuntap", "add", "dev", tap, "mode", "tap", *owner
             )
             await host.must(f"cannot bring up tap {tap}", self.ip, "link", "set", "dev", tap, "up")
+        return tap
+
+    async def _boot(
+        self, vm: VM, kernel: str, initrd: str, memory: GuestMemory | None = None, fds: Sequence[int] = ()
+    ) -> None:
+        """Boot ``vm`` from its kernel: its guest's RAM in ``memory`` (QEMU's descriptors ``fds``)."""
+        tap = await self._prepare(vm)
         cg = self._cgroup(vm)
         fail = Fault.BOOT_FAILURE in self._faults
         self._faults.discard(Fault.BOOT_FAILURE)
         if self._accel_known:
-            await self._spawn(vm, self.argv(vm, kernel, initrd, self.accel, tap, fail), cg)
+            await self._spawn(vm, self.argv(vm, kernel, initrd, self.accel, tap, fail, memory), cg, fds)
         else:
             # The first boot finds out whether KVM works; the others wait for the answer.
             async with self._probe:
-                await self._boot_probing(vm, kernel, initrd, tap, fail, cg)
+                await self._boot_probing(vm, kernel, initrd, tap, fail, cg, memory, fds)
         log.info("runv.qemu.booted", vm=vm.id, accel=self._accel, pid=vm.pid)
 
-    async def _boot_probing(self, vm: VM, kernel: str, initrd: str, tap: str, fail: bool, cg: Cgroup) -> None:
+    async def start_incoming(
+        self,
+        vm: VM,
+        kernel: str,
+        initrd: str,
+        accel: str,
+        memory: GuestMemory | None,
+        fds: Sequence[int],
+        console: bytes = b"",
+    ) -> None:
+        """Start ``vm``'s QEMU waiting for a saved state (``qemu_snapshot.restore`` gives it one);
+        its console begins with ``console`` (the saved VM's)."""
+        tap = await self._prepare(vm)
+        path = os.path.join(vm.state_dir, "console.log")
+        with open(path, "wb") as fh:
+            fh.write(console)
+        if vm.uid:
+            os.chown(path, vm.uid, vm.uid)
+        argv = self.argv(vm, kernel, initrd, accel, tap, memory=memory, incoming=True)
+        self._start(vm, argv, self._cgroup(vm), fds)
+
+    async def unstart(self, vm: VM) -> None:
+        """Undo ``start_incoming`` (or a boot), the VM's record, cgroup and state kept: QEMU,
+        its tap, its files; the VM can then boot again."""
+        await self._kill(vm)
+        vm.pid = vm.started_at = 0
+        self._uids.pop(vm.id, None)
+        if os.path.exists(f"/sys/class/net/{self.tap_name(vm.id)}"):
+            await host.run(self.ip, "link", "del", "dev", self.tap_name(vm.id))
+        for name in ("console.log", "qemu.log", "qemu.pid", "agent.sock", "qmp.sock", PROXY_SOCKET):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(vm.state_dir, name))
+
+    async def _boot_probing(
+        self,
+        vm: VM,
+        kernel: str,
+        initrd: str,
+        tap: str,
+        fail: bool,
+        cg: Cgroup,
+        memory: GuestMemory | None,
+        fds: Sequence[int],
+    ) -> None:
         accel = self.accel
         try:
-            await self._spawn(vm, self.argv(vm, kernel, initrd, accel, tap, fail), cg)
+            await self._spawn(vm, self.argv(vm, kernel, initrd, accel, tap, fail, memory), cg, fds)
         except (BootError, DeadlineExceededError) as exc:
             if accel != "kvm":
                 raise
@@ -359,11 +441,14 @@ class QemuHypervisor(ProcessVMs):
             for name in ("console.log", "qemu.log"):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(vm.state_dir, name))
-            await self._spawn(vm, self.argv(vm, kernel, initrd, "tcg", tap, fail), cg)
+            await self._spawn(vm, self.argv(vm, kernel, initrd, "tcg", tap, fail, memory), cg, fds)
         self._accel_known = True
 
-    async def _spawn(self, vm: VM, argv: list[str], cg: Cgroup) -> None:
-        console = os.path.join(vm.state_dir, "console.log")
+    async def _spawn(self, vm: VM, argv: list[str], cg: Cgroup, fds: Sequence[int] = ()) -> None:
+        self._start(vm, argv, cg, fds)
+        await self._booted(vm)
+
+    def _start(self, vm: VM, argv: list[str], cg: Cgroup, fds: Sequence[int] = ()) -> None:
         log_path = os.path.join(vm.state_dir, "qemu.log")
         # QEMU gets a mount namespace of its own (a slave of the host's) where the shares are
         # mounted, so they never show in the host's mount table and die with it.
@@ -375,7 +460,13 @@ class QemuHypervisor(ProcessVMs):
             env.update(confine_env(vm, argv, tap, self.proxy_helper, self.setpriv, self.ip))
             argv = ["sh", "-c", CONFINE, "runv-confine", *argv]
         argv = [self.unshare, "--mount", *net, "--propagation", "slave", *argv]
-        self._spawn_in_cgroup(vm, argv, cg, log_path, env)
+        self._spawn_in_cgroup(vm, argv, cg, log_path, env, fds)
+
+    async def _booted(self, vm: VM) -> None:
+        """Return when the guest's agent says it is ready on the console (raises if it dies or
+        does not in time)."""
+        console = os.path.join(vm.state_dir, "console.log")
+        log_path = os.path.join(vm.state_dir, "qemu.log")
         deadline = time.monotonic() + self.boot_timeout
         seen = 0
         while True:
@@ -427,9 +518,11 @@ class QemuHypervisor(ProcessVMs):
         out: list[VM] = []
         if not os.path.isdir(self.run_dir):
             return out
+        if self.templates is not None:
+            self.templates.forget_stale()  # a killed shim's: their RAM went with it
         for entry in sorted(os.listdir(self.run_dir)):
             sd = os.path.join(self.run_dir, entry)
-            if entry in known or not os.path.isdir(sd):
+            if entry in known or entry == TEMPLATES or not os.path.isdir(sd):
                 continue
             cgroup = self._leftover_cgroup(sd, entry).rel
             vm = VM(entry, self.name, 0, 0, 0, sd, os.path.join(sd, "agent.sock"), cgroup=cgroup)
@@ -442,6 +535,11 @@ class QemuHypervisor(ProcessVMs):
                 vm.pid, vm.started_at = pid, process_start(pid)
             out.append(vm)
         return out
+
+    async def close(self) -> None:
+        if self.templates is not None:
+            self.templates.close()
+        await super().close()
 
     def tidy(self) -> None:
         self._tidy_cgroups()

@@ -76,7 +76,7 @@ cd /
 umount -l /.old
 rmdir /.old
 rm -f "$st/9p.sock"
-"$RUNV_PROXY" -p "$st/shares" -s "$st/9p.sock" -u "$u" -g "$u" -n &
+"$RUNV_PROXY" -p "$st/shares" -s "$st/9p.sock" -u "$u" -g "$u" -n 3<&- 4<&- &
 i=0
 while [ ! -S "$st/9p.sock" ]; do
     i=$((i + 1))
