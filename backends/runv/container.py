@@ -36,18 +36,26 @@ class Containers:
         self._images = images
         self._selinux_said = False
 
-    async def _image_volume(self, pod: Pod, container: contract.ContainerRecord, mnt: pb.Mount) -> m.Mount:
-        """An image's layers shared into the VM, for the agent to stack read-only at the mount."""
+    async def _image_volume(
+        self, pod: Pod, container: contract.ContainerRecord, mnt: pb.Mount, tag: str
+    ) -> m.Mount:
+        """An image's layers shared into the VM, for the agent to stack read-only at the mount
+        (or, where the driver assembles overlays on the host, stacked there: share ``tag``)."""
         shared = self._shared
         img = await self._images.find(mnt.image.image, [mnt.image.user_specified_image])
-        lowers = []
-        for layer in shared.image_store.lowers(img):
-            tag = "layer-" + os.path.basename(os.path.dirname(layer))[:12]
-            lowers.append(await shared.hv.attach_share(pod.vm, tag, layer, readonly=True))
-        if not lowers:
+        layers = shared.image_store.lowers(img)
+        if not layers:
             raise errors.InvalidArgumentError(
                 f"image {mnt.image.image!r} of {mnt.container_path} has no layers"
             )
+        attach_rootfs = getattr(shared.hv, "attach_rootfs", None)
+        merged = None
+        if attach_rootfs is not None and len(layers) > 1:
+            merged = await attach_rootfs(pod.vm, tag, layers, "", "")
+        lowers = [merged] if merged is not None else []
+        for layer in layers if merged is None else []:
+            layer_tag = "layer-" + os.path.basename(os.path.dirname(layer))[:12]
+            lowers.append(await shared.hv.attach_share(pod.vm, layer_tag, layer, readonly=True))
         # ContainerStatus reports which image each image volume is (Mount.image.image_ref).
         container.image_volume_refs[mnt.container_path] = img.id
         return m.Mount(
@@ -87,7 +95,8 @@ class Containers:
             host_ro = bool(getattr(hv, "readonly_on_host", False))
             for mnt in cfg.mounts:
                 if mnt.HasField("image") and mnt.image.image:
-                    mounts.append(await self._image_volume(pod, container, mnt))
+                    tag = f"mnt-{container.id[:12]}-{len(mounts)}"
+                    mounts.append(await self._image_volume(pod, container, mnt, tag))
                     continue
                 if mnt.selinux_relabel and not self._selinux_said:
                     # No SELinux in the VM (nor, mostly, on the host): nothing to relabel.

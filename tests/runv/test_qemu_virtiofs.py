@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from backends import reference
 from backends.linux import procfs
 from backends.linux.cgroups import Cgroup
 from backends.runv import config as runv_config_mod
@@ -218,7 +219,8 @@ def _two_layer_image(backend: RunvBackend, busybox_rootfs: Path, tmp_path: Path)
     (extra / "extra" / "file").write_text("second layer\n")
     top = store.resolve(store.import_dir("test/extra:1", str(extra)))
     assert base is not None and top is not None
-    store._register(Image("sha256:" + "7" * 64, [IMAGE], [], 0, [*base.diff_ids, *top.diff_ids], {}))
+    tag = reference.parse(IMAGE).tagged
+    store._register(Image("sha256:" + "7" * 64, [tag], [], 0, [*base.diff_ids, *top.diff_ids], {}))
     return IMAGE
 
 
@@ -330,9 +332,12 @@ async def test_a_pod_on_virtiofs(runv_config: dict[str, Any], busybox_rootfs: Pa
         # Nothing of the VM's shares in the host's mount table.
         assert _mount_lines(vm.state_dir, first._shared.containers_dir, str(rw_dir)) == []
 
-        # The shim dies (its share helper with it) and a new one adopts the VM.
+        # The shim goes away (its share helper killed, its agent connections dropped, nothing
+        # detached) and a new one adopts the VM.
         first._shared.hv._injector._proc.kill()  # type: ignore[attr-defined,union-attr]
         await ev1.close()
+        await first.lifecycle.close()
+        assert _alive(vm.pid) and all(_alive(p) for p in helpers)
         second = RunvBackend("runv", cfg)
         ev2 = Events()
         await second.lifecycle.start(ev2)

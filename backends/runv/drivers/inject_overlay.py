@@ -3,6 +3,8 @@ into a VM's mount namespace only (the qemu driver's virtio-fs shares, ``qemu_vir
 
     ["overlay", VM_PID, TARGET, UPPER, WORK, LOWER...]     (lowers top first)
 
+UPPER and WORK "" (an image volume): a read-only overlay of the lowers alone.
+
 Run in the share helper's forked child (``inject.py``), as root in the host's namespaces: the
 overlay is made detached (fsopen("overlay"), fsconfig, fsmount: a mount in no namespace), so it
 never shows in the host's mount table, then the child joins the VM's mount namespace and
@@ -32,11 +34,13 @@ FSOPEN_CLOEXEC = 0x1
 FSMOUNT_CLOEXEC = 0x1
 FSCONFIG_SET_STRING = 1
 FSCONFIG_CMD_CREATE = 6
+MOUNT_ATTR_RDONLY = 0x1
 MOUNT_ATTR_NOSUID = 0x2
 MOUNT_ATTR_NODEV = 0x4
 OPEN_TREE_CLONE = 1
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
 CLONE_NEWNS = 0x20000
+MS_RDONLY = 0x1
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MS_REC = 0x4000
@@ -79,15 +83,14 @@ def _by_fsmount(upper: str, work: str, lowers: list[str]) -> int:
     try:
         for lower in lowers:
             _fsconfig(fs, "lowerdir+", lower)
-        _fsconfig(fs, "upperdir", upper)
-        _fsconfig(fs, "workdir", work)
+        if upper:
+            _fsconfig(fs, "upperdir", upper)
+            _fsconfig(fs, "workdir", work)
         if libc.syscall(SYS_FSCONFIG, fs, FSCONFIG_CMD_CREATE, None, None, 0) < 0:
             err = ctypes.get_errno()
             raise OSError(err, f"overlay: {os.strerror(err)} {_fs_messages(fs)}".rstrip())
-        return check(
-            libc.syscall(SYS_FSMOUNT, fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV),
-            "fsmount overlay",
-        )
+        attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (0 if upper else MOUNT_ATTR_RDONLY)
+        return check(libc.syscall(SYS_FSMOUNT, fs, FSMOUNT_CLOEXEC, attrs), "fsmount overlay")
     finally:
         os.close(fs)
 
@@ -100,8 +103,8 @@ def _by_private_mount(upper: str, work: str, lowers: list[str], at: str) -> int:
     base = os.path.commonpath(lowers) if len(lowers) > 1 else os.path.dirname(lowers[0])
     os.chdir(base)
     rel = ":".join(os.path.relpath(lower, base) for lower in lowers)
-    data = f"lowerdir={rel},upperdir={upper},workdir={work}"
-    flags = MS_NOSUID | MS_NODEV
+    data = f"lowerdir={rel}" + (f",upperdir={upper},workdir={work}" if upper else "")
+    flags = MS_NOSUID | MS_NODEV | (0 if upper else MS_RDONLY)
     check(libc.mount(b"overlay", at.encode(), b"overlay", flags, data.encode()), "mount overlay")
     os.chdir("/")
     return check(
@@ -112,7 +115,8 @@ def _by_private_mount(upper: str, work: str, lowers: list[str], at: str) -> int:
 def attach(pid: int, target: str, upper: str, work: str, lowers: list[str]) -> None:
     """The overlay of ``lowers`` (top first), ``upper`` and ``work``, attached at ``target`` in
     the mount namespace of process ``pid``. A process of its own (it may unshare)."""
-    if not lowers or any(not os.path.isabs(p) for p in (target, upper, work, *lowers)):
+    paths = (target, *lowers, *((upper, work) if upper or work else ()))
+    if not lowers or any(not os.path.isabs(p) for p in paths):
         raise OSError(errno.EINVAL, "overlay: absolute paths and at least one lower layer")
     try:
         tree = _by_fsmount(upper, work, lowers)

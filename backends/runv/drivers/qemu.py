@@ -510,8 +510,9 @@ class QemuHypervisor(ProcessVMs):
         return f"{GUEST_SHARES}/{tag}"
 
     async def attach_rootfs(self, vm: VM, tag: str, lowers: list[str], upper: str, work: str) -> str | None:
-        """A container's root overlay made on the host and shared merged (virtio-fs; its guest
-        path), or None: the guest stacks the layers itself (9p)."""
+        """A container's root overlay (or with ``upper`` "" an image volume's, read-only) made on
+        the host and shared merged (virtio-fs; its guest path), or None: the guest stacks the
+        layers itself (9p)."""
         if not qemu_virtiofs.marked(vm):
             return None
         guest = self._guest_path(vm, tag)

@@ -154,7 +154,8 @@ async def attach_rootfs(
     hv: ProcessVMs, vm: VM, tag: str, lowers: list[str], upper: str, work: str, guest: str
 ) -> str:
     """A container's root filesystem as an overlay made on the host (``lowers`` top first,
-    ``upper``, ``work``), attached as share ``tag`` of ``vm`` (guest path ``guest``)."""
+    ``upper``, ``work``), attached as share ``tag`` of ``vm`` (guest path ``guest``). ``upper``
+    "": an image volume, the lowers alone, read-only."""
     from backends.runv.drivers.base import _remove_target, shares_dir
     from backends.runv.hypervisor import BootError
 
@@ -170,5 +171,5 @@ async def attach_rootfs(
     except BaseException:
         _remove_target(target)
         raise
-    vm.shares[tag] = upper
+    vm.shares[tag] = upper or lowers[0]
     return guest
