@@ -62,6 +62,8 @@ QEMU: dict[str, Kind] = {
     "uid_count": INT,
     "setpriv": STR,
     "virtfs_proxy_helper": STR,
+    "shares": STR,  # "virtiofs" or "9p" (default: virtiofs when virtiofsd and the guest have it)
+    "virtiofsd": STR,
     "kernel_args": STRINGS,
     "capacity_vcpus": INT,
     "capacity_memory": INT,

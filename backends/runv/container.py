@@ -5,6 +5,7 @@ mounts, shared into the VM."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -17,6 +18,7 @@ from backends import contract
 from backends.contract import errors
 from backends.runv.agent import messages as m
 from backends.runv.images.service import VmImages
+from backends.runv.images.store import Image
 from cri_api import api_pb2 as pb
 
 from . import spec as specs
@@ -34,18 +36,26 @@ class Containers:
         self._images = images
         self._selinux_said = False
 
-    async def _image_volume(self, pod: Pod, container: contract.ContainerRecord, mnt: pb.Mount) -> m.Mount:
-        """An image's layers shared into the VM, for the agent to stack read-only at the mount."""
+    async def _image_volume(
+        self, pod: Pod, container: contract.ContainerRecord, mnt: pb.Mount, tag: str
+    ) -> m.Mount:
+        """An image's layers shared into the VM, for the agent to stack read-only at the mount
+        (or, where the driver assembles overlays on the host, stacked there: share ``tag``)."""
         shared = self._shared
         img = await self._images.find(mnt.image.image, [mnt.image.user_specified_image])
-        lowers = []
-        for layer in shared.image_store.lowers(img):
-            tag = "layer-" + os.path.basename(os.path.dirname(layer))[:12]
-            lowers.append(await shared.hv.attach_share(pod.vm, tag, layer, readonly=True))
-        if not lowers:
+        layers = shared.image_store.lowers(img)
+        if not layers:
             raise errors.InvalidArgumentError(
                 f"image {mnt.image.image!r} of {mnt.container_path} has no layers"
             )
+        attach_rootfs = getattr(shared.hv, "attach_rootfs", None)
+        merged = None
+        if attach_rootfs is not None and len(layers) > 1:
+            merged = await attach_rootfs(pod.vm, tag, layers, "", "")
+        lowers = [merged] if merged is not None else []
+        for layer in layers if merged is None else []:
+            layer_tag = "layer-" + os.path.basename(os.path.dirname(layer))[:12]
+            lowers.append(await shared.hv.attach_share(pod.vm, layer_tag, layer, readonly=True))
         # ContainerStatus reports which image each image volume is (Mount.image.image_ref).
         container.image_volume_refs[mnt.container_path] = img.id
         return m.Mount(
@@ -80,16 +90,13 @@ class Containers:
         os.makedirs(upper, exist_ok=True)
         os.makedirs(work, exist_ok=True)
         try:
-            rw = await hv.attach_share(pod.vm, f"ct-{container.id[:12]}", host_dir, readonly=False)
-            lowers = []
-            for layer in shared.image_store.lowers(img):
-                tag = "layer-" + os.path.basename(os.path.dirname(layer))[:12]
-                lowers.append(await hv.attach_share(pod.vm, tag, layer, readonly=True))
+            rootfs = await self._rootfs(pod, container.id, img, upper, work)
             mounts: list[m.Mount] = []
             host_ro = bool(getattr(hv, "readonly_on_host", False))
             for mnt in cfg.mounts:
                 if mnt.HasField("image") and mnt.image.image:
-                    mounts.append(await self._image_volume(pod, container, mnt))
+                    tag = f"mnt-{container.id[:12]}-{len(mounts)}"
+                    mounts.append(await self._image_volume(pod, container, mnt, tag))
                     continue
                 if mnt.selinux_relabel and not self._selinux_said:
                     # No SELinux in the VM (nor, mostly, on the host): nothing to relabel.
@@ -130,7 +137,6 @@ class Containers:
                         ),
                     )
                 )
-            rootfs = m.Rootfs(lowers=lowers, upper=os.path.join(rw, "upper"), work=os.path.join(rw, "work"))
             spec = specs.process_spec(cfg, img, rootfs, mounts)
             ns = sandbox.config.linux.security_context.namespace_options
             userns = ns.userns_options
@@ -145,11 +151,38 @@ class Containers:
             # ContainerStatus.user: the effective identity
             container.effective_user = contract.EffectiveUser(created.uid, created.gid, tuple(created.groups))
         except BaseException:
+            with contextlib.suppress(Exception):  # before the layer they may show goes
+                await self._detach_shares(pod, container.id)
             shutil.rmtree(host_dir, ignore_errors=True)
             raise
         shared.owner[container.id] = sandbox.id
         pod.containers.add(container.id)
         container.backend_data["vm"] = pod.vm.id
+
+    async def _rootfs(self, pod: Pod, cid: str, img: Image, upper: str, work: str) -> m.Rootfs:
+        """The container's root: an overlay the driver assembles on the host and shares merged
+        (the qemu driver on virtio-fs, where the guest's overlayfs cannot have its upper layer),
+        else the layers and the writable directory shared for the agent to stack."""
+        hv = self._shared.hv
+        layers = self._shared.image_store.lowers(img)
+        tag = f"ct-{cid[:12]}"
+        attach_rootfs = getattr(hv, "attach_rootfs", None)
+        merged = await attach_rootfs(pod.vm, tag, layers, upper, work) if attach_rootfs else None
+        if merged is not None:
+            return m.Rootfs(path=merged)
+        rw = await hv.attach_share(pod.vm, tag, os.path.dirname(upper), readonly=False)
+        lowers = []
+        for layer in layers:
+            layer_tag = "layer-" + os.path.basename(os.path.dirname(layer))[:12]
+            lowers.append(await hv.attach_share(pod.vm, layer_tag, layer, readonly=True))
+        return m.Rootfs(lowers=lowers, upper=os.path.join(rw, "upper"), work=os.path.join(rw, "work"))
+
+    async def _detach_shares(self, pod: Pod, cid: str) -> None:
+        """The container's own shares out of its VM: its volumes and its root (layers stay)."""
+        hv = self._shared.hv
+        for tag in [t for t in pod.vm.shares if t.startswith(f"mnt-{cid[:12]}-")]:
+            await hv.detach_share(pod.vm, tag)
+        await hv.detach_share(pod.vm, f"ct-{cid[:12]}")
 
     async def _subscribe(
         self, pod: Pod, cid: str, resume: bool = False, after: contract.LogMarks | None = None
@@ -231,9 +264,7 @@ class Containers:
         if pod is not None and not pod.dead and pod.agent is not None and not pod.agent.closed:
             await pod.agent.call(m.RemoveRequest(id=container.id))
         if pod is not None:
-            for tag in [t for t in pod.vm.shares if t.startswith(f"mnt-{container.id[:12]}-")]:
-                await shared.hv.detach_share(pod.vm, tag)
-            await shared.hv.detach_share(pod.vm, f"ct-{container.id[:12]}")
+            await self._detach_shares(pod, container.id)
         if pod is not None:
             pod.containers.discard(container.id)
             pod.procs.pop(container.id, None)

@@ -8,7 +8,7 @@ packages with ``apt-get download`` (no other download), unpacks them and writes
 - ``DIR/initrd.img``: an uncompressed newc cpio (under TCG, decompressing in the guest costs
   more than reading a larger file) holding busybox, Python 3.11 and its standard library,
   runc, the C libraries they need, the kernel modules of the devices the VM has (virtio-mmio,
-  virtio-serial, virtio-net, 9p, overlayfs) and ``/init``;
+  virtio-serial, virtio-net, 9p, virtio-fs, overlayfs) and ``/init``;
 - ``DIR/manifest.json``: the kernel release and the package versions.
 
 The agent's code is not in it: the driver appends it as a second cpio at boot (the kernel
@@ -53,6 +53,7 @@ MODULES = [
     "virtio_rng",
     "9pnet_virtio",
     "9p",
+    "virtiofs",  # the shares over virtio-fs (runv.sharefs=virtiofs), else 9p
     "overlay",
     "bridge",  # brctl in containers: critest's privileged and NET_ADMIN specs
 ]
@@ -117,8 +118,11 @@ arg() { for w in $(cat /proc/cmdline); do case $w in "$1"=*) echo "${w#*=}";; es
 [ "$(arg runv.fail_boot)" = 1 ] && { echo "runv-init: injected boot failure"; exit 1; }
 shares=$(arg runv.shares)
 mkdir -p "$shares"
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,cache=none,access=any shares "$shares" \
-    || { echo "runv-init: cannot mount the shares"; exit 1; }
+if [ "$(arg runv.sharefs)" = virtiofs ]; then
+    mount -t virtiofs shares "$shares"
+else
+    mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,cache=none,access=any shares "$shares"
+fi || { echo "runv-init: cannot mount the shares"; exit 1; }
 port=
 for n in /sys/class/virtio-ports/*; do
     [ "$(cat "$n/name" 2>/dev/null)" = runv.agent ] && port=/dev/${n##*/}

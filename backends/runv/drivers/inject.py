@@ -10,6 +10,7 @@ rmdir detaches them) and die with the VM.
 
     python -S -I inject.py attach HOST_PATH VM_PID TARGET [shared|ro]
     python -S -I inject.py detach VM_PID TARGET
+    python -S -I inject.py overlay VM_PID TARGET UPPER WORK LOWER...   (inject_overlay.py)
     python -S -I inject.py serve
 
 ``serve`` takes requests as JSON lines on stdin (``["attach", HOST_PATH, VM_PID, TARGET]`` or
@@ -28,15 +29,37 @@ import sys
 if not __package__:  # run as a file: the package root (for backends.linux.mountns) is three folders up
     sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "../../..")))
 
-from backends.linux.mountns import AT_FDCWD, AT_RECURSIVE, check, enter, exit_status, libc, make_readonly
+from backends.linux.mountns import (
+    AT_FDCWD,
+    AT_RECURSIVE,
+    MOUNT_ATTR_RDONLY,
+    SYS_MOUNT_SETATTR,
+    MountAttr,
+    check,
+    enter,
+    exit_status,
+    libc,
+)
+from backends.runv.drivers import inject_overlay
 
 SYS_OPEN_TREE = 428
 SYS_MOVE_MOUNT = 429
 OPEN_TREE_CLONE = 1
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
-MS_REC = 0x4000
+AT_EMPTY_PATH = 0x1000
 MS_SLAVE = 1 << 19
 MNT_DETACH = 2
+
+
+def _set_attr(tree: int, flags: int, attr_set: int, propagation: int, what: str) -> None:
+    """mount_setattr(2) on the detached tree ``tree`` (its top mount; AT_RECURSIVE: all of it)."""
+    attr = MountAttr(attr_set, 0, propagation, 0)
+    check(
+        libc.syscall(
+            SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH | flags, ctypes.byref(attr), ctypes.sizeof(attr)
+        ),
+        what,
+    )
 
 
 def attach(host_path: str, pid: int, target: str, shared: bool = False, readonly: bool = False) -> None:
@@ -50,15 +73,17 @@ def attach(host_path: str, pid: int, target: str, shared: bool = False, readonly
         ),
         f"open_tree {host_path}",
     )
+    # Both before the tree is attached, so that they hold for the copies a shared mount point
+    # makes of it (the qemu driver's virtio-fs shares directory: virtiofsd's namespace).
+    if not shared:
+        _set_attr(tree, AT_RECURSIVE, 0, MS_SLAVE, f"make-rslave {host_path}")
+    if readonly:  # this mount only, not recursive
+        _set_attr(tree, 0, MOUNT_ATTR_RDONLY, 0, f"read-only {host_path}")
     enter(pid)
     check(
         libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, target.encode(), MOVE_MOUNT_F_EMPTY_PATH),
         f"move_mount {target}",
     )
-    if not shared:
-        check(libc.mount(None, target.encode(), None, MS_SLAVE | MS_REC, None), f"make-rslave {target}")
-    if readonly:
-        make_readonly(target, 0, f"read-only {target}")  # flags 0: this mount only, not recursive
 
 
 def detach(pid: int, target: str) -> None:
@@ -76,7 +101,7 @@ def run(argv: list[str]) -> bool:
     elif argv[:1] == ["detach"] and len(argv) == 3:
         detach(int(argv[1]), argv[2])
     else:
-        return False
+        return inject_overlay.run(argv)  # ["overlay", VM_PID, TARGET, UPPER, WORK, LOWER...]
     return True
 
 

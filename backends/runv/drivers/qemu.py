@@ -15,11 +15,13 @@ no timer interrupt under TCG):
 
 - virtio-serial: the agent channel; the console on the first serial port, kept in
   ``console.log``;
-- virtio-9p: one export per VM, its ``shares`` directory. QEMU runs in a mount namespace of
-  its own (a slave of the host's); a share is the host directory's mount tree attached under
-  that directory there (``inject.py``, as the stub does), made read-only on the host side when
-  asked, so the guest sees it at ``/run/runv/shares/<tag>``. The host's mount table never
-  shows the shares, they die with QEMU, and nothing the guest mounts reaches the host;
+- virtio-fs (``qemu_virtiofs.py``: virtiofsd, shared guest RAM, each container's root overlay
+  made on the host) or virtio-9p (``shares = "9p"``): one export per VM, its ``shares``
+  directory. QEMU runs in a mount namespace of its own (a slave of the host's); a share is the
+  host directory's mount tree attached under that directory there (``inject.py``, as the stub
+  does), made read-only on the host side when asked, so the guest sees it at
+  ``/run/runv/shares/<tag>``. The host's mount table never shows the shares, they die with
+  QEMU, and nothing the guest mounts reaches the host;
 - virtio-net on a tap device, joined to the veth the backend puts on the pod bridge by two
   tc redirects (``attach_interface``); on CNI (``VMSpec.own_netns``) QEMU runs in a network
   namespace of its own, makes the tap there, and the tap is joined the same way to the
@@ -34,7 +36,7 @@ retried under TCG, and later boots use TCG; the choice is logged (``runv.qemu.ac
 The QEMU process runs in a cgroup of its own (usage and leftovers), in its own session, and
 outlives the shim: after a restart it is found again by PID and start time and its agent by
 its socket. Confined (the default), it runs as a uid of its own in a root of its own, with no
-capabilities and the 9p shares served by a proxy (``qemu_confine.py``).
+capabilities, the shares served by a sandboxed virtiofsd or the 9p proxy (``qemu_confine.py``).
 
 Templates (``template = true``, the default): a VM starts from the saved state of a booted VM
 of its shape instead of booting (``qemu_template.py``, on ``qemu_snapshot.py``); a VM that
@@ -65,6 +67,7 @@ from backends.contract.errors import (
 )
 from backends.linux.cgroups import Cgroup, HugetlbError
 from backends.runv import guest_image, host
+from backends.runv.drivers import qemu_virtiofs
 from backends.runv.drivers.base import ProcessVMs, check_size, process_start, shares_dir
 from backends.runv.drivers.qemu_confine import CONFINE, PROXY_SOCKET, SANDBOX, allocate_uid, confine_env
 from backends.runv.drivers.qemu_initrd import agent_initrd
@@ -74,7 +77,7 @@ from backends.runv.hypervisor import MIB, VM, BootError, Fault, PodLimits, VMSpe
 
 log = structlog.get_logger("cri-shim.runv.qemu")
 
-GUEST_SHARES = "/run/runv/shares"  # where the guest mounts the VM's 9p export
+GUEST_SHARES = "/run/runv/shares"  # where the guest mounts the VM's export
 TCG_TB_MIB = 64  # QEMU's translation cache under TCG
 READY = b"runv-agent: ready"
 CONSOLE_TAIL = 800  # bytes of console quoted in a boot error
@@ -143,6 +146,9 @@ class QemuHypervisor(ProcessVMs):
         self.uid_count = int(config.get("uid_count", 65536))
         self.setpriv = str(config.get("setpriv", "setpriv"))
         self.proxy_helper = str(config.get("virtfs_proxy_helper", "/usr/lib/qemu/virtfs-proxy-helper"))
+        # The shares' transport: "virtiofs", "9p", or "" (virtio-fs when virtiofsd and the guest have it).
+        self.shares = qemu_virtiofs.setting(config)
+        self.virtiofsd = str(config.get("virtiofsd", qemu_virtiofs.DEFAULT_VIRTIOFSD))
         self._uids: dict[str, int] = {}  # VM id -> the uid its QEMU runs as
         self._boot_timeout = config.get("boot_timeout")
         self._accel = "" if self.accel_setting == "auto" else self.accel_setting
@@ -243,7 +249,13 @@ class QemuHypervisor(ProcessVMs):
         its guest's RAM in ``memory`` (else QEMU's own), waiting for a saved state if ``incoming``."""
         sd = vm.state_dir
         size = _size_mib(vm.memory_bytes + self.guest_memory)
+        virtiofs = qemu_virtiofs.marked(vm)  # as _prepare chose
         append = [*KERNEL_ARGS, f"runv.shares={GUEST_SHARES}", *self.extra_args]
+        append += ["runv.sharefs=virtiofs"] if virtiofs else []
+        if memory:  # a template's RAM file (qemu_template.py)
+            machine, ram = f"{self.machine},memory-backend={memory.id}", ["-m", f"{size}M"]
+        else:
+            machine, ram = qemu_virtiofs.memory_argv(self.machine, size, shared=virtiofs)
         if fail_boot:
             append.append("runv.fail_boot=1")
         argv = [
@@ -251,7 +263,7 @@ class QemuHypervisor(ProcessVMs):
             "-name",
             f"runv-{vm.id},debug-threads=on",
             "-machine",
-            self.machine + (f",memory-backend={memory.id}" if memory else ""),
+            machine,
             "-accel",
             # TCG's translation cache bounded (QEMU's default is up to 1 GiB, charged to the VM).
             f"accel={accel}" + (f",tb-size={TCG_TB_MIB}" if accel == "tcg" else ""),
@@ -259,8 +271,7 @@ class QemuHypervisor(ProcessVMs):
             "host" if accel == "kvm" else "max",
             "-smp",
             str(vm.vcpus),
-            "-m",
-            f"{size}M",
+            *ram,
             "-nodefaults",
             "-no-user-config",
             "-display",
@@ -283,14 +294,7 @@ class QemuHypervisor(ProcessVMs):
             "virtio-serial-pci,id=vser",
             "-device",
             "virtserialport,bus=vser.0,chardev=agent,name=runv.agent",
-            "-fsdev",
-            (
-                f"proxy,id=shares,socket={os.path.join(sd, PROXY_SOCKET)}"
-                if self.confine
-                else f"local,id=shares,path={shares_dir(vm)},security_model=passthrough,multidevs=remap"
-            ),
-            "-device",
-            "virtio-9p-pci,fsdev=shares,mount_tag=shares",
+            *(qemu_virtiofs.device_argv(sd) if virtiofs else self._9p_argv(vm)),
             "-device",
             "virtio-rng-pci",
             "-pidfile",
@@ -312,6 +316,14 @@ class QemuHypervisor(ProcessVMs):
             ]
         return argv
 
+    def _9p_argv(self, vm: VM) -> list[str]:
+        fsdev = (
+            f"proxy,id=shares,socket={os.path.join(vm.state_dir, PROXY_SOCKET)}"
+            if self.confine
+            else f"local,id=shares,path={shares_dir(vm)},security_model=passthrough,multidevs=remap"
+        )
+        return ["-fsdev", fsdev, "-device", "virtio-9p-pci,fsdev=shares,mount_tag=shares"]
+
     # ---- lifecycle
     async def create(self, spec: VMSpec) -> VM:
         check_size(spec)
@@ -324,7 +336,9 @@ class QemuHypervisor(ProcessVMs):
 
         async def boot(vm: VM) -> None:
             initrd = await self.agent_initrd(base)
-            if self.templates is not None and await self.templates.start(vm, kernel, initrd):
+            # QEMU 7.2 cannot save a VM with a vhost-user-fs device: a VM on virtio-fs boots cold.
+            on_9p = qemu_virtiofs.choose(self.shares, self.virtiofsd, self.guest_dir) == "9p"
+            if on_9p and self.templates is not None and await self.templates.start(vm, kernel, initrd):
                 return
             await self._boot(vm, kernel, initrd)
 
@@ -339,6 +353,7 @@ class QemuHypervisor(ProcessVMs):
         if len(vm.channel.encode()) > 107:
             raise InvalidArgumentError(f"VM socket path too long under {vm.state_dir}")
         os.makedirs(shares_dir(vm), exist_ok=True)
+        qemu_virtiofs.mark(vm, qemu_virtiofs.choose(self.shares, self.virtiofsd, self.guest_dir))
         if self.confine:
             vm.uid = allocate_uid(self._uids, vm.id, self.uid_base, self.uid_count)
             # QEMU's own: its console, pid file and agent socket; nobody else's QEMU gets in.
@@ -455,10 +470,14 @@ class QemuHypervisor(ProcessVMs):
         # With own_netns, a network namespace too: its tap is then made there (-netdev tap).
         net = ["--net"] if vm.own_netns else []
         env = dict(os.environ)
+        virtiofs = qemu_virtiofs.marked(vm)
+        env.update(RUNV_STATE=vm.state_dir, RUNV_VIRTIOFSD=self.virtiofsd if virtiofs else "")
         if self.confine:
             tap = self.tap_name(vm.id) if vm.own_netns else ""
             env.update(confine_env(vm, argv, tap, self.proxy_helper, self.setpriv, self.ip))
             argv = ["sh", "-c", CONFINE, "runv-confine", *argv]
+        elif virtiofs:  # virtiofsd first, in QEMU's namespaces
+            argv = ["sh", "-c", qemu_virtiofs.PRELUDE, "runv-virtiofs", *argv]
         argv = [self.unshare, "--mount", *net, "--propagation", "slave", *argv]
         self._spawn_in_cgroup(vm, argv, cg, log_path, env, fds)
 
@@ -503,7 +522,7 @@ class QemuHypervisor(ProcessVMs):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(vm.pid, signal.SIGKILL)
             await self.wait(vm)
-        for pid in set(self._cgroup(vm).pids()):  # its 9p proxy, if it has not ended with it
+        for pid in set(self._cgroup(vm).pids()):  # its virtiofsd or 9p proxy, if still there
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -587,12 +606,23 @@ class QemuHypervisor(ProcessVMs):
                 f"VM {vm.id}: QEMU's cgroup refused the pod's limits: {exc}"
             ) from exc
 
-    # ---- shares: under the VM's 9p export, attached in QEMU's mount namespace
+    # ---- shares: under the VM's export, attached in QEMU's mount namespace
     def _guest_path(self, vm: VM, tag: str) -> str:
         return f"{GUEST_SHARES}/{tag}"
 
+    async def attach_rootfs(self, vm: VM, tag: str, lowers: list[str], upper: str, work: str) -> str | None:
+        """A container's root overlay (or with ``upper`` "" an image volume's, read-only) made on
+        the host and shared merged (virtio-fs; its guest path), or None: the guest stacks the
+        layers itself (9p)."""
+        if not qemu_virtiofs.marked(vm):
+            return None
+        guest = self._guest_path(vm, tag)
+        return await qemu_virtiofs.attach_rootfs(self, vm, tag, lowers, upper, work, guest)
+
     def _share_mode(self, readonly: bool, bidirectional: bool) -> list[str]:
         if bidirectional:
+            # Over 9p or virtio-fs alike: a guest's mount is the guest kernel's, which no host
+            # file server can pass back.
             raise UnimplementedError(
                 "a BIDIRECTIONAL mount cannot reach the host from inside a virtual machine (qemu driver)"
             )

@@ -2,7 +2,8 @@
 
 - :data:`CONFINE`, the root shell run in QEMU's new mount (and network) namespace before it:
   the tap on CNI, a root of its own (``pivot_root`` onto a tmpfs holding only what QEMU
-  reads), the 9p proxy (virtfs-proxy-helper) started on :data:`PROXY_SOCKET`, then QEMU
+  reads), virtiofsd (``qemu_virtiofs.VIRTIOFSD``, when ``RUNV_VIRTIOFSD`` names it) or the 9p
+  proxy (virtfs-proxy-helper) started on :data:`PROXY_SOCKET`, then QEMU
   exec'd by ``setpriv`` with no groups, no capabilities and no new privileges;
 - :func:`confine_env`, what that script is told (the files, the state directory, the uid,
   the binaries);
@@ -17,6 +18,7 @@ import os
 import shutil
 
 from backends.contract.errors import ResourceExhaustedError
+from backends.runv.drivers.qemu_virtiofs import VIRTIOFSD
 from backends.runv.hypervisor import VM
 
 PROXY_SOCKET = "9p.sock"  # the 9p proxy's socket in the VM's state directory
@@ -28,13 +30,15 @@ SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=de
 # tmpfs with only /usr (read-only; /bin, /lib... as the host links them), the loader's cache,
 # a /dev of null, zero, random, urandom, net/tun and kvm (those two made its user's), a /proc
 # that shows it only its own processes (hidepid=invisible),
-# the guest's kernel and initramfs (read-only) and the VM's state directory; then the 9p proxy
+# the guest's kernel and initramfs (read-only) and the VM's state directory; then virtiofsd
+# (its own namespace sandbox and seccomp, see qemu_virtiofs.py) or the 9p proxy
 # (virtfs-proxy-helper: root with the file capabilities only, chrooted into the VM's shares
 # directory) and QEMU, exec'd by setpriv as the VM's own uid and gid, no groups, no
 # capabilities (bounding set emptied), no new privileges. QEMU 7.2's own -runas/-chroot cannot
 # be used with elevateprivileges=deny (its seccomp filter is in place before it drops root,
 # and the setuid is then killed).
-CONFINE = r"""
+CONFINE = (
+    r"""
 set -eu
 u=$RUNV_UID st=$RUNV_STATE
 if [ -n "$RUNV_TAP" ]; then
@@ -75,6 +79,11 @@ pivot_root . .old
 cd /
 umount -l /.old
 rmdir /.old
+if [ -n "${RUNV_VIRTIOFSD:-}" ]; then
+"""
+    + VIRTIOFSD
+    + r"""
+else
 rm -f "$st/9p.sock"
 "$RUNV_PROXY" -p "$st/shares" -s "$st/9p.sock" -u "$u" -g "$u" -n 3<&- 4<&- &
 i=0
@@ -83,9 +92,11 @@ while [ ! -S "$st/9p.sock" ]; do
     if [ "$i" -gt 1000 ]; then echo "runv: the 9p proxy did not start" >&2; exit 98; fi
     sleep 0.01
 done
+fi
 exec "$RUNV_SETPRIV" --reuid="$u" --regid="$u" --clear-groups --inh-caps=-all --bounding-set=-all \
     --no-new-privs -- "$@"
 """
+)
 
 
 def allocate_uid(uids: dict[str, int], vm_id: str, uid_base: int, uid_count: int) -> int:
