@@ -69,42 +69,17 @@ from backends.linux.cgroups import Cgroup, HugetlbError
 from backends.runv import guest_image, host
 from backends.runv.drivers import qemu_virtiofs
 from backends.runv.drivers.base import ProcessVMs, check_size, process_start, shares_dir
-from backends.runv.drivers.qemu_confine import CONFINE, PROXY_SOCKET, SANDBOX, allocate_uid, confine_env
+from backends.runv.drivers.qemu_argv import GUEST_SHARES, command_line
+from backends.runv.drivers.qemu_confine import CONFINE, PROXY_SOCKET, allocate_uid, confine_env
 from backends.runv.drivers.qemu_initrd import agent_initrd
-from backends.runv.drivers.qemu_snapshot import GuestMemory, incoming_args, qmp_args
+from backends.runv.drivers.qemu_snapshot import GuestMemory
 from backends.runv.drivers.qemu_template import TEMPLATES, Templates
 from backends.runv.hypervisor import MIB, VM, BootError, Fault, PodLimits, VMSpec
 
 log = structlog.get_logger("cri-shim.runv.qemu")
 
-GUEST_SHARES = "/run/runv/shares"  # where the guest mounts the VM's export
-TCG_TB_MIB = 64  # QEMU's translation cache under TCG
 READY = b"runv-agent: ready"
 CONSOLE_TAIL = 800  # bytes of console quoted in a boot error
-
-# Kernel arguments: a quiet boot on the serial console, no probing for hardware a VM
-# without defaults does not have, and a panic (init died) ends QEMU (-no-reboot).
-KERNEL_ARGS = [
-    "console=ttyS0",
-    "quiet",
-    "panic=-1",
-    "reboot=t",
-    "i8042.noaux",
-    "i8042.nomux",
-    "i8042.nopnp",
-    "i8042.dumbkbd",
-    "8250.nr_uarts=1",
-    "cryptomgr.notests",
-    "random.trust_cpu=on",
-    "mitigations=off",
-    "tsc=reliable",
-    "no_timer_check",
-    "rcupdate.rcu_expedited=1",
-]
-
-
-def _size_mib(memory: int) -> int:
-    return max(1, memory // MIB)
 
 
 def kvm_openable() -> bool:
@@ -245,84 +220,8 @@ class QemuHypervisor(ProcessVMs):
         memory: GuestMemory | None = None,
         incoming: bool = False,
     ) -> list[str]:
-        """The QEMU command line of ``vm`` (a pure function of its arguments, for tests):
-        its guest's RAM in ``memory`` (else QEMU's own), waiting for a saved state if ``incoming``."""
-        sd = vm.state_dir
-        size = _size_mib(vm.memory_bytes + self.guest_memory)
-        virtiofs = qemu_virtiofs.marked(vm)  # as _prepare chose
-        append = [*KERNEL_ARGS, f"runv.shares={GUEST_SHARES}", *self.extra_args]
-        append += ["runv.sharefs=virtiofs"] if virtiofs else []
-        if memory:  # a template's RAM file (qemu_template.py)
-            machine, ram = f"{self.machine},memory-backend={memory.id}", ["-m", f"{size}M"]
-        else:
-            machine, ram = qemu_virtiofs.memory_argv(self.machine, size, shared=virtiofs)
-        if fail_boot:
-            append.append("runv.fail_boot=1")
-        argv = [
-            self.qemu,
-            "-name",
-            f"runv-{vm.id},debug-threads=on",
-            "-machine",
-            machine,
-            "-accel",
-            # TCG's translation cache bounded (QEMU's default is up to 1 GiB, charged to the VM).
-            f"accel={accel}" + (f",tb-size={TCG_TB_MIB}" if accel == "tcg" else ""),
-            "-cpu",
-            "host" if accel == "kvm" else "max",
-            "-smp",
-            str(vm.vcpus),
-            *ram,
-            "-nodefaults",
-            "-no-user-config",
-            "-display",
-            "none",
-            "-no-reboot",
-            "-kernel",
-            kernel,
-            "-initrd",
-            initrd,
-            "-append",
-            " ".join(append),
-            "-chardev",
-            # A restored VM's console follows the saved VM's boot (start_incoming writes it).
-            f"file,id=console,path={os.path.join(sd, 'console.log')}" + (",append=on" if incoming else ""),
-            "-serial",
-            "chardev:console",
-            "-chardev",
-            f"socket,id=agent,path={vm.channel},server=on,wait=off",
-            "-device",
-            "virtio-serial-pci,id=vser",
-            "-device",
-            "virtserialport,bus=vser.0,chardev=agent,name=runv.agent",
-            *(qemu_virtiofs.device_argv(sd) if virtiofs else self._9p_argv(vm)),
-            "-device",
-            "virtio-rng-pci",
-            "-pidfile",
-            os.path.join(sd, "qemu.pid"),
-            *qmp_args(vm),
-        ]
-        if memory:
-            argv += memory.args(size)
-        if incoming:
-            argv += incoming_args()
-        if self.confine:
-            argv += ["-sandbox", SANDBOX]
-        if tap:
-            argv += [
-                "-netdev",
-                f"tap,id=net0,ifname={tap},script=no,downscript=no",
-                "-device",
-                f"virtio-net-pci,netdev=net0,mac={self.mac(vm.id)},romfile=",
-            ]
-        return argv
-
-    def _9p_argv(self, vm: VM) -> list[str]:
-        fsdev = (
-            f"proxy,id=shares,socket={os.path.join(vm.state_dir, PROXY_SOCKET)}"
-            if self.confine
-            else f"local,id=shares,path={shares_dir(vm)},security_model=passthrough,multidevs=remap"
-        )
-        return ["-fsdev", fsdev, "-device", "virtio-9p-pci,fsdev=shares,mount_tag=shares"]
+        """The QEMU command line of ``vm`` (qemu_argv.py)."""
+        return command_line(self, vm, kernel, initrd, accel, tap, fail_boot, memory, incoming)
 
     # ---- lifecycle
     async def create(self, spec: VMSpec) -> VM:

@@ -42,19 +42,63 @@ import json
 import os
 import shutil
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
 
 import structlog
 
 from backends.runv.agent.client import AgentClient
 from backends.runv.agent.messages import R, Request
 from backends.runv.agent.snapshot import RestoredRequest, SaveRequest
-from backends.runv.drivers import qemu_snapshot
+from backends.runv.drivers import qemu_argv, qemu_snapshot
 from backends.runv.drivers.qemu_snapshot import GuestMemory
 from backends.runv.hypervisor import VM, BootError, Fault, VMSpec
 
-if TYPE_CHECKING:
-    from backends.runv.drivers.qemu import QemuHypervisor
+
+class Driver(qemu_argv.Driver, Protocol):
+    """What of the qemu driver (QemuHypervisor) templates use."""
+
+    run_dir: str
+    guest_dir: str
+    guest_shares: str
+    _faults: set[Fault]
+
+    @property
+    def accel(self) -> str: ...
+
+    @property
+    def boot_timeout(self) -> float: ...
+
+    @property
+    def agent_timeout(self) -> float: ...
+
+    async def _create(self, spec: VMSpec, boot: Callable[[VM], Awaitable[None]]) -> VM: ...
+
+    async def _boot(
+        self, vm: VM, kernel: str, initrd: str, memory: GuestMemory | None = None, fds: Sequence[int] = ()
+    ) -> None: ...
+
+    async def start_incoming(
+        self,
+        vm: VM,
+        kernel: str,
+        initrd: str,
+        accel: str,
+        memory: GuestMemory,
+        fds: Sequence[int],
+        console: bytes,
+    ) -> None: ...
+
+    async def unstart(self, vm: VM) -> None: ...
+
+    def alive(self, vm: VM) -> bool: ...
+
+    def console(self, vm: VM) -> str: ...
+
+    async def connect(self, vm: VM) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]: ...
+
+    async def destroy(self, vm: VM) -> None: ...
+
 
 log = structlog.get_logger("cri-shim.runv.qemu")
 
@@ -87,7 +131,7 @@ class Template:
 class Templates:
     """The templates of one qemu driver, one per shape."""
 
-    def __init__(self, hv: QemuHypervisor) -> None:
+    def __init__(self, hv: Driver) -> None:
         self._hv = hv
         self._ready: dict[Shape, Template] = {}
         self._locks: dict[Shape, asyncio.Lock] = {}
