@@ -34,7 +34,7 @@ async def client(tmp_path: Path) -> AsyncIterator[AgentClient]:
 
 async def test_hello_and_empty_list(client: AgentClient) -> None:
     hello = await client.call(m.HelloRequest())
-    assert hello.version == 2 and hello.containers == 0
+    assert hello.version == vm.VERSION and hello.containers == 0
     assert await client.call(m.ListRequest()) == m.ContainerList(containers=[])
 
 

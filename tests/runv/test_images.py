@@ -199,15 +199,23 @@ def registry() -> Iterator[tuple[FakeRegistry, str]]:
                 with reg.lock:
                     reg.in_flight += 1
                     reg.max_in_flight = max(reg.max_in_flight, reg.in_flight)
-                try:
-                    self._blob(ref)
-                finally:
+                left = [True]
+
+                def done() -> None:
+                    # Before the last bytes go out: a client that got them all may ask for the
+                    # next blob before this thread returns, and that is not two at once.
                     with reg.lock:
-                        reg.in_flight -= 1
+                        if left and left.pop():
+                            reg.in_flight -= 1
+
+                try:
+                    self._blob(ref, done)
+                finally:
+                    done()
             else:
                 self._send(404, b"{}")
 
-        def _blob(self, digest: str) -> None:
+        def _blob(self, digest: str, done: Callable[[], None] = lambda: None) -> None:
             body = reg.blobs[digest]
             if reg.barrier is not None and digest in reg.barrier_digests:
                 try:
@@ -237,6 +245,7 @@ def registry() -> Iterator[tuple[FakeRegistry, str]]:
                     return
                 reg.release.wait(timeout=30)
                 body = body[len(body) // 2 :]
+            done()
             self.wfile.write(body)
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)

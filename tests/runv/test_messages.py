@@ -10,6 +10,7 @@ import pytest
 
 from backends.contract.usage import Detail, Device, Interface, Sample
 from backends.runv.agent import messages as m
+from backends.runv.agent import snapshot
 from backends.runv.agent.protocol import AgentError
 from backends.runv.agent.server import ROUTES
 
@@ -183,9 +184,11 @@ def test_validation_names_the_field(cls: type[m.Message], data: Any, error: str)
 
 
 def test_every_operation_has_a_route_and_a_matching_result_type() -> None:
-    assert {r.OP for r in m.REQUESTS} == set(ROUTES)
-    assert len({r.OP for r in m.REQUESTS}) == len(m.REQUESTS)
-    for req in m.REQUESTS:
+    # The messages of the wire protocol, and the template's two (agent/snapshot.py).
+    requests = (*m.REQUESTS, snapshot.SaveRequest, snapshot.RestoredRequest)
+    assert {r.OP for r in requests} == set(ROUTES)
+    assert len({r.OP for r in requests}) == len(requests)
+    for req in requests:
         assert ROUTES[req.OP][0] is req
         (base,) = [b for b in req.__orig_bases__ if typing.get_origin(b) is m.Request]  # type: ignore[attr-defined]
         assert typing.get_args(base) == (req.RESULT,), req.OP

@@ -610,7 +610,10 @@ async def test_qemu_is_confined_and_runs_in_its_pods_cgroup(
     from tests.runv.test_pod_cgroup import PodCgroup
 
     pod_cgroup = PodCgroup("cgroupfs")
-    backend = RunvBackend("runv", _qemu_config(runv_config))
+    # On 9p, served by QEMU's proxy helper (virtiofsd's sandbox: test_qemu_virtiofs.py).
+    config = _qemu_config(runv_config)
+    config["qemu"]["shares"] = "9p"
+    backend = RunvBackend("runv", config)
     events = Events()
     await backend.lifecycle.start(events)
     backend.image_store.import_dir(IMAGE, str(busybox_rootfs))
