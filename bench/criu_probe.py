@@ -62,7 +62,20 @@ poweroff -f
 """
 
 GUEST = r'''
-import json, os, subprocess, sys, time
+import ctypes, json, os, subprocess, sys, time
+
+# The probe reaps orphans, as the agent does: a zombie would keep its PID from a restore.
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 RUNC = ["runc", "--root", "/run/runc"]
 CASES = sys.argv[1:] or %(cases)r
@@ -102,6 +115,8 @@ def rootfs_tree(root):
 
 
 def config(bundle, rootfs, pid_ns=""):
+    if os.path.exists(os.path.join(bundle, "config.json")):
+        os.unlink(os.path.join(bundle, "config.json"))
     subprocess.run(RUNC[:1] + ["spec", "--bundle", bundle], check=True)
     with open(os.path.join(bundle, "config.json")) as fh:
         c = json.load(fh)
@@ -139,6 +154,17 @@ def numbers(log):
         return [int(x) for x in fh.read().split() if x.isdigit()]
 
 
+def pod_pid_ns():
+    """A PID namespace held by a sleeping PID 1, as the agent's pod init holds a pod's."""
+    holder = subprocess.Popen(["unshare", "-p", "-f", "sleep", "100000"])
+    for _ in range(100):
+        kids = open(f"/proc/{holder.pid}/task/{holder.pid}/children").read().split()
+        if kids:
+            break
+        time.sleep(0.05)
+    return f"/proc/{kids[0]}/ns/pid"
+
+
 def case(name):
     base = f"/run/probe/{name}"
     bundle, rootfs = base + "/bundle", base + "/bundle/rootfs"
@@ -158,13 +184,7 @@ def case(name):
         opts = f"lowerdir={lower},upperdir={base}/upper,workdir={base}/work"
         subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, rootfs], check=True)
     if name == "podpid":
-        holder = subprocess.Popen(["unshare", "-p", "-f", "sleep", "100000"])
-        for _ in range(100):
-            kids = open(f"/proc/{holder.pid}/task/{holder.pid}/children").read().split()
-            if kids:
-                break
-            time.sleep(0.05)
-        pid_ns = f"/proc/{kids[0]}/ns/pid"
+        pid_ns = pod_pid_ns()
     config(bundle, rootfs, pid_ns)
     cid = "ctr-" + name
     log1, log2 = base + "/out1.log", base + "/out2.log"
@@ -181,7 +201,30 @@ def case(name):
     du = subprocess.run(["du", "-sk", img], capture_output=True, text=True).stdout.split()[0]
     report(name + ":image", kib=int(du), files=sorted(os.listdir(img)))
     time.sleep(2)
+    # Every process of the container gone (in a PID namespace not its own, runc's delete kills
+    # its init only), so that the restored ones get their PIDs back.
+    with open("/sys/fs/cgroup/runv/ctr/cgroup.kill", "w") as fh:
+        fh.write("1")
+    time.sleep(0.5)
+    reap()
     run(name + ":delete", RUNC + ["delete", "--force", cid])
+    if pid_ns:
+        target = os.readlink(pid_ns)
+        inside = []
+        for p in os.listdir("/proc"):
+            try:
+                if p.isdigit() and os.readlink(f"/proc/{p}/ns/pid") == target:
+                    status = open(f"/proc/{p}/status").read()
+                    nspid = [line for line in status.splitlines() if line.startswith(("NSpid", "State", "Name"))]
+                    inside.append(nspid)
+            except OSError:
+                pass
+        report(name + ":pod-ns-before-restore", processes=inside)
+    if name == "podpid" and os.environ.get("PROBE_FRESH_PIDNS", "1") == "1":
+        # Restored into a new pod PID namespace, as a RestorePod into a new VM would.
+        pid_ns = pod_pid_ns()
+        config(bundle, rootfs, pid_ns)
+        report(name + ":fresh-pod-ns", path=pid_ns)
     before = numbers(log1)
     report(name + ":counted-before", numbers=before)
     rwork = base + "/work-restore"
