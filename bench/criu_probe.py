@@ -256,7 +256,9 @@ main()
 '''
 
 
-def probe(guest: str, cases: list[str], root_mode: str = "bind", timeout: float = 900) -> list[dict[str, object]]:
+def probe(
+    guest: str, cases: list[str], root_mode: str = "bind", timeout: float = 900
+) -> list[dict[str, object]]:
     """Boot the guest with the probe, the steps it reported (in order)."""
     with tempfile.TemporaryDirectory(prefix="criu-probe-") as tmp:
         root = os.path.join(tmp, "root")
@@ -290,7 +292,10 @@ def probe(guest: str, cases: list[str], root_mode: str = "bind", timeout: float 
             *("-machine", "pc", "-accel", "tcg,tb-size=64", "-cpu", "max", "-smp", "2", "-m", "512M"),
             *("-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"),
             *("-kernel", os.path.join(guest, "vmlinuz"), "-initrd", initrd),
-            *("-append", f"console=ttyS0 quiet panic=-1 reboot=t 8250.nr_uarts=1 rdinit=/probe-init probe.root={root_mode}"),
+            *(
+                "-append",
+                f"console=ttyS0 quiet panic=-1 reboot=t 8250.nr_uarts=1 rdinit=/probe-init probe.root={root_mode}",
+            ),
             *("-chardev", f"file,id=console,path={console}", "-serial", "chardev:console"),
             *("-fsdev", f"local,id=shares,path={share},security_model=passthrough"),
             *("-device", "virtio-9p-pci,fsdev=shares,mount_tag=shares", "-device", "virtio-rng-pci"),
@@ -309,7 +314,9 @@ def probe(guest: str, cases: list[str], root_mode: str = "bind", timeout: float 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--guest", default=DEFAULT_GUEST, help=f"the --criu guest image (default {DEFAULT_GUEST})")
+    parser.add_argument(
+        "--guest", default=DEFAULT_GUEST, help=f"the --criu guest image (default {DEFAULT_GUEST})"
+    )
     parser.add_argument("--case", action="append", choices=CASES, help="cases to run (default all)")
     ns = parser.parse_args(argv)
     for step in probe(ns.guest, ns.case or list(CASES)):

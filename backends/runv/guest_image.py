@@ -184,6 +184,25 @@ exec /usr/bin/python3.11 -m backends.runv.agent --serial "$port" --state /run/ru
     --cgroup-parent /runv --runc /usr/sbin/runc
 """
 
+# With ``--criu``, first: pivot_root refuses a root on the initramfs, and CRIU's restore of a
+# container's mount namespace calls it; a bind mount of the root moved over / and chrooted
+# into (as runc's --no-pivot does) has a parent mount, so the restore can pivot.
+INIT_CRIU_ROOT = r"""if [ "$RUNV_ROOT" != moved ]; then
+    /bin/busybox mkdir -p /newroot && /bin/busybox mount --bind / /newroot && cd /newroot \
+        && /bin/busybox mount --move . / && RUNV_ROOT=moved exec /bin/busybox chroot . /init
+    echo "runv-init: cannot move the root off the initramfs"
+fi
+unset RUNV_ROOT
+"""
+
+
+def init_script(criu: bool = False) -> str:
+    """The guest's /init (with ``criu``: run again from a root CRIU's restore can pivot from)."""
+    if not criu:
+        return INIT
+    lines = INIT.split("\n", 3)  # the shebang and the comment, then the rest
+    return "\n".join(lines[:3]) + "\n" + INIT_CRIU_ROOT + lines[3]
+
 
 # ---------------------------------------------------------------------------- cpio (newc)
 def _cpio_header(name: bytes, mode: int, size: int, ino: int, nlink: int = 1, mtime: int = 0) -> bytes:
@@ -364,7 +383,7 @@ def build(out: str, cache: str, criu: bool = False) -> dict[str, object]:
             fh.write("root:x:0:\n")
         init = os.path.join(root, "init")
         with open(init, "w") as fh:
-            fh.write(INIT)
+            fh.write(init_script(criu))
         os.chmod(init, 0o755)
         # Bytecode once here rather than at every boot, by the guest's own Python in a chroot
         # of the tree (which also shows that its libraries resolve), and only bytecode: under
@@ -398,7 +417,7 @@ def recipe(criu: bool = False) -> str:
     """What the image is built from, as a digest: an image of another recipe is rebuilt."""
     parts = [PACKAGES, MODULES, PYTHON_UNUSED, sorted(ENCODINGS_KEPT), INIT]
     if criu:
-        parts += [CRIU_PACKAGES, CRIU_MODULES]
+        parts += [CRIU_PACKAGES, CRIU_MODULES, INIT_CRIU_ROOT]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
@@ -409,7 +428,9 @@ def current(out: str, criu: bool = False) -> bool:
             built = json.load(fh).get("recipe")
     except (OSError, ValueError):
         return False
-    return built == recipe(criu) and all(os.path.exists(os.path.join(out, f)) for f in ("vmlinuz", "initrd.img"))
+    return built == recipe(criu) and all(
+        os.path.exists(os.path.join(out, f)) for f in ("vmlinuz", "initrd.img")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
