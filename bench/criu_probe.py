@@ -221,7 +221,10 @@ def case(name):
                 pass
         report(name + ":pod-ns-before-restore", processes=inside)
     if name == "podpid" and os.environ.get("PROBE_FRESH_PIDNS", "1") == "1":
-        # Restored into a new pod PID namespace, as a RestorePod into a new VM would.
+        # Restored into a new pod PID namespace, as a RestorePod into a new VM would. (In the
+        # old one the dumped init's PID stays taken: killed, it is a zombie of the holder,
+        # a sleep that never reaps; the agent's pod init reaps, and there a restore in the
+        # same namespace works: tests/runv/test_qemu_criu_probe.py.)
         pid_ns = pod_pid_ns()
         config(bundle, rootfs, pid_ns)
         report(name + ":fresh-pod-ns", path=pid_ns)
