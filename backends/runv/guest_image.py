@@ -11,6 +11,9 @@ packages with ``apt-get download`` (no other download), unpacks them and writes
   virtio-serial, virtio-net, 9p, virtio-fs, overlayfs) and ``/init``;
 - ``DIR/manifest.json``: the kernel release and the package versions.
 
+``--criu`` adds Debian's ``criu`` and the libraries it links (for ``runc checkpoint`` and
+``runc restore`` in the guest: issue 43's probe); off by default.
+
 The agent's code is not in it: the driver appends it as a second cpio at boot (the kernel
 unpacks concatenated archives), so the image does not go stale when the agent changes.
 """
@@ -44,6 +47,36 @@ PACKAGES = [
     "libffi8",
 ]
 
+# With ``--criu``: CRIU (which runc execs for checkpoint and restore) and what it links. Its
+# Python (crit, python3-protobuf) is left out: runc speaks to ``criu swrk`` itself.
+CRIU_PACKAGES = [
+    "criu",
+    "libbsd0",
+    "libmd0",
+    "libgnutls30",
+    "libp11-kit0",
+    "libidn2-0",
+    "libunistring2",
+    "libtasn1-6",
+    "libnettle8",
+    "libhogweed6",
+    "libgmp10",
+    "libnftables1",
+    "libmnl0",
+    "libnftnl11",
+    "libxtables12",
+    "libjansson4",
+    "libprotobuf-c1",
+    "libnl-3-200",
+    "libnet1",
+    # GNU tar: criu saves and restores a container's tmpfs mounts (/dev, /dev/shm) with options
+    # busybox's tar lacks.
+    "tar",
+    "libacl1",
+    "libselinux1",
+    "libpcre2-8-0",
+]
+
 # Kernel modules the VM's devices and the agent need, loaded in dependency order.
 MODULES = [
     "virtio_pci",
@@ -56,6 +89,22 @@ MODULES = [
     "virtiofs",  # the shares over virtio-fs (runv.sharefs=virtiofs), else 9p
     "overlay",
     "bridge",  # brctl in containers: critest's privileged and NET_ADMIN specs
+]
+
+# With ``--criu``: what ``criu`` probes at start (its kerndat) and dumps sockets through.
+CRIU_MODULES = [
+    "unix_diag",
+    "inet_diag",
+    "tcp_diag",
+    "udp_diag",
+    "raw_diag",
+    "netlink_diag",
+    "af_packet_diag",
+    "tun",
+    "veth",
+    "autofs4",
+    "crc32c_generic",  # libcrc32c's soft dependency (modinfo names no hard one)
+    "nf_tables",
 ]
 
 # Parts of Python's standard library a headless agent never imports.
@@ -134,6 +183,25 @@ export PYTHONPATH=/opt/runv PYTHONDONTWRITEBYTECODE=1
 exec /usr/bin/python3.11 -m backends.runv.agent --serial "$port" --state /run/runv \
     --cgroup-parent /runv --runc /usr/sbin/runc
 """
+
+# With ``--criu``, first: pivot_root refuses a root on the initramfs, and CRIU's restore of a
+# container's mount namespace calls it; a bind mount of the root moved over / and chrooted
+# into (as runc's --no-pivot does) has a parent mount, so the restore can pivot.
+INIT_CRIU_ROOT = r"""if [ "$RUNV_ROOT" != moved ]; then
+    /bin/busybox mkdir -p /newroot && /bin/busybox mount --bind / /newroot && cd /newroot \
+        && /bin/busybox mount --move . / && RUNV_ROOT=moved exec /bin/busybox chroot . /init
+    echo "runv-init: cannot move the root off the initramfs"
+fi
+unset RUNV_ROOT
+"""
+
+
+def init_script(criu: bool = False) -> str:
+    """The guest's /init (with ``criu``: run again from a root CRIU's restore can pivot from)."""
+    if not criu:
+        return INIT
+    lines = INIT.split("\n", 3)  # the shebang and the comment, then the rest
+    return "\n".join(lines[:3]) + "\n" + INIT_CRIU_ROOT + lines[3]
 
 
 # ---------------------------------------------------------------------------- cpio (newc)
@@ -283,9 +351,9 @@ def _drop_sources(lib: str) -> None:
                 os.unlink(os.path.join(dirpath, f))
 
 
-def build(out: str, cache: str) -> dict[str, object]:
+def build(out: str, cache: str, criu: bool = False) -> dict[str, object]:
     kpkg = kernel_package()
-    debs = download([kpkg, *PACKAGES], cache)
+    debs = download([kpkg, *PACKAGES, *(CRIU_PACKAGES if criu else [])], cache)
     with tempfile.TemporaryDirectory(prefix="runv-guest-") as tmp:
         kroot = os.path.join(tmp, "kernel")
         root = os.path.join(tmp, "root")
@@ -299,7 +367,7 @@ def build(out: str, cache: str) -> dict[str, object]:
         mods_src = os.path.join(kroot, "lib/modules", release)
         if not os.path.isdir(mods_src):
             mods_src = os.path.join(kroot, "usr/lib/modules", release)
-        order = module_order(mods_src, MODULES)
+        order = module_order(mods_src, MODULES + (CRIU_MODULES if criu else []))
         for rel in order:
             dst = os.path.join(root, "lib/modules", rel)
             os.makedirs(os.path.dirname(dst), exist_ok=True)
@@ -315,7 +383,7 @@ def build(out: str, cache: str) -> dict[str, object]:
             fh.write("root:x:0:\n")
         init = os.path.join(root, "init")
         with open(init, "w") as fh:
-            fh.write(INIT)
+            fh.write(init_script(criu))
         os.chmod(init, 0o755)
         # Bytecode once here rather than at every boot, by the guest's own Python in a chroot
         # of the tree (which also shows that its libraries resolve), and only bytecode: under
@@ -324,12 +392,16 @@ def build(out: str, cache: str) -> dict[str, object]:
         _drop_sources(os.path.join(root, "usr/lib/python3.11"))
         _run(["chroot", root, "/usr/bin/python3.11", "-c", "import asyncio, ctypes, json, termios"])
         _run(["chroot", root, "/usr/sbin/runc", "--version"])
+        if criu:
+            _run(["chroot", root, "/usr/sbin/criu", "--version"])
+            _run(["chroot", root, "/bin/tar", "--version"])
         os.makedirs(out, exist_ok=True)
         vmlinuz = os.path.join(kroot, "boot", f"vmlinuz-{release}")
         shutil.copyfile(vmlinuz, os.path.join(out, "vmlinuz.tmp"))
         write_cpio(os.path.join(out, "initrd.img.tmp"), cpio_entries(root))
         manifest: dict[str, object] = {
-            "recipe": recipe(),
+            "recipe": recipe(criu),
+            "criu": criu,
             "kernel": release,
             "packages": [os.path.basename(d) for d in debs],
             "modules": order,
@@ -341,20 +413,24 @@ def build(out: str, cache: str) -> dict[str, object]:
     return manifest
 
 
-def recipe() -> str:
+def recipe(criu: bool = False) -> str:
     """What the image is built from, as a digest: an image of another recipe is rebuilt."""
     parts = [PACKAGES, MODULES, PYTHON_UNUSED, sorted(ENCODINGS_KEPT), INIT]
+    if criu:
+        parts += [CRIU_PACKAGES, CRIU_MODULES, INIT_CRIU_ROOT]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
-def current(out: str) -> bool:
+def current(out: str, criu: bool = False) -> bool:
     """Whether ``out`` holds an image of this recipe."""
     try:
         with open(os.path.join(out, "manifest.json")) as fh:
             built = json.load(fh).get("recipe")
     except (OSError, ValueError):
         return False
-    return built == recipe() and all(os.path.exists(os.path.join(out, f)) for f in ("vmlinuz", "initrd.img"))
+    return built == recipe(criu) and all(
+        os.path.exists(os.path.join(out, f)) for f in ("vmlinuz", "initrd.img")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -366,11 +442,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--if-missing", action="store_true", help="do nothing when OUT has an image of this recipe"
     )
+    parser.add_argument(
+        "--criu", action="store_true", help="also CRIU, for runc checkpoint/restore in the guest"
+    )
     ns = parser.parse_args(argv)
     out = os.path.abspath(ns.out)
-    if ns.if_missing and current(out):
+    if ns.if_missing and current(out, ns.criu):
         return 0
-    manifest = build(out, ns.cache or os.path.join(out, "debs"))
+    manifest = build(out, ns.cache or os.path.join(out, "debs"), ns.criu)
     size = os.path.getsize(os.path.join(out, "initrd.img")) // (1024 * 1024)
     print(f"runv-guest: kernel {manifest['kernel']}, initrd {size} MiB in {out}")
     return 0
