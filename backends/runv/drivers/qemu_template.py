@@ -50,7 +50,7 @@ import structlog
 from backends.runv.agent.client import AgentClient
 from backends.runv.agent.messages import R, Request
 from backends.runv.agent.snapshot import RestoredRequest, SaveRequest
-from backends.runv.drivers import qemu_argv, qemu_snapshot
+from backends.runv.drivers import qemu_argv, qemu_snapshot, qemu_template_virtiofs, qemu_virtiofs
 from backends.runv.drivers.qemu_snapshot import GuestMemory
 from backends.runv.hypervisor import VM, BootError, Fault, VMSpec
 
@@ -61,6 +61,8 @@ class Driver(qemu_argv.Driver, Protocol):
     run_dir: str
     guest_dir: str
     guest_shares: str
+    shares: str
+    virtiofsd: str
     _faults: set[Fault]
 
     @property
@@ -87,6 +89,7 @@ class Driver(qemu_argv.Driver, Protocol):
         memory: GuestMemory,
         fds: Sequence[int],
         console: bytes,
+        prefix: Sequence[str] = (),
     ) -> None: ...
 
     async def unstart(self, vm: VM) -> None: ...
@@ -116,6 +119,7 @@ Shape = tuple[int, int]  # vCPUs, memory bytes
 class Template:
     key: str
     accel: str
+    sharefs: str  # the VMs' shares: "9p" or "virtiofs" (saved without its device)
     memory_fd: int  # the saved guest's RAM, sealed
     state: str  # the saved devices' state
     console: bytes = b""  # the saved VM's boot, the start of every restored VM's console
@@ -145,14 +149,15 @@ class Templates:
     def dir(self) -> str:
         return os.path.join(self._hv.run_dir, TEMPLATES)
 
-    def key(self, vm: VM, kernel: str, initrd: str) -> str:
-        """What a template of ``vm``'s shape is made of, as a digest."""
+    def key(self, vm: VM, kernel: str, initrd: str, sharefs: str) -> str:
+        """What a template of ``vm``'s shape on ``sharefs`` is made of, as a digest."""
         hv = self._hv
         base = os.path.join(hv.guest_dir, "initrd.img")
         binary = shutil.which(hv.qemu) or hv.qemu
         parts: list[Any] = [
             [(os.path.basename(p), _stat(p)) for p in (kernel, base, initrd, binary)],
             [vm.vcpus, vm.memory_bytes, hv.guest_memory, hv.machine, hv.confine, hv.extra_args],
+            sharefs,
         ]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]
 
@@ -169,7 +174,8 @@ class Templates:
             return False  # an injected boot failure is the cold boot's
         if time.monotonic() < self._failed.get(shape, 0.0):
             return False
-        tpl = await self._template(shape, self.key(vm, kernel, initrd), kernel, initrd)
+        sharefs = qemu_virtiofs.choose(hv.shares, hv.virtiofsd, hv.guest_dir)
+        tpl = await self._template(shape, self.key(vm, kernel, initrd, sharefs), kernel, initrd)
         if tpl is None:
             return False
         tpl.users += 1
@@ -204,15 +210,31 @@ class Templates:
 
     async def _restore(self, vm: VM, kernel: str, initrd: str, tpl: Template) -> None:
         hv = self._hv
-        memory = GuestMemory(f"/proc/self/fd/{RAM_FD}", share=False)
         console = tpl.console + f"runv: restored from template {tpl.key}\n".encode()
-        await hv.start_incoming(vm, kernel, initrd, tpl.accel, memory, [tpl.memory_fd], console)
+        if tpl.sharefs == "virtiofs":
+            # RAM of its own, shared with its virtiofsd: a copy of the template's, made in its
+            # cgroup before QEMU runs (qemu_template_virtiofs).
+            own = qemu_template_virtiofs.fresh_ram(tpl.memory_fd, vm.id)
+            try:
+                memory = GuestMemory(f"/proc/self/fd/{qemu_template_virtiofs.FRESH_FD}", share=True)
+                prefix = qemu_template_virtiofs.ram_copy_argv()
+                await hv.start_incoming(
+                    vm, kernel, initrd, tpl.accel, memory, [own, tpl.memory_fd], console, prefix
+                )
+            finally:
+                os.close(own)  # QEMU has it
+        else:
+            memory = GuestMemory(f"/proc/self/fd/{RAM_FD}", share=False)
+            await hv.start_incoming(vm, kernel, initrd, tpl.accel, memory, [tpl.memory_fd], console)
         await qemu_snapshot.restore(vm, tpl.state, ignore_shared=True, timeout=hv.boot_timeout)
+        if tpl.sharefs == "virtiofs":
+            await qemu_template_virtiofs.hotplug(vm, hv.boot_timeout)
         identity = RestoredRequest(
             entropy=base64.b64encode(os.urandom(64)).decode(),
             time_ns=time.time_ns(),
             mac=hv.mac(vm.id),
             shares=hv.guest_shares,
+            sharefs=tpl.sharefs,
         )
         await self._call(vm, identity, min(hv.agent_timeout, RESTORED_TIMEOUT))
 
@@ -266,12 +288,17 @@ class Templates:
         t0 = time.monotonic()
         console = b""
 
+        sharefs = ""
+
         async def boot(vm: VM) -> None:
-            nonlocal console
+            nonlocal console, sharefs
             memory = GuestMemory(f"/proc/self/fd/{RAM_FD}", share=True)
             await hv._boot(vm, kernel, initrd, memory, [fd])
             console = hv.console(vm)[-CONSOLE_KEPT:].encode()
             await self._call(vm, SaveRequest(shares=hv.guest_shares), hv.agent_timeout)
+            sharefs = "virtiofs" if qemu_virtiofs.marked(vm) else "9p"
+            if sharefs == "virtiofs":  # QEMU 7.2 cannot save a vhost-user-fs device
+                await qemu_template_virtiofs.unplug(vm, hv.boot_timeout)
             await qemu_snapshot.save(vm, state, resume=False, ignore_shared=True, timeout=hv.boot_timeout)
 
         try:
@@ -293,10 +320,11 @@ class Templates:
             vcpus=shape[0],
             memory=shape[1],
             seconds=round(time.monotonic() - t0, 3),
+            sharefs=sharefs,
             state_bytes=os.path.getsize(state),
             ram_bytes=os.fstat(fd).st_size,
         )
-        return Template(key, hv.accel, fd, state, console)
+        return Template(key, hv.accel, sharefs, fd, state, console)
 
     # ---- dropping them
     def _drop(self, shape: Shape, tpl: Template) -> None:
