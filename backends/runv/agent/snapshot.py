@@ -84,6 +84,8 @@ async def before_save(g: Guest, req: SaveRequest) -> Empty:
 
 
 async def restored(g: Guest, req: RestoredRequest) -> Empty:
+    if req.sharefs not in SHAREFS:
+        raise AgentError("invalid", f"sharefs: {req.sharefs!r} is not 9p or virtiofs")
     try:
         seed = base64.b64decode(req.entropy, validate=True)
     except ValueError:
@@ -98,8 +100,6 @@ async def restored(g: Guest, req: RestoredRequest) -> Empty:
         raise AgentError("failed", f"new identity: {exc}") from None
     if req.mac:
         _set_mac(req.interface, req.mac)
-    if req.sharefs not in SHAREFS:
-        raise AgentError("invalid", f"sharefs: {req.sharefs!r} is not 9p or virtiofs")
     if req.shares:
         os.makedirs(req.shares, exist_ok=True)
         if not os.path.ismount(req.shares):
