@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 import structlog
 
+from backends.linux.cgroups import Cgroup
 from backends.runv import config as runv_config
 from backends.runv.agent import snapshot as agent_snapshot
 from backends.runv.agent.protocol import AgentError
@@ -303,12 +305,10 @@ def test_a_vms_own_ram_is_the_templates_data_copied_in_its_start(tmp_path: Path)
         own = qemu_template_virtiofs.fresh_ram(tpl, "vm1")
         assert os.fstat(own).st_size == 64 * page and os.fstat(own).st_blocks == 0
         out = tmp_path / "fds"
-        import subprocess
-
         proc = subprocess.run(
             [*qemu_template_virtiofs.ram_copy_argv(), "sh", "-c", f"ls -l /proc/$$/fd/ > {out}"],
             close_fds=False,
-            preexec_fn=lambda: (os.dup2(own, 3), os.dup2(tpl, 4)),  # noqa: PLW1509
+            preexec_fn=lambda: (os.dup2(own, 3), os.dup2(tpl, 4)),
             check=False,
         )
         assert proc.returncode == 0
@@ -549,8 +549,6 @@ async def test_a_pod_on_virtiofs_from_a_template_and_the_fallback_when_hotplug_f
         assert ram and all("runv-ram-" in t for t in ram), ram  # its own RAM, not the template's
         assert not [t for t in _fd_targets(os.getpid()) if "runv-ram-" in t]  # QEMU's alone
         # virtiofsd serves it: in its cgroup beside QEMU.
-        from backends.linux.cgroups import Cgroup
-
         assert len([p for p in set(Cgroup(vm.cgroup).pids()) if p != vm.pid]) == 2
 
         # The hot-plug fails (QEMU refuses the device): the pod boots cold and runs.
