@@ -58,13 +58,17 @@ def test_a_virtiofs_vm_has_shared_ram_and_a_vhost_user_device(tmp_path: Path) ->
     assert "-machine pc,memory-backend=ram" in line and "-m 320M" in line
     assert "memory-backend-memfd,id=ram,size=320M,share=on" in argv
     assert f"socket,id=vfs,path={vm.state_dir}/virtiofs.sock" in argv
-    assert "vhost-user-fs-pci,chardev=vfs,tag=shares" in argv
+    assert "vhost-user-fs-pci,id=vfs0,chardev=vfs,tag=shares,addr=0x10" in argv
     assert "runv.sharefs=virtiofs" in argv[argv.index("-append") + 1].split()
     assert "-fsdev" not in argv and "virtio-9p-pci,fsdev=shares,mount_tag=shares" not in argv
     # The same VM on 9p: QEMU's private RAM, the 9p proxy.
     qemu_virtiofs.mark(vm, "9p")
     argv = hv.argv(vm, "/g/vmlinuz", "/g/initrd", "tcg", "")
-    assert "pc" in argv and "-object" not in argv and "vhost-user-fs-pci,chardev=vfs,tag=shares" not in argv
+    assert (
+        "pc" in argv
+        and "-object" not in argv
+        and "vhost-user-fs-pci,id=vfs0,chardev=vfs,tag=shares,addr=0x10" not in argv
+    )
     assert f"proxy,id=shares,socket={vm.state_dir}/9p.sock" in argv
     assert "runv.sharefs=virtiofs" not in argv[argv.index("-append") + 1]
 
