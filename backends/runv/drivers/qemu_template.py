@@ -18,9 +18,14 @@ runs in about a second. Per shape (vCPUs, memory) the driver keeps one such stat
   loaded (:func:`qemu_snapshot.restore`), and the guest's agent makes the VM its own
   (``restored``: fresh entropy and reseeded generators, the clock, the VM's MAC, its shares
   mounted). The backend then connects to the agent as after a cold boot (hostname, IP).
+- **On virtio-fs** (``qemu_template_virtiofs.py``): the template's VM is saved without its
+  ``vhost-user-fs-pci`` device (unplugged after the unmount: QEMU 7.2 cannot migrate it), and
+  each VM restored from it gets the device hot-plugged after the restore, its own virtiofsd
+  started as for a cold boot, and RAM of its own: a copy of the template's memfd, mapped
+  shared (vhost-user maps it into virtiofsd), made in the VM's cgroup before QEMU runs.
 - **Keyed** by what the saved guest is made of: the kernel, the base initramfs, the agent's
   initramfs (named after its content), the QEMU binary, the VM's size and the command line's
-  settings. A shape's template of another key (a rebuilt guest image, another agent) is
+  settings, and the shares' transport. A shape's template of another key (a rebuilt guest image, another agent) is
   dropped and made again; one of another accelerator too.
 - **Failing** to make or restore one is never a failed VM: the VM boots cold, with a log
   line (``runv.qemu.template_fallback``), and its shape has no template for ``RETRY`` s.
