@@ -39,7 +39,7 @@ from backends.runv.agent.protocol import AgentError
 # Mounted as /init mounts the VM's export at boot (backends/runv/guest_image.py).
 NINEP_TAG = "shares"
 NINEP_OPTIONS = "trans=virtio,version=9p2000.L,msize=262144,cache=none,access=any"
-VIRTIOFS_WAIT = 60.0  # seconds for a hot-plugged virtio-fs device to be found (TCG is slow)
+VIRTIOFS_WAIT = 25.0  # seconds for a hot-plugged virtio-fs device to be found (the host waits 30)
 SHAREFS = ("9p", "virtiofs")
 
 RNDADDENTROPY = 0x40085203  # _IOW('R', 0x03, int[2]): add bytes and credit them
