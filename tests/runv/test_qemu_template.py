@@ -34,7 +34,7 @@ from backends.runv.hypervisor import MIB, VM
 from cri_api import api_pb2 as pb
 from tests.runv.helpers import Events, MemorySink, container_record, sandbox_record
 from tests.runv.test_qemu import GUEST_DIR, IMAGE, _alive, _qemu_config, _taps, needs_qemu
-from tests.runv.test_qemu_virtiofs import needs_virtiofs
+from tests.runv.test_qemu_virtiofs import needs_virtiofs, pci_ids
 
 
 def _vm(where: str) -> VM:
@@ -482,12 +482,6 @@ def _fd_targets(pid: int) -> list[str]:
     return out
 
 
-async def _pci_ids(vm: VM) -> list[str]:
-    async with qemu_snapshot.qmp_of(vm, 10) as qmp:
-        buses = await qmp.execute("query-pci")
-    return [d.get("qdev_id", "") for bus in buses for d in bus["devices"]]
-
-
 @pytest.mark.slow
 @pytest.mark.qemu
 @needs_qemu
@@ -544,7 +538,7 @@ async def test_a_pod_on_virtiofs_from_a_template_and_the_fallback_when_hotplug_f
         cmdline = _cmdline(vm.pid)
         assert b"vhost-user-fs-pci" not in cmdline and b"-incoming" in cmdline
         assert b"mem-path=/proc/self/fd/3,share=on" in cmdline
-        assert "vfs0" in await _pci_ids(vm)  # plugged in after the restore
+        assert "vfs0" in await pci_ids(vm)  # plugged in after the restore
         ram = [t for t in _fd_targets(vm.pid) if "memfd:" in t]
         assert ram and all("runv-ram-" in t for t in ram), ram  # its own RAM, not the template's
         assert not [t for t in _fd_targets(os.getpid()) if "runv-ram-" in t]  # QEMU's alone

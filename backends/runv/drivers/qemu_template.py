@@ -25,8 +25,8 @@ runs in about a second. Per shape (vCPUs, memory) the driver keeps one such stat
   shared (vhost-user maps it into virtiofsd), made in the VM's cgroup before QEMU runs.
 - **Keyed** by what the saved guest is made of: the kernel, the base initramfs, the agent's
   initramfs (named after its content), the QEMU binary, the VM's size and the command line's
-  settings, and the shares' transport. A shape's template of another key (a rebuilt guest image, another agent) is
-  dropped and made again; one of another accelerator too.
+  settings, and the shares' transport. A shape's template of another key (a rebuilt guest
+  image, another agent) is dropped and made again; one of another accelerator too.
 - **Failing** to make or restore one is never a failed VM: the VM boots cold, with a log
   line (``runv.qemu.template_fallback``), and its shape has no template for ``RETRY`` s.
 - **Lifetime**: the memfds live in the shim. A clean stop (``close``) drops them and the state
