@@ -186,7 +186,7 @@ class Templates:
         tpl.users += 1
         try:
             t0 = time.monotonic()
-            await self._restore(vm, kernel, initrd, tpl)
+            phases = await self._restore(vm, kernel, initrd, tpl)
         except Exception as exc:
             log.warning(
                 "runv.qemu.template_fallback",
@@ -210,11 +210,22 @@ class Templates:
             template=tpl.key,
             pid=vm.pid,
             seconds=round(time.monotonic() - t0, 3),
+            **phases,
         )
         return True
 
-    async def _restore(self, vm: VM, kernel: str, initrd: str, tpl: Template) -> None:
+    async def _restore(self, vm: VM, kernel: str, initrd: str, tpl: Template) -> dict[str, float]:
+        """Start ``vm`` from ``tpl``: the seconds each step took (for the log)."""
         hv = self._hv
+        phases: dict[str, float] = {}
+        t = time.monotonic()
+
+        def step(name: str) -> None:
+            nonlocal t
+            now = time.monotonic()
+            phases[name] = round(now - t, 3)
+            t = now
+
         console = tpl.console + f"runv: restored from template {tpl.key}\n".encode()
         if tpl.sharefs == "virtiofs":
             # RAM of its own, shared with its virtiofsd: a copy of the template's, made in its
@@ -231,9 +242,12 @@ class Templates:
         else:
             memory = GuestMemory(f"/proc/self/fd/{RAM_FD}", share=False)
             await hv.start_incoming(vm, kernel, initrd, tpl.accel, memory, [tpl.memory_fd], console)
+        step("start")
         await qemu_snapshot.restore(vm, tpl.state, ignore_shared=True, timeout=hv.boot_timeout)
+        step("load")  # with a RAM copy (virtio-fs): QEMU's QMP socket appears once it is made
         if tpl.sharefs == "virtiofs":
             await qemu_template_virtiofs.hotplug(vm, hv.boot_timeout)
+            step("hotplug")
         identity = RestoredRequest(
             entropy=base64.b64encode(os.urandom(64)).decode(),
             time_ns=time.time_ns(),
@@ -242,6 +256,8 @@ class Templates:
             sharefs=tpl.sharefs,
         )
         await self._call(vm, identity, min(hv.agent_timeout, RESTORED_TIMEOUT))
+        step("agent")  # with the shares mounted (on virtio-fs: once the guest found the device)
+        return phases
 
     async def _call(self, vm: VM, req: Request[R], timeout: float) -> R:
         """One request to ``vm``'s agent on a connection of its own."""
