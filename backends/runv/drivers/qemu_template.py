@@ -319,7 +319,7 @@ class Templates:
             await self._call(vm, SaveRequest(shares=hv.guest_shares), hv.agent_timeout)
             sharefs = "virtiofs" if qemu_virtiofs.marked(vm) else "9p"
             if sharefs == "virtiofs":  # QEMU 7.2 cannot save a vhost-user-fs device
-                await qemu_template_virtiofs.unplug(vm, hv.boot_timeout)
+                await qemu_template_virtiofs.unplug(vm)
             await qemu_snapshot.save(vm, state, resume=False, ignore_shared=True, timeout=hv.boot_timeout)
 
         try:

@@ -39,6 +39,9 @@ from backends.runv.hypervisor import VM
 
 FRESH_FD = 3  # the VM's own RAM (a new memfd), as QEMU inherits it
 TEMPLATE_FD = 4  # the template's RAM, read by RAM_COPY and closed before QEMU
+# Seconds for a template's guest to eject its virtio-fs device (well under one under TCG): a
+# guest without ACPI PCI hot-plug costs the first VM of its shape this much before it boots cold.
+UNPLUG_TIMEOUT = 20.0
 
 # Run as `python3 -I -S -c RAM_COPY CMD...` with the VM's memfd on descriptor 3 (sized, empty)
 # and the template's on 4: the template's data extents copied into the VM's, 4 closed, CMD
@@ -85,7 +88,7 @@ def fresh_ram(template_fd: int, name: str) -> int:
     return fd
 
 
-async def unplug(vm: VM, timeout: float) -> None:
+async def unplug(vm: VM, timeout: float = UNPLUG_TIMEOUT) -> None:
     """Take the virtio-fs device out of ``vm`` (running, its shares unmounted): the guest
     ejects it, then its socket goes. Raises SnapshotError."""
     deadline = time.monotonic() + timeout
