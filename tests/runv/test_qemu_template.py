@@ -572,3 +572,42 @@ async def test_a_pod_on_virtiofs_from_a_template_and_the_fallback_when_hotplug_f
     assert not os.path.exists(backend.hv.run_dir) or os.listdir(backend.hv.run_dir) == []  # type: ignore[attr-defined]
     assert all(not _alive(vm.pid) for vm in vms)
     assert not {QemuHypervisor.tap_name(vm.id) for vm in vms} & _taps()
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+@needs_qemu
+@needs_virtiofs
+@pytest.mark.timeout(600)
+async def test_an_unconfined_vm_on_virtiofs_from_a_template(runv_config: dict[str, Any]) -> None:
+    """QEMU not confined (virtiofsd started by qemu_virtiofs.PRELUDE): a VM from the template
+    gets its device and mounts it (the agent's ``restored`` fails otherwise)."""
+    from backends.runv.hypervisor import VMSpec
+
+    cfg = _qemu_config(runv_config)
+    hv = QemuHypervisor(
+        cfg["qemu"] | {"run_dir": cfg["run_dir"] + "-u", "confine": False, "shares": "virtiofs"}
+    )
+    templates = hv.templates
+    assert templates is not None
+    vm: VM | None = None
+    try:
+        vm = await hv.create(VMSpec("unconf1", 1, 128 * MIB))
+        assert (templates.made, templates.restored, templates.fallbacks) == (1, 1, 0)
+        assert "vfs0" in await pci_ids(vm) and b"vhost-user-fs-pci" not in _cmdline(vm.pid)
+        assert _status_uid(vm.pid) == 0  # unconfined indeed
+        assert len([p for p in set(Cgroup(vm.cgroup).pids()) if p != vm.pid]) == 2  # virtiofsd
+    finally:
+        if vm is not None:
+            await hv.destroy(vm)
+        await hv.close()
+        hv.tidy()
+    assert _memfds() == [] and not os.path.exists(templates.dir)
+
+
+def _status_uid(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    return -1
