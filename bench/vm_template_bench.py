@@ -15,7 +15,7 @@ at the end, also on failure or Ctrl-C.
 
 Run as root, with the guest image built (scripts/runv-guest) and the registry of
 scripts/testenv/up holding the images:
-    .venv/bin/python bench/vm_template_bench.py [-n 20] [--guest-dir DIR] [--no-confine]
+    .venv/bin/python bench/vm_template_bench.py [-n 20] [--guest-dir DIR] [--no-confine] [--shares 9p]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from endpoints import BUSYBOX, _interrupt, pct  # noqa: E402
 from runv_bench import _container, _Events, _sandbox, network_config, remove_leftovers  # noqa: E402
 
 from backends.runv.backend import RunvBackend  # noqa: E402
+from backends.runv.drivers import qemu_virtiofs  # noqa: E402
 from backends.runv.drivers.qemu import QemuHypervisor  # noqa: E402
 from backends.runv.hypervisor import MIB  # noqa: E402
 from cri_api import api_pb2 as pb  # noqa: E402
@@ -57,6 +58,8 @@ def config(
         qemu["guest_dir"] = args.guest_dir
     if not args.confine:
         qemu["confine"] = False
+    if args.shares:
+        qemu["shares"] = args.shares
     return {
         "root": f"{tmp}/{tag}-root",
         "run_dir": f"/tmp/rvt-{tag}",  # short: agent socket paths must fit in sun_path
@@ -117,7 +120,13 @@ class Side:
 def report(sides: dict[str, Side], n: int) -> None:
     hv = sides["template"].backend.hv
     accel = hv.accel if isinstance(hv, QemuHypervisor) else "?"
-    print(f"\nqemu driver ({accel}), {n} pods each, alternating; seconds (memory: MiB of the VM's cgroup)")
+    shares = (
+        qemu_virtiofs.choose(hv.shares, hv.virtiofsd, hv.guest_dir) if isinstance(hv, QemuHypervisor) else "?"
+    )
+    print(
+        f"\nqemu driver ({accel}, shares {shares}), {n} pods each, alternating; "
+        "seconds (memory: MiB of the VM's cgroup)"
+    )
     for step in STEPS:
         for kind in KINDS:
             v = sides[kind].samples[step]
@@ -169,6 +178,12 @@ def main() -> int:
     ap.add_argument("--guest-dir", default="", help="the qemu driver's guest image (default: the driver's)")
     ap.add_argument(
         "--confine", action=argparse.BooleanOptionalAction, default=True, help="QEMU confined (the default)"
+    )
+    ap.add_argument(
+        "--shares",
+        choices=("virtiofs", "9p"),
+        default="",
+        help="the shares' transport (default: the driver's, virtio-fs when it works)",
     )
     args = ap.parse_args()
     if os.geteuid() != 0:

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,12 @@ from typing import Any
 import pytest
 import structlog
 
+from backends.linux.cgroups import Cgroup
 from backends.runv import config as runv_config
 from backends.runv.agent import snapshot as agent_snapshot
 from backends.runv.agent.protocol import AgentError
 from backends.runv.backend import RunvBackend
-from backends.runv.drivers import qemu_snapshot
+from backends.runv.drivers import qemu_snapshot, qemu_template_virtiofs, qemu_virtiofs
 from backends.runv.drivers.qemu import QemuHypervisor
 from backends.runv.drivers.qemu_snapshot import GuestMemory, SnapshotError
 from backends.runv.drivers.qemu_template import TEMPLATES, Templates
@@ -32,6 +34,7 @@ from backends.runv.hypervisor import MIB, VM
 from cri_api import api_pb2 as pb
 from tests.runv.helpers import Events, MemorySink, container_record, sandbox_record
 from tests.runv.test_qemu import GUEST_DIR, IMAGE, _alive, _qemu_config, _taps, needs_qemu
+from tests.runv.test_qemu_virtiofs import needs_virtiofs, pci_ids
 
 
 def _vm(where: str) -> VM:
@@ -56,6 +59,17 @@ def test_command_line_of_a_template_and_of_a_vm_from_it(tmp_path: Path) -> None:
     assert "memory-backend-file,id=ram,size=192M,mem-path=/proc/self/fd/3,share=off" in restored
     assert restored[restored.index("-incoming") + 1] == "defer"
     assert f"file,id=console,path={vm.state_dir}/console.log,append=on" in restored
+    # On virtio-fs: the template's VM has the device in its fixed slot; a VM restored from it
+    # has none (it is hot-plugged after), its RAM a shared mapping of its own copy.
+    qemu_virtiofs.mark(vm, "virtiofs")
+    saved = hv.argv(vm, "/k", "/i", "tcg", "", memory=GuestMemory("/proc/self/fd/3", share=True))
+    assert "vhost-user-fs-pci,id=vfs0,chardev=vfs,tag=shares,addr=0x10" in saved
+    restored = hv.argv(
+        vm, "/k", "/i", "tcg", "", memory=GuestMemory("/proc/self/fd/3", share=True), incoming=True
+    )
+    assert not [a for a in restored if "vhost-user-fs" in a or "socket,id=vfs" in a], restored
+    assert "-fsdev" not in restored and "memory-backend-memfd" not in " ".join(restored)
+    assert "memory-backend-file,id=ram,size=192M,mem-path=/proc/self/fd/3,share=on" in restored
 
 
 def test_template_key_is_checked_and_off_means_none(tmp_path: Path) -> None:
@@ -88,6 +102,10 @@ def test_the_agent_refuses_a_bad_identity() -> None:
     with pytest.raises(AgentError, match="not a MAC address"):
         agent_snapshot._set_mac("eth0", "52:54:zz")
     assert agent_snapshot.RestoredRequest.from_dict({"entropy": "x", "time_ns": 5}).interface == "eth0"
+    assert agent_snapshot.RestoredRequest.from_dict({"entropy": "x", "time_ns": 5}).sharefs == "9p"
+    nfs = agent_snapshot.RestoredRequest(entropy="A" * 44, time_ns=1, sharefs="nfs")
+    with pytest.raises(AgentError, match="'nfs' is not 9p or virtiofs"):
+        asyncio.run(agent_snapshot.restored(None, nfs))  # type: ignore[arg-type]
     with pytest.raises(AgentError, match="time_ns: expected int"):
         agent_snapshot.RestoredRequest.from_dict({"entropy": "x", "time_ns": "now"})
 
@@ -97,8 +115,16 @@ class FakeQmp:
     the descriptor a ``getfd`` passes, and answers from ``answers`` (command -> list of
     returns, the last one repeated; an ``{"error": ...}`` is an error)."""
 
-    def __init__(self, path: str, answers: dict[str, list[Any]], on_migrate: bytes = b"") -> None:
+    def __init__(
+        self,
+        path: str,
+        answers: dict[str, list[Any]],
+        on_migrate: bytes = b"",
+        events: dict[str, list[dict[str, Any]]] | None = None,
+    ) -> None:
         self.commands: list[str] = []
+        self.arguments: list[dict[str, Any]] = []
+        self._events = events or {}  # command -> events sent after its answer
         self.fd_data = b""
         self._answers = answers
         self._on_migrate = on_migrate
@@ -124,10 +150,14 @@ class FakeQmp:
                 buf += data
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
-                    command = json.loads(line)["execute"]
+                    msg = json.loads(line)
+                    command = msg["execute"]
+                    self.arguments.append(msg.get("arguments", {}))
                     if command == "stop":  # an event comes first, as QEMU's STOP does
                         conn.sendall(b'{"event": "STOP", "data": {}}\n')
                     conn.sendall(json.dumps(self._answer(command)).encode() + b"\n")
+                    for event in self._events.get(command, []):
+                        conn.sendall(json.dumps(event).encode() + b"\n")
 
     def _answer(self, command: str) -> dict[str, Any]:
         self.commands.append(command)
@@ -217,6 +247,81 @@ async def test_qmp_errors_and_a_missing_monitor_are_snapshot_errors(tmp_path: Pa
             await qemu_snapshot.save(vm, str(tmp_path / "x.state"), resume=False)
     finally:
         qmp.close()
+
+
+async def test_the_virtiofs_device_is_unplugged_then_plugged_in_again(tmp_path: Path) -> None:
+    """A template on virtio-fs: ``device_del`` waits for the guest's DEVICE_DELETED (another
+    device's first) before its socket goes; a restored VM gets both back, in the same slot."""
+    vm = _vm(str(tmp_path))
+    deleted = [
+        {"event": "DEVICE_DELETED", "data": {"device": "other", "path": "/x"}},
+        {"event": "DEVICE_DELETED", "data": {"device": "vfs0", "path": "/machine/peripheral/vfs0"}},
+    ]
+    qmp = FakeQmp(qemu_snapshot.qmp_path(vm), {}, events={"device_del": deleted})
+    try:
+        await qemu_template_virtiofs.unplug(vm, timeout=5)
+    finally:
+        qmp.close()
+    assert qmp.commands == ["qmp_capabilities", "device_del", "chardev-remove"]
+    assert qmp.arguments[1:] == [{"id": "vfs0"}, {"id": "vfs"}]
+    # No DEVICE_DELETED (the guest does not eject it): an error, the socket kept.
+    os.unlink(qemu_snapshot.qmp_path(vm))
+    qmp = FakeQmp(qemu_snapshot.qmp_path(vm), {}, events={"device_del": deleted[:1]})
+    try:
+        with pytest.raises(SnapshotError, match="no DEVICE_DELETED event"):
+            await qemu_template_virtiofs.unplug(vm, timeout=0.5)
+    finally:
+        qmp.close()
+    assert "chardev-remove" not in qmp.commands
+
+    os.unlink(qemu_snapshot.qmp_path(vm))
+    qmp = FakeQmp(qemu_snapshot.qmp_path(vm), {})
+    try:
+        await qemu_template_virtiofs.hotplug(vm, timeout=5)
+    finally:
+        qmp.close()
+    assert qmp.commands == ["qmp_capabilities", "chardev-add", "device_add"]
+    sock = qmp.arguments[1]["backend"]["data"]["addr"]["data"]["path"]
+    assert sock == os.path.join(vm.state_dir, "virtiofs.sock") and qmp.arguments[1]["id"] == "vfs"
+    assert qmp.arguments[2] == {
+        "driver": "vhost-user-fs-pci",
+        "id": "vfs0",
+        "chardev": "vfs",
+        "tag": "shares",
+        "addr": "0x10",
+    }
+
+
+def test_a_vms_own_ram_is_the_templates_data_copied_in_its_start(tmp_path: Path) -> None:
+    """RAM_COPY: the template's data extents copied into the VM's memfd (holes stay holes),
+    the template's descriptor closed, then the command exec'd."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    tpl = os.memfd_create("runv-template-test")
+    own = -1
+    try:
+        os.ftruncate(tpl, 64 * page)
+        os.pwrite(tpl, b"a" * page, 0)
+        os.pwrite(tpl, b"b" * 10, 40 * page + 5)
+        own = qemu_template_virtiofs.fresh_ram(tpl, "vm1")
+        assert os.fstat(own).st_size == 64 * page and os.fstat(own).st_blocks == 0
+        out = tmp_path / "fds"
+        proc = subprocess.run(
+            [*qemu_template_virtiofs.ram_copy_argv(), "sh", "-c", f"ls -l /proc/$$/fd/ > {out}"],
+            close_fds=False,
+            preexec_fn=lambda: (os.dup2(own, 3), os.dup2(tpl, 4)),
+            check=False,
+        )
+        assert proc.returncode == 0
+        fds = out.read_text()
+        assert " 3 -> /memfd:runv-ram-vm1" in fds and " 4 -> " not in fds, fds  # the template's not left
+        data = os.pread(own, 64 * page, 0)
+        assert data[:page] == b"a" * page and data[40 * page + 5 : 40 * page + 15] == b"b" * 10
+        assert data.count(0) == 64 * page - page - 10
+        assert os.fstat(own).st_blocks * 512 <= 2 * page  # the holes were not filled
+    finally:
+        os.close(tpl)
+        if own >= 0:
+            os.close(own)
 
 
 # ---------------------------------------------------------------------------- real VMs
@@ -362,3 +467,147 @@ async def test_a_template_is_made_again_when_the_guest_image_changes(
         await hv.close()
         hv.tidy()
     assert _memfds() == [] and not os.path.exists(templates.dir)
+
+
+def _cmdline(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        return fh.read()
+
+
+def _fd_targets(pid: int) -> list[str]:
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+@needs_qemu
+@needs_virtiofs
+@pytest.mark.timeout(600)
+async def test_a_pod_on_virtiofs_from_a_template_and_the_fallback_when_hotplug_fails(
+    runv_config: dict[str, Any], busybox_rootfs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A confined VM on virtio-fs restored from a template: its virtio-fs device hot-plugged
+    (not on QEMU's command line), its RAM its own memfd shared with virtiofsd; its container's
+    root is the overlay made on the host and a volume it writes shows on the host. Then a
+    hot-plug that fails: the pod boots cold (a log line) and runs as well."""
+    cfg = _qemu_config(runv_config)
+    cfg["qemu"]["shares"] = "virtiofs"
+    backend = RunvBackend("runv", cfg)
+    events = Events()
+    await backend.lifecycle.start(events)
+    backend.image_store.import_dir(IMAGE, str(busybox_rootfs))
+    templates = _templates(backend)
+    sbs = [sandbox_record(f"vft{i}") for i in range(2)]
+    vms: list[VM] = []
+
+    async def pod(i: int) -> tuple[VM, Path, Path]:
+        rw = tmp_path / f"rw{i}"
+        rw.mkdir()
+        vm = backend._shared.pods[sbs[i].id].vm
+        vms.append(vm)
+        ct = container_record(
+            sbs[i],
+            IMAGE,
+            ["sh", "-c", f"echo root{i} > /written && echo vol{i} > /rw/out && sleep 600"],
+            mounts=[pb.Mount(container_path="/rw", host_path=str(rw))],
+        )
+        await backend.lifecycle.create_container(ct, sbs[i])
+        await events.start(backend.lifecycle, ct, sbs[i], MemorySink())
+        upper = Path(backend._shared.containers_dir) / ct.id / "upper"
+        for _ in range(300):
+            if (rw / "out").exists() and (upper / "written").exists():
+                break
+            await asyncio.sleep(0.1)
+        # The root is the host's overlay (its upper directory written), over virtio-fs.
+        assert (upper / "written").read_text() == f"root{i}\n"
+        assert (rw / "out").read_text() == f"vol{i}\n"
+        mounts = await _exec(backend, ct, "cat /proc/mounts")
+        assert any(line.split()[1:3] == ["/", "virtiofs"] for line in mounts.splitlines()), mounts
+        assert any(line.split()[1:3] == ["/rw", "virtiofs"] for line in mounts.splitlines()), mounts
+        return vm, upper, rw
+
+    try:
+        await backend.lifecycle.run_sandbox(sbs[0])
+        assert (templates.made, templates.restored, templates.fallbacks) == (1, 1, 0)
+        vm, _upper, _rw = await pod(0)
+        assert qemu_virtiofs.marked(vm) and "runv: restored from template" in backend.hv.console(vm)
+        cmdline = _cmdline(vm.pid)
+        assert b"vhost-user-fs-pci" not in cmdline and b"-incoming" in cmdline
+        assert b"mem-path=/proc/self/fd/3,share=on" in cmdline
+        assert "vfs0" in await pci_ids(vm)  # plugged in after the restore
+        ram = [t for t in _fd_targets(vm.pid) if "memfd:" in t]
+        assert ram and all("runv-ram-" in t for t in ram), ram  # its own RAM, not the template's
+        assert not [t for t in _fd_targets(os.getpid()) if "runv-ram-" in t]  # QEMU's alone
+        # virtiofsd serves it: in its cgroup beside QEMU.
+        assert len([p for p in set(Cgroup(vm.cgroup).pids()) if p != vm.pid]) == 2
+
+        # The hot-plug fails (QEMU refuses the device): the pod boots cold and runs.
+        device = qemu_template_virtiofs.hotplug_device
+
+        def broken(vm: VM) -> dict[str, Any]:
+            return {**device(vm), "chardev": "nosuchchardev"}
+
+        monkeypatch.setattr(qemu_template_virtiofs, "hotplug_device", broken)
+        with structlog.testing.capture_logs() as logs:
+            await backend.lifecycle.run_sandbox(sbs[1])
+        vm1 = backend._shared.pods[sbs[1].id].vm
+        fell = [e for e in logs if e["event"] == "runv.qemu.template_fallback" and e.get("vm") == vm1.id]
+        assert fell and "nosuchchardev" in fell[0]["error"], logs
+        assert (templates.made, templates.restored, templates.fallbacks) == (1, 1, 1)
+        assert "runv: restored" not in backend.hv.console(vm1) and b"vhost-user-fs-pci" in _cmdline(vm1.pid)
+        await pod(1)
+        assert _alive(vm.pid)  # the restored VM is not touched by the other's fallback
+    finally:
+        for sb in sbs:
+            if sb.id in backend._shared.pods:
+                with contextlib.suppress(Exception):
+                    await backend.lifecycle.stop_sandbox(sb)
+        await events.close()
+        await backend.lifecycle.close()
+    assert not os.path.exists(templates.dir) and _memfds() == []
+    assert not os.path.exists(backend.hv.run_dir) or os.listdir(backend.hv.run_dir) == []  # type: ignore[attr-defined]
+    assert all(not _alive(vm.pid) for vm in vms)
+    assert not {QemuHypervisor.tap_name(vm.id) for vm in vms} & _taps()
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+@needs_qemu
+@needs_virtiofs
+@pytest.mark.timeout(600)
+async def test_an_unconfined_vm_on_virtiofs_from_a_template(runv_config: dict[str, Any]) -> None:
+    """QEMU not confined (virtiofsd started by qemu_virtiofs.PRELUDE): a VM from the template
+    gets its device and mounts it (the agent's ``restored`` fails otherwise)."""
+    from backends.runv.hypervisor import VMSpec
+
+    cfg = _qemu_config(runv_config)
+    hv = QemuHypervisor(
+        cfg["qemu"] | {"run_dir": cfg["run_dir"] + "-u", "confine": False, "shares": "virtiofs"}
+    )
+    templates = hv.templates
+    assert templates is not None
+    vm: VM | None = None
+    try:
+        vm = await hv.create(VMSpec("unconf1", 1, 128 * MIB))
+        assert (templates.made, templates.restored, templates.fallbacks) == (1, 1, 0)
+        assert "vfs0" in await pci_ids(vm) and b"vhost-user-fs-pci" not in _cmdline(vm.pid)
+        assert _status_uid(vm.pid) == 0  # unconfined indeed
+        assert len([p for p in set(Cgroup(vm.cgroup).pids()) if p != vm.pid]) == 2  # virtiofsd
+    finally:
+        if vm is not None:
+            await hv.destroy(vm)
+        await hv.close()
+        hv.tidy()
+    assert _memfds() == [] and not os.path.exists(templates.dir)
+
+
+def _status_uid(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    return -1

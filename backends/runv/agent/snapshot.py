@@ -4,11 +4,14 @@
 
 - ``before_save``: the VM's shares are unmounted. QEMU refuses to migrate a VM while a 9p
   export is mounted in its guest, and a VM started from the saved state has an export of its
-  own (same tag, another host directory), so none may be mounted when the state is saved.
+  own (same tag, another host directory), so none may be mounted when the state is saved. (On
+  virtio-fs the host then unplugs the device: QEMU 7.2 cannot migrate it.)
 - ``restored``: a VM started from a saved state is a copy of the one saved, down to its
   kernel's random state, clock and MAC address; it is made its own: the host's fresh entropy
   is credited to the kernel's pool and the generators reseeded (the agent's own ``random``
-  too), the clock set to the host's, the NIC given the VM's MAC, its shares mounted.
+  too), the clock set to the host's, the NIC given the VM's MAC, its shares mounted: over 9p,
+  or over virtio-fs once the kernel has found the device the host has just plugged in (ACPI
+  PCI hot-plug: tried again until it has, for ``VIRTIOFS_WAIT`` s).
 
 What a copy keeps of the saved guest: the stack canaries and hash seeds of the processes
 running when it was saved (its init and this agent), and the kernel's boot-time
@@ -17,9 +20,11 @@ randomisation (KASLR); processes started later (containers) draw from the reseed
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import ctypes
 import dataclasses
+import errno
 import fcntl
 import os
 import random
@@ -34,6 +39,8 @@ from backends.runv.agent.protocol import AgentError
 # Mounted as /init mounts the VM's export at boot (backends/runv/guest_image.py).
 NINEP_TAG = "shares"
 NINEP_OPTIONS = "trans=virtio,version=9p2000.L,msize=262144,cache=none,access=any"
+VIRTIOFS_WAIT = 25.0  # seconds for a hot-plugged virtio-fs device to be found (the host waits 30)
+SHAREFS = ("9p", "virtiofs")
 
 RNDADDENTROPY = 0x40085203  # _IOW('R', 0x03, int[2]): add bytes and credit them
 RNDRESEEDCRNG = 0x5207  # _IO('R', 0x07): reseed the generators from the pool now
@@ -61,6 +68,7 @@ class RestoredRequest(Request[Empty]):
     mac: str = ""  # the NIC's address ("": unchanged)
     interface: str = "eth0"
     shares: str = ""  # where to mount the VM's export ("": not mounted)
+    sharefs: str = "9p"  # its transport: "9p" or "virtiofs" (its device just hot-plugged)
 
 
 def _libc() -> ctypes.CDLL:
@@ -76,6 +84,8 @@ async def before_save(g: Guest, req: SaveRequest) -> Empty:
 
 
 async def restored(g: Guest, req: RestoredRequest) -> Empty:
+    if req.sharefs not in SHAREFS:
+        raise AgentError("invalid", f"sharefs: {req.sharefs!r} is not 9p or virtiofs")
     try:
         seed = base64.b64decode(req.entropy, validate=True)
     except ValueError:
@@ -93,12 +103,25 @@ async def restored(g: Guest, req: RestoredRequest) -> Empty:
     if req.shares:
         os.makedirs(req.shares, exist_ok=True)
         if not os.path.ismount(req.shares):
-            libc = _libc()
-            if libc.mount(NINEP_TAG.encode(), req.shares.encode(), b"9p", 0, NINEP_OPTIONS.encode()) != 0:
-                err = ctypes.get_errno()
-                raise AgentError("failed", f"cannot mount the shares on {req.shares}: {os.strerror(err)}")
+            await _mount_shares(req.shares, req.sharefs)
     print(f"runv-agent: restored at {time.time():.3f}", flush=True)
     return Empty()
+
+
+async def _mount_shares(where: str, sharefs: str) -> None:
+    libc = _libc()
+    if sharefs == "9p":
+        if libc.mount(NINEP_TAG.encode(), where.encode(), b"9p", 0, NINEP_OPTIONS.encode()) != 0:
+            err = ctypes.get_errno()
+            raise AgentError("failed", f"cannot mount the shares on {where}: {os.strerror(err)}")
+        return
+    # The tag is unknown (EINVAL) until the kernel has probed the hot-plugged device.
+    deadline = time.monotonic() + VIRTIOFS_WAIT
+    while libc.mount(NINEP_TAG.encode(), where.encode(), b"virtiofs", 0, None) != 0:
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOENT, errno.ENODEV) or time.monotonic() > deadline:
+            raise AgentError("failed", f"cannot mount the virtio-fs shares on {where}: {os.strerror(err)}")
+        await asyncio.sleep(0.02)
 
 
 def _credit(seed: bytes) -> None:

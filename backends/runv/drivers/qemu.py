@@ -39,8 +39,8 @@ its socket. Confined (the default), it runs as a uid of its own in a root of its
 capabilities, the shares served by a sandboxed virtiofsd or the 9p proxy (``qemu_confine.py``).
 
 Templates (``template = true``, the default): a VM starts from the saved state of a booted VM
-of its shape instead of booting (``qemu_template.py``, on ``qemu_snapshot.py``); a VM that
-cannot boots cold.
+of its shape instead of booting (``qemu_template.py``, on ``qemu_snapshot.py``; on virtio-fs
+its device is plugged in after, ``qemu_template_virtiofs.py``); a VM that cannot boots cold.
 """
 
 from __future__ import annotations
@@ -235,9 +235,7 @@ class QemuHypervisor(ProcessVMs):
 
         async def boot(vm: VM) -> None:
             initrd = await self.agent_initrd(base)
-            # QEMU 7.2 cannot save a VM with a vhost-user-fs device: a VM on virtio-fs boots cold.
-            on_9p = qemu_virtiofs.choose(self.shares, self.virtiofsd, self.guest_dir) == "9p"
-            if on_9p and self.templates is not None and await self.templates.start(vm, kernel, initrd):
+            if self.templates is not None and await self.templates.start(vm, kernel, initrd):
                 return
             await self._boot(vm, kernel, initrd)
 
@@ -292,9 +290,10 @@ class QemuHypervisor(ProcessVMs):
         memory: GuestMemory | None,
         fds: Sequence[int],
         console: bytes = b"",
+        prefix: Sequence[str] = (),
     ) -> None:
         """Start ``vm``'s QEMU waiting for a saved state (``qemu_snapshot.restore`` gives it one);
-        its console begins with ``console`` (the saved VM's)."""
+        its console begins with ``console`` (the saved VM's); ``prefix`` runs first, in its cgroup."""
         tap = await self._prepare(vm)
         path = os.path.join(vm.state_dir, "console.log")
         with open(path, "wb") as fh:
@@ -302,7 +301,7 @@ class QemuHypervisor(ProcessVMs):
         if vm.uid:
             os.chown(path, vm.uid, vm.uid)
         argv = self.argv(vm, kernel, initrd, accel, tap, memory=memory, incoming=True)
-        self._start(vm, argv, self._cgroup(vm), fds)
+        self._start(vm, argv, self._cgroup(vm), fds, prefix)
 
     async def unstart(self, vm: VM) -> None:
         """Undo ``start_incoming`` (or a boot), the VM's record, cgroup and state kept: QEMU,
@@ -362,7 +361,9 @@ class QemuHypervisor(ProcessVMs):
         self._start(vm, argv, cg, fds)
         await self._booted(vm)
 
-    def _start(self, vm: VM, argv: list[str], cg: Cgroup, fds: Sequence[int] = ()) -> None:
+    def _start(
+        self, vm: VM, argv: list[str], cg: Cgroup, fds: Sequence[int] = (), prefix: Sequence[str] = ()
+    ) -> None:
         log_path = os.path.join(vm.state_dir, "qemu.log")
         # QEMU gets a mount namespace of its own (a slave of the host's) where the shares are
         # mounted, so they never show in the host's mount table and die with it.
@@ -377,7 +378,7 @@ class QemuHypervisor(ProcessVMs):
             argv = ["sh", "-c", CONFINE, "runv-confine", *argv]
         elif virtiofs:  # virtiofsd first, in QEMU's namespaces
             argv = ["sh", "-c", qemu_virtiofs.PRELUDE, "runv-virtiofs", *argv]
-        argv = [self.unshare, "--mount", *net, "--propagation", "slave", *argv]
+        argv = [*prefix, self.unshare, "--mount", *net, "--propagation", "slave", *argv]
         self._spawn_in_cgroup(vm, argv, cg, log_path, env, fds)
 
     async def _booted(self, vm: VM) -> None:

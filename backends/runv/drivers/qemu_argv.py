@@ -120,7 +120,8 @@ def command_line(
         "virtio-serial-pci,id=vser",
         "-device",
         "virtserialport,bus=vser.0,chardev=agent,name=runv.agent",
-        *(qemu_virtiofs.device_argv(sd) if virtiofs else _9p_argv(vm, hv.confine)),
+        # A VM restored from a template gets its virtio-fs device later (qemu_template_virtiofs).
+        *(([] if incoming else qemu_virtiofs.device_argv(sd)) if virtiofs else _9p_argv(vm, hv.confine)),
         "-device",
         "virtio-rng-pci",
         "-pidfile",

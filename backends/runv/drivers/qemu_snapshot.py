@@ -132,6 +132,26 @@ class Qmp:
             if "return" in answer:
                 return answer["return"]
 
+    async def event(self, name: str, deadline: float, device: str = "") -> dict[str, Any]:
+        """The next event ``name`` (about ``device``, when given), kept or yet to come; raises
+        SnapshotError when none has come by ``deadline`` (time.monotonic)."""
+        while True:
+            for i, ev in enumerate(self.events):
+                data = ev.get("data") or {}
+                if ev.get("event") == name and (not device or data.get("device") == device):
+                    del self.events[i]
+                    return ev
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SnapshotError(f"QEMU sent no {name} event in time")
+            try:
+                async with asyncio.timeout(left):
+                    msg = await self._message()
+            except TimeoutError:
+                continue
+            if "event" in msg:
+                self.events.append(msg)
+
     async def _message(self) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         while b"\n" not in self._buf:

@@ -18,10 +18,15 @@ runs in about a second. Per shape (vCPUs, memory) the driver keeps one such stat
   loaded (:func:`qemu_snapshot.restore`), and the guest's agent makes the VM its own
   (``restored``: fresh entropy and reseeded generators, the clock, the VM's MAC, its shares
   mounted). The backend then connects to the agent as after a cold boot (hostname, IP).
+- **On virtio-fs** (``qemu_template_virtiofs.py``): the template's VM is saved without its
+  ``vhost-user-fs-pci`` device (unplugged after the unmount: QEMU 7.2 cannot migrate it), and
+  each VM restored from it gets the device hot-plugged after the restore, its own virtiofsd
+  started as for a cold boot, and RAM of its own: a copy of the template's memfd, mapped
+  shared (vhost-user maps it into virtiofsd), made in the VM's cgroup before QEMU runs.
 - **Keyed** by what the saved guest is made of: the kernel, the base initramfs, the agent's
   initramfs (named after its content), the QEMU binary, the VM's size and the command line's
-  settings. A shape's template of another key (a rebuilt guest image, another agent) is
-  dropped and made again; one of another accelerator too.
+  settings, and the shares' transport. A shape's template of another key (a rebuilt guest
+  image, another agent) is dropped and made again; one of another accelerator too.
 - **Failing** to make or restore one is never a failed VM: the VM boots cold, with a log
   line (``runv.qemu.template_fallback``), and its shape has no template for ``RETRY`` s.
 - **Lifetime**: the memfds live in the shim. A clean stop (``close``) drops them and the state
@@ -50,7 +55,7 @@ import structlog
 from backends.runv.agent.client import AgentClient
 from backends.runv.agent.messages import R, Request
 from backends.runv.agent.snapshot import RestoredRequest, SaveRequest
-from backends.runv.drivers import qemu_argv, qemu_snapshot
+from backends.runv.drivers import qemu_argv, qemu_snapshot, qemu_template_virtiofs, qemu_virtiofs
 from backends.runv.drivers.qemu_snapshot import GuestMemory
 from backends.runv.hypervisor import VM, BootError, Fault, VMSpec
 
@@ -61,6 +66,8 @@ class Driver(qemu_argv.Driver, Protocol):
     run_dir: str
     guest_dir: str
     guest_shares: str
+    shares: str
+    virtiofsd: str
     _faults: set[Fault]
 
     @property
@@ -87,6 +94,7 @@ class Driver(qemu_argv.Driver, Protocol):
         memory: GuestMemory,
         fds: Sequence[int],
         console: bytes,
+        prefix: Sequence[str] = (),
     ) -> None: ...
 
     async def unstart(self, vm: VM) -> None: ...
@@ -116,6 +124,7 @@ Shape = tuple[int, int]  # vCPUs, memory bytes
 class Template:
     key: str
     accel: str
+    sharefs: str  # the VMs' shares: "9p" or "virtiofs" (saved without its device)
     memory_fd: int  # the saved guest's RAM, sealed
     state: str  # the saved devices' state
     console: bytes = b""  # the saved VM's boot, the start of every restored VM's console
@@ -145,14 +154,15 @@ class Templates:
     def dir(self) -> str:
         return os.path.join(self._hv.run_dir, TEMPLATES)
 
-    def key(self, vm: VM, kernel: str, initrd: str) -> str:
-        """What a template of ``vm``'s shape is made of, as a digest."""
+    def key(self, vm: VM, kernel: str, initrd: str, sharefs: str) -> str:
+        """What a template of ``vm``'s shape on ``sharefs`` is made of, as a digest."""
         hv = self._hv
         base = os.path.join(hv.guest_dir, "initrd.img")
         binary = shutil.which(hv.qemu) or hv.qemu
         parts: list[Any] = [
             [(os.path.basename(p), _stat(p)) for p in (kernel, base, initrd, binary)],
             [vm.vcpus, vm.memory_bytes, hv.guest_memory, hv.machine, hv.confine, hv.extra_args],
+            sharefs,
         ]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:24]
 
@@ -169,13 +179,14 @@ class Templates:
             return False  # an injected boot failure is the cold boot's
         if time.monotonic() < self._failed.get(shape, 0.0):
             return False
-        tpl = await self._template(shape, self.key(vm, kernel, initrd), kernel, initrd)
+        sharefs = qemu_virtiofs.choose(hv.shares, hv.virtiofsd, hv.guest_dir)
+        tpl = await self._template(shape, self.key(vm, kernel, initrd, sharefs), kernel, initrd)
         if tpl is None:
             return False
         tpl.users += 1
         try:
             t0 = time.monotonic()
-            await self._restore(vm, kernel, initrd, tpl)
+            phases = await self._restore(vm, kernel, initrd, tpl)
         except Exception as exc:
             log.warning(
                 "runv.qemu.template_fallback",
@@ -199,22 +210,54 @@ class Templates:
             template=tpl.key,
             pid=vm.pid,
             seconds=round(time.monotonic() - t0, 3),
+            **phases,
         )
         return True
 
-    async def _restore(self, vm: VM, kernel: str, initrd: str, tpl: Template) -> None:
+    async def _restore(self, vm: VM, kernel: str, initrd: str, tpl: Template) -> dict[str, float]:
+        """Start ``vm`` from ``tpl``: the seconds each step took (for the log)."""
         hv = self._hv
-        memory = GuestMemory(f"/proc/self/fd/{RAM_FD}", share=False)
+        phases: dict[str, float] = {}
+        t = time.monotonic()
+
+        def step(name: str) -> None:
+            nonlocal t
+            now = time.monotonic()
+            phases[name] = round(now - t, 3)
+            t = now
+
         console = tpl.console + f"runv: restored from template {tpl.key}\n".encode()
-        await hv.start_incoming(vm, kernel, initrd, tpl.accel, memory, [tpl.memory_fd], console)
+        if tpl.sharefs == "virtiofs":
+            # RAM of its own, shared with its virtiofsd: a copy of the template's, made in its
+            # cgroup before QEMU runs (qemu_template_virtiofs).
+            own = qemu_template_virtiofs.fresh_ram(tpl.memory_fd, vm.id)
+            try:
+                memory = GuestMemory(f"/proc/self/fd/{qemu_template_virtiofs.FRESH_FD}", share=True)
+                prefix = qemu_template_virtiofs.ram_copy_argv()
+                await hv.start_incoming(
+                    vm, kernel, initrd, tpl.accel, memory, [own, tpl.memory_fd], console, prefix
+                )
+            finally:
+                os.close(own)  # QEMU has it
+        else:
+            memory = GuestMemory(f"/proc/self/fd/{RAM_FD}", share=False)
+            await hv.start_incoming(vm, kernel, initrd, tpl.accel, memory, [tpl.memory_fd], console)
+        step("start")
         await qemu_snapshot.restore(vm, tpl.state, ignore_shared=True, timeout=hv.boot_timeout)
+        step("load")  # with a RAM copy (virtio-fs): QEMU's QMP socket appears once it is made
+        if tpl.sharefs == "virtiofs":
+            await qemu_template_virtiofs.hotplug(vm, hv.boot_timeout)
+            step("hotplug")
         identity = RestoredRequest(
             entropy=base64.b64encode(os.urandom(64)).decode(),
             time_ns=time.time_ns(),
             mac=hv.mac(vm.id),
             shares=hv.guest_shares,
+            sharefs=tpl.sharefs,
         )
         await self._call(vm, identity, min(hv.agent_timeout, RESTORED_TIMEOUT))
+        step("agent")  # with the shares mounted (on virtio-fs: once the guest found the device)
+        return phases
 
     async def _call(self, vm: VM, req: Request[R], timeout: float) -> R:
         """One request to ``vm``'s agent on a connection of its own."""
@@ -266,12 +309,17 @@ class Templates:
         t0 = time.monotonic()
         console = b""
 
+        sharefs = ""
+
         async def boot(vm: VM) -> None:
-            nonlocal console
+            nonlocal console, sharefs
             memory = GuestMemory(f"/proc/self/fd/{RAM_FD}", share=True)
             await hv._boot(vm, kernel, initrd, memory, [fd])
             console = hv.console(vm)[-CONSOLE_KEPT:].encode()
             await self._call(vm, SaveRequest(shares=hv.guest_shares), hv.agent_timeout)
+            sharefs = "virtiofs" if qemu_virtiofs.marked(vm) else "9p"
+            if sharefs == "virtiofs":  # QEMU 7.2 cannot save a vhost-user-fs device
+                await qemu_template_virtiofs.unplug(vm)
             await qemu_snapshot.save(vm, state, resume=False, ignore_shared=True, timeout=hv.boot_timeout)
 
         try:
@@ -293,10 +341,11 @@ class Templates:
             vcpus=shape[0],
             memory=shape[1],
             seconds=round(time.monotonic() - t0, 3),
+            sharefs=sharefs,
             state_bytes=os.path.getsize(state),
             ram_bytes=os.fstat(fd).st_size,
         )
-        return Template(key, hv.accel, fd, state, console)
+        return Template(key, hv.accel, sharefs, fd, state, console)
 
     # ---- dropping them
     def _drop(self, shape: Shape, tpl: Template) -> None:

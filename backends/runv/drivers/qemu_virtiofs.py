@@ -46,6 +46,9 @@ SOCKET = "virtiofs.sock"  # virtiofsd's vhost-user socket in the VM's state dire
 MARK = "shares-virtiofs"  # in the VM's state directory: its shares are virtio-fs
 KINDS = ("virtiofs", "9p")
 DEFAULT_VIRTIOFSD = "/usr/lib/qemu/virtiofsd"
+CHARDEV = "vfs"  # QEMU's IDs of the vhost-user socket and of the device
+DEVICE = "vfs0"
+SLOT = "0x10"  # the device's PCI slot on pci.0 (hot-pluggable on the pc machine)
 
 # Root, in QEMU's mount namespace (after its pivot_root when confined), with $st the state
 # directory and $u QEMU's uid ("" when unconfined). The shares directory a shared mount of its
@@ -141,12 +144,15 @@ def memory_argv(machine: str, ram_mib: int, shared: bool) -> tuple[str, list[str
 
 
 def device_argv(state_dir: str) -> list[str]:
-    """QEMU's virtio-fs device, on virtiofsd's socket; the guest mounts tag ``shares``."""
+    """QEMU's virtio-fs device, on virtiofsd's socket; the guest mounts tag ``shares``. Its
+    ID and PCI slot fixed: a template's VM unplugs it before its state is saved and each VM
+    restored from it gets it again in the same slot (``qemu_template_virtiofs.py``), the other
+    devices keeping theirs."""
     return [
         "-chardev",
-        f"socket,id=vfs,path={os.path.join(state_dir, SOCKET)}",
+        f"socket,id={CHARDEV},path={os.path.join(state_dir, SOCKET)}",
         "-device",
-        "vhost-user-fs-pci,chardev=vfs,tag=shares",
+        f"vhost-user-fs-pci,id={DEVICE},chardev={CHARDEV},tag=shares,addr={SLOT}",
     ]
 
 
