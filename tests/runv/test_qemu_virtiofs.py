@@ -309,6 +309,14 @@ async def test_a_pod_on_virtiofs(runv_config: dict[str, Any], busybox_rootfs: Pa
         assert res.exit_code == 0, res
         assert ((rw_dir / "out").stat().st_uid, (rw_dir / "out").stat().st_gid) == (1234, 2345)
         assert (upper / "written2").stat().st_uid == 42
+        # Nothing of the host outside the shares is reachable: not by a symlink the host put in a
+        # share (the guest resolves it in its own tree), nor by climbing out of a share.
+        secret = tmp_path / "host-secret"
+        secret.write_text("host-only-e3b0c442\n")
+        (rw_dir / "escape").symlink_to(secret)
+        res = await sh(f"cat /rw/out /rw/escape /rw/../../../..{secret} /rw/../{secret.name}; true")
+        assert res.stdout.startswith(b"vol\n") and b"host-only-e3b0c442" not in res.stdout + res.stderr, res
+        (rw_dir / "escape").unlink()
         # Read-only on the host side (the guest's bind of it is writable: the refusal is the host's).
         res = await sh("echo x > /ro/new")
         assert res.exit_code != 0 and b"Read-only" in res.stderr and not (ro_dir / "new").exists(), res
