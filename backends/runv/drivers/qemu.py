@@ -209,19 +209,8 @@ class QemuHypervisor(ProcessVMs):
         h = hashlib.sha256(b"mac" + vm_id.encode()).digest()
         return "52:54:" + ":".join(f"{b:02x}" for b in h[:4])
 
-    def argv(
-        self,
-        vm: VM,
-        kernel: str,
-        initrd: str,
-        accel: str,
-        tap: str,
-        fail_boot: bool = False,
-        memory: GuestMemory | None = None,
-        incoming: bool = False,
-    ) -> list[str]:
-        """The QEMU command line of ``vm`` (qemu_argv.py)."""
-        return command_line(self, vm, kernel, initrd, accel, tap, fail_boot, memory, incoming)
+    # The QEMU command line of a VM (qemu_argv.py), a pure function of it and the settings.
+    argv = command_line
 
     # ---- lifecycle
     async def create(self, spec: VMSpec) -> VM:
