@@ -337,6 +337,24 @@ def _templates(backend: RunvBackend) -> Templates:
     return hv.templates
 
 
+async def _stop_all(backend: RunvBackend, events: Any, sbs: list[Any]) -> None:
+    """Stop the pods of ``sbs`` still there, then the backend (a test's cleanup)."""
+    for sb in sbs:
+        if sb.id in backend._shared.pods:
+            with contextlib.suppress(Exception):
+                await backend.lifecycle.stop_sandbox(sb)
+    await events.close()
+    await backend.lifecycle.close()
+
+
+def _nothing_left(backend: RunvBackend, templates: Any, vms: list[Any]) -> None:
+    """After a clean stop: no template files or memfds, no run directory, no QEMU, no tap."""
+    assert not os.path.exists(templates.dir) and _memfds() == []
+    assert not os.path.exists(backend.hv.run_dir) or os.listdir(backend.hv.run_dir) == []  # type: ignore[attr-defined]
+    assert all(not _alive(vm.pid) for vm in vms)
+    assert not {QemuHypervisor.tap_name(vm.id) for vm in vms} & _taps()
+
+
 def _memfds() -> list[str]:
     out = []
     for fd in os.listdir("/proc/self/fd"):
@@ -415,16 +433,8 @@ async def test_pods_from_a_template_are_each_their_own(
         assert await _exec(backend, ct, "echo up") == "up"
     finally:
         vms = [backend._shared.pods[sb.id].vm for sb in sbs if sb.id in backend._shared.pods]
-        for sb in sbs:
-            if sb.id in backend._shared.pods:
-                with contextlib.suppress(Exception):
-                    await backend.lifecycle.stop_sandbox(sb)
-        await events.close()
-        await backend.lifecycle.close()
-    assert not os.path.exists(templates.dir) and _memfds() == []
-    assert not os.path.exists(backend.hv.run_dir) or os.listdir(backend.hv.run_dir) == []  # type: ignore[attr-defined]
-    assert all(not _alive(vm.pid) for vm in vms)
-    assert not {QemuHypervisor.tap_name(vm.id) for vm in vms} & _taps()
+        await _stop_all(backend, events, sbs)
+    _nothing_left(backend, templates, vms)
 
 
 @pytest.mark.slow
@@ -562,16 +572,8 @@ async def test_a_pod_on_virtiofs_from_a_template_and_the_fallback_when_hotplug_f
         await pod(1)
         assert _alive(vm.pid)  # the restored VM is not touched by the other's fallback
     finally:
-        for sb in sbs:
-            if sb.id in backend._shared.pods:
-                with contextlib.suppress(Exception):
-                    await backend.lifecycle.stop_sandbox(sb)
-        await events.close()
-        await backend.lifecycle.close()
-    assert not os.path.exists(templates.dir) and _memfds() == []
-    assert not os.path.exists(backend.hv.run_dir) or os.listdir(backend.hv.run_dir) == []  # type: ignore[attr-defined]
-    assert all(not _alive(vm.pid) for vm in vms)
-    assert not {QemuHypervisor.tap_name(vm.id) for vm in vms} & _taps()
+        await _stop_all(backend, events, sbs)
+    _nothing_left(backend, templates, vms)
 
 
 @pytest.mark.slow
