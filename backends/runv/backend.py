@@ -8,7 +8,8 @@ halves :mod:`.sandbox`, with its network (:mod:`.plumbing` on the own bridge, :m
 on CNI) and :mod:`.warm` VMs, and :mod:`.container`; it is ``resources`` too), ``exec``
 (:mod:`.exec`), ``stats`` and ``metrics`` (:mod:`.stats`), ``images``
 (:mod:`.images.service`, over the store of :mod:`.images.store`, ``image_store``);
-``checkpoint`` (:class:`backends.linux.criu.NeedsCriu`: refused, saying what CRIU says here).
+``checkpoint`` (on the qemu driver :mod:`.checkpoint`, CRIU in the guest; on the stub
+:class:`backends.linux.criu.NeedsCriu`: refused, saying what the host's CRIU says).
 They share the driver, the pod networks, the image store and the live pods
 (:mod:`.context`, :mod:`.state`).
 """
@@ -37,6 +38,7 @@ from backends.runv.images.store import ImageStore
 from backends.runv.network import BridgeNetwork
 from backends.runv.pool import PoolConfig
 
+from .checkpoint import VmCheckpoints
 from .context import VM_CRASH_EXIT, VM_CRASH_REASON, Shared
 from .exec import Execs
 from .lifecycle import VmLifecycle
@@ -151,6 +153,14 @@ class RunvBackend:
         self.exec = Execs(self._shared)
         self.stats = self.metrics = RunvStats(self._shared)
         self.checkpoint: contract.Checkpoint | None = NeedsCriu(name)
+        if isinstance(self.hv, QemuHypervisor):
+            # CRIU in the guest (checkpoint.py); the stub's containers are the host's processes,
+            # and the host's CRIU is what NeedsCriu asks.
+            checkpoints = VmCheckpoints(
+                name, self._shared, self.images, os.path.join(self.root, "checkpoints"), self.hv.guest_dir
+            )
+            checkpoints.tidy()  # what a shim killed mid-checkpoint staged
+            self.checkpoint = checkpoints
 
     @property
     def agent_timeout(self) -> float:

@@ -253,7 +253,9 @@ def _umount_image_volumes(bundle: str) -> None:
                 _umount(os.path.join(bundle, name))
 
 
-async def _runc_create(g: Guest, c: Container, spec: ContainerSpec) -> None:
+def stdio(c: Container, stdin_wanted: bool) -> tuple[int, int, int, list[int]]:
+    """The stdin, stdout and stderr of the container's init (a pty, or pipes the agent reads
+    into the container's output), and the fds to close once it has them."""
     to_close: list[int] = []
     if c.tty:
         master, slave = os.openpty()
@@ -269,13 +271,19 @@ async def _runc_create(g: Guest, c: Container, spec: ContainerSpec) -> None:
         c.open_outputs = 2
         c.readers.append(proc.PipeReader(out_r, lambda d: c.output(Ch.STDOUT, d)))
         c.readers.append(proc.PipeReader(err_r, lambda d: c.output(Ch.STDERR, d)))
-        if spec.stdin:
+        if stdin_wanted:
             stdin, c.stdin_w = os.pipe()
             to_close.append(stdin)
         else:
             stdin = os.open(os.devnull, os.O_RDONLY)
             to_close.append(stdin)
+    return stdin, stdout, stderr, to_close
+
+
+async def _runc_create(g: Guest, c: Container, spec: ContainerSpec) -> None:
     c.stdin_once = spec.stdin_once
+    c.stdin_wanted = spec.stdin
+    stdin, stdout, stderr, to_close = stdio(c, spec.stdin)
     log = os.path.join(c.bundle, "runc.log")
     pid_file = os.path.join(c.bundle, "pid")
     argv = g.runc_argv("--log", log, "--log-format", "json", "create", "--bundle", c.bundle)
@@ -293,9 +301,55 @@ async def _runc_create(g: Guest, c: Container, spec: ContainerSpec) -> None:
             r.close()
         raise AgentError("failed", f"runc create: {runc_log(log)}")
     with open(pid_file) as fh:
-        c.pid = int(fh.read().strip())
-    waiter = g.reaper.wait(c.pid)
-    waiter.add_done_callback(lambda f: _exited(g, c, f.result()))
+        watch(g, c, int(fh.read().strip()))
+
+
+async def _runc_restore(g: Guest, c: Container) -> None:
+    """The processes of the checkpoint whose images ``restore_prepare`` (agent/criu.py) put in
+    ``c.restore_images``, restored by CRIU through runc in the container's bundle, on new stdio
+    (runc hands them in place of the dumped pipes), and resumed (dumped frozen, CRIU gives them
+    back frozen)."""
+    stdin, stdout, stderr, to_close = stdio(c, c.stdin_wanted)
+    log = os.path.join(c.bundle, "runc-restore.log")
+    work = c.restore_images + ".work"
+    pid_file = os.path.join(c.bundle, "pid")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(pid_file)
+    argv = g.runc_argv("--log", log, "--log-format", "json", "restore", "--detach", "--bundle", c.bundle)
+    argv += ["--image-path", c.restore_images, "--work-path", work, "--pid-file", pid_file]
+    if g.root_is_initramfs:
+        argv.append("--no-pivot")
+    argv.append(c.id)
+    try:
+        pid = proc.spawn(argv, stdin, stdout, stderr)
+    finally:
+        for fd in to_close:
+            os.close(fd)
+    code = await g.reaper.wait(pid)
+    if code != 0:
+        for r in c.readers:
+            r.close()
+        c.readers.clear()
+        said = runc_log(log)
+        with contextlib.suppress(OSError):
+            with open(os.path.join(work, "restore.log"), errors="replace") as fh:
+                errs = [line.strip() for line in fh if "Error" in line]
+            said += " / criu: " + " / ".join(errs[-3:]) if errs else ""
+        raise AgentError("failed", f"runc restore: {said}")
+    with open(pid_file) as fh:
+        watch(g, c, int(fh.read().strip()))
+    code, _out, err = await proc.run(g.reaper, g.runc_argv("resume", c.id))
+    if code != 0 and b"not paused" not in err:
+        raise AgentError("failed", f"runc resume after restore: {err.decode(errors='replace').strip()}")
+    shutil.rmtree(c.restore_images, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
+    c.restore_images = ""
+
+
+def watch(g: Guest, c: Container, pid: int) -> None:
+    """``pid`` is the container's init from now on: its exit is the container's."""
+    c.pid = pid
+    g.reaper.wait(pid).add_done_callback(lambda f: _exited(g, c, f.result(), pid))
 
 
 async def _recursive_readonly(g: Guest, c: Container, spec: ContainerSpec) -> None:
@@ -309,7 +363,9 @@ async def _recursive_readonly(g: Guest, c: Container, spec: ContainerSpec) -> No
         raise AgentError("failed", f"recursive read-only mounts: {err.decode(errors='replace').strip()}")
 
 
-def _exited(g: Guest, c: Container, code: int) -> None:
+def _exited(g: Guest, c: Container, code: int, pid: int) -> None:
+    if pid != c.pid:
+        return  # an init the container no longer has (a created one a restore replaced)
     c.status = "exited"
     c.exit_code = as_exit_code(code)
     c.finished_at = time.time_ns()
@@ -337,7 +393,10 @@ async def start(g: Guest, req: StartRequest) -> ContainerState:
     c = g.get(req.id)
     if c.status != "created":
         raise AgentError("failed", f"container {c.id} is {c.status}")
-    await g.runc_ok("start", c.id)
+    if c.restore_images:
+        await _runc_restore(g, c)  # its checkpointed processes, instead of a new init
+    else:
+        await g.runc_ok("start", c.id)
     c.status = "running" if not c.exited.is_set() else c.status
     c.started_at = time.time_ns()
     return c.describe()

@@ -60,6 +60,8 @@ class Container:
         self.exited = asyncio.Event()
         self.readers: list[proc.PipeReader] = []
         self.shared_pid = False  # in the VM's PID namespace: its processes outlive its init
+        self.stdin_wanted = False
+        self.restore_images = ""  # CRIU's images its StartContainer restores (agent/criu.py)
 
     def describe(self) -> ContainerState:
         return ContainerState(
@@ -159,6 +161,8 @@ class Guest:
         self.host: Channel | None = None
         self.etc_dir = os.path.join(state_dir, "etc")
         self.stopping = asyncio.Event()
+        # Containers a checkpoint left paused for the host, each with its timer to resume it.
+        self.criu_holds: dict[str, asyncio.TimerHandle] = {}
         self.pod_init = 0  # PID 1 of the pod's shared PID namespace, once a container needs it
         self.cgroups = cgroups.CgroupReader()  # the same reader as the docker backend's
         self.root_is_initramfs = _root_is_initramfs()  # a real VM's guest runs from its initramfs

@@ -19,7 +19,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
-from backends.runv.agent import containers, proc, snapshot, stats, streams, vm
+from backends.runv.agent import containers, criu, proc, snapshot, stats, streams, vm
 from backends.runv.agent.guest import Guest
 from backends.runv.agent.messages import (
     AttachRequest,
@@ -83,6 +83,9 @@ _route(StatsRequest, stats.stats)
 _route(MetricsRequest, stats.metrics)
 _route(snapshot.SaveRequest, snapshot.before_save)
 _route(snapshot.RestoredRequest, snapshot.restored)
+_route(criu.CheckpointRequest, criu.checkpoint)
+_route(criu.ThawRequest, criu.thaw)
+_route(criu.RestorePrepareRequest, criu.restore_prepare)
 
 
 class Agent(Guest):

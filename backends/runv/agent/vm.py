@@ -20,9 +20,10 @@ from backends.runv.agent.messages import (
 )
 from backends.runv.agent.protocol import AgentError
 
-# Of the operations (2: stamped, resumable output; 3: Mount.options applied); the frame's version
+# Of the operations (2: stamped, resumable output; 3: Mount.options applied; 4: checkpoint,
+# thaw, restore_prepare of agent/criu.py); the frame's version
 # byte is protocol.VERSION.
-VERSION = 3
+VERSION = 4
 
 
 async def hello(g: Guest, req: HelloRequest) -> Hello:
