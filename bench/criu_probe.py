@@ -28,7 +28,7 @@ import time
 
 from backends.runv import guest_image
 
-DEFAULT_GUEST = "/var/tmp/runv-guest-criu"
+DEFAULT_GUEST = guest_image.DEFAULT_CRIU_OUT
 CASES = ("dir", "overlay", "share", "podpid")
 
 INIT = r"""#!/bin/busybox sh

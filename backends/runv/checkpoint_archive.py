@@ -14,8 +14,9 @@ Members, in this order:
 
 Reading (:func:`verify`) streams the archive once: a file that is no tar archive, truncated,
 or without the manifest first is InvalidArgument; a member whose size or checksum is not the
-manifest's, that the manifest does not list, that is missing, or a manifest whose checksum
-differs, is FailedPrecondition (tampered or corrupted). :func:`extract` reads it again and
+manifest's, that the manifest does not list, or a manifest whose checksum
+differs, is FailedPrecondition (tampered or corrupted); one that lacks members of its manifest
+(cut short at a member's end), InvalidArgument. :func:`extract` reads it again and
 writes one container's members, each checked against the verified manifest as it is written.
 Nothing here is a path of the host but the archive and the directories the caller gives.
 """
@@ -301,8 +302,9 @@ def verify(path: str, kind: str) -> Manifest:
             ) from None
     missing = sorted(set(m.members) - seen)
     if missing:
-        raise errors.FailedPreconditionError(
-            f"checkpoint archive {path} lacks {len(missing)} member(s) of its manifest ({missing[0]!r}...)"
+        raise errors.InvalidArgumentError(
+            f"checkpoint archive {path} lacks {len(missing)} member(s) of its manifest ({missing[0]!r}...): "
+            "truncated or incomplete"
         )
     return m
 

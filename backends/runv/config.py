@@ -69,6 +69,7 @@ QEMU: dict[str, Kind] = {
     "capacity_memory": INT,
     "cpu_overcommit": INT,
     "template": BOOL,  # VMs started from a saved booted VM of their shape (default true; qemu_template.py)
+    "criu": BOOL,  # the guest image with CRIU (checkpoints: checkpoint.py); default guest_dir then its own
 }
 
 NETWORK: dict[str, Kind] = {

@@ -12,7 +12,9 @@ packages with ``apt-get download`` (no other download), unpacks them and writes
 - ``DIR/manifest.json``: the kernel release and the package versions.
 
 ``--criu`` adds Debian's ``criu`` and the libraries it links (for ``runc checkpoint`` and
-``runc restore`` in the guest: issue 43's probe); off by default.
+``runc restore`` in the guest: runv's checkpoints, ``backends/runv/checkpoint.py``), written by
+default to ``/var/lib/cri-shim/runv-guest-criu``, the image of a qemu handler with ``criu =
+true``; off by default (its initramfs is 13 MiB larger, RAM in every VM).
 
 The agent's code is not in it: the driver appends it as a second cpio at boot (the kernel
 unpacks concatenated archives), so the image does not go stale when the agent changes.
@@ -32,6 +34,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 
 DEFAULT_OUT = "/var/lib/cri-shim/runv-guest"
+DEFAULT_CRIU_OUT = "/var/lib/cri-shim/runv-guest-criu"  # of ``--criu`` (``[qemu] criu = true``)
 
 # What the guest runs: busybox (init, mount, ip, insmod), Python and runc, and their libraries.
 PACKAGES = [
@@ -436,7 +439,7 @@ def current(out: str, criu: bool = False) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="runv-guest", description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--out", default=DEFAULT_OUT, help=f"where to write the image (default {DEFAULT_OUT})"
+        "--out", help=f"where to write the image (default {DEFAULT_OUT}; with --criu {DEFAULT_CRIU_OUT})"
     )
     parser.add_argument("--cache", help="where downloaded packages are kept (default OUT/debs)")
     parser.add_argument(
@@ -446,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         "--criu", action="store_true", help="also CRIU, for runc checkpoint/restore in the guest"
     )
     ns = parser.parse_args(argv)
-    out = os.path.abspath(ns.out)
+    out = os.path.abspath(ns.out or (DEFAULT_CRIU_OUT if ns.criu else DEFAULT_OUT))
     if ns.if_missing and current(out, ns.criu):
         return 0
     manifest = build(out, ns.cache or os.path.join(out, "debs"), ns.criu)

@@ -24,7 +24,7 @@ from backends.runv.checkpoint import VmCheckpoints
 from cri_api import api_pb2 as pb
 from shim.cri.codes import Code
 from tests.criutil import container_config, sandbox_config, until
-from tests.runv.test_qemu_criu_probe import _backend_config, _counts_on, needs_criu_guest
+from tests.runv.test_qemu_criu_probe import CRIU_GUEST_DIR, _counts_on, needs_criu_guest
 from tests.shim.services_kit import Kit, open_kit
 
 IMAGE = "test/busybox:1"
@@ -41,7 +41,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.qemu, needs_criu_guest, pytest.mark.
 async def node(
     tmp_path: Path, runv_config: dict[str, Any], busybox_rootfs: Path
 ) -> AsyncIterator[tuple[Kit, RunvBackend]]:
-    runv = RunvBackend("runv", _backend_config(runv_config))
+    # As a user's: ``criu = true`` (the --criu image), from VM templates, on virtio-fs.
+    qemu = {
+        "criu": True,
+        "guest_dir": CRIU_GUEST_DIR,
+        "cgroup_parent": runv_config["stub"]["cgroup_parent"],
+        "capacity_vcpus": 4,
+        "capacity_memory": 2 << 30,
+    }
+    runv = RunvBackend("runv", {**runv_config, "driver": "qemu", "agent_timeout": 60.0, "qemu": qemu})
     runv.image_store.import_dir(IMAGE, str(busybox_rootfs))
     async with open_kit(str(tmp_path / "node"), images=(), handlers={"runv": runv}) as kit:
         await runv.lifecycle.start(kit.servicer.shim)

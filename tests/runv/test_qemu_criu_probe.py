@@ -1,7 +1,7 @@
 """Issue 43's probe: CRIU inside the qemu driver's guest (``runc checkpoint`` / ``runc restore``).
 
 Needs the guest image built with CRIU (``scripts/runv-guest --criu --out DIR``, DIR from
-``CRI_SHIM_CRIU_GUEST_DIR``, default /var/tmp/runv-guest-criu) and QEMU; skipped without
+``CRI_SHIM_CRIU_GUEST_DIR``, default /var/lib/cri-shim/runv-guest-criu) and QEMU; skipped without
 them (CI does not build that image). Two probes:
 
 - by hand (``bench/criu_probe.py``): the guest booted with a probe in place of the agent;

@@ -99,7 +99,10 @@ class QemuHypervisor(ProcessVMs):
     def __init__(self, config: dict[str, Any]) -> None:
         # A vCPU is a host thread: overcommitted like the stub's, 8 per host CPU by default.
         super().__init__(*self.common_settings(config, "/run/cri-shim/runv-qemu", "cri-shim-runv-qemu", 8))
-        self.guest_dir = str(config.get("guest_dir", guest_image.DEFAULT_OUT))
+        # With ``criu``, the image built by ``scripts/runv-guest --criu`` (checkpoints need it).
+        self.criu = bool(config.get("criu", False))
+        default_guest = guest_image.DEFAULT_CRIU_OUT if self.criu else guest_image.DEFAULT_OUT
+        self.guest_dir = str(config.get("guest_dir", default_guest))
         self.qemu = str(config.get("qemu", "qemu-system-x86_64"))
         self.accel_setting = str(config.get("accel", "auto"))
         if self.accel_setting not in ("auto", "kvm", "tcg"):
@@ -187,7 +190,7 @@ class QemuHypervisor(ProcessVMs):
         if missing:
             raise FailedPreconditionError(
                 f"the qemu driver's guest image is missing ({', '.join(missing)}): "
-                f"build it with `scripts/runv-guest --out {self.guest_dir}`"
+                f"build it with `scripts/runv-guest {'--criu ' if self.criu else ''}--out {self.guest_dir}`"
             )
         return kernel, initrd
 
