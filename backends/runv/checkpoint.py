@@ -295,7 +295,7 @@ class VmCheckpoints:
             try:
                 has_diff = await asyncio.to_thread(os.path.exists, os.path.join(stage, "rootfs-diff.tar"))
                 diff = os.path.join(guest, "rootfs-diff.tar")
-                await shared.agent(pod).call(
+                prepared = await shared.agent(pod).call(
                     agent_criu.RestorePrepareRequest(
                         id=container.id,
                         images=os.path.join(guest, "checkpoint"),
@@ -304,6 +304,13 @@ class VmCheckpoints:
                     ),
                     timeout=DUMP_TIMEOUT,
                 )
+                if prepared.placeholders:
+                    log.warning(
+                        "restore.mounts_not_given",
+                        container_id=container.id,
+                        mounts=prepared.placeholders,
+                        hint="the checkpointed container had these mounts; its restore is given empty ones",
+                    )
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(shared.hv.detach_share(pod.vm, tag))

@@ -12,8 +12,10 @@
 - ``restore_prepare``: a container just created (``create``: its runc init waiting) is made
   ready to be restored: its init is removed (the restored processes take their own PIDs), the
   checkpoint's changes to its root filesystem are applied to its root (files written, paths
-  deleted), CRIU's images copied into the guest; its ``start`` then restores and resumes the
-  processes (``containers._runc_restore``) instead of starting a new init.
+  deleted), CRIU's images copied into the guest, and every bind mount the checkpointed container
+  had (recorded beside the images) that the new one lacks bound to an empty placeholder (CRIU
+  wants a mount at each); its ``start`` then restores and resumes the processes
+  (``containers._runc_restore``) instead of starting a new init.
 
 A container with a terminal is refused: CRIU cannot restore a pty the agent holds.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import tarfile
@@ -33,6 +36,7 @@ from backends.runv.agent.guest import Container, Guest, spawn
 from backends.runv.agent.messages import Empty, Message, Request
 from backends.runv.agent.protocol import AgentError
 
+MOUNTS = "runv-mounts.json"  # beside CRIU's images: the dumped container's bind mounts
 HOLD_MAX = 600.0  # seconds a checkpoint may keep containers paused for the host
 CRIU = "/usr/sbin/criu"
 
@@ -66,11 +70,18 @@ class ThawRequest(Request[Empty]):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class RestorePrepareRequest(Request[Empty]):
+class Prepared(Message):
+    """The mounts of the checkpointed container its restore does not give: empty placeholders."""
+
+    placeholders: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RestorePrepareRequest(Request[Prepared]):
     """Make the created container ``id`` the restore of the checkpoint in ``images``."""
 
     OP = "restore_prepare"
-    RESULT = Empty
+    RESULT = Prepared
     id: str
     images: str  # CRIU's images (a directory the host shares)
     diff: str = ""  # a tar of the files of its root the checkpoint had changed ("": none)
@@ -153,6 +164,7 @@ async def _dump(g: Guest, c: Container, dest: str) -> int:
                     errs = [line.strip() for line in fh if "Error" in line]
                 said += (" / criu: " + " / ".join(errs[-3:])) if errs else ""
             raise AgentError("failed", f"runc checkpoint of {c.id}: {said}")
+        _record_mounts(c, img)
         await asyncio.to_thread(shutil.copytree, img, dest, dirs_exist_ok=True)
         return _size(img)
     finally:
@@ -160,12 +172,56 @@ async def _dump(g: Guest, c: Container, dest: str) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _record_mounts(c: Container, img: str) -> None:
+    """The container's bind mounts (CRIU's external mounts: a restore must give each one) into
+    the images, each with whether its source is a file (:data:`MOUNTS`)."""
+    with open(os.path.join(c.bundle, "config.json")) as fh:
+        config = json.load(fh)
+    binds = [
+        {"destination": m["destination"], "file": os.path.isfile(m.get("source", ""))}
+        for m in config.get("mounts", [])
+        if m.get("type") == "bind" or "bind" in m.get("options", []) or "rbind" in m.get("options", [])
+    ]
+    with open(os.path.join(img, MOUNTS), "w") as fh:
+        json.dump(binds, fh)
+
+
+def _placeholders(c: Container, images: str) -> list[str]:
+    """The bind mounts the checkpointed container had and its restore does not give (a volume
+    its new config lacks): each bound to an empty file or directory of the bundle, as CRIU needs a
+    mount there; their destinations. The restore's own mounts are as its config says."""
+    try:
+        with open(os.path.join(images, MOUNTS)) as fh:
+            had = [(str(m["destination"]), bool(m["file"])) for m in json.load(fh)]
+    except FileNotFoundError:
+        return []
+    path = os.path.join(c.bundle, "config.json")
+    with open(path) as fh:
+        config = json.load(fh)
+    given = {os.path.normpath(m["destination"]) for m in config.get("mounts", [])}
+    missing = [(d, f) for d, f in had if os.path.normpath(d) not in given]
+    for i, (dest, is_file) in enumerate(missing):
+        source = os.path.join(c.bundle, "placeholders", str(i))
+        os.makedirs(os.path.dirname(source), exist_ok=True)
+        if is_file:
+            open(source, "a").close()
+        else:
+            os.makedirs(source, exist_ok=True)
+        config["mounts"].append(
+            {"destination": dest, "type": "bind", "source": source, "options": ["rbind", "rprivate"]}
+        )
+    if missing:
+        with open(path, "w") as fh:
+            json.dump(config, fh)
+    return [d for d, _ in missing]
+
+
 async def thaw(g: Guest, req: ThawRequest) -> Empty:
     await _resume(g, list(req.ids))
     return Empty()
 
 
-async def restore_prepare(g: Guest, req: RestorePrepareRequest) -> Empty:
+async def restore_prepare(g: Guest, req: RestorePrepareRequest) -> Prepared:
     c = g.get(req.id)
     _usable(c, "created")
     if c.restore_images:
@@ -188,11 +244,12 @@ async def restore_prepare(g: Guest, req: RestorePrepareRequest) -> Empty:
         await asyncio.to_thread(_apply_changes, rootfs, req.diff, list(req.deleted))
         shutil.rmtree(dest, ignore_errors=True)
         await asyncio.to_thread(shutil.copytree, req.images, dest)
-    except (OSError, tarfile.TarError, ValueError) as exc:
+        placeholders = _placeholders(c, dest)
+    except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as exc:
         shutil.rmtree(dest, ignore_errors=True)
         raise AgentError("failed", f"container {c.id}: cannot prepare its restore: {exc}") from None
     c.restore_images = dest
-    return Empty()
+    return Prepared(placeholders=placeholders)
 
 
 def _inside(root: str, rel: str) -> str:
