@@ -22,8 +22,9 @@ A checkpoint (:mod:`.checkpoint_archive` has the format):
 A restore: the archive is verified whole before anything is made; the shim creates the pod (a
 new VM, its own network identity) and each container as usual; then for each container the
 host extracts its members into a share and the agent replaces the created init with the
-checkpoint (``restore_prepare``: the root's changes applied, the images copied into the guest).
-Its StartContainer restores the processes, which go on with their memory as it was.
+checkpoint (``restore_prepare``: the root's changes applied, CRIU's restore of its processes,
+left paused: a pod's containers are all restored before any runs, as they share a PID
+namespace). Its StartContainer resumes them; they go on with their memory as it was.
 """
 
 from __future__ import annotations

@@ -131,36 +131,43 @@ async def goes_on(kit: Kit, cid: str, log: str, before: list[int]) -> None:
 async def test_a_pod_is_checkpointed_and_restored_as_a_new_pod_that_counts_on(
     node: tuple[Kit, RunvBackend], tmp_path: Path
 ) -> None:
+    """Two counters in the pod's PID namespace (the CRI's default, POD): one cut, and restored
+    both before either runs (else one's new processes take PIDs the other's checkpoint holds)."""
     kit = node[0]
-    sid, cfg, (cid,) = await counting_pod(kit, "first")
+    names = ("counter0", "counter1")
+    sid, cfg, cids = await counting_pod(kit, "first", containers=len(names))
     out = tmp_path / "ckpt"
     out.mkdir()
-    req = pb.CheckpointPodRequest(pod_sandbox_id=sid, output_path=str(out), container_ids=[cid])
+    req = pb.CheckpointPodRequest(pod_sandbox_id=sid, output_path=str(out), container_ids=cids)
     await kit.ok("CheckpointPod", req)
     assert sorted(os.listdir(out)) == [checkpoint_archive.POD_ARCHIVE]
-    assert await state_of(kit, cid) == pb.CONTAINER_RUNNING
-    log = os.path.join(cfg.log_directory, "counter0.log")
-    n = len(counted(log))
-    await until(lambda: len(counted(log)) > n + 1, 60)  # it runs on after the checkpoint
+    logs = [os.path.join(cfg.log_directory, f"{name}.log") for name in names]
+    for cid, log in zip(cids, logs, strict=True):
+        assert await state_of(kit, cid) == pb.CONTAINER_RUNNING
+        n = len(counted(log))
+        await until(lambda log=log, n=n: len(counted(log)) > n + 1, 60)  # type: ignore[misc]
     await gone(kit, sid)
-    before = counted(log)
+    before = [counted(log) for log in logs]
 
     again = pod_config(kit, "again")
     restore = pb.RestorePodRequest(
         checkpoint_path=str(out),
         config=again,
-        container_configs=[counter_config("counter0")],
+        container_configs=[counter_config(name) for name in names],
         runtime_handler="runv",
     )
     resp = await kit.ok("RestorePod", restore)
     assert resp.pod_sandbox_id != sid
-    (restored,) = resp.restored_containers
-    assert restored.name == "counter0"
-    assert await state_of(kit, restored.container_id) == pb.CONTAINER_CREATED
+    restored = {r.name: r.container_id for r in resp.restored_containers}
+    assert sorted(restored) == list(names)
+    for rid in restored.values():
+        assert await state_of(kit, rid) == pb.CONTAINER_CREATED
     await asyncio.sleep(2)
-    assert counted(os.path.join(again.log_directory, "counter0.log")) == []  # not running before its start
-    await kit.ok("StartContainer", pb.StartContainerRequest(container_id=restored.container_id))
-    await goes_on(kit, restored.container_id, os.path.join(again.log_directory, "counter0.log"), before)
+    new_logs = [os.path.join(again.log_directory, f"{name}.log") for name in names]
+    assert [counted(log) for log in new_logs] == [[], []]  # not running before their start
+    for name, log, had in zip(names, new_logs, before, strict=True):
+        await kit.ok("StartContainer", pb.StartContainerRequest(container_id=restored[name]))
+        await goes_on(kit, restored[name], log, had)
 
 
 async def test_a_container_checkpoint_is_the_image_of_a_container_that_counts_on(

@@ -304,19 +304,21 @@ async def _runc_create(g: Guest, c: Container, spec: ContainerSpec) -> None:
         watch(g, c, int(fh.read().strip()))
 
 
-async def _runc_restore(g: Guest, c: Container) -> None:
-    """The processes of the checkpoint whose images ``restore_prepare`` (agent/criu.py) put in
-    ``c.restore_images``, restored by CRIU through runc in the container's bundle, on new stdio
-    (runc hands them in place of the dumped pipes), and resumed (dumped frozen, CRIU gives them
-    back frozen)."""
+async def restore_paused(g: Guest, c: Container, images: str) -> str:
+    """The processes of the checkpoint in ``images`` (CRIU's, from ``restore_prepare`` of
+    agent/criu.py) restored by runc in the container's bundle, on new stdio (runc hands them in
+    place of the dumped pipes), and left paused (their cgroup frozen) until its ``start``: a
+    pod's containers are all restored before any runs, so that none takes a PID another's
+    checkpoint holds (a pod's containers share a PID namespace). What runc said of the state
+    the restore left (``paused``: CRIU gave back the frozen cgroup the dump saw)."""
     stdin, stdout, stderr, to_close = stdio(c, c.stdin_wanted)
     log = os.path.join(c.bundle, "runc-restore.log")
-    work = c.restore_images + ".work"
+    work = images + ".work"
     pid_file = os.path.join(c.bundle, "pid")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(pid_file)
     argv = g.runc_argv("--log", log, "--log-format", "json", "restore", "--detach", "--bundle", c.bundle)
-    argv += ["--image-path", c.restore_images, "--work-path", work, "--pid-file", pid_file]
+    argv += ["--image-path", images, "--work-path", work, "--pid-file", pid_file]
     if g.root_is_initramfs:
         argv.append("--no-pivot")
     argv.append(c.id)
@@ -326,24 +328,27 @@ async def _runc_restore(g: Guest, c: Container) -> None:
         for fd in to_close:
             os.close(fd)
     code = await g.reaper.wait(pid)
-    if code != 0:
+    try:
+        if code != 0:
+            said = runc_log(log)
+            with contextlib.suppress(OSError):
+                with open(os.path.join(work, "restore.log"), errors="replace") as fh:
+                    errs = [line.strip() for line in fh if "Error" in line]
+                said += " / criu: " + " / ".join(errs[-3:]) if errs else ""
+            raise AgentError("failed", f"runc restore: {said}")
+        with open(pid_file) as fh:
+            watch(g, c, int(fh.read().strip()))
+        state = json.loads(await g.runc_ok("state", c.id)).get("status", "")
+        if state == "running":
+            await g.runc_ok("pause", c.id)
+        return str(state)
+    except BaseException:
         for r in c.readers:
             r.close()
         c.readers.clear()
-        said = runc_log(log)
-        with contextlib.suppress(OSError):
-            with open(os.path.join(work, "restore.log"), errors="replace") as fh:
-                errs = [line.strip() for line in fh if "Error" in line]
-            said += " / criu: " + " / ".join(errs[-3:]) if errs else ""
-        raise AgentError("failed", f"runc restore: {said}")
-    with open(pid_file) as fh:
-        watch(g, c, int(fh.read().strip()))
-    code, _out, err = await proc.run(g.reaper, g.runc_argv("resume", c.id))
-    if code != 0 and b"not paused" not in err:
-        raise AgentError("failed", f"runc resume after restore: {err.decode(errors='replace').strip()}")
-    shutil.rmtree(c.restore_images, ignore_errors=True)
-    shutil.rmtree(work, ignore_errors=True)
-    c.restore_images = ""
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def watch(g: Guest, c: Container, pid: int) -> None:
@@ -393,8 +398,9 @@ async def start(g: Guest, req: StartRequest) -> ContainerState:
     c = g.get(req.id)
     if c.status != "created":
         raise AgentError("failed", f"container {c.id} is {c.status}")
-    if c.restore_images:
-        await _runc_restore(g, c)  # its checkpointed processes, instead of a new init
+    if c.restored:
+        await g.runc_ok("resume", c.id)  # its checkpoint's processes, restored paused
+        c.restored = False
     else:
         await g.runc_ok("start", c.id)
     c.status = "running" if not c.exited.is_set() else c.status
@@ -430,6 +436,9 @@ async def remove(g: Guest, req: RemoveRequest) -> Empty:
         return Empty()
     if not c.exited.is_set() and c.status == "running":
         raise AgentError("failed", f"container {c.id} is running")
+    if c.restored:  # restored paused, never started: killed, then thawed so that they die
+        await proc.run(g.reaper, g.runc_argv("kill", "--all", c.id, "KILL"))
+        await proc.run(g.reaper, g.runc_argv("resume", c.id))
     await proc.run(g.reaper, g.runc_argv("delete", "--force", c.id))
     for r in c.readers:
         r.close()

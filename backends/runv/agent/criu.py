@@ -14,8 +14,9 @@
   checkpoint's changes to its root filesystem are applied to its root (files written, paths
   deleted), CRIU's images copied into the guest, and every bind mount the checkpointed container
   had (recorded beside the images) that the new one lacks bound to an empty placeholder (CRIU
-  wants a mount at each); its ``start`` then restores and resumes the processes
-  (``containers._runc_restore``) instead of starting a new init.
+  wants a mount at each); then the processes are restored, paused (``containers.restore_paused``:
+  a pod's containers are all restored before any runs, or one's new processes could take PIDs
+  another's checkpoint holds), and its ``start`` resumes them instead of starting a new init.
 
 A container with a terminal is refused: CRIU cannot restore a pty the agent holds.
 """
@@ -31,7 +32,7 @@ import shutil
 import tarfile
 import time
 
-from backends.runv.agent import proc
+from backends.runv.agent import containers, proc
 from backends.runv.agent.guest import Container, Guest, spawn
 from backends.runv.agent.messages import Empty, Message, Request
 from backends.runv.agent.protocol import AgentError
@@ -224,8 +225,8 @@ async def thaw(g: Guest, req: ThawRequest) -> Empty:
 async def restore_prepare(g: Guest, req: RestorePrepareRequest) -> Prepared:
     c = g.get(req.id)
     _usable(c, "created")
-    if c.restore_images:
-        raise AgentError("failed", f"container {c.id} is already to be restored")
+    if c.restored:
+        raise AgentError("failed", f"container {c.id} is restored already")
     if not os.path.isfile(os.path.join(req.images, "inventory.img")):
         raise AgentError("invalid", f"images: {req.images} holds no CRIU images (no inventory.img)")
     # The created init goes (its exit is no longer the container's: containers.watch).
@@ -248,7 +249,11 @@ async def restore_prepare(g: Guest, req: RestorePrepareRequest) -> Prepared:
     except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as exc:
         shutil.rmtree(dest, ignore_errors=True)
         raise AgentError("failed", f"container {c.id}: cannot prepare its restore: {exc}") from None
-    c.restore_images = dest
+    try:
+        await containers.restore_paused(g, c, dest)
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
+    c.restored = True
     return Prepared(placeholders=placeholders)
 
 

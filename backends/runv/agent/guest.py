@@ -61,7 +61,7 @@ class Container:
         self.readers: list[proc.PipeReader] = []
         self.shared_pid = False  # in the VM's PID namespace: its processes outlive its init
         self.stdin_wanted = False
-        self.restore_images = ""  # CRIU's images its StartContainer restores (agent/criu.py)
+        self.restored = False  # its checkpoint's processes restored, paused until its start (agent/criu.py)
 
     def describe(self) -> ContainerState:
         return ContainerState(
