@@ -10,7 +10,7 @@ import pytest
 
 from backends.contract.usage import Detail, Device, Interface, Sample
 from backends.runv.agent import messages as m
-from backends.runv.agent import snapshot
+from backends.runv.agent import criu, snapshot
 from backends.runv.agent.protocol import AgentError
 from backends.runv.agent.server import ROUTES
 
@@ -184,8 +184,16 @@ def test_validation_names_the_field(cls: type[m.Message], data: Any, error: str)
 
 
 def test_every_operation_has_a_route_and_a_matching_result_type() -> None:
-    # The messages of the wire protocol, and the template's two (agent/snapshot.py).
-    requests = (*m.REQUESTS, snapshot.SaveRequest, snapshot.RestoredRequest)
+    # The messages of the wire protocol, the template's two (agent/snapshot.py) and the
+    # checkpoints' three (agent/criu.py).
+    requests = (
+        *m.REQUESTS,
+        snapshot.SaveRequest,
+        snapshot.RestoredRequest,
+        criu.CheckpointRequest,
+        criu.ThawRequest,
+        criu.RestorePrepareRequest,
+    )
     assert {r.OP for r in requests} == set(ROUTES)
     assert len({r.OP for r in requests}) == len(requests)
     for req in requests:
