@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from backends.contract.usage import Detail, Device, Interface, Sample
-from backends.runv.agent import messages as m
 from backends.runv.agent import criu, snapshot
+from backends.runv.agent import messages as m
 from backends.runv.agent.protocol import AgentError
 from backends.runv.agent.server import ROUTES
 

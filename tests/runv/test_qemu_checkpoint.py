@@ -37,11 +37,9 @@ COUNTER = [
 pytestmark = [pytest.mark.slow, pytest.mark.qemu, needs_criu_guest, pytest.mark.timeout(900)]
 
 
-@pytest.fixture
-async def node(
-    tmp_path: Path, runv_config: dict[str, Any], busybox_rootfs: Path
-) -> AsyncIterator[tuple[Kit, RunvBackend]]:
-    # As a user's: ``criu = true`` (the --criu image), from VM templates, on virtio-fs.
+def criu_runv(runv_config: dict[str, Any]) -> RunvBackend:
+    """A runv handler as a user's with checkpoints: ``criu = true`` (the --criu image), VMs from
+    templates, on virtio-fs (the defaults)."""
     qemu = {
         "criu": True,
         "guest_dir": CRIU_GUEST_DIR,
@@ -49,7 +47,14 @@ async def node(
         "capacity_vcpus": 4,
         "capacity_memory": 2 << 30,
     }
-    runv = RunvBackend("runv", {**runv_config, "driver": "qemu", "agent_timeout": 60.0, "qemu": qemu})
+    return RunvBackend("runv", {**runv_config, "driver": "qemu", "agent_timeout": 60.0, "qemu": qemu})
+
+
+@pytest.fixture
+async def node(
+    tmp_path: Path, runv_config: dict[str, Any], busybox_rootfs: Path
+) -> AsyncIterator[tuple[Kit, RunvBackend]]:
+    runv = criu_runv(runv_config)
     runv.image_store.import_dir(IMAGE, str(busybox_rootfs))
     async with open_kit(str(tmp_path / "node"), images=(), handlers={"runv": runv}) as kit:
         await runv.lifecycle.start(kit.servicer.shim)

@@ -27,24 +27,13 @@ from shim.server import Server
 from tests.conftest import make_ids, server_config
 from tests.criutil import container_config, sandbox_config, until
 from tests.e2e.test_checkpoint import CRICTL, as_json, crictl
-from tests.runv.test_qemu_checkpoint import COUNTER, counted
+from tests.runv.test_qemu_checkpoint import COUNTER, counted, criu_runv
 from tests.runv.test_qemu_criu_probe import CRIU_GUEST_DIR, _counts_on, needs_criu_guest
 
 IMAGE = "test/busybox:1"
 REGISTRY_BUSYBOX = "127.0.0.1:5000/busybox:1.36"
 
 pytestmark = [pytest.mark.slow, pytest.mark.qemu, needs_criu_guest, pytest.mark.timeout(900)]
-
-
-def criu_runv(runv_config: dict[str, Any]) -> RunvBackend:
-    qemu = {
-        "criu": True,
-        "guest_dir": CRIU_GUEST_DIR,
-        "cgroup_parent": runv_config["stub"]["cgroup_parent"],
-        "capacity_vcpus": 4,
-        "capacity_memory": 2 << 30,
-    }
-    return RunvBackend("runv", {**runv_config, "driver": "qemu", "agent_timeout": 60.0, "qemu": qemu})
 
 
 class Shim:

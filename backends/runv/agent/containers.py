@@ -18,7 +18,7 @@ from typing import Any
 
 from backends.linux import cgroups, procfs
 from backends.runv.agent import oci, proc
-from backends.runv.agent.guest import Container, Guest, as_exit_code, runc_log, spawn
+from backends.runv.agent.guest import Container, Guest, as_exit_code, criu_errors, runc_log, spawn
 from backends.runv.agent.messages import (
     EXIT_EVENT,
     ContainerList,
@@ -280,6 +280,18 @@ def stdio(c: Container, stdin_wanted: bool) -> tuple[int, int, int, list[int]]:
     return stdin, stdout, stderr, to_close
 
 
+async def _run_with(
+    g: Guest, argv: list[str], stdin: int, stdout: int, stderr: int, to_close: list[int]
+) -> int:
+    """``argv`` run on that stdio (``to_close`` closed here once it has them): its exit code."""
+    try:
+        pid = proc.spawn(argv, stdin, stdout, stderr)
+    finally:
+        for fd in to_close:
+            os.close(fd)
+    return await g.reaper.wait(pid)
+
+
 async def _runc_create(g: Guest, c: Container, spec: ContainerSpec) -> None:
     c.stdin_once = spec.stdin_once
     c.stdin_wanted = spec.stdin
@@ -290,12 +302,7 @@ async def _runc_create(g: Guest, c: Container, spec: ContainerSpec) -> None:
     if g.root_is_initramfs:
         argv.append("--no-pivot")  # pivot_root cannot leave the initramfs: chroot after a move
     argv += ["--pid-file", pid_file, c.id]
-    try:
-        pid = proc.spawn(argv, stdin, stdout, stderr)
-    finally:
-        for fd in to_close:
-            os.close(fd)
-    code = await g.reaper.wait(pid)
+    code = await _run_with(g, argv, stdin, stdout, stderr, to_close)
     if code != 0:
         for r in c.readers:
             r.close()
@@ -322,20 +329,10 @@ async def restore_paused(g: Guest, c: Container, images: str) -> str:
     if g.root_is_initramfs:
         argv.append("--no-pivot")
     argv.append(c.id)
-    try:
-        pid = proc.spawn(argv, stdin, stdout, stderr)
-    finally:
-        for fd in to_close:
-            os.close(fd)
-    code = await g.reaper.wait(pid)
+    code = await _run_with(g, argv, stdin, stdout, stderr, to_close)
     try:
         if code != 0:
-            said = runc_log(log)
-            with contextlib.suppress(OSError):
-                with open(os.path.join(work, "restore.log"), errors="replace") as fh:
-                    errs = [line.strip() for line in fh if "Error" in line]
-                said += " / criu: " + " / ".join(errs[-3:]) if errs else ""
-            raise AgentError("failed", f"runc restore: {said}")
+            raise AgentError("failed", f"runc restore: {runc_log(log)}{criu_errors(work, 'restore.log')}")
         with open(pid_file) as fh:
             watch(g, c, int(fh.read().strip()))
         state = json.loads(await g.runc_ok("state", c.id)).get("status", "")

@@ -1,5 +1,5 @@
-# ruff: noqa: ASYNC230, ASYNC240
-# The agent owns its VM: a stat or a log of its own directories is a local, bounded read.
+# ruff: noqa: ASYNC240
+# The agent owns its VM: a stat of its own directories is a local, bounded call.
 """Checkpoints of containers by CRIU in the guest (issue 43), through the agent's runc.
 
 - ``checkpoint``: the named running containers are paused together (``runc pause``: their
@@ -33,7 +33,7 @@ import tarfile
 import time
 
 from backends.runv.agent import containers, proc
-from backends.runv.agent.guest import Container, Guest, spawn
+from backends.runv.agent.guest import Container, Guest, criu_errors, spawn
 from backends.runv.agent.messages import Empty, Message, Request
 from backends.runv.agent.protocol import AgentError
 
@@ -159,11 +159,7 @@ async def _dump(g: Guest, c: Container, dest: str) -> int:
         argv = g.runc_argv("checkpoint", "--leave-running", "--image-path", img, "--work-path", work, c.id)
         code, _out, err = await proc.run(g.reaper, argv)
         if code != 0:
-            said = err.decode(errors="replace").strip()
-            with contextlib.suppress(OSError):
-                with open(os.path.join(work, "dump.log"), errors="replace") as fh:
-                    errs = [line.strip() for line in fh if "Error" in line]
-                said += (" / criu: " + " / ".join(errs[-3:])) if errs else ""
+            said = err.decode(errors="replace").strip() + criu_errors(work, "dump.log")
             raise AgentError("failed", f"runc checkpoint of {c.id}: {said}")
         _record_mounts(c, img)
         await asyncio.to_thread(shutil.copytree, img, dest, dirs_exist_ok=True)

@@ -232,3 +232,14 @@ def runc_log(path: str) -> str:
                     if entry.get("level") in ("error", "fatal"):
                         msgs.append(str(entry.get("msg", "")))
     return "; ".join(msgs) or "unknown error"
+
+
+def criu_errors(work: str, name: str) -> str:
+    """The last error lines of CRIU's log ``name`` in its work directory, as a suffix of a
+    message ("" when it has none)."""
+    try:
+        with open(os.path.join(work, name), errors="replace") as fh:
+            errs = [line.strip() for line in fh if "Error" in line]
+    except OSError:
+        return ""
+    return (" / criu: " + " / ".join(errs[-3:])) if errs else ""
