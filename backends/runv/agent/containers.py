@@ -311,13 +311,12 @@ async def _runc_create(g: Guest, c: Container, spec: ContainerSpec) -> None:
         watch(g, c, int(fh.read().strip()))
 
 
-async def restore_paused(g: Guest, c: Container, images: str) -> str:
+async def restore_paused(g: Guest, c: Container, images: str) -> None:
     """The processes of the checkpoint in ``images`` (CRIU's, from ``restore_prepare`` of
     agent/criu.py) restored by runc in the container's bundle, on new stdio (runc hands them in
     place of the dumped pipes), and left paused (their cgroup frozen) until its ``start``: a
     pod's containers are all restored before any runs, so that none takes a PID another's
-    checkpoint holds (a pod's containers share a PID namespace). What runc said of the state
-    the restore left (``paused``: CRIU gave back the frozen cgroup the dump saw)."""
+    checkpoint holds (a pod's containers share a PID namespace)."""
     stdin, stdout, stderr, to_close = stdio(c, c.stdin_wanted)
     log = os.path.join(c.bundle, "runc-restore.log")
     work = images + ".work"
@@ -335,10 +334,15 @@ async def restore_paused(g: Guest, c: Container, images: str) -> str:
             raise AgentError("failed", f"runc restore: {runc_log(log)}{criu_errors(work, 'restore.log')}")
         with open(pid_file) as fh:
             watch(g, c, int(fh.read().strip()))
-        state = json.loads(await g.runc_ok("state", c.id)).get("status", "")
-        if state == "running":
-            await g.runc_ok("pause", c.id)
-        return str(state)
+        # CRIU left every process stopped (SIGSTOP's state: ``leave-stopped``, the config file
+        # ``restore_prepare`` names), in the dumped container's cgroup (of its old ID): moved into
+        # this one's and frozen there, then continued, they run once it is thawed.
+        _adopt(g, c)
+        await g.runc_ok("pause", c.id)
+        # Not `runc kill --all`: it thaws the cgroup it signals.
+        for pid in set(cgroups.Cgroup(f"{g.cgroup_parent}/{c.id}").pids()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
     except BaseException:
         for r in c.readers:
             r.close()
@@ -346,6 +350,24 @@ async def restore_paused(g: Guest, c: Container, images: str) -> str:
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _adopt(g: Guest, c: Container) -> None:
+    """The restored processes of ``c`` (its init's cgroup and all below it) moved into the
+    cgroup runc made for ``c``; the emptied cgroups removed. The guest's hierarchy is cgroup2."""
+    own = cgroups.Cgroup(f"{g.cgroup_parent}/{c.id}")
+    with open(f"/proc/{c.pid}/cgroup") as fh:
+        found = [line[3:] for line in fh.read().splitlines() if line.startswith("0::")]
+    if not found or found[0].strip("/") == own.rel:
+        return
+    old = cgroups.Cgroup(found[0])
+    (target,) = own.dirs()
+    for pid in old.pids():
+        with contextlib.suppress(ProcessLookupError), open(os.path.join(target, "cgroup.procs"), "w") as fh:
+            fh.write(str(pid))
+    for d in sorted((d for top in old.dirs() for d, _, _ in os.walk(top)), key=len, reverse=True):
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
 
 
 def watch(g: Guest, c: Container, pid: int) -> None:

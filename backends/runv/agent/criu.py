@@ -37,6 +37,7 @@ from backends.runv.agent.guest import Container, Guest, criu_errors, spawn
 from backends.runv.agent.messages import Empty, Message, Request
 from backends.runv.agent.protocol import AgentError
 
+CRIU_CONFIG_ANNOTATION = "org.criu.config"  # runc hands CRIU the configuration file it names
 MOUNTS = "runv-mounts.json"  # beside CRIU's images: the dumped container's bind mounts
 HOLD_MAX = 600.0  # seconds a checkpoint may keep containers paused for the host
 CRIU = "/usr/sbin/criu"
@@ -213,6 +214,20 @@ def _placeholders(c: Container, images: str) -> list[str]:
     return [d for d, _ in missing]
 
 
+def _leave_stopped(c: Container, conf: str) -> None:
+    """CRIU told, through runc's ``org.criu.config`` annotation of the bundle, to leave the
+    restored processes stopped: none runs (nor forks, taking a PID another container's
+    checkpoint holds) before the container is frozen."""
+    with open(conf, "w") as fh:
+        fh.write("leave-stopped\n")
+    path = os.path.join(c.bundle, "config.json")
+    with open(path) as fh:
+        config = json.load(fh)
+    config.setdefault("annotations", {})[CRIU_CONFIG_ANNOTATION] = conf
+    with open(path, "w") as fh:
+        json.dump(config, fh)
+
+
 async def thaw(g: Guest, req: ThawRequest) -> Empty:
     await _resume(g, list(req.ids))
     return Empty()
@@ -242,6 +257,7 @@ async def restore_prepare(g: Guest, req: RestorePrepareRequest) -> Prepared:
         shutil.rmtree(dest, ignore_errors=True)
         await asyncio.to_thread(shutil.copytree, req.images, dest)
         placeholders = _placeholders(c, dest)
+        _leave_stopped(c, dest + ".conf")
     except (OSError, tarfile.TarError, ValueError, KeyError, TypeError) as exc:
         shutil.rmtree(dest, ignore_errors=True)
         raise AgentError("failed", f"container {c.id}: cannot prepare its restore: {exc}") from None
@@ -249,6 +265,8 @@ async def restore_prepare(g: Guest, req: RestorePrepareRequest) -> Prepared:
         await containers.restore_paused(g, c, dest)
     finally:
         shutil.rmtree(dest, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(dest + ".conf")
     c.restored = True
     return Prepared(placeholders=placeholders)
 
