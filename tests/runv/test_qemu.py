@@ -94,6 +94,22 @@ def test_command_line_describes_the_vm(tmp_path: Path) -> None:
     assert "host" in failing and "-netdev" not in failing  # KVM: the host's CPU; no tap, no NIC
 
 
+def test_the_guest_ram_is_never_below_what_its_kernel_boots_in(tmp_path: Path) -> None:
+    """The kernel unpacks the initramfs while its archive is in memory: a pod of 32 MiB (160 MiB
+    of RAM with the guest's 96 and the handler's 32) failed to boot with the 36.5 MiB image."""
+    guest = tmp_path / "guest"
+    guest.mkdir()
+    with open(guest / "initrd.img", "wb") as fh:
+        fh.truncate(36_533_328)  # the default image's size here (sparse)
+    hv = QemuHypervisor({"run_dir": str(tmp_path), "guest_dir": str(guest)})
+    assert hv.boot_memory == 192 * MIB
+    small = _vm(tmp_path, 1, 64 * MIB)
+    assert hv.ram_bytes(small) == 192 * MIB and "-m 192M" in " ".join(hv.argv(small, "/k", "/i", "tcg", ""))
+    big = _vm(tmp_path, 1, 512 * MIB)
+    assert hv.ram_bytes(big) == 512 * MIB + hv.guest_memory
+    assert QemuHypervisor({"run_dir": str(tmp_path), "guest_dir": str(tmp_path / "none")}).boot_memory == 0
+
+
 def test_names_fit_the_kernel_limits() -> None:
     tap = QemuHypervisor.tap_name("w" + "f" * 15)
     assert len(tap) <= 15 and tap.startswith("rv")
@@ -701,3 +717,31 @@ def _guest_release() -> str:
 
     with open(os.path.join(GUEST_DIR, "manifest.json")) as fh:
         return str(json.load(fh)["kernel"])
+
+
+@pytest.mark.slow
+@pytest.mark.qemu
+@needs_qemu
+@pytest.mark.timeout(300)
+async def test_a_pod_of_32_mib_boots(runv_config: dict[str, Any], busybox_rootfs: Path) -> None:
+    """Its VM gets the RAM its kernel boots in (boot_memory), not only the pod's and the guest's."""
+    backend = RunvBackend("runv", _qemu_config(runv_config))
+    events = Events()
+    await backend.lifecycle.start(events)
+    backend.image_store.import_dir(IMAGE, str(busybox_rootfs))
+    sb = sandbox_record("small", memory_limit_in_bytes=32 * MIB)
+    try:
+        await backend.lifecycle.run_sandbox(sb)
+        vm = backend._shared.pods[sb.id].vm
+        assert isinstance(backend.hv, QemuHypervisor)
+        assert backend.hv.ram_bytes(vm) >= backend.hv.boot_memory > vm.memory_bytes + backend.hv.guest_memory
+        ct = container_record(sb, IMAGE, ["sh", "-c", "echo small; sleep 600"])
+        await backend.lifecycle.create_container(ct, sb)
+        sink = MemorySink()
+        await events.start(backend.lifecycle, ct, sb, sink)
+        await events.wait_for(lambda: b"small" in bytes(sink.data["stdout"]), timeout=60)
+    finally:
+        with contextlib.suppress(Exception):
+            await backend.lifecycle.stop_sandbox(sb)
+        await events.close()
+        await backend.lifecycle.close()

@@ -31,6 +31,8 @@ class Driver(Protocol):
 
     def mac(self, vm_id: str) -> str: ...
 
+    def ram_bytes(self, vm: VM) -> int: ...
+
 
 GUEST_SHARES = "/run/runv/shares"  # where the guest mounts the VM's export
 TCG_TB_MIB = 64  # QEMU's translation cache under TCG
@@ -74,7 +76,7 @@ def command_line(
     """The QEMU command line of ``vm``: its guest's RAM in ``memory`` (else QEMU's own, or a
     shared memfd for virtio-fs), waiting for a saved state if ``incoming``."""
     sd = vm.state_dir
-    size = size_mib(vm.memory_bytes + hv.guest_memory)
+    size = size_mib(hv.ram_bytes(vm))
     virtiofs = qemu_virtiofs.marked(vm)  # as the driver's _prepare chose
     append = [*KERNEL_ARGS, f"runv.shares={GUEST_SHARES}", *hv.extra_args]
     append += ["runv.sharefs=virtiofs"] if virtiofs else []
