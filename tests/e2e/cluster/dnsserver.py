@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import secrets
 import signal
@@ -183,16 +184,21 @@ class DnsServer:
 
     # ---------------------------------------------------------------- transports
     async def serve(self, host: str, port: int) -> tuple[asyncio.DatagramTransport, asyncio.Server]:
-        """UDP and TCP on host:port (port 0: the one the kernel gives the UDP socket, for both)."""
+        """UDP and TCP on host:port (port 0: the one the kernel gives the UDP socket, for both;
+        another one while that port's TCP side is somebody else's)."""
         loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_datagram_endpoint(lambda: _Udp(self), local_addr=(host, port))
-        port = transport.get_extra_info("sockname")[1]
-        try:
-            server = await asyncio.start_server(self._tcp_client, host, port, reuse_address=True)
-        except OSError:
-            transport.close()
-            raise
-        return transport, server
+        for attempt in range(1 if port else 20):
+            transport, _ = await loop.create_datagram_endpoint(lambda: _Udp(self), local_addr=(host, port))
+            got = transport.get_extra_info("sockname")[1]
+            try:
+                server = await asyncio.start_server(self._tcp_client, host, got, reuse_address=True)
+            except OSError as exc:
+                transport.close()
+                if port or exc.errno != errno.EADDRINUSE or attempt == 19:
+                    raise
+                continue
+            return transport, server
+        raise AssertionError("unreachable")
 
     async def _tcp_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
