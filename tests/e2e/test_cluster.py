@@ -11,6 +11,9 @@ runs the scenarios on a cluster that `python -m tests.e2e.cluster up` left runni
 Scenarios run on the docker and runv nodes, and on the fake where it can: its pods have simulated
 IPs (no traffic reaches them) and its shell has no tar or dd, so pod networking, Services, `cp`
 and the OOM kill are asserted on docker and runv only.
+
+CRI_SHIM_CLUSTER_RUNV_DRIVER=qemu runs the runv node on runv's qemu driver (real VMs, TCG here;
+`up --runv-driver qemu`): its pods' waits, and every test's deadline, are RUNV_PATIENCE times longer.
 """
 
 from __future__ import annotations
@@ -37,10 +40,20 @@ from tests.e2e import cluster as cl
 from tests.e2e.cluster import dnswire
 from tests.e2e.cluster import workloads as w
 from tests.e2e.cluster.kubectl import condition, node_ready
-from tests.e2e.cluster.layout import CLUSTER_CIDR, CLUSTER_DOMAIN, CONTROL_IP, DNS_SERVICE_IP, NODES
+from tests.e2e.cluster.layout import (
+    CLUSTER_CIDR,
+    CLUSTER_DOMAIN,
+    CONTROL_IP,
+    DNS_SERVICE_IP,
+    NODES,
+    RUNV_DRIVER_ENV,
+    RUNV_PATIENCE,
+)
 
 HANDLERS = [n.handler for n in NODES]
 REAL = ["docker", "runv"]  # real processes and a real pod network
+RUNV_DRIVER = os.environ.get(RUNV_DRIVER_ENV) or "stub"
+SLOW = RUNV_PATIENCE.get(RUNV_DRIVER, 1.0)  # the tests' deadlines (a last resort) with that driver
 
 pytestmark = [pytest.mark.slow]
 
@@ -51,6 +64,10 @@ class Env:
     k: cl.Kubectl
     state: dict[str, Any]
     is_down: bool = False
+
+    def patience(self, handler: str) -> float:
+        """How many times the stub's waits a pod of the node of `handler` is given."""
+        return RUNV_PATIENCE[self.state.get("runv_driver") or "stub"] if handler == "runv" else 1.0
 
     def image(self, name: str) -> str:
         image = str(self.state["images"][name])
@@ -71,13 +88,15 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Env]:
             pytest.skip(
                 f"the cluster left up has {state['runtime']} nodes (`up --runtime`): the scenarios need cri-shim's"
             )
+        if (state.get("runv_driver") or "stub") != RUNV_DRIVER:
+            pytest.skip(f"the cluster left up runs runv on {state.get('runv_driver')}: set {RUNV_DRIVER_ENV}")
         yield Env(b, cl.Kubectl(b), state)
         return
-    problem = cl.environment_problem(b)
+    problem = cl.environment_problem(b, runv_driver=RUNV_DRIVER)
     if problem:
         pytest.skip(problem)
-    env = Env(b, cl.Kubectl(b), cl.up(b))
-    print(f"cluster up in {env.state['up_seconds']} s: {env.state['timings']}")
+    env = Env(b, cl.Kubectl(b), cl.up(b, runv_driver=RUNV_DRIVER))
+    print(f"cluster up (runv: {RUNV_DRIVER}) in {env.state['up_seconds']} s: {env.state['timings']}")
     yield env
     if not env.is_down and not keep:
         cl.down(b, keep_logs=request.session.testsfailed > 0)
@@ -95,9 +114,16 @@ def busybox_pod(env: Env, name: str, handler: str, *command: str, **extra: Any) 
     return w.pod(name, w.container("main", env.image("busybox"), *cmd), on=cl.node(handler), **extra)
 
 
+def wait_pod(env: Env, ns: str, pod: str, handler: str, pred: Any = w.ready, timeout: float = 240) -> Any:
+    """w.wait_pod, `timeout` being the stub's: times the patience of the node of `handler`."""
+    return w.wait_pod(env.k, ns, pod, pred, timeout * env.patience(handler))
+
+
 def run_pod(env: Env, ns: str, manifest: dict[str, Any], timeout: float = 240) -> dict[str, Any]:
+    spec = manifest["spec"]
+    handler = (spec.get("nodeSelector") or {}).get("cri-shim.io/handler") or spec.get("runtimeClassName")
     env.k.apply(manifest, namespace=ns)
-    return w.wait_pod(env.k, ns, manifest["metadata"]["name"], timeout=timeout)
+    return wait_pod(env, ns, manifest["metadata"]["name"], handler or "", timeout=timeout)
 
 
 def sh(env: Env, ns: str, pod: str, script: str, container: str | None = None) -> str:
@@ -110,7 +136,7 @@ def rfc3339(stamp: str) -> float:
 
 
 # ------------------------------------------------------------ nodes and their network
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(900 * SLOW)
 def test_nodes_ready_only_after_their_cni_config(cluster: Env) -> None:
     k = cluster.k
     cidrs = set()
@@ -151,7 +177,7 @@ def test_nodes_ready_only_after_their_cni_config(cluster: Env) -> None:
     cl.wait_for(f"{n.name} Ready again", lambda: node_ready(k.get("node", n.name)), 120)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 def test_deployment_of_six_spreads_over_the_nodes(cluster: Env, ns: str) -> None:
     spread = {
         "maxSkew": 1,
@@ -168,7 +194,7 @@ def test_deployment_of_six_spreads_over_the_nodes(cluster: Env, ns: str) -> None
     cl.wait_for(
         "6 replicas available",
         lambda: cluster.k.get("deployment", "spread", ns)["status"].get("availableReplicas") == 6,
-        300,
+        300 * SLOW,
     )
     pods = w.pods_of(cluster.k, ns, "app=spread")
     assert collections.Counter(p["spec"]["nodeName"] for p in pods) == {n.name: 2 for n in NODES}
@@ -198,7 +224,7 @@ def web(cluster: Env) -> Iterator[Web]:
         manifest["metadata"]["labels"] = {"app": "web"}
         k.apply(manifest, namespace=ns)
     k.apply(w.service("web", {"app": "web"}, 80, 8080, node_port=True), namespace=ns)
-    ips = {f"web-{h}": w.wait_pod(k, ns, f"web-{h}")["status"]["podIP"] for h in REAL}
+    ips = {f"web-{h}": wait_pod(cluster, ns, f"web-{h}", h)["status"]["podIP"] for h in REAL}
     yield Web(ns, ips)
     k.run("delete", "namespace", ns, "--wait=false", check=False)
 
@@ -212,7 +238,7 @@ def from_host(url: str) -> str:
         return str(resp.read().decode()).strip()
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 def test_pod_to_pod_across_nodes_by_ip(cluster: Env, web: Web) -> None:
     for src in web.pods:
         for dst in web.pods:
@@ -236,7 +262,7 @@ def backends_seen(fetch: Any, expected: set[str], tries: int = 60) -> set[str]:
     return seen
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(900 * SLOW)
 def test_cluster_ip_and_node_port_answer_from_every_node_and_pod(cluster: Env, web: Web) -> None:
     svc = cluster.k.get("service", "web", web.ns)
     cluster_ip, node_port = svc["spec"]["clusterIP"], svc["spec"]["ports"][0]["nodePort"]
@@ -264,7 +290,7 @@ def test_cluster_ip_and_node_port_answer_from_every_node_and_pod(cluster: Env, w
         assert json.loads(out)["kind"] == "APIVersions", out
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 def test_cluster_dns_from_pods_and_the_host(cluster: Env, web: Web) -> None:
     """The harness's DNS through the kube-dns Service: names of Services (ClusterIP, headless, by the
     search path), the API server by name with the pod's token, from each real node's pods; from the
@@ -307,7 +333,7 @@ LOGGER = (
 )
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_kubectl_logs(cluster: Env, ns: str, handler: str) -> None:
     k = cluster.k
@@ -332,7 +358,7 @@ def test_kubectl_logs(cluster: Env, ns: str, handler: str) -> None:
     assert k("logs", "-n", ns, "logger", "--tail=1").startswith("tick-")
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_kubectl_exec_with_and_without_tty(cluster: Env, ns: str, handler: str) -> None:
     run_pod(cluster, ns, busybox_pod(cluster, "box", handler))
@@ -347,7 +373,7 @@ def test_kubectl_exec_with_and_without_tty(cluster: Env, ns: str, handler: str) 
         assert "TTY-YES" in out, out
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_kubectl_attach(cluster: Env, ns: str, handler: str) -> None:
     manifest = busybox_pod(cluster, "reader", handler, "sh", "-c", "while read l; do echo got-$l; done")
@@ -361,7 +387,7 @@ def test_kubectl_attach(cluster: Env, ns: str, handler: str) -> None:
     assert "got-ping" in cluster.k("logs", "-n", ns, "reader")
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_kubectl_port_forward(cluster: Env, ns: str, handler: str) -> None:
     if handler == "fake":  # the fake answers port-forward with an echo
@@ -380,7 +406,7 @@ def test_kubectl_port_forward(cluster: Env, ns: str, handler: str) -> None:
             assert from_host(f"http://127.0.0.1:{port}/hostname") == "fwd"
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_kubectl_cp(cluster: Env, ns: str, handler: str, tmp_path: Path) -> None:
     if handler == "fake":
@@ -400,7 +426,7 @@ def test_kubectl_cp(cluster: Env, ns: str, handler: str, tmp_path: Path) -> None
     assert (back / "back.txt").read_text() == sent.read_text()
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_kubectl_debug_ephemeral_container(cluster: Env, ns: str, handler: str) -> None:
     run_pod(cluster, ns, busybox_pod(cluster, "target", handler, "sleep", "7777"))
@@ -408,9 +434,8 @@ def test_kubectl_debug_ephemeral_container(cluster: Env, ns: str, handler: str) 
         "debug", "-n", ns, "target", f"--image={cluster.image('busybox')}", "-c", "dbg", "--target=main",
         "--", "sh", "-c", "echo from-debug; sleep 3600",
     )  # fmt: skip
-    p = w.wait_pod(
-        cluster.k, ns, "target", lambda p: "running" in w.container_status(p, "dbg").get("state", {})
-    )
+    dbg = lambda p: "running" in w.container_status(p, "dbg").get("state", {})  # noqa: E731
+    p = wait_pod(cluster, ns, "target", handler, dbg)
     assert w.container_status(p, "dbg")["ready"] is False  # ephemeral containers are never ready
     assert "from-debug" in cluster.k("logs", "-n", ns, "target", "-c", "dbg")
     if handler != "fake":  # --target: the debug container sees the target's processes
@@ -418,7 +443,7 @@ def test_kubectl_debug_ephemeral_container(cluster: Env, ns: str, handler: str) 
 
 
 # ------------------------------------------------------------ scheduling, probes, eviction
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", ["runv", "fake"])
 def test_runtime_class_schedules_onto_its_node(cluster: Env, ns: str, handler: str) -> None:
     manifest = w.pod("classy", w.container("main", cluster.image("busybox"), "sleep", "3600"))
@@ -437,7 +462,7 @@ def endpoint_ready(env: Env, ns: str, service: str) -> list[tuple[str, bool]]:
     )
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_probes_drive_endpoints(cluster: Env, ns: str, handler: str) -> None:
     k = cluster.k
@@ -465,9 +490,8 @@ def test_probes_drive_endpoints(cluster: Env, ns: str, handler: str) -> None:
         )  # fmt: skip
     k.apply(w.pod("probed", c, on=cl.node(handler)), namespace=ns)
     k.apply(w.service("probed", {"app": "probed"}, 80, 8080, node_port=False), namespace=ns)
-    p = w.wait_pod(
-        k, ns, "probed", lambda p: p["status"].get("phase") == "Running" and p["status"].get("podIP")
-    )
+    running = lambda p: p["status"].get("phase") == "Running" and p["status"].get("podIP")  # noqa: E731
+    p = wait_pod(cluster, ns, "probed", handler, running)
     ip = p["status"]["podIP"]
     cl.wait_for("a not-ready endpoint", lambda: endpoint_ready(cluster, ns, "probed") == [(ip, False)], 60)
     sh(cluster, ns, "probed", "touch /tmp/ready")
@@ -478,14 +502,15 @@ def test_probes_drive_endpoints(cluster: Env, ns: str, handler: str) -> None:
     sh(cluster, ns, "probed", "rm /tmp/ready")
     cl.wait_for("not ready again", lambda: endpoint_ready(cluster, ns, "probed") == [(ip, False)], 60)
     sh(cluster, ns, "probed", "rm /tmp/alive")  # the liveness probe fails: the kubelet restarts it
-    p = w.wait_pod(k, ns, "probed", lambda p: w.container_status(p, "main")["restartCount"] >= 1, timeout=120)
+    restarted = lambda p: w.container_status(p, "main")["restartCount"] >= 1  # noqa: E731
+    p = wait_pod(cluster, ns, "probed", handler, restarted, timeout=120)
     last = w.container_status(p, "main").get("lastState", {}).get("terminated")
     assert last is not None, w.describe(p)
     events = k("get", "events", "-n", ns, "--field-selector", "involvedObject.name=probed")
     assert "Liveness probe failed" in events, events
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(900 * SLOW)
 def test_drain_evicts_and_reschedules(cluster: Env, ns: str) -> None:
     k = cluster.k
     docker = cl.node("docker")
@@ -503,7 +528,7 @@ def test_drain_evicts_and_reschedules(cluster: Env, ns: str) -> None:
     )
     k.apply(w.deployment("drained", 4, template), namespace=ns)
     ready4 = lambda: k.get("deployment", "drained", ns)["status"].get("availableReplicas") == 4  # noqa: E731
-    cl.wait_for("4 replicas available", ready4, 300)
+    cl.wait_for("4 replicas available", ready4, 300 * SLOW)
     before = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in w.pods_of(k, ns, "app=drained")}
     on_docker = {name for name, node in before.items() if node == docker.name}
     assert on_docker, before
@@ -518,7 +543,7 @@ def test_drain_evicts_and_reschedules(cluster: Env, ns: str) -> None:
             timeout=360,
         )
         assert k.get("node", docker.name)["spec"].get("unschedulable") is True
-        cl.wait_for("4 replicas available again", ready4, 300)
+        cl.wait_for("4 replicas available again", ready4, 300 * SLOW)
         after = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in w.pods_of(k, ns, "app=drained")}
         assert docker.name not in after.values(), after
         assert not on_docker & set(after), "the evicted pods were replaced by new ones"
@@ -536,7 +561,7 @@ def node_snapshot(env: Env, ns: str, pod: str, node: str) -> tuple[str, int, str
     return c["containerID"], c["restartCount"], p["status"]["podIP"], ready["lastTransitionTime"]
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_shim_sigkilled_and_restarted_node_stays_ready_no_pod_restarted(
     cluster: Env, ns: str, handler: str
@@ -556,7 +581,7 @@ def test_shim_sigkilled_and_restarted_node_stays_ready_no_pod_restarted(
     assert "SandboxChanged" not in events and "Killing" not in events, events
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_kubelet_restarted(cluster: Env, ns: str, handler: str) -> None:
     n = cl.node(handler)
@@ -572,7 +597,7 @@ def test_kubelet_restarted(cluster: Env, ns: str, handler: str) -> None:
     run_pod(cluster, ns, busybox_pod(cluster, "after", handler))
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_oom_killed_pod_reported(cluster: Env, ns: str, handler: str) -> None:
     if handler == "fake":
@@ -591,7 +616,8 @@ def test_oom_killed_pod_reported(cluster: Env, ns: str, handler: str) -> None:
     )
     manifest["spec"]["containers"][0]["resources"] = {"limits": memory, "requests": memory}
     cluster.k.apply(manifest, namespace=ns)
-    p = w.wait_pod(cluster.k, ns, "hog", lambda p: p["status"].get("phase") in ("Failed", "Succeeded"))
+    ended = lambda p: p["status"].get("phase") in ("Failed", "Succeeded")  # noqa: E731
+    p = wait_pod(cluster, ns, "hog", handler, ended)
     terminated = w.container_status(p, "main")["state"]["terminated"]
     assert (terminated["reason"], terminated["exitCode"]) == ("OOMKilled", 137), w.describe(p)
 
@@ -611,7 +637,7 @@ def resource_metrics(env: Env, node: str, ns: str, pod: str) -> dict[str, float]
     return out
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_summary_api_figures(cluster: Env, ns: str, handler: str) -> None:
     n = cl.node(handler)
@@ -659,7 +685,7 @@ def test_summary_api_figures(cluster: Env, ns: str, handler: str) -> None:
 
 
 # ------------------------------------------------------------ the end
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 def test_down_leaves_nothing(cluster: Env, request: pytest.FixtureRequest) -> None:
     if os.environ.get("CRI_SHIM_CLUSTER_KEEP"):
         pytest.skip("CRI_SHIM_CLUSTER_KEEP: the cluster stays up")

@@ -30,6 +30,7 @@ from tests.e2e.cluster.layout import (
     PROXY_METRICS_PORT,
     ROOT,
     RUN,
+    RUNV_DRIVERS,
     RUNV_TAG,
     SCHEDULER_PORT,
     SERVICE_CIDR,
@@ -38,7 +39,7 @@ from tests.e2e.cluster.layout import (
     NodeSpec,
 )
 from tests.e2e.cluster.pki import FRONT_PROXY_CA, FRONT_PROXY_CLIENT
-from tests.e2e.kubelet.config import shim_command
+from tests.e2e.kubelet.config import runv_qemu_table, shim_command
 
 ETCD_URL = f"https://127.0.0.1:{ETCD_CLIENT_PORT}"
 API_URL = f"https://{CONTROL_IP}:{APISERVER_PORT}"
@@ -303,7 +304,7 @@ def kubelet_argv(n: NodeSpec | HollowNode, kubelet: str) -> list[str]:
     ]
 
 
-def shim_config(n: NodeSpec, pause: str) -> str:
+def shim_config(n: NodeSpec, pause: str, runv_driver: str = "stub") -> str:
     lines = [
         "[server]",
         'transport = "native"',  # the default of serve, as the nodes users run
@@ -341,6 +342,13 @@ def shim_config(n: NodeSpec, pause: str) -> str:
             "[handlers.runv.stub]",
             f'cgroup_parent = "cri-shim-runv-e2e-{tag}"',
         ]
+        if runv_driver == "qemu":
+            # VMs of the node's shape from templates, shares on virtio-fs (the driver's defaults);
+            # its VMs' state, agent sockets and templates under run_dir, cgroups below the same parent.
+            lines.insert(lines.index('type = "runv"') + 1, 'driver = "qemu"')
+            lines += runv_qemu_table("runv", f"cri-shim-runv-e2e-{tag}")
+        elif runv_driver != "stub":
+            raise ValueError(f"runv driver {runv_driver!r}: one of {', '.join(RUNV_DRIVERS)}")
     else:
         lines += ["[handlers.fake]", 'type = "fake"']
     if n.cni:
@@ -354,12 +362,12 @@ def shim_config(n: NodeSpec, pause: str) -> str:
     return str(path)
 
 
-def shim_argv(n: NodeSpec, pause: str) -> list[str]:
+def shim_argv(n: NodeSpec, pause: str, runv_driver: str = "stub") -> list[str]:
     return [
         *shim_command(),
         "serve",
         "--config",
-        shim_config(n, pause),
+        shim_config(n, pause, runv_driver),
         "--listen",
         f"unix://{n.socket}",
         "--state-dir",

@@ -53,6 +53,13 @@ E2E_IMAGES_LIST = Path("/etc/testenv/e2e-images.txt")
 
 # runv's own network and cgroup parent, named like the kubelet harness's (host.remove_runv_network).
 RUNV_TAG = "clus"
+# The runv node's driver: the stub (processes) by default, or qemu (real VMs; TCG here), chosen at
+# `up` (--runv-driver, or this variable for the pytest module) and recorded in the state file.
+RUNV_DRIVERS = ("stub", "qemu")
+RUNV_DRIVER_ENV = "CRI_SHIM_CLUSTER_RUNV_DRIVER"
+# How much longer a runv pod may take on qemu: under TCG a VM boots in ~10-15 s (~1-2 s from a
+# template), its image is unpacked into its shares, and the machine is shared with other VMs.
+RUNV_PATIENCE = {"stub": 1.0, "qemu": 3.0}
 DOCKER_INSTANCE = "crishim-cluster"  # the docker handler's instance label: its containers are ours
 
 
