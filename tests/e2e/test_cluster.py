@@ -341,7 +341,10 @@ def test_kubectl_logs(cluster: Env, ns: str, handler: str) -> None:
         cluster, "logger", handler, "sh", "-c", LOGGER, volumes=[{"name": "data", "emptyDir": {}}]
     )
     manifest["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
-    run_pod(cluster, ns, manifest, timeout=300)
+    k.apply(manifest, namespace=ns)
+    # Ready in its second run: the first may be seen running before it exits.
+    second = lambda p: w.ready(p) and w.container_status(p, "main")["restartCount"] >= 1  # noqa: E731
+    wait_pod(cluster, ns, "logger", handler, second, timeout=300)
     current = k("logs", "-n", ns, "logger")
     assert "second-run" in current and "first-run" not in current
     previous = k("logs", "-n", ns, "logger", "--previous")

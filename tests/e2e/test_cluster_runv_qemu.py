@@ -18,6 +18,7 @@ from backends.runv import config as runv_config
 from shim import cli
 from shim.config import load
 from tests.e2e.cluster import bringup, configs, layout, procs
+from tests.e2e.cluster import workloads as w
 from tests.e2e.cluster.__main__ import main
 from tests.e2e.kubelet.config import runv_qemu_problem, shim_command
 
@@ -103,3 +104,18 @@ def test_down_stops_what_the_daemons_left_naming_the_clusters_paths(tmp_path: Pa
         for p in (left, other):
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("driver", layout.RUNV_DRIVERS)
+def test_runv_pods_pay_for_their_vm_through_the_runtime_class(driver: str) -> None:
+    """The kubelet adds the RuntimeClass's overhead to the pod cgroup's limits; runv refuses a pod
+    with memory limits whose cgroup cannot hold its VM (on qemu: the guest's and QEMU's own memory)."""
+    classes = {rc["metadata"]["name"]: rc for rc in configs.runtime_classes(layout.NODES, driver)}
+    assert set(classes) == {"runv", "fake"} and "overhead" not in classes["fake"]
+    memory = classes["runv"]["overhead"]["podFixed"]["memory"]
+    assert memory == {"stub": "32Mi", "qemu": "320Mi"}[driver]
+    pod = w.pod("p", w.container("main", "busybox"), on=layout.node("runv"))
+    assert pod["spec"]["runtimeClassName"] == "runv"
+    assert (
+        "runtimeClassName" not in w.pod("p", w.container("main", "busybox"), on=layout.node("fake"))["spec"]
+    )

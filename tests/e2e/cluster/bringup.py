@@ -383,7 +383,7 @@ def _up(
 
     start_control_plane(b, mark)
     k = Kubectl(b)
-    classes = configs.runtime_classes(node_set)
+    classes = configs.runtime_classes(node_set, runv_driver)
     if classes:
         k.apply(*classes)
     start_dns(k)

@@ -31,6 +31,7 @@ from tests.e2e.cluster.layout import (
     ROOT,
     RUN,
     RUNV_DRIVERS,
+    RUNV_OVERHEAD,
     RUNV_TAG,
     SCHEDULER_PORT,
     SERVICE_CIDR,
@@ -449,19 +450,24 @@ def write_conflist(n: NodeSpec, pod_cidr: str) -> None:
     tmp.replace(n.conflist)
 
 
-def runtime_classes(nodes: Sequence[NodeSpec]) -> list[dict[str, Any]]:
-    """A RuntimeClass per extra handler, scheduled onto the node whose shim serves it."""
-    return [
-        {
+def runtime_classes(nodes: Sequence[NodeSpec], runv_driver: str = "stub") -> list[dict[str, Any]]:
+    """A RuntimeClass per extra handler, scheduled onto the node whose shim serves it; runv's with
+    the overhead its driver's VMs need (RUNV_OVERHEAD)."""
+    out: list[dict[str, Any]] = []
+    for n in nodes:
+        if n.handler not in ("runv", "fake"):
+            continue
+        rc: dict[str, Any] = {
             "apiVersion": "node.k8s.io/v1",
             "kind": "RuntimeClass",
             "metadata": {"name": n.handler},
             "handler": n.handler,
             "scheduling": {"nodeSelector": n.labels},
         }
-        for n in nodes
-        if n.handler in ("runv", "fake")
-    ]
+        if n.handler == "runv":
+            rc["overhead"] = {"podFixed": dict(RUNV_OVERHEAD[runv_driver])}
+        out.append(rc)
+    return out
 
 
 # ------------------------------------------------------------ a containerd node (the comparison)
