@@ -13,7 +13,7 @@ IPs (no traffic reaches them) and its shell has no tar or dd, so pod networking,
 and the OOM kill are asserted on docker and runv only.
 
 CRI_SHIM_CLUSTER_RUNV_DRIVER=qemu runs the runv node on runv's qemu driver (real VMs, TCG here;
-`up --runv-driver qemu`): its pods' waits, and every test's deadline, are RUNV_PATIENCE times longer.
+`up --runv-driver qemu`): its pods' waits, and every test's deadline, are RUNV_PATIENCE (layout) times longer.
 """
 
 from __future__ import annotations
@@ -37,23 +37,15 @@ from typing import Any
 import pytest
 
 from tests.e2e import cluster as cl
-from tests.e2e.cluster import dnswire
+from tests.e2e.cluster import dnswire, layout
 from tests.e2e.cluster import workloads as w
 from tests.e2e.cluster.kubectl import condition, node_ready
-from tests.e2e.cluster.layout import (
-    CLUSTER_CIDR,
-    CLUSTER_DOMAIN,
-    CONTROL_IP,
-    DNS_SERVICE_IP,
-    NODES,
-    RUNV_DRIVER_ENV,
-    RUNV_PATIENCE,
-)
+from tests.e2e.cluster.layout import CLUSTER_CIDR, CLUSTER_DOMAIN, CONTROL_IP, DNS_SERVICE_IP, NODES
 
 HANDLERS = [n.handler for n in NODES]
 REAL = ["docker", "runv"]  # real processes and a real pod network
-RUNV_DRIVER = os.environ.get(RUNV_DRIVER_ENV) or "stub"
-SLOW = RUNV_PATIENCE.get(RUNV_DRIVER, 1.0)  # the tests' deadlines (a last resort) with that driver
+RUNV_DRIVER = os.environ.get(layout.RUNV_DRIVER_ENV) or "stub"
+SLOW = layout.RUNV_PATIENCE.get(RUNV_DRIVER, 1.0)  # the tests' deadlines (a last resort) with that driver
 
 pytestmark = [pytest.mark.slow]
 
@@ -67,7 +59,7 @@ class Env:
 
     def patience(self, handler: str) -> float:
         """How many times the stub's waits a pod of the node of `handler` is given."""
-        return RUNV_PATIENCE[self.state.get("runv_driver") or "stub"] if handler == "runv" else 1.0
+        return layout.RUNV_PATIENCE[self.state.get("runv_driver") or "stub"] if handler == "runv" else 1.0
 
     def image(self, name: str) -> str:
         image = str(self.state["images"][name])
@@ -89,7 +81,9 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Env]:
                 f"the cluster left up has {state['runtime']} nodes (`up --runtime`): the scenarios need cri-shim's"
             )
         if (state.get("runv_driver") or "stub") != RUNV_DRIVER:
-            pytest.skip(f"the cluster left up runs runv on {state.get('runv_driver')}: set {RUNV_DRIVER_ENV}")
+            pytest.skip(
+                f"the cluster left up runs runv on {state.get('runv_driver')}: set {layout.RUNV_DRIVER_ENV}"
+            )
         yield Env(b, cl.Kubectl(b), state)
         return
     problem = cl.environment_problem(b, runv_driver=RUNV_DRIVER)
@@ -469,16 +463,19 @@ def endpoint_ready(env: Env, ns: str, service: str) -> list[tuple[str, bool]]:
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_probes_drive_endpoints(cluster: Env, ns: str, handler: str) -> None:
     k = cluster.k
+    t = int(5 * cluster.patience(handler))  # an exec probe in a VM under TCG may take over 1 s
     probes: dict[str, Any] = {
         "readinessProbe": {
             "exec": {"command": ["cat", "/tmp/ready"]},
             "periodSeconds": 1,
             "failureThreshold": 1,
+            "timeoutSeconds": t,
         },
         "livenessProbe": {
             "exec": {"command": ["cat", "/tmp/alive"]},
             "periodSeconds": 2,
             "failureThreshold": 1,
+            "timeoutSeconds": t,
         },
     }
     if handler == "fake":
@@ -486,7 +483,12 @@ def test_probes_drive_endpoints(cluster: Env, ns: str, handler: str) -> None:
             "main", cluster.image("busybox"), "sh", "-c", "touch /tmp/alive; sleep 3600", **probes
         )
     else:  # an HTTP startup probe too: the kubelet reaches the pod on its network
-        probes["startupProbe"] = {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 1}
+        # agnhost listens seconds after it started in a VM under TCG: the startup probe waits a minute.
+        probes["startupProbe"] = {
+            "httpGet": {"path": "/healthz", "port": 8080},
+            "periodSeconds": 1,
+            "failureThreshold": 60,
+        }
         c = w.container(
             "main", cluster.image("agnhost"), "sh", "-c", "touch /tmp/alive; exec /agnhost netexec --http-port=8080",
             **probes,

@@ -77,8 +77,11 @@ def service(name: str, selector: dict[str, str], port: int, target: int, node_po
 
 
 def netexec(name: str, image: str, on: NodeSpec, **extra: Any) -> dict[str, Any]:
-    """agnhost's HTTP server on 8080 (/hostname answers the pod's name)."""
-    return pod(name, container("web", image, "/agnhost", "netexec", "--http-port=8080", **extra), on=on)
+    """agnhost's HTTP server on 8080 (/hostname answers the pod's name), ready once it answers (in a
+    VM under TCG it listens seconds after its container started)."""
+    ready = {"httpGet": {"path": "/hostname", "port": 8080}, "periodSeconds": 1}
+    c = container("web", image, "/agnhost", "netexec", "--http-port=8080", readinessProbe=ready, **extra)
+    return pod(name, c, on=on)
 
 
 # ------------------------------------------------------------ namespaces and pods
