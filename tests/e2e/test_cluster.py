@@ -11,6 +11,9 @@ runs the scenarios on a cluster that `python -m tests.e2e.cluster up` left runni
 Scenarios run on the docker and runv nodes, and on the fake where it can: its pods have simulated
 IPs (no traffic reaches them) and its shell has no tar or dd, so pod networking, Services, `cp`
 and the OOM kill are asserted on docker and runv only.
+
+CRI_SHIM_CLUSTER_RUNV_DRIVER=qemu runs the runv node on runv's qemu driver (real VMs, TCG here;
+`up --runv-driver qemu`): its pods' waits, and every test's deadline, are RUNV_PATIENCE (layout) times longer.
 """
 
 from __future__ import annotations
@@ -34,13 +37,15 @@ from typing import Any
 import pytest
 
 from tests.e2e import cluster as cl
-from tests.e2e.cluster import dnswire
+from tests.e2e.cluster import dnswire, layout
 from tests.e2e.cluster import workloads as w
 from tests.e2e.cluster.kubectl import condition, node_ready
 from tests.e2e.cluster.layout import CLUSTER_CIDR, CLUSTER_DOMAIN, CONTROL_IP, DNS_SERVICE_IP, NODES
 
 HANDLERS = [n.handler for n in NODES]
 REAL = ["docker", "runv"]  # real processes and a real pod network
+RUNV_DRIVER = os.environ.get(layout.RUNV_DRIVER_ENV) or "stub"
+SLOW = layout.RUNV_PATIENCE.get(RUNV_DRIVER, 1.0)  # the tests' deadlines (a last resort) with that driver
 
 pytestmark = [pytest.mark.slow]
 
@@ -51,6 +56,10 @@ class Env:
     k: cl.Kubectl
     state: dict[str, Any]
     is_down: bool = False
+
+    def patience(self, handler: str) -> float:
+        """How many times the stub's waits a pod of the node of `handler` is given."""
+        return layout.RUNV_PATIENCE[self.state.get("runv_driver") or "stub"] if handler == "runv" else 1.0
 
     def image(self, name: str) -> str:
         image = str(self.state["images"][name])
@@ -71,13 +80,17 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Env]:
             pytest.skip(
                 f"the cluster left up has {state['runtime']} nodes (`up --runtime`): the scenarios need cri-shim's"
             )
+        if (state.get("runv_driver") or "stub") != RUNV_DRIVER:
+            pytest.skip(
+                f"the cluster left up runs runv on {state.get('runv_driver')}: set {layout.RUNV_DRIVER_ENV}"
+            )
         yield Env(b, cl.Kubectl(b), state)
         return
-    problem = cl.environment_problem(b)
+    problem = cl.environment_problem(b, runv_driver=RUNV_DRIVER)
     if problem:
         pytest.skip(problem)
-    env = Env(b, cl.Kubectl(b), cl.up(b))
-    print(f"cluster up in {env.state['up_seconds']} s: {env.state['timings']}")
+    env = Env(b, cl.Kubectl(b), cl.up(b, runv_driver=RUNV_DRIVER))
+    print(f"cluster up (runv: {RUNV_DRIVER}) in {env.state['up_seconds']} s: {env.state['timings']}")
     yield env
     if not env.is_down and not keep:
         cl.down(b, keep_logs=request.session.testsfailed > 0)
@@ -95,9 +108,16 @@ def busybox_pod(env: Env, name: str, handler: str, *command: str, **extra: Any) 
     return w.pod(name, w.container("main", env.image("busybox"), *cmd), on=cl.node(handler), **extra)
 
 
+def wait_pod(env: Env, ns: str, pod: str, handler: str, pred: Any = w.ready, timeout: float = 240) -> Any:
+    """w.wait_pod, `timeout` being the stub's: times the patience of the node of `handler`."""
+    return w.wait_pod(env.k, ns, pod, pred, timeout * env.patience(handler))
+
+
 def run_pod(env: Env, ns: str, manifest: dict[str, Any], timeout: float = 240) -> dict[str, Any]:
+    spec = manifest["spec"]
+    handler = (spec.get("nodeSelector") or {}).get("cri-shim.io/handler") or spec.get("runtimeClassName")
     env.k.apply(manifest, namespace=ns)
-    return w.wait_pod(env.k, ns, manifest["metadata"]["name"], timeout=timeout)
+    return wait_pod(env, ns, manifest["metadata"]["name"], handler or "", timeout=timeout)
 
 
 def sh(env: Env, ns: str, pod: str, script: str, container: str | None = None) -> str:
@@ -110,7 +130,7 @@ def rfc3339(stamp: str) -> float:
 
 
 # ------------------------------------------------------------ nodes and their network
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(900 * SLOW)
 def test_nodes_ready_only_after_their_cni_config(cluster: Env) -> None:
     k = cluster.k
     cidrs = set()
@@ -151,7 +171,7 @@ def test_nodes_ready_only_after_their_cni_config(cluster: Env) -> None:
     cl.wait_for(f"{n.name} Ready again", lambda: node_ready(k.get("node", n.name)), 120)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 def test_deployment_of_six_spreads_over_the_nodes(cluster: Env, ns: str) -> None:
     spread = {
         "maxSkew": 1,
@@ -168,7 +188,7 @@ def test_deployment_of_six_spreads_over_the_nodes(cluster: Env, ns: str) -> None
     cl.wait_for(
         "6 replicas available",
         lambda: cluster.k.get("deployment", "spread", ns)["status"].get("availableReplicas") == 6,
-        300,
+        300 * SLOW,
     )
     pods = w.pods_of(cluster.k, ns, "app=spread")
     assert collections.Counter(p["spec"]["nodeName"] for p in pods) == {n.name: 2 for n in NODES}
@@ -198,7 +218,7 @@ def web(cluster: Env) -> Iterator[Web]:
         manifest["metadata"]["labels"] = {"app": "web"}
         k.apply(manifest, namespace=ns)
     k.apply(w.service("web", {"app": "web"}, 80, 8080, node_port=True), namespace=ns)
-    ips = {f"web-{h}": w.wait_pod(k, ns, f"web-{h}")["status"]["podIP"] for h in REAL}
+    ips = {f"web-{h}": wait_pod(cluster, ns, f"web-{h}", h)["status"]["podIP"] for h in REAL}
     yield Web(ns, ips)
     k.run("delete", "namespace", ns, "--wait=false", check=False)
 
@@ -212,7 +232,7 @@ def from_host(url: str) -> str:
         return str(resp.read().decode()).strip()
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 def test_pod_to_pod_across_nodes_by_ip(cluster: Env, web: Web) -> None:
     for src in web.pods:
         for dst in web.pods:
@@ -236,7 +256,7 @@ def backends_seen(fetch: Any, expected: set[str], tries: int = 60) -> set[str]:
     return seen
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(900 * SLOW)
 def test_cluster_ip_and_node_port_answer_from_every_node_and_pod(cluster: Env, web: Web) -> None:
     svc = cluster.k.get("service", "web", web.ns)
     cluster_ip, node_port = svc["spec"]["clusterIP"], svc["spec"]["ports"][0]["nodePort"]
@@ -264,7 +284,7 @@ def test_cluster_ip_and_node_port_answer_from_every_node_and_pod(cluster: Env, w
         assert json.loads(out)["kind"] == "APIVersions", out
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 def test_cluster_dns_from_pods_and_the_host(cluster: Env, web: Web) -> None:
     """The harness's DNS through the kube-dns Service: names of Services (ClusterIP, headless, by the
     search path), the API server by name with the pod's token, from each real node's pods; from the
@@ -307,7 +327,7 @@ LOGGER = (
 )
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_kubectl_logs(cluster: Env, ns: str, handler: str) -> None:
     k = cluster.k
@@ -315,7 +335,10 @@ def test_kubectl_logs(cluster: Env, ns: str, handler: str) -> None:
         cluster, "logger", handler, "sh", "-c", LOGGER, volumes=[{"name": "data", "emptyDir": {}}]
     )
     manifest["spec"]["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
-    run_pod(cluster, ns, manifest, timeout=300)
+    k.apply(manifest, namespace=ns)
+    # Ready in its second run: the first may be seen running before it exits.
+    second = lambda p: w.ready(p) and w.container_status(p, "main")["restartCount"] >= 1  # noqa: E731
+    wait_pod(cluster, ns, "logger", handler, second, timeout=300)
     current = k("logs", "-n", ns, "logger")
     assert "second-run" in current and "first-run" not in current
     previous = k("logs", "-n", ns, "logger", "--previous")
@@ -332,7 +355,7 @@ def test_kubectl_logs(cluster: Env, ns: str, handler: str) -> None:
     assert k("logs", "-n", ns, "logger", "--tail=1").startswith("tick-")
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_kubectl_exec_with_and_without_tty(cluster: Env, ns: str, handler: str) -> None:
     run_pod(cluster, ns, busybox_pod(cluster, "box", handler))
@@ -347,7 +370,7 @@ def test_kubectl_exec_with_and_without_tty(cluster: Env, ns: str, handler: str) 
         assert "TTY-YES" in out, out
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_kubectl_attach(cluster: Env, ns: str, handler: str) -> None:
     manifest = busybox_pod(cluster, "reader", handler, "sh", "-c", "while read l; do echo got-$l; done")
@@ -361,7 +384,7 @@ def test_kubectl_attach(cluster: Env, ns: str, handler: str) -> None:
     assert "got-ping" in cluster.k("logs", "-n", ns, "reader")
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_kubectl_port_forward(cluster: Env, ns: str, handler: str) -> None:
     if handler == "fake":  # the fake answers port-forward with an echo
@@ -380,7 +403,7 @@ def test_kubectl_port_forward(cluster: Env, ns: str, handler: str) -> None:
             assert from_host(f"http://127.0.0.1:{port}/hostname") == "fwd"
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_kubectl_cp(cluster: Env, ns: str, handler: str, tmp_path: Path) -> None:
     if handler == "fake":
@@ -400,7 +423,7 @@ def test_kubectl_cp(cluster: Env, ns: str, handler: str, tmp_path: Path) -> None
     assert (back / "back.txt").read_text() == sent.read_text()
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_kubectl_debug_ephemeral_container(cluster: Env, ns: str, handler: str) -> None:
     run_pod(cluster, ns, busybox_pod(cluster, "target", handler, "sleep", "7777"))
@@ -408,9 +431,8 @@ def test_kubectl_debug_ephemeral_container(cluster: Env, ns: str, handler: str) 
         "debug", "-n", ns, "target", f"--image={cluster.image('busybox')}", "-c", "dbg", "--target=main",
         "--", "sh", "-c", "echo from-debug; sleep 3600",
     )  # fmt: skip
-    p = w.wait_pod(
-        cluster.k, ns, "target", lambda p: "running" in w.container_status(p, "dbg").get("state", {})
-    )
+    dbg = lambda p: "running" in w.container_status(p, "dbg").get("state", {})  # noqa: E731
+    p = wait_pod(cluster, ns, "target", handler, dbg)
     assert w.container_status(p, "dbg")["ready"] is False  # ephemeral containers are never ready
     assert "from-debug" in cluster.k("logs", "-n", ns, "target", "-c", "dbg")
     if handler != "fake":  # --target: the debug container sees the target's processes
@@ -418,7 +440,7 @@ def test_kubectl_debug_ephemeral_container(cluster: Env, ns: str, handler: str) 
 
 
 # ------------------------------------------------------------ scheduling, probes, eviction
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", ["runv", "fake"])
 def test_runtime_class_schedules_onto_its_node(cluster: Env, ns: str, handler: str) -> None:
     manifest = w.pod("classy", w.container("main", cluster.image("busybox"), "sleep", "3600"))
@@ -437,20 +459,23 @@ def endpoint_ready(env: Env, ns: str, service: str) -> list[tuple[str, bool]]:
     )
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_probes_drive_endpoints(cluster: Env, ns: str, handler: str) -> None:
     k = cluster.k
+    t = int(5 * cluster.patience(handler))  # an exec probe in a VM under TCG may take over 1 s
     probes: dict[str, Any] = {
         "readinessProbe": {
             "exec": {"command": ["cat", "/tmp/ready"]},
             "periodSeconds": 1,
             "failureThreshold": 1,
+            "timeoutSeconds": t,
         },
         "livenessProbe": {
             "exec": {"command": ["cat", "/tmp/alive"]},
             "periodSeconds": 2,
             "failureThreshold": 1,
+            "timeoutSeconds": t,
         },
     }
     if handler == "fake":
@@ -458,16 +483,20 @@ def test_probes_drive_endpoints(cluster: Env, ns: str, handler: str) -> None:
             "main", cluster.image("busybox"), "sh", "-c", "touch /tmp/alive; sleep 3600", **probes
         )
     else:  # an HTTP startup probe too: the kubelet reaches the pod on its network
-        probes["startupProbe"] = {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 1}
+        # agnhost listens seconds after it started in a VM under TCG: the startup probe waits a minute.
+        probes["startupProbe"] = {
+            "httpGet": {"path": "/healthz", "port": 8080},
+            "periodSeconds": 1,
+            "failureThreshold": 60,
+        }
         c = w.container(
             "main", cluster.image("agnhost"), "sh", "-c", "touch /tmp/alive; exec /agnhost netexec --http-port=8080",
             **probes,
         )  # fmt: skip
     k.apply(w.pod("probed", c, on=cl.node(handler)), namespace=ns)
     k.apply(w.service("probed", {"app": "probed"}, 80, 8080, node_port=False), namespace=ns)
-    p = w.wait_pod(
-        k, ns, "probed", lambda p: p["status"].get("phase") == "Running" and p["status"].get("podIP")
-    )
+    running = lambda p: p["status"].get("phase") == "Running" and p["status"].get("podIP")  # noqa: E731
+    p = wait_pod(cluster, ns, "probed", handler, running)
     ip = p["status"]["podIP"]
     cl.wait_for("a not-ready endpoint", lambda: endpoint_ready(cluster, ns, "probed") == [(ip, False)], 60)
     sh(cluster, ns, "probed", "touch /tmp/ready")
@@ -478,14 +507,15 @@ def test_probes_drive_endpoints(cluster: Env, ns: str, handler: str) -> None:
     sh(cluster, ns, "probed", "rm /tmp/ready")
     cl.wait_for("not ready again", lambda: endpoint_ready(cluster, ns, "probed") == [(ip, False)], 60)
     sh(cluster, ns, "probed", "rm /tmp/alive")  # the liveness probe fails: the kubelet restarts it
-    p = w.wait_pod(k, ns, "probed", lambda p: w.container_status(p, "main")["restartCount"] >= 1, timeout=120)
+    restarted = lambda p: w.container_status(p, "main")["restartCount"] >= 1  # noqa: E731
+    p = wait_pod(cluster, ns, "probed", handler, restarted, timeout=120)
     last = w.container_status(p, "main").get("lastState", {}).get("terminated")
     assert last is not None, w.describe(p)
     events = k("get", "events", "-n", ns, "--field-selector", "involvedObject.name=probed")
     assert "Liveness probe failed" in events, events
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(900 * SLOW)
 def test_drain_evicts_and_reschedules(cluster: Env, ns: str) -> None:
     k = cluster.k
     docker = cl.node("docker")
@@ -503,7 +533,7 @@ def test_drain_evicts_and_reschedules(cluster: Env, ns: str) -> None:
     )
     k.apply(w.deployment("drained", 4, template), namespace=ns)
     ready4 = lambda: k.get("deployment", "drained", ns)["status"].get("availableReplicas") == 4  # noqa: E731
-    cl.wait_for("4 replicas available", ready4, 300)
+    cl.wait_for("4 replicas available", ready4, 300 * SLOW)
     before = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in w.pods_of(k, ns, "app=drained")}
     on_docker = {name for name, node in before.items() if node == docker.name}
     assert on_docker, before
@@ -518,7 +548,7 @@ def test_drain_evicts_and_reschedules(cluster: Env, ns: str) -> None:
             timeout=360,
         )
         assert k.get("node", docker.name)["spec"].get("unschedulable") is True
-        cl.wait_for("4 replicas available again", ready4, 300)
+        cl.wait_for("4 replicas available again", ready4, 300 * SLOW)
         after = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in w.pods_of(k, ns, "app=drained")}
         assert docker.name not in after.values(), after
         assert not on_docker & set(after), "the evicted pods were replaced by new ones"
@@ -536,7 +566,7 @@ def node_snapshot(env: Env, ns: str, pod: str, node: str) -> tuple[str, int, str
     return c["containerID"], c["restartCount"], p["status"]["podIP"], ready["lastTransitionTime"]
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_shim_sigkilled_and_restarted_node_stays_ready_no_pod_restarted(
     cluster: Env, ns: str, handler: str
@@ -556,7 +586,7 @@ def test_shim_sigkilled_and_restarted_node_stays_ready_no_pod_restarted(
     assert "SandboxChanged" not in events and "Killing" not in events, events
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_kubelet_restarted(cluster: Env, ns: str, handler: str) -> None:
     n = cl.node(handler)
@@ -572,7 +602,7 @@ def test_kubelet_restarted(cluster: Env, ns: str, handler: str) -> None:
     run_pod(cluster, ns, busybox_pod(cluster, "after", handler))
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_oom_killed_pod_reported(cluster: Env, ns: str, handler: str) -> None:
     if handler == "fake":
@@ -591,7 +621,8 @@ def test_oom_killed_pod_reported(cluster: Env, ns: str, handler: str) -> None:
     )
     manifest["spec"]["containers"][0]["resources"] = {"limits": memory, "requests": memory}
     cluster.k.apply(manifest, namespace=ns)
-    p = w.wait_pod(cluster.k, ns, "hog", lambda p: p["status"].get("phase") in ("Failed", "Succeeded"))
+    ended = lambda p: p["status"].get("phase") in ("Failed", "Succeeded")  # noqa: E731
+    p = wait_pod(cluster, ns, "hog", handler, ended)
     terminated = w.container_status(p, "main")["state"]["terminated"]
     assert (terminated["reason"], terminated["exitCode"]) == ("OOMKilled", 137), w.describe(p)
 
@@ -611,7 +642,7 @@ def resource_metrics(env: Env, node: str, ns: str, pod: str) -> dict[str, float]
     return out
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_summary_api_figures(cluster: Env, ns: str, handler: str) -> None:
     n = cl.node(handler)
@@ -659,7 +690,7 @@ def test_summary_api_figures(cluster: Env, ns: str, handler: str) -> None:
 
 
 # ------------------------------------------------------------ the end
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600 * SLOW)
 def test_down_leaves_nothing(cluster: Env, request: pytest.FixtureRequest) -> None:
     if os.environ.get("CRI_SHIM_CLUSTER_KEEP"):
         pytest.skip("CRI_SHIM_CLUSTER_KEEP: the cluster stays up")

@@ -8,6 +8,7 @@ kubelet (default: ``kubelet-1.35`` or ``kubelet`` in that directory); etcd is De
 
     python -m tests.e2e.cluster up       # leaves the cluster running; prints the admin kubeconfig
     python -m tests.e2e.cluster up --runtime containerd   # the comparison: two containerd nodes
+    python -m tests.e2e.cluster up --runv-driver qemu     # the runv node on QEMU VMs (TCG here: slow)
     python -m tests.e2e.cluster check    # what of the cluster is on the machine (nothing after down)
     python -m tests.e2e.cluster down [--keep]   # takes everything away (--keep: the logs, to /tmp)
     python -m tests.e2e.cluster scale --nodes N  # N kubelets on one `cri-shim hollow`: figures, then down
@@ -18,7 +19,8 @@ kubelets), kube-controller-manager (allocating each node a /24 of 10.244.0.0/16)
 kube-proxy (iptables; one for the host, since the nodes share its network namespace), a cluster
 DNS server of the harness's behind the kube-dns Service at 10.96.0.10, and three
 nodes, each a kubelet v1.35 with its own cri-shim: ``crishim-docker`` (docker), ``crishim-runv``
-(runv, stub driver), ``crishim-fake`` (fake). docker and runv pods are on a CNI network per node
+(runv, stub driver; qemu with ``--runv-driver qemu``), ``crishim-fake`` (fake). docker and runv
+pods are on a CNI network per node
 (bridge + host-local over the node's podCIDR + portmap), whose config the harness writes once the
 node has its podCIDR; the host routes between the nodes' bridges. RuntimeClasses ``runv`` and
 ``fake`` schedule onto their nodes. ``layout`` says where everything lives.

@@ -1,4 +1,4 @@
-"""``python -m tests.e2e.cluster up [--runtime cri-shim|containerd]|down|check [--keep]``, ``... conformance [--focus RE] ...``,
+"""``python -m tests.e2e.cluster up [--runtime cri-shim|containerd] [--runv-driver stub|qemu]|down|check [--keep]``, ``... conformance [--focus RE] ...``,
 ``... scale --nodes N [--pods-per-node 30]``, as root.
 
 up: exits 0 with the cluster running (the admin kubeconfig printed), 1 when the bring-up failed
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tests.e2e import cluster
 from tests.e2e.cluster import bringup, conformance, scale
-from tests.e2e.cluster.layout import LOGS, Binaries
+from tests.e2e.cluster.layout import LOGS, RUNV_DRIVERS, Binaries
 from tests.e2e.node_e2e import report
 
 
@@ -42,6 +42,13 @@ def main(argv: list[str] | None = None) -> int:
         default="cri-shim",
         help="up: the nodes' runtime: cri-shim (docker, runv and fake nodes) or, as the comparison, "
         "containerd (two nodes, each on a containerd of its own)",
+    )
+    p.add_argument(
+        "--runv-driver",
+        choices=RUNV_DRIVERS,
+        default="stub",
+        help="up: the runv node's driver: stub (processes) or qemu (real QEMU VMs, TCG here: slow; "
+        "templates and virtio-fs on); the pytest module reads CRI_SHIM_CLUSTER_RUNV_DRIVER",
     )
     c = p.add_argument_group("conformance")
     c.add_argument(
@@ -78,17 +85,18 @@ def main(argv: list[str] | None = None) -> int:
         for line in left:
             print(f"left: {line}")
         return 1 if left else 0
-    problem = bringup.environment_problem(b, args.runtime)
+    problem = bringup.environment_problem(b, args.runtime, args.runv_driver)
     if problem:
         print(f"cannot run: {problem}", file=sys.stderr)
         return 2
     try:
-        state = bringup.up(b, keep_on_failure=args.keep, runtime=args.runtime)
+        state = bringup.up(b, keep_on_failure=args.keep, runtime=args.runtime, runv_driver=args.runv_driver)
     except (RuntimeError, TimeoutError) as exc:
         where = f"\nlogs: {LOGS}" if args.keep else ""  # else copied to /tmp by the take-down
         print(f"bring-up failed: {exc}{where}", file=sys.stderr)
         return 1
-    print(json.dumps({"timings": state.get("timings"), "cni": state.get("cni")}, indent=2))
+    shown = {k: state.get(k) for k in ("runtime", "runv_driver", "timings", "cni")}
+    print(json.dumps(shown, indent=2))
     print(f"up in {state.get('up_seconds')} s; kubectl --kubeconfig={cluster.admin_kubeconfig()} get nodes")
     return 0
 

@@ -63,6 +63,8 @@ from tests.e2e.cluster.layout import (
     PROXY_HEALTHZ_PORT,
     ROOT,
     RUN,
+    RUNV_DRIVERS,
+    RUNV_PATIENCE,
     RUNV_TAG,
     SCHEDULER_PORT,
     Binaries,
@@ -71,7 +73,7 @@ from tests.e2e.cluster.layout import (
     ports,
 )
 from tests.e2e.kubelet import host as kubelet_host
-from tests.e2e.kubelet.config import REPO
+from tests.e2e.kubelet.config import REPO, runv_qemu_problem
 
 Log = Callable[[str], None]
 
@@ -91,13 +93,19 @@ def _port_taken(port: int, address: str = "") -> bool:
     return False
 
 
-def environment_problem(b: Binaries, runtime: str = "cri-shim") -> str | None:
+def environment_problem(b: Binaries, runtime: str = "cri-shim", runv_driver: str = "stub") -> str | None:
     """Why the cluster cannot come up here now (a reason to skip), or None."""
     if os.geteuid() != 0:
         return "the cluster harness needs root"
     problem = b.problem()
     if problem:
         return problem
+    if runv_driver not in RUNV_DRIVERS:
+        return f"runv driver {runv_driver!r}: one of {', '.join(RUNV_DRIVERS)}"
+    if runtime == "cri-shim" and runv_driver == "qemu":
+        problem = runv_qemu_problem()
+        if problem:
+            return problem
     if runtime == "containerd":
         if not os.access(CONTAINERD, os.X_OK):
             return f"no containerd at {CONTAINERD} (scripts/testenv/containerd-up installs Debian's)"
@@ -223,15 +231,26 @@ def _kubelet_binary(b: Binaries) -> str:
     return str(link)
 
 
+def runv_driver() -> str:
+    """The runv node's driver of the cluster that is (or was last) up: the state file says."""
+    return str(procs.load().get("runv_driver") or "stub")
+
+
+def patience(handler: str) -> float:
+    """How many times longer than the stub's the node of `handler` may take to run a pod."""
+    return RUNV_PATIENCE[runv_driver()] if handler == "runv" else 1.0
+
+
 def start_shim(n: NodeSpec, timeout: float = 60) -> None:
-    """The node's runtime: its cri-shim, or on a containerd node its containerd; waited for on its CRI."""
+    """The node's runtime: its cri-shim, or on a containerd node its containerd; waited for on its CRI.
+    The runv node's shim runs the driver the state file names (a restart, `down`'s recovery: the same)."""
     n.dir.mkdir(parents=True, exist_ok=True)
     pause = images()["pause"]
     if n.runtime == "containerd":
         procs.start(n.runtime_proc, configs.containerd_argv(n, pause, CONTAINERD))
     else:
-        procs.start(n.runtime_proc, configs.shim_argv(n, pause), cwd=REPO)
-    wait_daemon(n.runtime_proc, lambda: shim_answers(n), timeout)
+        procs.start(n.runtime_proc, configs.shim_argv(n, pause, runv_driver()), cwd=REPO)
+    wait_daemon(n.runtime_proc, lambda: shim_answers(n), timeout * patience(n.handler))
 
 
 def start_kubelet(n: NodeSpec, b: Binaries, timeout: float = 120) -> None:
@@ -305,13 +324,18 @@ def start_control_plane(b: Binaries, mark: Log) -> None:
 
 
 def up(
-    b: Binaries, log: Log = _log, keep_on_failure: bool = False, runtime: str = "cri-shim"
+    b: Binaries,
+    log: Log = _log,
+    keep_on_failure: bool = False,
+    runtime: str = "cri-shim",
+    runv_driver: str = "stub",
 ) -> dict[str, Any]:
     """Bring the whole cluster up; on a failure take down what came up (unless `keep_on_failure`).
-    `runtime` "containerd": the comparison, two nodes each on a containerd of its own."""
+    `runtime` "containerd": the comparison, two nodes each on a containerd of its own. `runv_driver`
+    "qemu": the runv node's pods are QEMU VMs (TCG here) instead of the stub's processes."""
     if runtime not in NODE_SETS:
         raise ValueError(f"runtime {runtime!r}: one of {', '.join(NODE_SETS)}")
-    problem = environment_problem(b, runtime)
+    problem = environment_problem(b, runtime, runv_driver)
     if problem:
         raise RuntimeError(f"cannot bring the cluster up: {problem}")
     leftovers = check()
@@ -319,7 +343,7 @@ def up(
         raise RuntimeError("leftovers of an earlier cluster (run `down`):\n  " + "\n  ".join(leftovers))
     ensure_etcd(b, log)
     try:
-        return _up(b, log, NODE_SETS[runtime], runtime)
+        return _up(b, log, NODE_SETS[runtime], runtime, runv_driver)
     except BaseException:
         if keep_on_failure:
             log(f"bring-up failed: keeping what came up (logs in {LOGS}); `down` takes it away")
@@ -329,7 +353,9 @@ def up(
         raise
 
 
-def _up(b: Binaries, log: Log, node_set: tuple[NodeSpec, ...], runtime: str) -> dict[str, Any]:
+def _up(
+    b: Binaries, log: Log, node_set: tuple[NodeSpec, ...], runtime: str, runv_driver: str
+) -> dict[str, Any]:
     t0 = time.monotonic()
     timings: dict[str, float] = {}
 
@@ -342,6 +368,7 @@ def _up(b: Binaries, log: Log, node_set: tuple[NodeSpec, ...], runtime: str) -> 
     imgs = images()
     procs.update(
         runtime=runtime,
+        runv_driver=runv_driver if runtime == "cri-shim" else None,
         started_at=time.time(),
         images=imgs,
         shared_cni_chains_before=hostnet.shared_cni_chains_exist(),
@@ -356,7 +383,7 @@ def _up(b: Binaries, log: Log, node_set: tuple[NodeSpec, ...], runtime: str) -> 
 
     start_control_plane(b, mark)
     k = Kubectl(b)
-    classes = configs.runtime_classes(node_set)
+    classes = configs.runtime_classes(node_set, runv_driver)
     if classes:
         k.apply(*classes)
     start_dns(k)
@@ -452,6 +479,12 @@ def down(b: Binaries, log: Log = _log, keep_logs: bool = False) -> list[str]:
             log(procs.stop(name))
     for name in list(procs.load()["procs"]):  # anything else the harness started
         log(procs.stop(name))
+    # What the daemons started and left running once they stopped: runv qemu's VMs (QEMU outlives
+    # the shim by design, and so does its virtiofsd or 9p proxy) when a pod could not be removed
+    # through the CRI. Each names a path of the cluster's on its command line (its state directory
+    # under RUN); stopped by PID while it is the process seen.
+    for line in procs.stop_mentioning(ROOT, RUN, grace=10):
+        log(f"left by a daemon: {line}")
     hostnet.remove_docker_containers()
     hostnet.close_forward()
     hostnet.remove_cni(bool(data.get("shared_cni_chains_before", True)))

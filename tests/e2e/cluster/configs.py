@@ -30,6 +30,8 @@ from tests.e2e.cluster.layout import (
     PROXY_METRICS_PORT,
     ROOT,
     RUN,
+    RUNV_DRIVERS,
+    RUNV_OVERHEAD,
     RUNV_TAG,
     SCHEDULER_PORT,
     SERVICE_CIDR,
@@ -38,7 +40,7 @@ from tests.e2e.cluster.layout import (
     NodeSpec,
 )
 from tests.e2e.cluster.pki import FRONT_PROXY_CA, FRONT_PROXY_CLIENT
-from tests.e2e.kubelet.config import shim_command
+from tests.e2e.kubelet.config import runv_qemu_table, shim_command
 
 ETCD_URL = f"https://127.0.0.1:{ETCD_CLIENT_PORT}"
 API_URL = f"https://{CONTROL_IP}:{APISERVER_PORT}"
@@ -303,7 +305,7 @@ def kubelet_argv(n: NodeSpec | HollowNode, kubelet: str) -> list[str]:
     ]
 
 
-def shim_config(n: NodeSpec, pause: str) -> str:
+def shim_config(n: NodeSpec, pause: str, runv_driver: str = "stub") -> str:
     lines = [
         "[server]",
         'transport = "native"',  # the default of serve, as the nodes users run
@@ -341,6 +343,13 @@ def shim_config(n: NodeSpec, pause: str) -> str:
             "[handlers.runv.stub]",
             f'cgroup_parent = "cri-shim-runv-e2e-{tag}"',
         ]
+        if runv_driver == "qemu":
+            # VMs of the node's shape from templates, shares on virtio-fs (the driver's defaults);
+            # its VMs' state, agent sockets and templates under run_dir, cgroups below the same parent.
+            lines.insert(lines.index('type = "runv"') + 1, 'driver = "qemu"')
+            lines += runv_qemu_table("runv", f"cri-shim-runv-e2e-{tag}")
+        elif runv_driver != "stub":
+            raise ValueError(f"runv driver {runv_driver!r}: one of {', '.join(RUNV_DRIVERS)}")
     else:
         lines += ["[handlers.fake]", 'type = "fake"']
     if n.cni:
@@ -354,12 +363,12 @@ def shim_config(n: NodeSpec, pause: str) -> str:
     return str(path)
 
 
-def shim_argv(n: NodeSpec, pause: str) -> list[str]:
+def shim_argv(n: NodeSpec, pause: str, runv_driver: str = "stub") -> list[str]:
     return [
         *shim_command(),
         "serve",
         "--config",
-        shim_config(n, pause),
+        shim_config(n, pause, runv_driver),
         "--listen",
         f"unix://{n.socket}",
         "--state-dir",
@@ -441,19 +450,24 @@ def write_conflist(n: NodeSpec, pod_cidr: str) -> None:
     tmp.replace(n.conflist)
 
 
-def runtime_classes(nodes: Sequence[NodeSpec]) -> list[dict[str, Any]]:
-    """A RuntimeClass per extra handler, scheduled onto the node whose shim serves it."""
-    return [
-        {
+def runtime_classes(nodes: Sequence[NodeSpec], runv_driver: str = "stub") -> list[dict[str, Any]]:
+    """A RuntimeClass per extra handler, scheduled onto the node whose shim serves it; runv's with
+    the overhead its driver's VMs need (RUNV_OVERHEAD)."""
+    out: list[dict[str, Any]] = []
+    for n in nodes:
+        if n.handler not in ("runv", "fake"):
+            continue
+        rc: dict[str, Any] = {
             "apiVersion": "node.k8s.io/v1",
             "kind": "RuntimeClass",
             "metadata": {"name": n.handler},
             "handler": n.handler,
             "scheduling": {"nodeSelector": n.labels},
         }
-        for n in nodes
-        if n.handler in ("runv", "fake")
-    ]
+        if n.handler == "runv":
+            rc["overhead"] = {"podFixed": dict(RUNV_OVERHEAD[runv_driver])}
+        out.append(rc)
+    return out
 
 
 # ------------------------------------------------------------ a containerd node (the comparison)

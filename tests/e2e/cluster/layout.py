@@ -53,6 +53,19 @@ E2E_IMAGES_LIST = Path("/etc/testenv/e2e-images.txt")
 
 # runv's own network and cgroup parent, named like the kubelet harness's (host.remove_runv_network).
 RUNV_TAG = "clus"
+# The runv node's driver: the stub (processes) by default, or qemu (real VMs; TCG here), chosen at
+# `up` (--runv-driver, or this variable for the pytest module) and recorded in the state file.
+RUNV_DRIVERS = ("stub", "qemu")
+RUNV_DRIVER_ENV = "CRI_SHIM_CLUSTER_RUNV_DRIVER"
+# How much longer a runv pod may take on qemu: under TCG a VM boots in ~10-15 s (~1-2 s from a
+# template), its image is unpacked into its shares, and the machine is shared with other VMs.
+RUNV_PATIENCE = {"stub": 1.0, "qemu": 3.0}
+# The `runv` RuntimeClass's overhead.podFixed, which the kubelet adds to the pod cgroup's limits and
+# runv sizes the VM by (backends/runv/README.md, "Sizing", "Pod cgroups"): a VM needs more than its
+# containers' limits, and a pod with memory limits whose cgroup cannot hold its VM is refused.
+# stub: the handler's overhead_memory_mib (32). qemu under TCG: guest_memory_mib (96) +
+# host_overhead_mib (192) + 32; a quarter of a CPU for the guest's own work beside a CPU limit.
+RUNV_OVERHEAD = {"stub": {"memory": "32Mi"}, "qemu": {"memory": "320Mi", "cpu": "250m"}}
 DOCKER_INSTANCE = "crishim-cluster"  # the docker handler's instance label: its containers are ours
 
 

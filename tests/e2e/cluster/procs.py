@@ -193,3 +193,29 @@ def mentioning(*paths: Path) -> list[str]:
                 text = cmdline.replace(b"\0", b" ").decode(errors="replace")
                 out.append(f"pid {d.name}: {text[:160]}")
     return out
+
+
+def stop_mentioning(*paths: Path, grace: float = 10.0) -> list[str]:
+    """Stop the processes whose command line names one of `paths` (`mentioning`): SIGTERM, SIGKILL
+    after `grace` seconds; each signalled by PID while its start time is the one first seen.
+    Returns what was stopped and how."""
+    seen: dict[int, tuple[int, str]] = {}
+    for line in mentioning(*paths):
+        pid_ = int(line.split()[1].rstrip(":"))
+        started = start_time(pid_)
+        if started is not None:
+            seen[pid_] = (started, line)
+    for pid_, (started, _) in seen.items():
+        if start_time(pid_) == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid_, signal.SIGTERM)
+    out = []
+    for pid_, (started, line) in seen.items():
+        how = "SIGTERM"
+        if not _wait_gone(pid_, started, grace):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid_, signal.SIGKILL)
+            how = f"SIGKILL after {grace:.0f} s"
+            _wait_gone(pid_, started, 10)
+        out.append(f"{line} ({how})")
+    return out

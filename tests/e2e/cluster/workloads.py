@@ -34,10 +34,13 @@ def pod(
     labels: dict[str, str] | None = None,
     **spec: Any,
 ) -> dict[str, Any]:
-    """A pod; `on` pins it to a node by the node's handler label."""
+    """A pod; `on` pins it to a node by the node's handler label (on the runv node: of RuntimeClass
+    runv too, whose overhead pays for the VM beyond the containers' limits)."""
     body: dict[str, Any] = {"containers": list(containers), "terminationGracePeriodSeconds": 2, **spec}
     if on is not None:
         body["nodeSelector"] = dict(on.labels)
+        if on.runtime == "cri-shim" and on.handler == "runv":
+            body.setdefault("runtimeClassName", "runv")
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -74,8 +77,11 @@ def service(name: str, selector: dict[str, str], port: int, target: int, node_po
 
 
 def netexec(name: str, image: str, on: NodeSpec, **extra: Any) -> dict[str, Any]:
-    """agnhost's HTTP server on 8080 (/hostname answers the pod's name)."""
-    return pod(name, container("web", image, "/agnhost", "netexec", "--http-port=8080", **extra), on=on)
+    """agnhost's HTTP server on 8080 (/hostname answers the pod's name), ready once it answers (in a
+    VM under TCG it listens seconds after its container started)."""
+    ready = {"httpGet": {"path": "/hostname", "port": 8080}, "periodSeconds": 1}
+    c = container("web", image, "/agnhost", "netexec", "--http-port=8080", readinessProbe=ready, **extra)
+    return pod(name, c, on=on)
 
 
 # ------------------------------------------------------------ namespaces and pods

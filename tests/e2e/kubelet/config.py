@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from backends.runv import guest_image
 from tests.cni import realnet
 from tests.e2e.kubelet import host
 
@@ -104,9 +106,7 @@ def shim_config(h: Harness) -> str:
         ]
         if h.driver == "qemu":
             lines.insert(lines.index('type = "runv"') + 1, 'driver = "qemu"')
-            lines += ["[handlers.runv.qemu]", f'cgroup_parent = "cri-shim-runv-e2e-{tag}"']
-            if h.guest_dir:
-                lines.append(f'guest_dir = "{h.guest_dir}"')
+            lines += runv_qemu_table("runv", f"cri-shim-runv-e2e-{tag}", h.guest_dir)
         if h.warm:
             lines += ["[handlers.runv.pool]", f"size = {h.warm}"]
     elif h.handler == "fake" and h.available_images is not None:
@@ -131,6 +131,27 @@ def shim_config(h: Harness) -> str:
     path = h.dir / "cri-shim.toml"
     path.write_text("\n".join(lines) + "\n")
     return str(path)
+
+
+def runv_qemu_table(handler: str, cgroup_parent: str, guest_dir: str = "") -> list[str]:
+    """The ``[handlers.NAME.qemu]`` table of a runv handler with ``driver = "qemu"`` (the kubelet
+    harness's and the cluster's runv node's): the run's cgroup parent, the guest image when not the
+    driver's default; the rest the driver's defaults (TCG here, templates and virtio-fs on)."""
+    lines = [f"[handlers.{handler}.qemu]", f'cgroup_parent = "{cgroup_parent}"']
+    if guest_dir:
+        lines.append(f'guest_dir = "{guest_dir}"')
+    return lines
+
+
+def runv_qemu_problem(guest_dir: str = "") -> str | None:
+    """Why runv's qemu driver cannot start VMs here (no QEMU, no guest image), or None."""
+    if shutil.which("qemu-system-x86_64") is None:
+        return "runv qemu: qemu-system-x86_64 is not installed (bash scripts/runv-guest installs it)"
+    where = Path(guest_dir or guest_image.DEFAULT_OUT)
+    for name in ("vmlinuz", "initrd.img"):
+        if not (where / name).is_file():
+            return f"runv qemu: no {name} in {where} (bash scripts/runv-guest --if-missing)"
+    return None
 
 
 def shim_command() -> list[str]:
