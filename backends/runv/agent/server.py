@@ -249,11 +249,20 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(ns.state, exist_ok=True)
     agent = Agent(ns.state, ns.cgroup_parent, ns.runc)
     if ns.serial:
+        _overcommit()
         asyncio.run(serve_serial(ns.serial, agent))
         _power_off()
     else:
         asyncio.run(serve(ns.socket, agent))
     return 0
+
+
+def _overcommit() -> None:
+    """A real VM's memory is its pod's: a container that asks for more than the VM has is left to
+    its memory cgroup (OOMKilled, as on a node), not refused by the kernel's guess of what the
+    small VM can hold (``vm.overcommit_memory`` 0 refuses an allocation beyond its RAM)."""
+    with contextlib.suppress(OSError), open("/proc/sys/vm/overcommit_memory", "w") as fh:
+        fh.write("1")
 
 
 def _power_off() -> None:
