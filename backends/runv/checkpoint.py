@@ -123,7 +123,6 @@ class VmCheckpoints:
         out: list[archive.Captured] = []
         try:
             t = time.monotonic()
-            dumped: agent_criu.Dumped | None = None
             try:
                 dumped = await agent.call(
                     agent_criu.CheckpointRequest(ids=ids, dir=guest, hold=HOLD), timeout=DUMP_TIMEOUT
@@ -136,23 +135,22 @@ class VmCheckpoints:
                             f"container {c.id}: cannot read its checkpoint or its writable layer: {exc}"
                         ) from None
             finally:
-                await asyncio.shield(self._thaw(pod, ids, dumped is not None))
+                await asyncio.shield(self._thaw(pod, ids))
             log.info(
                 "checkpoint.captured",
                 sandbox_id=sandbox_id,
                 containers=ids,
                 paused_seconds=round(time.monotonic() - t, 3),
-                image_bytes=dumped.sizes if dumped else None,
+                image_bytes=dumped.sizes,
             )
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(shared.hv.detach_share(pod.vm, tag))
         return out
 
-    async def _thaw(self, pod: Pod, ids: list[str], dumped: bool) -> None:
-        """The containers running again (the agent resumed them itself when its dump failed)."""
-        if not dumped and not pod.agent_version:
-            return
+    async def _thaw(self, pod: Pod, ids: list[str]) -> None:
+        """The containers running again (idempotent: the agent resumed them itself when its dump
+        failed, and resumes them after ``HOLD`` seconds if this never reaches it)."""
         try:
             await self._shared.agent(pod).call(agent_criu.ThawRequest(ids=ids))
         except errors.CriError as exc:
